@@ -1,0 +1,72 @@
+"""msgpack encode/decode with validation. Every decode failure is a `WireError` with a reason code."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgpack
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from swarmrl.schemas.events import SUPPORTED_VERSIONS, Event, Sample
+
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+"""Events larger than this are dead-lettered (the bundled NATS config allows 8 MiB messages)."""
+
+_EVENT = TypeAdapter(Event)
+T = TypeVar("T", bound=BaseModel)
+
+
+class WireError(ValueError):
+    """A message that does not satisfy the wire contract.
+
+    `code` is one of: `malformed` (not msgpack / not a map), `version` (unknown schema version),
+    `schema` (fields missing or wrong), `oversized`, `subject` (payload disagrees with its subject).
+    """
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def encode(record: BaseModel) -> bytes:
+    return msgpack.packb(record.model_dump(mode="python"), use_bin_type=True)
+
+
+def _unpack(data: bytes, max_bytes: int) -> dict[str, Any]:
+    if len(data) > max_bytes:
+        raise WireError("oversized", f"{len(data)} bytes > limit {max_bytes}")
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
+        raise WireError("malformed", f"not msgpack: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise WireError("malformed", f"expected a msgpack map, got {type(obj).__name__}")
+    v = obj.get("v")
+    if v not in SUPPORTED_VERSIONS:
+        raise WireError("version", f"schema version {v!r} not supported (supported: {sorted(SUPPORTED_VERSIONS)})")
+    return obj
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def decode_event(data: bytes, max_bytes: int = MAX_EVENT_BYTES) -> Event:
+    obj = _unpack(data, max_bytes)
+    try:
+        return _EVENT.validate_python(obj)
+    except ValidationError as exc:
+        raise WireError("schema", _errors(exc)) from exc
+
+
+def decode(data: bytes, cls: type[T], max_bytes: int = 64 * 1024 * 1024) -> T:
+    obj = _unpack(data, max_bytes)
+    try:
+        return cls.model_validate(obj)
+    except ValidationError as exc:
+        raise WireError("schema", _errors(exc)) from exc
+
+
+def decode_sample(data: bytes) -> Sample:
+    return decode(data, Sample)

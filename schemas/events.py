@@ -1,0 +1,221 @@
+"""Typed records of the wire: episode events, training samples, metrics and model versions.
+
+Every record is a flat msgpack map; field meanings are documented for other languages in
+`schemas/README.md`. Validation is strict (`extra="forbid"`): a field we do not know is a contract
+violation and goes to the dead-letter queue rather than being silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+# Subject tokens cannot hold dots or spaces; ids and names appear in subjects.
+SubjectToken = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: int = SCHEMA_VERSION
+    """Schema version of this record."""
+
+
+class EventBase(Record):
+    episode_id: SubjectToken
+    """Episode this event belongs to; also the third token of its subject."""
+    seq: int = Field(ge=0)
+    """Strictly increasing per (episode_id, client_id); the SDK's begin is 0."""
+    ts: float = Field(default_factory=time.time)
+    """Unix time in seconds when the event was created."""
+    client_id: str = Field(min_length=1, max_length=256)
+    """Who published: an agent process id, or `gateway-<uuid>` for llm events."""
+    client_version: str = Field(default="", max_length=256)
+    """Code version of the publishing client (git sha, content hash, tag)."""
+
+    @property
+    def msg_id(self) -> str:
+        """JetStream `Nats-Msg-Id`: republishing the same event is deduplicated by the server."""
+        return f"{self.episode_id}.{self.client_id}.{self.seq}"
+
+
+class BeginEvent(EventBase):
+    kind: Literal["begin"] = "begin"
+    task_id: str = Field(min_length=1, max_length=256)
+    """Task (prompt) identity; GRPO groups are formed over episodes of the same group key."""
+    group_key: str = ""
+    """Group for advantage normalisation; empty means task_id."""
+    task: dict[str, Any] = Field(default_factory=dict)
+    """Free-form task description (name, params), recorded by the ledger."""
+    models: list[SubjectToken] = Field(default_factory=list)
+    """Models this episode may call."""
+    agents: list[str] = Field(default_factory=list)
+    """Agent names taking part (a team may have several, each with its own model)."""
+    eval: bool = False
+    """Evaluation episode: recorded, never trained on."""
+
+    @property
+    def group(self) -> str:
+        return self.group_key or self.task_id
+
+
+class LlmEvent(EventBase):
+    kind: Literal["llm"] = "llm"
+    call_id: str
+    """Unique id of the chat completion (`chatcmpl-...`)."""
+    agent: str
+    """Agent name from the episode token."""
+    model: SubjectToken
+    """Trainable model that generated the output."""
+    prompt_ids: list[int]
+    """Exact token ids sent to the engine."""
+    output_ids: list[int]
+    """Exact generated token ids (stop token included when the engine produced one)."""
+    output_logprobs: list[float]
+    """Behaviour log-probability of each output id, same length as output_ids."""
+    policy_version: int
+    """Weight version of the engine that generated the output."""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The OpenAI messages of the request (text-level merging and the ledger use them)."""
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """The OpenAI tools of the request."""
+    output_text: str = ""
+    finish_reason: str = "stop"
+
+    @model_validator(mode="after")
+    def _lengths(self) -> LlmEvent:
+        if len(self.output_ids) != len(self.output_logprobs):
+            raise ValueError(
+                f"output_ids has {len(self.output_ids)} ids but output_logprobs has {len(self.output_logprobs)}"
+            )
+        return self
+
+
+class EnvEvent(EventBase):
+    kind: Literal["env"] = "env"
+    agent: str = ""
+    name: str = "step"
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Free-form environment observation/action record."""
+
+
+class RewardEvent(EventBase):
+    kind: Literal["reward"] = "reward"
+    value: float
+    """Reward; several reward events in one episode add up (per agent)."""
+    agent: str = ""
+    """Agent the reward is for; empty means every agent of the episode."""
+    name: str = "reward"
+
+
+class EndEvent(EventBase):
+    kind: Literal["end"] = "end"
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Client-side metrics of the finished episode (turns, success, ...)."""
+
+
+class AbortEvent(EventBase):
+    kind: Literal["abort"] = "abort"
+    reason: str = ""
+
+
+class HeartbeatEvent(EventBase):
+    kind: Literal["heartbeat"] = "heartbeat"
+
+
+Event = Annotated[
+    BeginEvent | LlmEvent | EnvEvent | RewardEvent | EndEvent | AbortEvent | HeartbeatEvent,
+    Field(discriminator="kind"),
+]
+
+
+class Sample(Record):
+    """One merged timeline of one agent: the unit the trainer learns from."""
+
+    sample_id: str
+    """`<episode_id>.<agent>.<index>`; also the Nats-Msg-Id, so republishing is deduplicated."""
+    model: SubjectToken
+    episode_id: SubjectToken
+    agent: str
+    task_id: str
+    group_key: str
+    client_id: str = ""
+    client_version: str = ""
+    token_ids: list[int]
+    loss_mask: list[int]
+    """1 exactly on tokens the model generated, 0 on prompt/environment tokens."""
+    logprobs: list[float]
+    """Behaviour logprob per token (0.0 where loss_mask is 0)."""
+    policy_versions: list[int]
+    """Weight version that generated each token (-1 where loss_mask is 0)."""
+    reward: float
+    index: int = 0
+    """Position of this sample among the episode's samples for this agent."""
+    n_samples: int = 1
+    """How many samples this episode produced for this agent."""
+    n_calls: int = 1
+    """How many LLM calls this timeline absorbed."""
+    ts: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> Sample:
+        n = len(self.token_ids)
+        for name in ("loss_mask", "logprobs", "policy_versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, token_ids has {n}")
+        return self
+
+
+class TrainStep(Record):
+    model: SubjectToken
+    step: int
+    policy_version: int
+    loss: float
+    reward_mean: float
+    reward_std: float
+    samples: int
+    tokens: int
+    trained_tokens: int
+    tokens_per_s: float
+    staleness_mean: float
+    staleness_max: int
+    wall_s: float
+    extra: dict[str, float] = Field(default_factory=dict)
+    ts: float = Field(default_factory=time.time)
+
+
+class EvalResult(Record):
+    model: SubjectToken
+    step: int
+    task: str
+    success_rate: float
+    n: int
+    ts: float = Field(default_factory=time.time)
+
+
+class MergeStats(Record):
+    episode_id: SubjectToken
+    status: Literal["merged", "aborted", "timeout", "empty"]
+    agents: int = 0
+    calls: int = 0
+    timelines_kept: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    trained_tokens_before: int = 0
+    trained_tokens_after: int = 0
+    reason: str = ""
+    ts: float = Field(default_factory=time.time)
+
+
+class ModelVersion(Record):
+    """Value of KV `swarm-models[<model>]`: the weights an engine should serve."""
+
+    version: int
+    path: str
+    step: int = 0
+    updated_at: float = Field(default_factory=time.time)

@@ -1,0 +1,135 @@
+"""NATS plumbing shared by all services: connect, create streams/buckets idempotently, dead-letter.
+
+The stream layout comes from `swarmrl.schemas.subjects`; nothing here invents a subject.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.kv import KeyValue
+
+from swarmrl.schemas import subjects as S
+
+log = logging.getLogger("swarmrl.bus")
+
+DUPLICATE_WINDOW_S = 120.0
+"""JetStream de-duplicates a re-published Nats-Msg-Id within this window."""
+
+REASON_HEADER = "Swarm-Reason"
+SUBJECT_HEADER = "Swarm-Subject"
+SERVICE_HEADER = "Swarm-Service"
+
+
+async def connect(url: str, name: str) -> NATS:
+    """Connect with reconnects forever: a broker restart pauses a service, it never kills it."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats error (%s): %s", name, exc)
+
+    return await nats.connect(
+        servers=[u.strip() for u in url.split(",")],
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
+    )
+
+
+def stream_replicas() -> int:
+    return int(os.environ.get("SWARMRL_STREAM_REPLICAS", "1"))
+
+
+async def ensure_streams(js: JetStreamContext) -> None:
+    """Create (or update to the current config) every swarmrl stream and KV bucket. Idempotent."""
+    replicas = stream_replicas()
+    for name, subjects in S.STREAM_SUBJECTS.items():
+        cfg = StreamConfig(
+            name=name,
+            subjects=subjects,
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW_S,
+            num_replicas=replicas,
+            max_msg_size=8 * 1024 * 1024,
+        )
+        try:
+            await js.add_stream(cfg)
+        except BadRequestError:  # exists with another config: bring it to ours
+            await js.update_stream(cfg)
+    await models_kv(js, create=True)
+
+
+async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
+    try:
+        return await js.key_value(S.MODELS_BUCKET)
+    except (NotFoundError, Exception) as exc:  # nats.py raises BucketNotFoundError (a NotFoundError)
+        if not create:
+            raise RuntimeError(f"KV bucket {S.MODELS_BUCKET!r} missing; is the swarm set up?") from exc
+        return await js.create_key_value(bucket=S.MODELS_BUCKET, history=16, replicas=stream_replicas())
+
+
+@dataclass
+class DeadLetters:
+    """Publishes bad input to `swarm.dlq.<service>` with the original bytes and the reason; counts it."""
+
+    js: JetStreamContext
+    service: str
+    counts: Counter[str] = field(default_factory=Counter)
+
+    async def send(self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = "") -> None:
+        code = reason.split(":", 1)[0]
+        self.counts[code] += 1
+        subject = subject or (msg.subject if msg is not None else "")
+        payload = data if data is not None else (msg.data if msg is not None else b"")
+        headers = {REASON_HEADER: reason[:4000], SUBJECT_HEADER: subject, SERVICE_HEADER: self.service}
+        log.warning("dead-letter service=%s subject=%s reason=%s", self.service, subject, reason[:300])
+        await self.js.publish(S.dlq_subject(self.service), payload, headers=headers)
+
+
+async def durable_pull(
+    js: JetStreamContext,
+    stream: str,
+    durable: str,
+    subject: str = ">",
+    *,
+    ack_wait_s: float = 60.0,
+    max_ack_pending: int = 50_000,
+    max_deliver: int = -1,
+) -> JetStreamContext.PullSubscription:
+    """Bind to (creating if needed) a durable pull consumer; a restarted service resumes from its ack floor."""
+    cfg = ConsumerConfig(
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ack_wait_s,
+        max_ack_pending=max_ack_pending,
+        max_deliver=max_deliver,
+        filter_subject=subject if subject != ">" else None,
+    )
+    return await js.pull_subscribe(subject, durable=durable, stream=stream, config=cfg)
+
+
+async def batches(
+    sub: JetStreamContext.PullSubscription, stop: asyncio.Event, batch: int = 256, timeout: float = 0.5
+) -> AsyncIterator[list[Msg]]:
+    """Yield fetched batches until `stop` is set; an empty fetch yields [] so callers can flush on time."""
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(batch, timeout=timeout)
+        except nats.errors.TimeoutError:
+            msgs = []
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+            await asyncio.sleep(0.2)
+            continue
+        yield msgs

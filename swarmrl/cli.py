@@ -1,0 +1,47 @@
+"""`swarmrl` command line: one verb per job, each verb's module parses its own flags.
+
+    swarmrl up                 run the whole swarm on this machine (NATS, engine, gateway, merger,
+                               trainer, ledger, example clients) and train the default task
+    swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger)
+    swarmrl query "SQL"        query a run's ledger with DuckDB
+    swarmrl bootstrap-model    build the tiny offline model used on CPU
+    swarmrl nats               run the embedded NATS server alone (prints its URLs)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SERVICES = ("gateway", "engine", "merger", "trainer", "ledger")
+VERBS = {
+    "up": "swarmrl.up",
+    "down": "swarmrl.up",
+    "query": "swarmrl.services.ledger.query",
+    "bootstrap-model": "swarmrl.bootstrap.cli",
+    "nats": "swarmrl.infra.nats_cli",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    verb, rest = argv[0], argv[1:]
+    if verb == "serve":
+        if not rest or rest[0] not in SERVICES:
+            print(f"usage: swarmrl serve {{{','.join(SERVICES)}}} [--help]", file=sys.stderr)
+            return 2
+        module = importlib.import_module(f"swarmrl.services.{rest[0]}.main")
+        return int(module.main(rest[1:]) or 0)
+    if verb not in VERBS:
+        print(f"swarmrl: unknown command {verb!r}; try `swarmrl --help`", file=sys.stderr)
+        return 2
+    module = importlib.import_module(VERBS[verb])
+    entry = getattr(module, "down" if verb == "down" else "main")
+    return int(entry(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""The one logging setup. Services log `service=<name>` on every line; no print() in services."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def setup_logging(service: str, level: str | None = None) -> logging.Logger:
+    level = level or os.environ.get("SWARMRL_LOG_LEVEL", "INFO")
+    fmt = f"%(asctime)s %(levelname)s service={service} %(name)s: %(message)s"
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(fmt))
+    root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("nats", "httpx", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return logging.getLogger(f"swarmrl.{service}")

@@ -1,0 +1,42 @@
+"""Shared fixtures: a real nats-server per test on a random port with a temp store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmrl.infra.nats_server import NatsServer
+from swarmrl.services.common import bus
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(store_dir=tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def swarm_nats(nats_server: NatsServer) -> AsyncIterator[NatsServer]:
+    """A server with swarmrl's streams and buckets already created."""
+    nc = await bus.connect(nats_server.service_url, "test-setup")
+    await bus.ensure_streams(nc.jetstream())
+    await nc.close()
+    yield nats_server
+
+
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    """Poll an (async or sync) predicate until truthy; fail with `what` after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
