@@ -70,8 +70,19 @@ class NatsServer:
             "SWARM_AGENT_PASSWORD": self.passwords["agent"],
             "SWARM_SYS_PASSWORD": self.passwords["sys"],
         }
-        cmd = [nats_server_binary(), "-c", str(NATS_CONF_DIR / self.config), "-p", str(self.port),
-               "-a", "127.0.0.1", "-sd", str(self.store_dir), "-l", str(log)]
+        cmd = [
+            nats_server_binary(),
+            "-c",
+            str(NATS_CONF_DIR / self.config),
+            "-p",
+            str(self.port),
+            "-a",
+            "127.0.0.1",
+            "-sd",
+            str(self.store_dir),
+            "-l",
+            str(log),
+        ]
         offset = log.stat().st_size if log.exists() else 0
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

@@ -20,7 +20,25 @@ from swarmrl.schemas.events import (
 )
 
 __all__ = [
-    "MAX_EVENT_BYTES", "SCHEMA_VERSION", "AbortEvent", "BeginEvent", "EndEvent", "EnvEvent", "EvalResult",
-    "Event", "EventBase", "HeartbeatEvent", "LlmEvent", "MergeStats", "ModelVersion", "RewardEvent",
-    "Sample", "TrainStep", "WireError", "decode", "decode_event", "decode_sample", "encode",
+    "MAX_EVENT_BYTES",
+    "SCHEMA_VERSION",
+    "AbortEvent",
+    "BeginEvent",
+    "EndEvent",
+    "EnvEvent",
+    "EvalResult",
+    "Event",
+    "EventBase",
+    "HeartbeatEvent",
+    "LlmEvent",
+    "MergeStats",
+    "ModelVersion",
+    "RewardEvent",
+    "Sample",
+    "TrainStep",
+    "WireError",
+    "decode",
+    "decode_event",
+    "decode_sample",
+    "encode",
 ]

@@ -44,7 +44,9 @@ def _unpack(data: bytes, max_bytes: int) -> dict[str, Any]:
         raise WireError("malformed", f"expected a msgpack map, got {type(obj).__name__}")
     v = obj.get("v")
     if v not in SUPPORTED_VERSIONS:
-        raise WireError("version", f"schema version {v!r} not supported (supported: {sorted(SUPPORTED_VERSIONS)})")
+        raise WireError(
+            "version", f"schema version {v!r} not supported (supported: {sorted(SUPPORTED_VERSIONS)})"
+        )
     return obj
 
 

@@ -1,11 +1,11 @@
 """`swarmrl` command line: one verb per job, each verb's module parses its own flags.
 
-    swarmrl up                 run the whole swarm on this machine (NATS, engine, gateway, merger,
-                               trainer, ledger, example clients) and train the default task
-    swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger)
-    swarmrl query "SQL"        query a run's ledger with DuckDB
-    swarmrl bootstrap-model    build the tiny offline model used on CPU
-    swarmrl nats               run the embedded NATS server alone (prints its URLs)
+swarmrl up                 run the whole swarm on this machine (NATS, engine, gateway, merger,
+                           trainer, ledger, example clients) and train the default task
+swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger)
+swarmrl query "SQL"        query a run's ledger with DuckDB
+swarmrl bootstrap-model    build the tiny offline model used on CPU
+swarmrl nats               run the embedded NATS server alone (prints its URLs)
 """
 
 from __future__ import annotations

@@ -40,3 +40,13 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, wha
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's own tiny HF model (random init, no warm start): built once per test session."""
+    from swarmrl.bootstrap import build_model
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    build_model(out, seed=0, warm_start_steps=0)
+    return out

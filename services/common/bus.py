@@ -87,7 +87,9 @@ class DeadLetters:
     service: str
     counts: Counter[str] = field(default_factory=Counter)
 
-    async def send(self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = "") -> None:
+    async def send(
+        self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = ""
+    ) -> None:
         code = reason.split(":", 1)[0]
         self.counts[code] += 1
         subject = subject or (msg.subject if msg is not None else "")

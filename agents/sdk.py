@@ -1,0 +1,331 @@
+"""Client SDK: an agent process joins the swarm, runs episodes, and talks to the models.
+
+Publishes `begin`, `env`, `reward`, `end`, `abort` and `heartbeat` events to `swarm.ep.<id>.<kind>`;
+asks the gateway (request/reply on `swarm.auth.token`) for a signed episode token, which is the
+`api_key` of the OpenAI client it hands out. The SDK never holds the signing secret.
+
+    async with await SwarmClient.connect(nats_url) as swarm:
+        async with swarm.episode("task-7", models=["policy"]) as ep:
+            llm = ep.openai()                      # openai.AsyncOpenAI bound to this episode
+            reply = await llm.chat.completions.create(model="policy", messages=[...])
+            await ep.reward(1.0)
+        # leaving the block publishes `end`; an exception inside publishes `abort` and re-raises
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import nats
+from nats.aio.client import Client as NATS
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from swarmrl.schemas import (
+    AbortEvent,
+    BeginEvent,
+    EndEvent,
+    EnvEvent,
+    EventBase,
+    HeartbeatEvent,
+    RewardEvent,
+    encode,
+)
+from swarmrl.schemas import subjects as S
+
+log = logging.getLogger("swarmrl.sdk")
+
+TRANSIENT = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+)
+
+
+class SwarmError(RuntimeError):
+    """The swarm refused a request (e.g. the gateway would not mint a token); the message says why."""
+
+
+def default_code_version() -> str:
+    """`$SWARMRL_CODE_VERSION`, else a content hash of the running script, else "unknown"."""
+    if v := os.environ.get("SWARMRL_CODE_VERSION"):
+        return v
+    main = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if main is not None and main.is_file():
+        return "sha1-" + hashlib.sha1(main.read_bytes()).hexdigest()[:12]
+    return "unknown"
+
+
+async def _retrying(fn: Any, *args: Any, retry_s: float, **kwargs: Any) -> Any:
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(TRANSIENT),
+        stop=stop_after_delay(retry_s),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
+            return await fn(*args, **kwargs)
+    raise AssertionError("unreachable")
+
+
+class SwarmClient:
+    """One agent process's connection to the swarm (NATS, agent credentials)."""
+
+    def __init__(self, nc: NATS, client_id: str, code_version: str, retry_s: float = 30.0) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.client_id = client_id
+        self.code_version = code_version
+        self.retry_s = retry_s
+
+    @classmethod
+    async def connect(
+        cls,
+        nats_url: str,
+        *,
+        client_id: str | None = None,
+        code_version: str | None = None,
+        retry_s: float = 30.0,
+    ) -> SwarmClient:
+        """Connect to the swarm.
+
+        Args:
+            nats_url: NATS URL(s), comma-separated, with agent credentials (nats://agent:PW@host:port).
+            client_id: Stable name of this client process; a random one by default.
+            code_version: Version of the agent's code recorded on every event; see `default_code_version`.
+            retry_s: How long transient NATS errors are retried before an operation fails.
+
+        Returns:
+            A connected client; close it with `await client.close()` or `async with`.
+        """
+        nc = await nats.connect(
+            servers=[u.strip() for u in nats_url.split(",")],
+            name="swarmrl-agent",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+        return cls(
+            nc,
+            client_id or f"client-{uuid.uuid4().hex[:12]}",
+            code_version or default_code_version(),
+            retry_s,
+        )
+
+    def episode(
+        self,
+        task_id: str,
+        *,
+        models: list[str],
+        agents: list[str] | None = None,
+        group_key: str = "",
+        task: dict[str, Any] | None = None,
+        eval: bool = False,
+        episode_id: str | None = None,
+        heartbeat_s: float = 10.0,
+        token_ttl_s: float = 3600.0,
+    ) -> Episode:
+        """Create an episode; use it as `async with` (begin on enter, end or abort on exit).
+
+        Args:
+            task_id: Task identity; GRPO groups form over episodes with the same group key.
+            models: Trainable models the episode may call.
+            agents: Agent names (each gets its own token); default `["agent"]`.
+            group_key: Advantage group; defaults to `task_id`.
+            task: Free-form task description recorded by the ledger.
+            eval: Evaluation episode: recorded, never trained on.
+            episode_id: Explicit id (subject-safe); a random one by default.
+            heartbeat_s: Heartbeat period while the episode is open (0 disables).
+            token_ttl_s: Lifetime of the episode's API tokens.
+
+        Returns:
+            An `Episode` (not yet begun).
+        """
+        return Episode(
+            self,
+            task_id=task_id,
+            models=list(models),
+            agents=list(agents or ["agent"]),
+            group_key=group_key,
+            task=dict(task or {}),
+            eval=eval,
+            episode_id=episode_id or uuid.uuid4().hex,
+            heartbeat_s=heartbeat_s,
+            token_ttl_s=token_ttl_s,
+        )
+
+    async def publish(self, event: EventBase) -> None:
+        """Publish one event idempotently (Nats-Msg-Id), retrying transient errors."""
+        subject = S.episode_subject(event.episode_id, event.kind)  # type: ignore[attr-defined]
+        await _retrying(
+            self.js.publish,
+            subject,
+            encode(event),
+            headers={"Nats-Msg-Id": event.msg_id},
+            retry_s=self.retry_s,
+        )
+
+    async def close(self) -> None:
+        """Flush and close the NATS connection."""
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    async def __aenter__(self) -> SwarmClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Episode:
+    """One episode's lifecycle. Events carry a per-episode sequence number starting at 0 (begin)."""
+
+    def __init__(
+        self,
+        client: SwarmClient,
+        *,
+        task_id: str,
+        models: list[str],
+        agents: list[str],
+        group_key: str,
+        task: dict[str, Any],
+        eval: bool,
+        episode_id: str,
+        heartbeat_s: float,
+        token_ttl_s: float,
+    ) -> None:
+        S.check_token(episode_id, "episode id")
+        self.client = client
+        self.episode_id = episode_id
+        self.task_id, self.models, self.agents = task_id, models, agents
+        self.group_key, self.task, self.eval = group_key, task, eval
+        self.heartbeat_s, self.token_ttl_s = heartbeat_s, token_ttl_s
+        self.tokens: dict[str, str] = {}
+        self.base_url = ""
+        self.closed = False
+        self._seq = 0
+        self._lock = asyncio.Lock()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    def _common(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "client_id": self.client.client_id,
+            "client_version": self.client.code_version,
+        }
+
+    async def _publish(self, cls: type[EventBase], final: bool = False, **fields: Any) -> None:
+        async with self._lock:  # sequence numbers must reach the stream in order
+            if self.closed:
+                raise SwarmError(f"episode {self.episode_id} is already closed")
+            event = cls(seq=self._seq, **self._common(), **fields)
+            await self.client.publish(event)
+            self._seq += 1
+            self.closed = final
+
+    async def begin(self) -> Episode:
+        """Get the episode's API tokens from the gateway, then publish `begin`."""
+        request = {
+            "episode_id": self.episode_id,
+            "agents": self.agents,
+            "models": self.models,
+            "ttl_s": self.token_ttl_s,
+            **self._common(),
+        }
+        reply = await _retrying(
+            self.client.nc.request,
+            S.TOKEN_SUBJECT,
+            msgpack.packb(request),
+            timeout=10.0,
+            retry_s=self.client.retry_s,
+        )
+        answer = msgpack.unpackb(reply.data, raw=False)
+        if "error" in answer:
+            raise SwarmError(f"gateway refused a token for episode {self.episode_id}: {answer['error']}")
+        self.tokens, self.base_url = dict(answer["tokens"]), str(answer["base_url"])
+        await self._publish(
+            BeginEvent,
+            task_id=self.task_id,
+            group_key=self.group_key,
+            task=self.task,
+            models=self.models,
+            agents=self.agents,
+            eval=self.eval,
+        )
+        if self.heartbeat_s > 0:
+            self._heartbeat = asyncio.create_task(self._beat())
+        return self
+
+    async def _beat(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._publish(HeartbeatEvent)
+            except SwarmError:
+                return
+            except Exception as exc:  # a missed heartbeat must never kill the agent
+                log.warning("heartbeat failed for episode %s: %s", self.episode_id, exc)
+
+    def token(self, agent: str | None = None) -> str:
+        """The signed API token of `agent` (default: the first agent)."""
+        agent = agent or self.agents[0]
+        if agent not in self.tokens:
+            raise SwarmError(f"no token for agent {agent!r}; episode agents are {self.agents}")
+        return self.tokens[agent]
+
+    def openai(self, agent: str | None = None, **kwargs: Any) -> Any:
+        """An `openai.AsyncOpenAI` client for `agent`, pointed at the gateway with this episode's token."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.base_url, api_key=self.token(agent), **kwargs)
+
+    def openai_sync(self, agent: str | None = None, **kwargs: Any) -> Any:
+        """A blocking `openai.OpenAI` client for `agent` (for non-async agent code)."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key=self.token(agent), **kwargs)
+
+    async def env(self, name: str = "step", data: dict[str, Any] | None = None, agent: str = "") -> None:
+        """Record an environment step (observation/action) in the ledger."""
+        await self._publish(EnvEvent, name=name, data=dict(data or {}), agent=agent)
+
+    async def reward(self, value: float, agent: str = "", name: str = "reward") -> None:
+        """Add a reward; an empty `agent` gives it to every agent of the episode."""
+        await self._publish(RewardEvent, value=float(value), agent=agent, name=name)
+
+    async def end(self, **metrics: float) -> None:
+        """Finish the episode; its samples are built from what was published."""
+        await self._publish(EndEvent, final=True, metrics={k: float(v) for k, v in metrics.items()})
+        await self._stop()
+
+    async def abort(self, reason: str = "") -> None:
+        """Give up on the episode; it yields no samples."""
+        await self._publish(AbortEvent, final=True, reason=reason[:2000])
+        await self._stop()
+
+    async def _stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+
+    async def __aenter__(self) -> Episode:
+        return await self.begin()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if self.closed:
+            return
+        if exc is None:
+            await self.end()
+        else:
+            await self.abort(f"{exc_type.__name__ if exc_type else 'error'}: {exc}")

@@ -1,0 +1,25 @@
+"""`swarmrl nats`: run the embedded JetStream server alone (for a multi-process or multi-node trial)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from swarmrl.infra.nats_server import NatsServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swarmrl nats", description=__doc__)
+    parser.add_argument("--port", type=int, default=4222, help="client port (default 4222; 0 = random)")
+    parser.add_argument("--store-dir", type=Path, default=Path("runs/nats"), help="JetStream store directory")
+    args = parser.parse_args(argv)
+    server = NatsServer(store_dir=args.store_dir, port=args.port).start()
+    print(f"service URL: {server.service_url}\nagent URL:   {server.agent_url}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.stop()
+    return 0

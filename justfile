@@ -1,0 +1,40 @@
+# swarmrl tasks. `just --list` shows them all.
+
+set positional-arguments
+
+# Train the default swarm on this machine (NATS, engine, gateway, merger, trainer, ledger, clients).
+up *ARGS:
+    python -m swarmrl.cli up "$@"
+
+# Stop a swarm started by `just up` in another terminal.
+down:
+    python -m swarmrl.cli down
+
+# The default test suite (CPU, no GPU, ~10 minutes at most).
+test *ARGS:
+    python -m pytest -m "not slow and not gpu" -q "$@"
+
+# Longer tests (end-to-end training runs).
+test-slow *ARGS:
+    python -m pytest -m "slow and not gpu" -q "$@"
+
+# GPU checks (SGLang backend); needs a CUDA machine and SWARMRL_GPU_MODEL.
+test-gpu *ARGS:
+    python -m pytest -m gpu -q "$@"
+
+# Benchmarks; results land in bench/results/ with the machine noted.
+bench:
+    python bench/pipeline.py
+    python bench/gateway.py
+    python bench/merging.py
+
+# ruff (format check + lint) and mypy.
+lint:
+    ruff format --check .
+    ruff check .
+    mypy
+
+# Format the code.
+fmt:
+    ruff format .
+    ruff check --fix .

@@ -1,0 +1,79 @@
+"""Episode event ordering rules, shared by every consumer of EPISODES (pure logic, no NATS).
+
+An episode starts with `begin`; every later event of it must come from a known episode that has not
+ended; `seq` is strictly increasing per (episode_id, client_id). Whatever breaks a rule is returned
+as a dead-letter reason (`<code>: <detail>`), never raised and never dropped.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from swarmrl.schemas import Event
+
+DEAD_LETTER_CODES = (
+    "malformed",
+    "version",
+    "schema",
+    "oversized",
+    "subject",
+    "unknown_episode",
+    "duplicate",
+    "out_of_order",
+    "after_end",
+)
+
+
+@dataclass
+class EpisodeState:
+    begin_ts: float
+    last_event_ts: float
+    last_seq: dict[str, int] = field(default_factory=dict)
+
+
+class EpisodeTracker:
+    """Tracks open episodes and recently closed ones; `check` accepts an event or names the broken rule."""
+
+    def __init__(self, max_closed: int = 200_000) -> None:
+        self.open: dict[str, EpisodeState] = {}
+        self.closed: OrderedDict[str, str] = OrderedDict()  # episode_id -> "end" | "abort" | "timeout"
+        self.max_closed = max_closed
+
+    def check(self, ev: Event, received: float | None = None) -> str | None:
+        """Apply `ev` to the state; return None if accepted, else a dead-letter reason.
+
+        `received` is the local receive time used for timeouts (client clocks may be skewed).
+        """
+        eid = ev.episode_id
+        now = ev.ts if received is None else received
+        if ev.kind == "begin":
+            if eid in self.open or eid in self.closed:
+                return f"duplicate: episode {eid} already begun"
+            self.open[eid] = EpisodeState(begin_ts=now, last_event_ts=now, last_seq={ev.client_id: ev.seq})
+            return None
+        if eid in self.closed:
+            return f"after_end: {ev.kind} for episode {eid}, which already closed ({self.closed[eid]})"
+        state = self.open.get(eid)
+        if state is None:
+            return f"unknown_episode: {ev.kind} for episode {eid} with no begin"
+        last = state.last_seq.get(ev.client_id)
+        if last is not None and ev.seq == last:
+            return f"duplicate: seq {ev.seq} from {ev.client_id} already seen in episode {eid}"
+        if last is not None and ev.seq < last:
+            return f"out_of_order: seq {ev.seq} from {ev.client_id} after seq {last} in episode {eid}"
+        state.last_seq[ev.client_id] = ev.seq
+        state.last_event_ts = max(state.last_event_ts, now)
+        if ev.kind in ("end", "abort"):
+            self.close(eid, ev.kind)
+        return None
+
+    def close(self, episode_id: str, how: str) -> None:
+        self.open.pop(episode_id, None)
+        self.closed[episode_id] = how
+        while len(self.closed) > self.max_closed:
+            self.closed.popitem(last=False)
+
+    def expired(self, now: float, timeout_s: float) -> list[str]:
+        """Open episodes with no event for `timeout_s` seconds (by receive time)."""
+        return [eid for eid, st in self.open.items() if now - st.last_event_ts > timeout_s]

@@ -1,0 +1,262 @@
+"""The gateway's completion logic: verify the episode token, build the exact prompt, generate, record.
+
+Shared by the HTTP front end (`app.py`) and the NATS request/reply front end (`service.py`). The
+`publish` callback receives the `LlmEvent` of every successful call and must make it durable before
+the caller answers the agent, so an agent's later `end` always lands after its `llm` events.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from swarmrl.schemas import LlmEvent
+from swarmrl.services.gateway.errors import bad_request, forbidden, not_found, unauthorized
+from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, parse_reply, stop_token_ids, text_of
+from swarmrl.services.gateway.tokens import Claims, TokenError, verify
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ChatRequest(BaseModel):
+    """The subset of OpenAI's chat completion request the gateway honours (other fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    n: int = 1
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+
+
+@dataclass
+class ModelHandle:
+    """One trainable model as the gateway sees it: its tokenizer and its engine."""
+
+    name: str
+    tokenizer: Any
+    engine: Any  # swarmrl.services.engine.client.EngineClient
+    context_len: int
+    builder: PromptBuilder = field(init=False)
+    stops: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.builder = PromptBuilder(self.tokenizer)
+        self.stops = stop_token_ids(self.tokenizer)
+
+
+@dataclass
+class Completion:
+    """A finished call: the OpenAI response body and the event recorded for it."""
+
+    response: dict[str, Any]
+    event: LlmEvent
+    reused_call: str | None
+
+
+class EpisodeMemory:
+    """Per-(episode, model) call records and per-episode llm event counters, least recently used first out."""
+
+    def __init__(self, max_episodes: int) -> None:
+        self.max_episodes = max_episodes
+        self.calls: OrderedDict[tuple[str, str], list[CallRecord]] = OrderedDict()
+        self.seqs: OrderedDict[str, int] = OrderedDict()
+
+    def history(self, episode_id: str, model: str) -> list[CallRecord]:
+        key = (episode_id, model)
+        records = self.calls.setdefault(key, [])
+        self.calls.move_to_end(key)
+        while len(self.calls) > self.max_episodes:
+            self.calls.popitem(last=False)
+        return records
+
+    def next_seq(self, episode_id: str) -> int:
+        seq = self.seqs.get(episode_id, -1) + 1
+        self.seqs[episode_id] = seq
+        self.seqs.move_to_end(episode_id)
+        while len(self.seqs) > 4 * self.max_episodes:
+            self.seqs.popitem(last=False)
+        return seq
+
+
+class Gateway:
+    def __init__(
+        self,
+        models: dict[str, ModelHandle],
+        secret: bytes,
+        publish: Callable[[LlmEvent], Awaitable[None]],
+        default_max_tokens: int = 256,
+        history_episodes: int = 20_000,
+    ) -> None:
+        self.models = models
+        self.secret = secret
+        self.publish = publish
+        self.default_max_tokens = default_max_tokens
+        self.memory = EpisodeMemory(history_episodes)
+        # A fresh id per gateway process keeps llm event seqs unique even across restarts.
+        self.client_id = f"gateway-{uuid.uuid4().hex[:12]}"
+
+    def authorize(self, api_key: str | None) -> Claims:
+        if not api_key:
+            raise unauthorized("missing API key: use the episode token from the swarmrl SDK as api_key")
+        try:
+            return verify(self.secret, api_key)
+        except TokenError as exc:
+            raise unauthorized(f"bad episode token ({exc.code}): {exc}") from exc
+
+    def parse(self, body: Any) -> ChatRequest:
+        try:
+            req = ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(map(str, first["loc"]))
+            raise bad_request(f"invalid request: {loc}: {first['msg']}", param=loc) from exc
+        if req.n != 1:
+            raise bad_request(f"n={req.n} is not supported; send one request per sample", param="n")
+        return req
+
+    async def complete(self, body: Any, api_key: str | None) -> Completion:
+        claims = self.authorize(api_key)
+        req = self.parse(body)
+        handle = self.models.get(req.model)
+        if handle is None:
+            raise not_found(f"model {req.model!r} does not exist; available: {sorted(self.models)}")
+        if not claims.allows(req.model):
+            raise forbidden(f"episode {claims.episode_id} may call {list(claims.models)}, not {req.model!r}")
+
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = [] if req.tool_choice == "none" else list(req.tools or [])
+        history = self.memory.history(claims.episode_id, req.model)
+        prompt_ids, reused = handle.builder.build(messages, tools, history)
+        room = handle.context_len - len(prompt_ids)
+        if room < 1:
+            raise bad_request(
+                f"prompt is {len(prompt_ids)} tokens; model {req.model!r} has a context of {handle.context_len}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        wanted = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
+        sampling: dict[str, Any] = {
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "max_new_tokens": min(wanted, room),
+            "stop_token_ids": handle.stops,
+        }
+        if req.stop:
+            sampling["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        if req.seed is not None:
+            sampling["sampling_seed"] = req.seed
+        result = await handle.engine.generate(prompt_ids, sampling, return_logprob=True)
+
+        out_ids = list(result.output_ids)
+        text = handle.tokenizer.decode(
+            [t for t in out_ids if t not in handle.stops], skip_special_tokens=False
+        )
+        content, tool_calls = parse_reply(text, with_tools=bool(tools))
+        finish = "tool_calls" if tool_calls else ("length" if result.finish_reason == "length" else "stop")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content if (content or not tool_calls) else None,
+        }
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        call_id = f"chatcmpl-{uuid.uuid4().hex}"
+        history.append(CallRecord(call_id, messages, tools, prompt_ids, out_ids, message))
+
+        event = LlmEvent(
+            episode_id=claims.episode_id,
+            seq=self.memory.next_seq(claims.episode_id),
+            client_id=self.client_id,
+            client_version=claims.client_version,
+            call_id=call_id,
+            agent=claims.agent,
+            model=req.model,
+            prompt_ids=prompt_ids,
+            output_ids=out_ids,
+            output_logprobs=[float(x) for x in result.output_logprobs],
+            policy_version=int(result.weight_version or 0),
+            messages=messages,
+            tools=tools,
+            output_text=text,
+            finish_reason=finish,
+        )
+        await self.publish(event)
+        response = {
+            "id": call_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(out_ids),
+                "total_tokens": len(prompt_ids) + len(out_ids),
+            },
+            "system_fingerprint": f"policy-v{event.policy_version}",
+        }
+        return Completion(response, event, reused)
+
+
+def stream_chunks(resp: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """OpenAI `chat.completion.chunk` objects for a finished completion (role, content, tool calls, finish)."""
+    base = {
+        "id": resp["id"],
+        "object": "chat.completion.chunk",
+        "created": resp["created"],
+        "model": resp["model"],
+    }
+    choice = resp["choices"][0]
+    msg = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    content = text_of(msg.get("content"))
+    step = 16
+    chunks += [chunk({"content": content[i : i + step]}) for i in range(0, len(content), step)]
+    for i, tc in enumerate(msg.get("tool_calls") or []):
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": tc["id"],
+                            "type": "function",
+                            "function": {"name": tc["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        chunks.append(
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": tc["function"]["arguments"]}}]})
+        )
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": resp["usage"]})
+    return chunks

@@ -1,0 +1,37 @@
+"""OpenAI-style API errors raised by the gateway core and rendered by the HTTP and NATS front ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, "invalid_request_error", "invalid_api_key")
+
+
+def forbidden(message: str) -> ApiError:
+    return ApiError(403, message, "permission_error", "model_not_allowed")
+
+
+def not_found(message: str) -> ApiError:
+    return ApiError(404, message, "invalid_request_error", "model_not_found", "model")

@@ -1,0 +1,188 @@
+"""Prompt construction with exact token reuse, and tool-call parsing (pure logic, no NATS, no HTTP).
+
+The gateway owns tokenization. The first call of an episode is rendered with the model's chat
+template. A later call whose messages start with an earlier call's messages followed by that call's
+own reply reuses the earlier call's exact `prompt_ids + output_ids`, and only the new tail is
+tokenized, so the new prompt extends the old one token for token (no re-tokenization drift). That is
+what lets the merger fold the earlier call into the later one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+PLACEHOLDER = "SWARMRLREUSEDTURN9f2c1"
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def text_of(content: Any) -> str:
+    """OpenAI content (None, str, or a list of parts) as plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text"
+    )
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a message that matter for prompt identity, in a comparable form."""
+    out: dict[str, Any] = {"role": m.get("role"), "content": text_of(m.get("content")).strip()}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "name": tc.get("function", {}).get("name"),
+                "arguments": _arguments(tc.get("function", {}).get("arguments")),
+            }
+            for tc in m["tool_calls"]
+        ]
+    for key in ("tool_call_id", "name"):
+        if m.get(key):
+            out[key] = m[key]
+    return out
+
+
+def template_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message in the form HF chat templates expect (plain-text content, dict tool arguments)."""
+    out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"))}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "id": tc.get("id", ""),
+                "function": {
+                    "name": tc["function"]["name"],
+                    "arguments": _arguments(tc["function"].get("arguments")),
+                },
+            }
+            for tc in m["tool_calls"]
+        ]
+    for key in ("tool_call_id", "name"):
+        if m.get(key):
+            out[key] = m[key]
+    return out
+
+
+@dataclass
+class CallRecord:
+    """What the gateway remembers of one call, to extend it exactly later in the same episode."""
+
+    call_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    response: dict[str, Any]
+    norm: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.norm = [normalize_message(m) for m in self.messages]
+
+
+class PromptBuilder:
+    """Turns OpenAI messages into engine input ids for one model's tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.stop_texts = {tid: tokenizer.convert_ids_to_tokens(tid) for tid in stop_token_ids(tokenizer)}
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen_prompt: bool
+    ) -> str:
+        return self.tok.apply_chat_template(
+            [template_message(m) for m in messages],
+            tools=tools or None,
+            add_generation_prompt=gen_prompt,
+            tokenize=False,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def build(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], history: list[CallRecord]
+    ) -> tuple[list[int], str | None]:
+        """Prompt ids for `messages`, and the id of the earlier call they extend exactly (None: fresh)."""
+        norm = [normalize_message(m) for m in messages]
+        for rec in reversed(history):
+            k = len(rec.messages)
+            if len(messages) <= k or rec.tools != tools or norm[:k] != rec.norm:
+                continue
+            if norm[k] != normalize_message(rec.response):
+                continue
+            tail = self._tail_ids(messages, tools, rec)
+            if tail is not None:
+                return rec.prompt_ids + rec.output_ids + tail, rec.call_id
+        return self.encode(self.render(messages, tools, gen_prompt=True)), None
+
+    def _tail_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], rec: CallRecord
+    ) -> list[int] | None:
+        """Token ids of everything after `rec`'s reply, or None if the template does not allow reuse."""
+        k = len(rec.messages)
+        marked = [*messages[:k], {"role": "assistant", "content": PLACEHOLDER}, *messages[k + 1 :]]
+        text = self.render(marked, tools, gen_prompt=True)
+        at = text.find(PLACEHOLDER)
+        # The text before the reply must be exactly what the earlier prompt rendered, else the
+        # template is not prefix-stable here and reuse would splice mismatched contexts.
+        if at < 0 or text[:at] != self.render(rec.messages, tools, gen_prompt=True):
+            return None
+        after = text[at + len(PLACEHOLDER) :]
+        last = rec.output_ids[-1] if rec.output_ids else None
+        stop_text = self.stop_texts.get(last) if last is not None else None
+        if stop_text and after.startswith(stop_text):
+            after = after[len(stop_text) :]  # the generated stop token already closes the turn
+        return self.encode(after)
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Ids that end an assistant turn: eos plus ChatML's `<|im_end|>` when the vocabulary has it."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end >= 0:
+        ids.add(im_end)
+    return sorted(ids)
+
+
+def parse_reply(text: str, with_tools: bool) -> tuple[str, list[dict[str, Any]]]:
+    """Split generated text into (content, OpenAI tool_calls). Unparseable tool calls stay in content."""
+    if not with_tools:
+        return text, []
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match[str]) -> str:
+        try:
+            obj = json.loads(match.group(1))
+            name, args = obj["name"], obj.get("arguments", {})
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return match.group(0)
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": str(name),
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+            }
+        )
+        return ""
+
+    content = _TOOL_CALL_RE.sub(take, text)
+    return content.strip() if calls else content, calls

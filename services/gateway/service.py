@@ -1,0 +1,151 @@
+"""Gateway service: HTTP server + NATS responders in one asyncio loop.
+
+Consumes: requests on `swarm.auth.token` (mint episode tokens; msgpack) and `swarm.llm.<model>`
+(chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
+`{"error": ..., "status": ...}`), both in queue group `gateway` so several gateways share the load.
+Publishes: one `llm` event per completion to `swarm.ep.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import socket
+import time
+from typing import Any
+
+import msgpack
+import uvicorn
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from swarmrl.schemas import LlmEvent, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.gateway.app import create_app
+from swarmrl.services.gateway.config import GatewayConfig
+from swarmrl.services.gateway.core import Gateway, ModelHandle
+from swarmrl.services.gateway.errors import ApiError
+from swarmrl.services.gateway.tokens import Claims, mint
+
+log = logging.getLogger("swarmrl.gateway")
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise SystemExit(f"--{what} expects MODEL=VALUE, got {item!r}")
+        out[S.check_token(name, "model name")] = value
+    return out
+
+
+async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from swarmrl.services.engine.client import EngineClient
+
+    engines, tokenizers = _pairs(cfg.engine, "engine"), _pairs(cfg.tokenizer, "tokenizer")
+    if not engines:
+        raise SystemExit("the gateway needs at least one --engine MODEL=URL")
+    handles = {}
+    for name, url in engines.items():
+        engine = EngineClient(url, timeout=cfg.request_timeout_s)
+        await engine.wait_ready(timeout=600)
+        path = tokenizers.get(name) or (await engine.model_info()).get("tokenizer_path")
+        tok = AutoTokenizer.from_pretrained(path)
+        ctx = int(
+            getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length
+        )
+        handles[name] = ModelHandle(name=name, tokenizer=tok, engine=engine, context_len=ctx)
+        log.info("model=%s engine=%s tokenizer=%s context=%d", name, url, path, ctx)
+    return handles
+
+
+class GatewayService:
+    def __init__(self, cfg: GatewayConfig, nc: NATS, models: dict[str, ModelHandle]) -> None:
+        self.cfg, self.nc, self.js = cfg, nc, nc.jetstream()
+        secret = cfg.secret or secrets.token_urlsafe(32)
+        self.gateway = Gateway(
+            models, secret.encode(), self.publish_llm, cfg.default_max_tokens, cfg.history_episodes
+        )
+        if not cfg.port:
+            with socket.socket() as s:
+                s.bind((cfg.host, 0))
+                cfg.port = s.getsockname()[1]
+        self.base_url = cfg.public_url or f"http://{cfg.host}:{cfg.port}/v1"
+
+    async def publish_llm(self, event: LlmEvent) -> None:
+        await self.js.publish(
+            S.episode_subject(event.episode_id, "llm"), encode(event), headers={"Nats-Msg-Id": event.msg_id}
+        )
+
+    async def on_token(self, msg: Msg) -> None:
+        try:
+            req = msgpack.unpackb(msg.data, raw=False)
+            episode_id = S.check_token(str(req["episode_id"]), "episode id")
+            models = [str(m) for m in req.get("models") or []]
+            unknown = [m for m in models if m not in self.gateway.models]
+            if unknown:
+                raise ValueError(f"unknown models {unknown}; this swarm serves {sorted(self.gateway.models)}")
+            agents = [str(a) for a in req.get("agents") or ["agent"]]
+            ttl = min(float(req.get("ttl_s", 3600)), self.cfg.token_ttl_max_s)
+            tokens = {
+                a: mint(
+                    self.gateway.secret,
+                    Claims(
+                        episode_id,
+                        a,
+                        tuple(models),
+                        time.time() + ttl,
+                        str(req.get("client_id", "")),
+                        str(req.get("client_version", "")),
+                    ),
+                )
+                for a in agents
+            }
+            answer: dict[str, Any] = {"tokens": tokens, "base_url": self.base_url}
+        except Exception as exc:  # bad token request: answer with the reason, never crash
+            log.warning("token request refused: %s", exc)
+            answer = {"error": str(exc)}
+        await msg.respond(msgpack.packb(answer))
+
+    async def on_llm(self, msg: Msg) -> None:
+        try:
+            req = json.loads(msg.data)
+            done = await self.gateway.complete(req.get("request"), req.get("api_key"))
+            answer: dict[str, Any] = {"response": done.response}
+        except ApiError as exc:
+            answer = {**exc.body(), "status": exc.status}
+        except Exception as exc:  # any failure becomes an error reply; the requester is never left hanging
+            log.exception("nats completion failed")
+            answer = {"error": {"message": str(exc), "type": "server_error"}, "status": 500}
+        await msg.respond(json.dumps(answer).encode())
+
+    async def start_nats(self) -> None:
+        """Create streams if needed and answer token and completion requests."""
+        await bus.ensure_streams(self.js)
+        await self.nc.subscribe(S.TOKEN_SUBJECT, queue="gateway", cb=self.on_token)
+        for name in self.gateway.models:
+            await self.nc.subscribe(S.llm_subject(name), queue="gateway", cb=self.on_llm)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start_nats()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(self.gateway),
+                host=self.cfg.host,
+                port=self.cfg.port,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # main() owns signals
+        task = asyncio.create_task(server.serve())
+        log.info("gateway ready url=%s models=%s", self.base_url, sorted(self.gateway.models))
+        await stop.wait()
+        server.should_exit = True
+        await task

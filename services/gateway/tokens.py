@@ -1,0 +1,91 @@
+"""Signed episode tokens: the OpenAI `api_key` an agent uses names its episode, agent and models.
+
+Format: `swt1.<b64url(msgpack claims)>.<b64url(HMAC-SHA256(secret, "swt1." + payload))>`. The claims are
+readable by anyone (like a JWT) but cannot be forged or altered without the gateway's secret; every
+call verifies the signature and the expiry. Pure logic, no NATS.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+PREFIX = "swt1"
+
+
+class TokenError(Exception):
+    """The token is malformed, forged, or expired. `code` is `invalid` or `expired`."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Claims:
+    episode_id: str
+    agent: str
+    models: tuple[str, ...]
+    expires_at: float
+    client_id: str = ""
+    client_version: str = ""
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: bytes, signed_part: str) -> str:
+    return _b64(hmac.new(secret, signed_part.encode(), hashlib.sha256).digest())
+
+
+def mint(secret: bytes, claims: Claims) -> str:
+    body = msgpack.packb(
+        {
+            "e": claims.episode_id,
+            "a": claims.agent,
+            "m": list(claims.models),
+            "x": claims.expires_at,
+            "c": claims.client_id,
+            "v": claims.client_version,
+        },
+        use_bin_type=True,
+    )
+    signed_part = f"{PREFIX}.{_b64(body)}"
+    return f"{signed_part}.{_sign(secret, signed_part)}"
+
+
+def verify(secret: bytes, token: str, now: float | None = None) -> Claims:
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != PREFIX:
+        raise TokenError("invalid", "not a swarmrl episode token (expected swt1.<claims>.<signature>)")
+    signed_part = f"{parts[0]}.{parts[1]}"
+    if not hmac.compare_digest(_sign(secret, signed_part), parts[2]):
+        raise TokenError("invalid", "episode token signature does not verify")
+    try:
+        raw = msgpack.unpackb(_unb64(parts[1]), raw=False)
+        claims = Claims(
+            episode_id=raw["e"],
+            agent=raw["a"],
+            models=tuple(raw["m"]),
+            expires_at=float(raw["x"]),
+            client_id=raw.get("c", ""),
+            client_version=raw.get("v", ""),
+        )
+    except Exception as exc:  # signed but unreadable: only a secret holder could make this
+        raise TokenError("invalid", f"episode token claims unreadable: {exc}") from exc
+    if (time.time() if now is None else now) > claims.expires_at:
+        raise TokenError("expired", f"episode token for {claims.episode_id} expired")
+    return claims
