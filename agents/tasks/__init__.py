@@ -1,0 +1,21 @@
+"""The default tasks, pure environment logic (no NATS, no LLM calls): `TASKS[name]` is a `TaskSpec`.
+
+    guess_number   multi-turn game: guess a secret in [1, n] from higher / lower feedback
+    calculator     tool use: call `calculator(expression)`, then answer with the number
+"""
+
+from swarmrl.agents.tasks import calculator, guess_number
+from swarmrl.agents.tasks.base import Env, Message, StepResult, TaskSpec
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (guess_number.SPEC, calculator.SPEC)}
+
+
+def get_task(name: str) -> TaskSpec:
+    """The task registered as `name`; the error lists the known names."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
+
+
+__all__ = ["TASKS", "Env", "Message", "StepResult", "TaskSpec", "calculator", "get_task", "guess_number"]
