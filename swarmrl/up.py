@@ -1,0 +1,261 @@
+"""`swarmrl up`: the whole swarm on one machine, training the default task until the budget is spent.
+
+Starts NATS (embedded unless --nats), engine, gateway, merger, trainer, ledger and N example
+clients as separate processes, plus an evaluator, shows live progress, and writes a run directory
+with the Parquet ledger, `report.md` and a reward/eval curve PNG. Ctrl-C (or `swarmrl down`) stops
+everything cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from swarmrl.infra.nats_server import NatsServer, free_port
+from swarmrl.supervisor import Supervisor
+
+log = logging.getLogger("swarmrl.up")
+PID_FILE = Path("runs/.up.pid")
+MODEL = "policy"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="swarmrl up", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=40, help="trainer steps to run")
+    p.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget; stops early when spent")
+    p.add_argument(
+        "--task", default="guess_number", help="task(s) to train, comma-separated: guess_number, calculator"
+    )
+    p.add_argument("--model", default="", help="HF model dir to train (default: the bootstrapped tiny model)")
+    p.add_argument("--clients", type=int, default=2, help="example client processes")
+    p.add_argument("--concurrency", type=int, default=2, help="GRPO groups each client plays at once")
+    p.add_argument("--num-repeat", type=int, default=8, help="episodes per group (GRPO group size)")
+    p.add_argument("--batch-groups", type=int, default=4, help="groups per trainer step")
+    p.add_argument("--lr", type=float, default=2e-4, help="trainer learning rate")
+    p.add_argument("--eval-every", type=int, default=5, help="evaluate every N model versions")
+    p.add_argument(
+        "--eval-limit", type=int, default=0, help="eval instances per task (0 = the whole held-out set)"
+    )
+    p.add_argument("--run-dir", type=Path, default=None, help="run directory (default runs/<timestamp>)")
+    p.add_argument("--nats", default="", help="join this NATS cluster (service URL) instead of starting one")
+    p.add_argument("--agent-nats", default="", help="agent-credential URL for clients (with --nats)")
+    p.add_argument("--no-display", action="store_true", help="plain log lines instead of the live table")
+    return p.parse_args(argv)
+
+
+def make_run_dir(arg: Path | None) -> Path:
+    run_dir = arg or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    latest = run_dir.parent / "latest"
+    with contextlib.suppress(OSError):
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(run_dir.resolve())
+    return run_dir
+
+
+def spawn_services(
+    sup: Supervisor,
+    args: argparse.Namespace,
+    run_dir: Path,
+    model_dir: Path,
+    service_url: str,
+    agent_url: str,
+) -> None:
+    env = {"SWARMRL_NATS": service_url, "SWARMRL_SECRET": secrets.token_urlsafe(32), "PYTHONUNBUFFERED": "1"}
+    engine_port, gateway_port = free_port(), free_port()
+    serve = ["-m", "swarmrl.cli", "serve"]
+    sup.spawn("ledger", [*serve, "ledger", "--run-dir", str(run_dir)], env)
+    sup.spawn(
+        "engine",
+        [*serve, "engine", "--model", MODEL, "--model-path", str(model_dir), "--port", str(engine_port)],
+        env,
+    )
+    sup.spawn("merger", [*serve, "merger"], env)
+    sup.spawn(
+        "trainer",
+        [
+            *serve,
+            "trainer",
+            "--model",
+            MODEL,
+            "--model-path",
+            str(model_dir),
+            "--run-dir",
+            str(run_dir),
+            "--num-repeat",
+            str(args.num_repeat),
+            "--batch-groups",
+            str(args.batch_groups),
+            "--lr",
+            str(args.lr),
+            "--max-steps",
+            str(args.steps),
+        ],
+        env,
+    )
+    sup.spawn(
+        "gateway",
+        [
+            *serve,
+            "gateway",
+            "--engine",
+            f"{MODEL}=http://127.0.0.1:{engine_port}",
+            "--port",
+            str(gateway_port),
+        ],
+        env,
+    )
+    for i in range(args.clients):
+        sup.spawn(
+            f"client-{i}",
+            [
+                "-m",
+                "swarmrl.agents.runner",
+                "--nats",
+                agent_url,
+                "--task",
+                args.task,
+                "--model",
+                MODEL,
+                "--num-repeat",
+                str(args.num_repeat),
+                "--concurrency",
+                str(args.concurrency),
+                "--seed",
+                str(1000 + i),
+            ],
+            {"PYTHONUNBUFFERED": "1"},
+        )
+
+
+async def supervise(args: argparse.Namespace, sup: Supervisor, service_url: str, run_dir: Path) -> str:
+    """Run the evaluator and the progress display until the budget is spent; return why it ended."""
+    from swarmrl.agents.evaluate import run_evaluator
+    from swarmrl.progress import Progress
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    progress = Progress(service_url, MODEL, args.steps, live=not args.no_display)
+    await progress.start()
+    evaluator = asyncio.create_task(
+        run_evaluator(
+            service_url,
+            args.task.split(","),
+            MODEL,
+            stop,
+            every=args.eval_every,
+            limit=args.eval_limit,
+            final=args.steps,
+        )
+    )
+    deadline = time.monotonic() + args.minutes * 60
+    reason = "interrupted"
+    try:
+        while not stop.is_set():
+            dead = {n: rc for n, rc in sup.dead().items() if n != "trainer"}
+            if dead:
+                reason = f"process exited unexpectedly: {dead} (logs in {run_dir / 'logs'})"
+                break
+            if progress.step >= args.steps or "trainer" in sup.dead():
+                reason = f"trainer finished {progress.step} steps"
+                # one last eval of the final version, unless it is already running or done
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        progress.eval_seen(args.steps, len(args.task.split(","))), timeout=300
+                    )
+                break
+            if time.monotonic() > deadline:
+                reason = f"time budget of {args.minutes} min spent at step {progress.step}"
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            progress.render()
+    finally:
+        stop.set()
+        evaluator.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await evaluator
+        await progress.stop()
+    return reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from swarmrl.log import setup_logging
+
+    setup_logging("up")
+    run_dir = make_run_dir(args.run_dir)
+    if args.model:
+        model_dir = Path(args.model)
+    else:
+        from swarmrl.bootstrap import ensure_default_model
+
+        model_dir = ensure_default_model()
+    server = None
+    if args.nats:
+        service_url, agent_url = args.nats, args.agent_nats or args.nats
+    else:
+        server = NatsServer(store_dir=run_dir / "nats", log_file=run_dir / "logs" / "nats.log").start()
+        service_url, agent_url = server.service_url, server.agent_url
+    PID_FILE.parent.mkdir(parents=True, exist_ok=True)
+    PID_FILE.write_text(str(os.getpid()))
+    sup = Supervisor(run_dir / "logs")
+    print(
+        f"swarmrl up: run dir {run_dir}  (logs in {run_dir / 'logs'}; stop with Ctrl-C or `swarmrl down`)",
+        flush=True,
+    )
+    reason = "?"
+    try:
+        asyncio.run(_bootstrap_streams(service_url))
+        spawn_services(sup, args, run_dir, model_dir, service_url, agent_url)
+        reason = asyncio.run(supervise(args, sup, service_url, run_dir))
+    finally:
+        clients = [n for n in sup.procs if n.startswith("client")]
+        sup.stop(clients)
+        sup.stop(["gateway", "trainer", "merger", "engine"])
+        sup.stop(["ledger"], timeout=30)  # last, so it flushes everything the others produced
+        if server is not None:
+            server.stop()
+        with contextlib.suppress(OSError):
+            PID_FILE.unlink()
+    from swarmrl.report import write_report
+
+    report = write_report(run_dir, reason=reason)
+    print(f"swarmrl up: stopped ({reason}). Report: {report}", flush=True)
+    return 0 if "unexpectedly" not in reason else 1
+
+
+async def _bootstrap_streams(url: str) -> None:
+    from swarmrl.services.common import bus
+
+    nc = await bus.connect(url, "up")
+    await bus.ensure_streams(nc.jetstream())
+    await nc.close()
+
+
+def down(argv: list[str] | None = None) -> int:
+    """`swarmrl down`: ask a running `swarmrl up` (started from this directory) to stop."""
+    if not PID_FILE.exists():
+        print("swarmrl down: no running swarm found (runs/.up.pid missing)", file=sys.stderr)
+        return 1
+    pid = int(PID_FILE.read_text())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        PID_FILE.unlink()
+        print(f"swarmrl down: process {pid} is gone; removed the stale pid file", file=sys.stderr)
+        return 1
+    print(f"swarmrl down: asked swarmrl up (pid {pid}) to stop")
+    return 0
