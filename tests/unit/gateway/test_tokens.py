@@ -10,7 +10,12 @@ SECRET = b"s3cret"
 def test_round_trip_and_claims() -> None:
     tok = mint(SECRET, Claims("ep1", "solver", ("policy",), time.time() + 60, "c1", "v7"))
     claims = verify(SECRET, tok)
-    assert (claims.episode_id, claims.agent, claims.models, claims.client_version) == ("ep1", "solver", ("policy",), "v7")
+    assert (claims.episode_id, claims.agent, claims.models, claims.client_version) == (
+        "ep1",
+        "solver",
+        ("policy",),
+        "v7",
+    )
     assert claims.allows("policy") and not claims.allows("other")
 
 
