@@ -45,6 +45,7 @@ class NatsServer:
 
     def __post_init__(self) -> None:
         self.store_dir = Path(self.store_dir)
+        self._auto_port = not self.port
         if not self.port:
             self.port = free_port()
         for role in ("service", "agent", "sys"):
@@ -62,6 +63,17 @@ class NatsServer:
         return self.url("agent")
 
     def start(self, timeout: float = 15.0) -> NatsServer:
+        # A port picked at random can be taken by someone else before the server binds it: retry.
+        for attempt in range(5 if self._auto_port else 1):
+            try:
+                return self._start(timeout)
+            except RuntimeError:
+                if not self._auto_port or attempt == 4:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_file or self.store_dir / "nats-server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -84,11 +96,13 @@ class NatsServer:
             str(log),
         ]
         offset = log.stat().st_size if log.exists() else 0
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        with open(self.store_dir / "nats-server.stderr", "ab") as err:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {log}")
+                stderr = (self.store_dir / "nats-server.stderr").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}: {stderr.strip()} (log: {log})")
             if log.exists() and b"Server is ready" in log.read_bytes()[offset:]:
                 return self
             time.sleep(0.02)

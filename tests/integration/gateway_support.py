@@ -1,0 +1,82 @@
+"""A real generation stack for tests: embedded engine (HTTP) + gateway (HTTP + NATS) in one process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import nats
+
+from swarmrl.infra.nats_server import NatsServer
+from swarmrl.schemas import LlmEvent, decode_event
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.engine.engine_core import EngineCore
+from swarmrl.services.engine.server import BackgroundServer, create_app
+from swarmrl.services.gateway.config import GatewayConfig
+from swarmrl.services.gateway.service import GatewayService, load_models
+
+
+@dataclass
+class Stack:
+    nats: NatsServer
+    engine: EngineCore
+    engine_url: str
+    gateway: GatewayService
+
+    @property
+    def base_url(self) -> str:
+        return self.gateway.base_url
+
+
+@asynccontextmanager
+async def generation_stack(
+    server: NatsServer, model_dir: Path, model: str = "policy"
+) -> AsyncIterator[Stack]:
+    engine = EngineCore(model_dir, max_batch=16)
+    http = BackgroundServer(create_app(engine)).start()
+    cfg = GatewayConfig(nats=server.service_url, port=0, engine=[f"{model}={http.url}"])
+    nc = await bus.connect(server.service_url, "test-gateway")
+    service = GatewayService(cfg, nc, await load_models(cfg))
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    async with httpx.AsyncClient() as client:
+        for _ in range(200):
+            try:
+                if (await client.get(service.base_url.removesuffix("/v1") + "/health")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+    try:
+        yield Stack(server, engine, http.url, service)
+    finally:
+        stop.set()
+        await task
+        await nc.close()
+        http.stop()
+        engine.close()
+
+
+async def llm_events(server: NatsServer, episode_id: str = "*") -> list[LlmEvent]:
+    """Every llm event on the EPISODES stream (of one episode, or all), in stream order."""
+    nc = await nats.connect(server.service_url)
+    sub = await nc.jetstream().subscribe(
+        S.episode_subject(episode_id, "llm") if episode_id != "*" else f"{S.EPISODE_PREFIX}.*.llm",
+        ordered_consumer=True,
+    )
+    out: list[LlmEvent] = []
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=0.5)
+        except nats.errors.TimeoutError:
+            break
+        ev = decode_event(msg.data)
+        assert isinstance(ev, LlmEvent)
+        out.append(ev)
+    await nc.close()
+    return out
