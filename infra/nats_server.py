@@ -49,7 +49,8 @@ class NatsServer:
         if not self.port:
             self.port = free_port()
         for role in ("service", "agent", "sys"):
-            self.passwords.setdefault(role, secrets.token_urlsafe(18))
+            # hex behind a letter: NATS config variables must not look like numbers
+            self.passwords.setdefault(role, "p" + secrets.token_hex(16))
 
     def url(self, role: str = "service") -> str:
         return f"nats://{role}:{self.passwords[role]}@127.0.0.1:{self.port}"
