@@ -1,0 +1,201 @@
+"""Async client for SGLang's native HTTP API: drives the embedded engine and a real SGLang server alike.
+
+Consumes HTTP responses of `/generate`, `/update_weights_from_disk`, `/health`, `/health_generate`,
+`/get_model_info`, `/flush_cache` (field names: see `server.py`). Publishes nothing; returns
+`GenerateResult`s. Connection failures are retried (tenacity, exponential backoff); an answer the
+server gave (4xx/5xx) is raised at once as `EngineError` with the server's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+# Failures where the request may never have reached the engine; generation has no side effects,
+# so resending is safe.
+_RETRYABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
+
+
+class EngineError(RuntimeError):
+    """The engine answered with an error (`status` is the HTTP status; 0 if it never answered)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"engine error {status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class GenerateResult:
+    """One generation, normalised from SGLang's `{text, output_ids, meta_info}` response."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]  # one per output id; empty when return_logprob was false
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    weight_version: int | None  # None when the server's version is not a number (SGLang's "default")
+    matched: int | str | None = None  # the stop token id or stop string that ended it, if any
+    meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_response(cls, item: dict[str, Any]) -> GenerateResult:
+        meta = item.get("meta_info") or {}
+        token_lps = meta.get("output_token_logprobs") or []
+        ids = item.get("output_ids")
+        if ids is None:  # SGLang releases before output_ids was returned with text
+            if not token_lps:
+                raise EngineError(
+                    0, f"response has neither output_ids nor output_token_logprobs: {list(item)}"
+                )
+            ids = [int(entry[1]) for entry in token_lps]
+        finish = meta.get("finish_reason") or {}
+        return cls(
+            output_ids=list(ids),
+            output_logprobs=[float(entry[0]) for entry in token_lps],
+            text=item.get("text") or "",
+            finish_reason=str(finish.get("type", "abort")),
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            weight_version=parse_weight_version(meta.get("weight_version")),
+            matched=finish.get("matched"),
+            meta_info=meta,
+        )
+
+
+def parse_weight_version(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class EngineClient:
+    """One engine's HTTP API. Use as `async with EngineClient(url) as engine: ...`."""
+
+    def __init__(self, base_url: str, *, timeout: float = 600.0, retries: int = 5) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
+    ) -> GenerateResult:
+        """Generate from one prompt of token ids."""
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params or {},
+            "return_logprob": return_logprob,
+        }
+        data = await self._call("POST", "/generate", body)
+        return GenerateResult.from_response(data)
+
+    async def generate_batch(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = True,
+    ) -> list[GenerateResult]:
+        """Generate from several prompts in one request (the server batches them)."""
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params or {},
+            "return_logprob": return_logprob,
+        }
+        data = await self._call("POST", "/generate", body)
+        if not isinstance(data, list) or len(data) != len(input_ids):
+            raise EngineError(0, f"batch of {len(input_ids)} prompts got a {type(data).__name__} back")
+        return [GenerateResult.from_response(item) for item in data]
+
+    async def update_weights_from_disk(self, path: str, version: int | str | None = None) -> str:
+        """Reload weights from an HF directory; raises EngineError if the engine refused them."""
+        body: dict[str, Any] = {"model_path": str(path)}
+        if version is not None:
+            body["weight_version"] = str(version)  # SGLang types it Optional[str]
+        data = await self._call("POST", "/update_weights_from_disk", body)
+        if not data.get("success"):
+            raise EngineError(200, f"update_weights_from_disk({path}) failed: {data.get('message')}")
+        return str(data.get("message", ""))
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._call("GET", "/get_model_info")
+
+    async def flush_cache(self) -> None:
+        await self._call("POST", "/flush_cache")
+
+    async def health(self) -> bool:
+        """True if the server answers /health now (no retries)."""
+        try:
+            return (await self._http.get("/health")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def health_generate(self) -> bool:
+        try:
+            return (await self._http.get("/health_generate")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def wait_ready(self, timeout: float = 120.0, interval: float = 0.2) -> None:
+        """Poll /health until it answers 200; TimeoutError naming the URL after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not await self.health():
+            if loop.time() > deadline:
+                raise TimeoutError(f"engine at {self.base_url} not healthy after {timeout}s")
+            await asyncio.sleep(interval)
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(_RETRYABLE),
+                stop=stop_after_attempt(self.retries),
+                wait=wait_exponential(multiplier=0.2, max=5.0),
+            ):
+                with attempt:
+                    resp = await self._http.request(method, path, json=body)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            raise EngineError(
+                0, f"engine at {self.base_url} unreachable after {self.retries} attempts: {cause!r}"
+            ) from cause
+        if resp.status_code >= 400:
+            raise EngineError(resp.status_code, _error_message(resp))
+        if "json" not in resp.headers.get("content-type", ""):
+            return resp.text
+        return resp.json()
+
+
+def _error_message(resp: httpx.Response) -> str:
+    """SGLang errors are `{"error": {"message": ...}}`; failed reloads `{"success": false, "message": ...}`."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:2000] or resp.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in data:
+            return str(data["message"])
+        if "detail" in data:  # FastAPI's own validation errors
+            return str(data["detail"])
+    return str(data)[:2000]

@@ -1,0 +1,23 @@
+"""`swarmrl serve engine`: serve one model over SGLang's native HTTP API and follow its weight versions.
+
+Backends: `embedded` (the CPU torch engine in this process) or `sglang` (a launched or external
+SGLang server). With `--nats ""` no weight watcher runs. See `service.py` for what runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from swarmrl.config import parse_config
+from swarmrl.log import setup_logging
+from swarmrl.services.engine.config import EngineConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(EngineConfig, argv, "swarmrl serve engine")
+    setup_logging("engine", cfg.log_level)
+    # Imported here so `--help` stays fast (torch, transformers and nats load only to run).
+    from swarmrl.services.engine.service import run
+
+    asyncio.run(run(cfg))
+    return 0

@@ -1,0 +1,87 @@
+"""Reading an HF model directory: tokenizer, EOS ids, and safetensors for `update_weights_from_disk`.
+
+Consumes: a directory written by `save_pretrained` (one `model.safetensors` or shards with an
+index). Publishes nothing. Weights are checked in full before the first tensor is copied, so a bad
+checkpoint leaves the served weights untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, GenerationConfig
+
+log = logging.getLogger("swarmrl.engine.model_dir")
+
+
+def load_checked(model: torch.nn.Module, model_path: str | Path) -> dict[str, torch.Tensor]:
+    """Read every `*.safetensors` in `model_path`; ValueError unless it matches `model` exactly.
+
+    Returns the tensors to copy, cast to each parameter's dtype. Tied aliases (e.g. `lm_head.weight`
+    tied to the embeddings) may be absent from the files; if present they are ignored.
+    """
+    root = Path(model_path)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a directory")
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {root}")
+    loaded: dict[str, torch.Tensor] = {}
+    for f in files:
+        loaded.update(load_file(str(f)))
+
+    # named_parameters/buffers drop duplicates, so a tied alias is not "required"
+    state_keys = set(model.state_dict())
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters())
+    targets.update((n, b) for n, b in model.named_buffers() if n in state_keys)
+    aliases = state_keys - set(targets)
+    missing = sorted(set(targets) - set(loaded))
+    unexpected = sorted(set(loaded) - set(targets) - aliases)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for name, target in targets.items():
+        tensor = loaded[name]
+        if tensor.shape != target.shape:
+            raise ValueError(
+                f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}"
+            )
+        out[name] = tensor.to(dtype=target.dtype)
+    return out
+
+
+@torch.no_grad()
+def copy_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy checked tensors into the model's own storage (so caches of parameter references stay valid)."""
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters())
+    targets.update(model.named_buffers())
+    for name, tensor in tensors.items():
+        targets[name].copy_(tensor)
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer if the model dir has one; the engine works on token ids without it."""
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("no tokenizer in %s (%s): `text` input and output text are disabled", path, exc)
+        return None
+
+
+def eos_ids(path: str, cfg: Any) -> set[int]:
+    """EOS ids from generation_config.json (often a list), falling back to the model config."""
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = getattr(cfg, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}

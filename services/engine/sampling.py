@@ -1,0 +1,143 @@
+"""Sampling parameters (SGLang's names and defaults) and the batched sampler of the embedded engine.
+
+Consumes: one `sampling_params` dict per request, as SGLang's `/generate` takes it; a `[B, vocab]`
+logits tensor per decode step. Publishes nothing: pure logic, no I/O.
+
+Which distribution the returned logprob comes from, checked against sgl-project/sglang 0.5.x
+(`python/sglang/version.py` 0.5.3rc2 @0175ceec): `srt/layers/sampler.py` `Sampler.forward` with
+`SGLANG_RETURN_ORIGINAL_LOGPROB` unset (its default), and `srt/sampling/sampling_params.py`
+(`_SAMPLING_EPS`, greedy rewrite, defaults; `sampling_seed` is the 0.5.x name of the seed):
+
+- temperature < 1e-6 is greedy: SGLang rewrites it to temperature 1 and top_k 1, so the logprob is
+  `log_softmax(logits)` at the argmax token;
+- otherwise the logprob is `log_softmax(logits / temperature)` at the sampled token, taken before
+  top-k / top-p / min-p filtering, so it is NOT renormalised over the kept tokens.
+
+A trainer that recomputes logprobs for PPO ratios must therefore divide its logits by the same
+temperature and must not apply top-k / top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SAMPLING_EPS = 1e-6
+"""Below this temperature sampling is greedy (SGLang's `_SAMPLING_EPS`)."""
+
+# SGLang sampling params we accept but do not implement: allowed only at their neutral value, so a
+# request that relies on one fails loudly (400) instead of being silently sampled differently.
+_NEUTRAL = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "spaces_between_special_tokens": True,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "logit_bias": None,
+    "custom_params": None,
+    "stream_interval": None,
+}
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling parameters; field names and defaults follow SGLang's `SamplingParams`."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: whole vocabulary
+    min_p: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: int | None = None  # SGLang spells it `sampling_seed`; both are accepted
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None, vocab_size: int) -> SamplingParams:
+        """Validate an SGLang `sampling_params` dict; ValueError names the offending key and value."""
+        raw = dict(raw or {})
+        if "sampling_seed" in raw:
+            raw.setdefault("seed", raw.pop("sampling_seed"))
+        for key, neutral in _NEUTRAL.items():
+            if key in raw:
+                value = raw.pop(key)
+                if value != neutral and value is not None:
+                    raise ValueError(
+                        f"sampling param {key}={value!r} is not supported by the embedded engine"
+                    )
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown sampling params {unknown}")
+        stop = raw.pop("stop", None)
+        params = cls(**raw, stop=[stop] if isinstance(stop, str) else list(stop or []))
+        params._check(vocab_size)
+        return params
+
+    def _check(self, vocab_size: int) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (self.top_k == -1 or (isinstance(self.top_k, int) and self.top_k >= 1)):
+            raise ValueError(f"top_k must be -1 (whole vocabulary) or >= 1, got {self.top_k!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        bad = [t for t in self.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad} outside the vocabulary [0, {vocab_size})")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[list[int], list[float]]:
+    """Pick one token per row of `logits` [B, V]; return the tokens and their logprobs.
+
+    The logprob is `log_softmax(logits / T)` at the chosen token (T = 1 when greedy), before any
+    top-k / top-p / min-p filtering: SGLang's default, see the module docstring.
+    """
+    logits = logits.float().cpu()  # the generators are CPU generators, whatever the model's device
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)
+    logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
+    tokens = logits.argmax(dim=-1).tolist()
+    for i, p in enumerate(params):
+        if not p.greedy:
+            probs = _filtered_probs(logprobs[i].exp(), p)
+            tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    return tokens, chosen
+
+
+def _filtered_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Zero the tokens top-k, top-p and min-p exclude (in SGLang's order); multinomial renormalises."""
+    if p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0.0:
+        return probs
+    sorted_probs, order = probs.sort(descending=True)
+    if p.top_k != -1:
+        sorted_probs[p.top_k :] = 0.0
+    if p.top_p < 1.0:
+        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+        before = sorted_probs.cumsum(0) - sorted_probs
+        sorted_probs[before > p.top_p] = 0.0
+    if p.min_p > 0.0:
+        sorted_probs[sorted_probs < p.min_p * sorted_probs[0]] = 0.0
+    return torch.zeros_like(probs).scatter_(0, order, sorted_probs)

@@ -1,0 +1,46 @@
+"""Helpers for the engine tests: sampling params, a perturbed checkpoint, a reference forward pass."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from swarmrl.services.engine.engine_core import EngineCore
+from swarmrl.services.engine.sampling import SamplingParams
+
+
+def save_perturbed(src: Path, out: Path, scale: float = 0.05, seed: int = 1) -> Path:
+    model = AutoModelForCausalLM.from_pretrained(src)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    model.save_pretrained(out)
+    return out
+
+
+def params(engine: EngineCore, **kw: object) -> SamplingParams:
+    return SamplingParams.from_dict(kw, engine.vocab_size)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+def reference_logprobs(
+    engine: EngineCore, prompt: list[int], output: list[int], temperature: float
+) -> torch.Tensor:
+    """log_softmax(logits / T) at each output token, from one plain full-sequence forward pass."""
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([prompt + output])).logits[0].float()
+    steps = logits[len(prompt) - 1 : -1]
+    lp = torch.log_softmax(steps / (temperature or 1.0), dim=-1)
+    return lp[torch.arange(len(output)), torch.tensor(output)]

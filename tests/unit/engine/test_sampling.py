@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swarmrl.services.engine.sampling import SamplingParams, sample
+
+VOCAB = 50
+
+
+def test_defaults_and_aliases_follow_sglang() -> None:
+    p = SamplingParams.from_dict({"sampling_seed": 7, "stop": "###", "n": 1, "frequency_penalty": 0.0}, VOCAB)
+    assert (p.max_new_tokens, p.temperature, p.top_p, p.top_k) == (128, 1.0, 1.0, -1)
+    assert p.seed == 7 and p.stop == ["###"]
+    assert SamplingParams.from_dict(None, VOCAB) == SamplingParams()
+    assert SamplingParams.from_dict({"temperature": 0}, VOCAB).greedy
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"temprature": 1.0}, "unknown sampling params ['temprature']"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is not supported"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_k": 0}, "top_k must be -1"),
+        ({"temperature": -1}, "temperature must be >= 0"),
+        ({"max_new_tokens": -3}, "max_new_tokens must be an int >= 0"),
+        ({"stop_token_ids": [3, VOCAB]}, f"stop_token_ids [{VOCAB}] outside the vocabulary"),
+        ({"stop": ["ok", ""]}, "stop must be a non-empty string"),
+    ],
+)
+def test_invalid_params_name_the_offender(raw: dict, needle: str) -> None:
+    with pytest.raises(ValueError) as err:
+        SamplingParams.from_dict(raw, VOCAB)
+    assert needle in str(err.value)
+
+
+def test_greedy_takes_argmax_with_untempered_logprob() -> None:
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+    greedy = SamplingParams(temperature=0.0)
+    tokens, lps = sample(logits, [greedy] * 3, [None] * 3)
+    assert tokens == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor(tokens)]
+    torch.testing.assert_close(torch.tensor(lps), expected)
+
+
+def test_logprob_is_tempered_and_unfiltered() -> None:
+    """SGLang's default: log_softmax(logits / T) at the sampled token, before top-k/top-p."""
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(1))
+    p = SamplingParams(temperature=0.5, top_k=3, top_p=0.8)
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    tokens, lps = sample(logits, [p] * 4, gens)
+    full = torch.log_softmax(logits / 0.5, -1)
+    torch.testing.assert_close(torch.tensor(lps), full[torch.arange(4), torch.tensor(tokens)])
+    top3 = logits.topk(3, dim=-1).indices
+    assert all(t in top3[i].tolist() for i, t in enumerate(tokens))
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(200, 1)
+    p = SamplingParams(top_p=0.7)  # 0.5 < 0.7 <= 0.8: tokens 0 and 1 stay
+    tokens, _ = sample(logits, [p] * 200, [torch.Generator().manual_seed(0)] * 200)
+    assert set(tokens) == {0, 1}
+
+
+def test_seeded_sampling_repeats() -> None:
+    logits = torch.zeros(1, VOCAB)
+    p = SamplingParams(temperature=1.0)
+    runs = [
+        [sample(logits, [p], [g])[0][0] for _ in range(20)]
+        for g in (torch.Generator().manual_seed(5), torch.Generator().manual_seed(5))
+    ]
+    assert runs[0] == runs[1] and len(set(runs[0])) > 1
