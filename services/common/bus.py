@@ -25,7 +25,10 @@ from swarmrl.schemas import subjects as S
 log = logging.getLogger("swarmrl.bus")
 
 DUPLICATE_WINDOW_S = 120.0
-"""JetStream de-duplicates a re-published Nats-Msg-Id within this window."""
+"""JetStream de-duplicates a re-published Nats-Msg-Id within this window (agents' retries)."""
+SERVICE_DUPLICATE_WINDOW_S = 1800.0
+"""Window for streams written by services: a service restarted after a long outage replays what it
+had published but not yet acked upstream, and must still be de-duplicated."""
 
 REASON_HEADER = "Swarm-Reason"
 SUBJECT_HEADER = "Swarm-Subject"
@@ -59,7 +62,7 @@ async def ensure_streams(js: JetStreamContext) -> None:
             name=name,
             subjects=subjects,
             storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S,
+            duplicate_window=DUPLICATE_WINDOW_S if name == S.EPISODES_STREAM else SERVICE_DUPLICATE_WINDOW_S,
             num_replicas=replicas,
             max_msg_size=8 * 1024 * 1024,
         )
@@ -91,12 +94,17 @@ class DeadLetters:
         self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = ""
     ) -> None:
         code = reason.split(":", 1)[0]
-        self.counts[code] += 1
         subject = subject or (msg.subject if msg is not None else "")
         payload = data if data is not None else (msg.data if msg is not None else b"")
         headers = {REASON_HEADER: reason[:4000], SUBJECT_HEADER: subject, SERVICE_HEADER: self.service}
+        if msg is not None and (msg.reply or "").startswith("$JS.ACK."):
+            # Idempotent like every publish: a message dead-lettered again after a crash (its ack lost)
+            # is de-duplicated by its stream position.
+            meta = msg.metadata
+            headers["Nats-Msg-Id"] = f"dlq.{self.service}.{meta.stream}.{meta.sequence.stream}"
         log.warning("dead-letter service=%s subject=%s reason=%s", self.service, subject, reason[:300])
         await self.js.publish(S.dlq_subject(self.service), payload, headers=headers)
+        self.counts[code] += 1  # after the publish: a caller retrying a failed send counts it once
 
 
 async def durable_pull(
@@ -108,12 +116,20 @@ async def durable_pull(
     ack_wait_s: float = 60.0,
     max_ack_pending: int = 50_000,
     max_deliver: int = -1,
+    start_seq: int = 0,
+    ack_policy: AckPolicy = AckPolicy.EXPLICIT,
 ) -> JetStreamContext.PullSubscription:
-    """Bind to (creating if needed) a durable pull consumer; a restarted service resumes from its ack floor."""
+    """Bind to (creating if needed) a durable pull consumer; a restarted service resumes from its ack floor.
+
+    `start_seq` > 0 makes a newly created consumer start at that stream sequence (an existing one
+    keeps its position: delete it first to reposition). `AckPolicy.ALL`: one ack covers every
+    earlier message, for a consumer that handles messages strictly in order.
+    """
     cfg = ConsumerConfig(
         durable_name=durable,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=ack_policy,
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else DeliverPolicy.ALL,
+        opt_start_seq=start_seq if start_seq > 0 else None,
         ack_wait=ack_wait_s,
         max_ack_pending=max_ack_pending,
         max_deliver=max_deliver,
@@ -129,7 +145,7 @@ async def batches(
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch, timeout=timeout)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats.errors.TimeoutError, or the plain one nats.py raises as a fetch expires
             msgs = []
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
             await asyncio.sleep(0.2)

@@ -1,0 +1,1 @@
+"""The merger: episode events in, training samples out (`timelines` → `assembler` → `handlers`)."""

@@ -1,0 +1,107 @@
+"""One finished episode → its training samples and merge statistics (pure logic, no NATS).
+
+Consumes the episode's `BeginEvent`, its `LlmEvent`s in stream order and its `RewardEvent`s.
+Produces one `Sample` per surviving timeline (see `timelines.py`) and one `MergeStats`.
+
+- sample_id = `<episode_id>.<agent>.<index>`: index counts the agent's samples in call order (all
+  of its models together), so a replay of the same events yields the same ids and JetStream's
+  duplicate window drops the republished copies.
+- reward of an agent's samples = sum of the reward events for that agent plus the team rewards
+  (events whose `agent` is empty).
+- group_key is the begin event's resolved group (`group_key`, or `task_id` when empty), so the
+  trainer never has to know the fallback.
+- Eval episodes are recorded, never trained on: no samples, and MergeStats with status `merged`,
+  `timelines_kept` 0, `tokens_after` 0 and reason `eval`, so that counts over MergeStats add up to
+  what reached SAMPLES while tokens_before still shows what the eval cost.
+- An ended episode without LLM calls gets status `empty`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Literal
+
+from swarmrl.schemas import BeginEvent, LlmEvent, MergeStats, RewardEvent, Sample
+from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
+
+EVAL_REASON = "eval"
+
+
+def agent_rewards(rewards: list[RewardEvent], agents: set[str]) -> dict[str, float]:
+    team = sum(r.value for r in rewards if not r.agent)
+    own: dict[str, float] = defaultdict(float)
+    for r in rewards:
+        if r.agent:
+            own[r.agent] += r.value
+    return {a: team + own[a] for a in agents}
+
+
+def dropped_stats(
+    episode_id: str,
+    calls: list[LlmEvent],
+    status: Literal["aborted", "timeout"],
+    reason: str,
+) -> MergeStats:
+    """Stats of an episode dropped without samples: what it cost, and why it was dropped."""
+    return MergeStats(
+        episode_id=episode_id,
+        status=status,
+        agents=len({c.agent for c in calls}),
+        calls=len(calls),
+        tokens_before=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
+        trained_tokens_before=sum(len(c.output_ids) for c in calls),
+        reason=reason,
+    )
+
+
+def assemble(
+    begin: BeginEvent,
+    calls: list[LlmEvent],
+    rewards: list[RewardEvent],
+    opts: MergeOptions = MergeOptions(),
+) -> tuple[list[Sample], MergeStats]:
+    """Merge an ended episode's calls into samples; `calls` must be in stream order."""
+    initial = [Timeline.from_call(c, i) for i, c in enumerate(calls)]
+    kept = [] if begin.eval else merge_timelines(initial, opts)
+
+    by_agent: dict[str, list[Timeline]] = defaultdict(list)
+    for t in kept:  # already in call order
+        by_agent[t.agent].append(t)
+    reward = agent_rewards(rewards, set(by_agent))
+    samples = []
+    for agent, timelines in by_agent.items():
+        for index, t in enumerate(timelines):
+            samples.append(
+                Sample(
+                    sample_id=f"{begin.episode_id}.{agent}.{index}",
+                    model=t.model,
+                    episode_id=begin.episode_id,
+                    agent=agent,
+                    task_id=begin.task_id,
+                    group_key=begin.group,
+                    client_id=begin.client_id,
+                    client_version=begin.client_version,
+                    token_ids=t.tokens,
+                    loss_mask=t.loss_mask,
+                    logprobs=t.logprobs,
+                    policy_versions=t.policy_versions,
+                    reward=reward[agent],
+                    index=index,
+                    n_samples=len(timelines),
+                    n_calls=t.n_calls,
+                )
+            )
+
+    stats = MergeStats(
+        episode_id=begin.episode_id,
+        status="merged" if calls else "empty",
+        agents=len({c.agent for c in calls}),
+        calls=len(calls),
+        timelines_kept=len(samples),
+        tokens_before=sum(len(t.tokens) for t in initial),
+        tokens_after=sum(len(s.token_ids) for s in samples),
+        trained_tokens_before=sum(t.trained_tokens for t in initial),
+        trained_tokens_after=sum(sum(s.loss_mask) for s in samples),
+        reason=EVAL_REASON if begin.eval else "",
+    )
+    return samples, stats

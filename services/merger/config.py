@@ -1,0 +1,35 @@
+"""Configuration of the merger service (`swarmrl serve merger --help` prints every field)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from swarmrl.config import ServiceConfig
+from swarmrl.services.merger.timelines import MergeMode, MergeOptions
+
+
+class MergerConfig(ServiceConfig):
+    episode_timeout_s: float = Field(default=300.0, gt=0)
+    """An open episode with no event (heartbeats count) for this long, by receive time, is dropped."""
+    merge: bool = True
+    """Merge prefix timelines; --no-merge keeps every LLM call as its own sample (baseline)."""
+    merge_mode: MergeMode = "token"
+    """`token`: a call is absorbed when its token ids are a prefix of a longer call's; `text`: the
+    messages (and tools) must be a prefix too. Token drift never merges, in either mode."""
+    ignore_tools: bool = False
+    """Text mode: a changed `tools` list does not stop a call from being absorbed."""
+    ack_wait_s: float = Field(default=60.0, gt=0)
+    """Ack wait of the durable consumer. Messages of open episodes are held unacked and kept alive
+    with in-progress acks, so this only bounds how long a restarted merger waits for what a killed
+    one held. Keep it well under the SAMPLES duplicate window (120 s): a crash between publishing
+    an episode's samples and acking its events is then healed by de-duplication on replay."""
+    max_ack_pending: int = Field(default=200_000, gt=0)
+    """Most unacked messages the server hands out: must exceed all events of all open episodes, or
+    delivery stalls until episodes time out."""
+    fetch_batch: int = Field(default=256, gt=0)
+    """Messages per pull request."""
+    stats_interval_s: float = Field(default=30.0, gt=0)
+    """How often the counters (episodes merged, aborted, timed out, dead letters) are logged."""
+
+    def options(self) -> MergeOptions:
+        return MergeOptions(merge=self.merge, mode=self.merge_mode, ignore_tools=self.ignore_tools)

@@ -1,0 +1,317 @@
+"""NATS side of the merger: hold each episode's events, merge at `end`, publish, then ack.
+
+Consumes: EPISODES (`swarm.ep.<episode_id>.<kind>`) through the durable pull consumer
+`merger-episodes`.
+Publishes: `swarm.samples.<model>` (one `Sample` per surviving timeline, Nats-Msg-Id = sample_id),
+`swarm.metrics.merge` (one `MergeStats` per episode, Nats-Msg-Id = `merge-<episode_id>`),
+`swarm.dlq.merger` (bad input with the original bytes and the reason).
+
+Ack discipline: the events of an open episode stay unacked (kept alive with in-progress acks). At
+`end` the samples and the stats are published, each confirmed by JetStream, and only then are the
+episode's events acked; `abort` or `episode_timeout_s` without events publishes stats and acks. A
+merger killed at any point therefore leaves every unfinished episode unacked, the next one replays
+it from the durable consumer (`recovery.py`), and republished samples carry the same msg ids, so
+JetStream's duplicate window (120 s; see `MergerConfig.ack_wait_s`) drops them: nothing lost,
+nothing doubled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import cast
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from swarmrl.schemas import (
+    BeginEvent,
+    Event,
+    LlmEvent,
+    MergeStats,
+    RewardEvent,
+    WireError,
+    decode_event,
+    encode,
+)
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.common.lifecycle import EpisodeTracker
+from swarmrl.services.merger.assembler import assemble, dropped_stats
+from swarmrl.services.merger.config import MergerConfig
+from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
+from swarmrl.services.merger.recovery import Recovery
+from swarmrl.services.merger.retry import Stopping, retry
+
+log = logging.getLogger("swarmrl.merger")
+SERVICE = "merger"
+
+
+def check_subject(subject: str, ev: Event) -> None:
+    try:
+        episode_id, kind = S.parse_episode_subject(subject)
+    except ValueError as exc:
+        raise WireError("subject", str(exc)) from exc
+    if (episode_id, kind) != (ev.episode_id, ev.kind):
+        raise WireError(
+            "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject}"
+        )
+
+
+class Merger:
+    """The merger service: `await run()` until `request_stop()`."""
+
+    def __init__(self, cfg: MergerConfig) -> None:
+        self.cfg = cfg
+        self.opts = cfg.options()
+        self.tracker = EpisodeTracker()
+        self.episodes: dict[str, OpenEpisode] = {}
+        self.held: dict[int, Held] = {}
+        self.counts: Counter[str] = Counter()
+        """merged, empty, eval, aborted, timeout, samples, redelivered, ..."""
+        self.dlq: bus.DeadLetters | None = None
+        self._js: JetStreamContext | None = None
+        self._max_payload = 1 << 20
+        self._due: list[Callable[[], Awaitable[None]]] = []
+        """Closings (publish, then ack) of episodes that ended in the current batch."""
+        self.ack_wait_s = cfg.ack_wait_s
+        """The consumer's ack wait as the server has it (an existing consumer keeps its own)."""
+        self._acked = RecentAcks(keep_s=2 * cfg.ack_wait_s)
+        self._stop = asyncio.Event()
+        self._last_keepalive = self._last_stats = time.monotonic()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        nc = await bus.connect(self.cfg.nats, SERVICE)
+        recovery: Recovery | None = None
+        try:
+            self._js = js = nc.jetstream()
+            self._max_payload = nc.max_payload
+            await bus.ensure_streams(js)
+            self.dlq = bus.DeadLetters(js, SERVICE)
+            sub = await bus.durable_pull(
+                js,
+                S.EPISODES_STREAM,
+                S.durable_name(SERVICE, S.EPISODES_STREAM),
+                f"{S.EPISODE_PREFIX}.>",
+                ack_wait_s=self.cfg.ack_wait_s,
+                max_ack_pending=self.cfg.max_ack_pending,
+            )
+            info = await sub.consumer_info()
+            if info.config.ack_wait and info.config.ack_wait != self.cfg.ack_wait_s:
+                log.warning("consumer %s keeps its ack wait of %gs (configured: %gs); delete it to change",
+                            info.name, info.config.ack_wait, self.cfg.ack_wait_s)  # fmt: skip
+                self.ack_wait_s = info.config.ack_wait
+                self._acked.keep_s = 2 * self.ack_wait_s
+            recovery = Recovery.after_start(info, self.ack_wait_s)
+            log.info("consuming %s (merge=%s mode=%s)", S.EPISODES_STREAM, self.opts.merge, self.opts.mode)
+            async for msgs in bus.batches(sub, self._stop, self.cfg.fetch_batch):
+                caught_up = not msgs or msgs[-1].metadata.num_pending == 0
+                if recovery is not None:
+                    recovery.add(msgs)
+                    if not recovery.done():
+                        continue
+                    msgs, recovery = recovery.ordered(), None
+                for msg in msgs:
+                    await self.handle(msg)
+                await self.settle()
+                await self.tick(caught_up)
+        except Stopping:
+            pass
+        finally:
+            # Hand unfinished work back now rather than after the ack wait: a successor replays it.
+            pending = [h.msg for h in self.held.values()] + list(recovery.buffer.values() if recovery else [])
+            await self._nak(pending)
+            self.log_stats()
+            if not nc.is_closed:
+                # flush, not drain: the acks and naks must reach the server, but draining waits on the
+                # pull subscription's expired fetch requests for its whole timeout.
+                try:
+                    await nc.flush(timeout=5)
+                except Exception as exc:  # what did not reach the server comes back after the ack wait
+                    log.warning("final flush failed: %r", exc)
+                await nc.close()
+
+    # -- one message ---------------------------------------------------------------------------
+
+    async def handle(self, msg: Msg) -> None:
+        """Decide what one EPISODES message becomes: held, dead-lettered (and acked), or acked."""
+        meta = msg.metadata
+        seq = meta.sequence.stream
+        held = self.held.get(seq)
+        if held is not None:  # redelivered although we hold it (the ack wait ran out): keep the newest
+            held.msg, held.touched = msg, time.monotonic()
+            self.counts["redelivered"] += 1
+            return
+        try:
+            await self._accept(msg, seq, meta.num_delivered)
+        except Stopping:
+            raise
+        except Exception as exc:  # a bug on one message must not stop the swarm: dead-letter it
+            log.exception("subject=%s failed: %s", msg.subject, exc)
+            await retry(self._stop, self._dlq().send, msg, f"internal: {type(exc).__name__}: {exc}")
+            held = self.held.get(seq)
+            if held is not None:  # it joined an episode we can no longer trust: release the episode
+                self.tracker.close(held.episode_id, "abort")
+                await self._ack_episode(held.episode_id)
+            else:
+                await self._ack(msg, seq)
+
+    async def _accept(self, msg: Msg, seq: int, delivered: int) -> None:
+        try:
+            ev = decode_event(msg.data)
+            check_subject(msg.subject, ev)
+        except WireError as exc:
+            return await retry(self._stop, self._dead_letter, msg, str(exc))
+        eid = ev.episode_id
+        if delivered > 1 and seq in self._acked:  # handled already; only our ack got lost
+            self.counts["redelivered_acked"] += 1
+            return await self._ack(msg, seq)
+        reason = self.tracker.check(ev, received=time.monotonic())
+        if reason is not None:
+            return await retry(self._stop, self._dead_letter, msg, reason)
+        if isinstance(ev, BeginEvent):
+            self.episodes[eid] = OpenEpisode(begin=ev)
+        ep = self.episodes[eid]
+        ep.seqs.append(seq)
+        self.held[seq] = Held(msg, time.monotonic(), eid)
+        if isinstance(ev, LlmEvent):
+            ep.call_seqs.append(seq)
+        elif isinstance(ev, RewardEvent):
+            ep.rewards.append(ev)
+        elif ev.kind == "end":
+            self._due.append(partial(self._finish, ep, msg))
+        elif ev.kind == "abort":
+            stats = dropped_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client")
+            self._due.append(partial(self._close, stats))
+
+    def _calls(self, ep: OpenEpisode) -> list[LlmEvent]:
+        """The episode's LLM calls, decoded again from the held bytes (validated when they came)."""
+        return [cast(LlmEvent, decode_event(self.held[seq].msg.data)) for seq in ep.call_seqs]
+
+    def _dlq(self) -> bus.DeadLetters:
+        assert self.dlq is not None, "run() sets up the dead-letter publisher"
+        return self.dlq
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        await self._dlq().send(msg, reason)
+        await self._ack(msg, msg.metadata.sequence.stream)
+
+    async def _ack(self, msg: Msg, seq: int) -> None:
+        if not msg.is_acked:
+            await msg.ack()
+        self._acked.add(seq, time.monotonic())
+
+    # -- episode outcomes ----------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Publish and ack the episodes closed by the last batch, all at once: a merger is bound by
+        publish round trips, not CPU. Each episode still acks only after its own publishes."""
+        due, self._due = self._due, []
+        # Let every closing finish before raising: none is left half-done behind our back.
+        for result in await asyncio.gather(*(close() for close in due), return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _finish(self, ep: OpenEpisode, end: Msg) -> None:
+        """Publish the samples and stats of an ended episode, then ack its events."""
+        eid = ep.begin.episode_id
+        calls: list[LlmEvent] = []
+        try:
+            calls = self._calls(ep)
+            samples, stats = assemble(ep.begin, calls, ep.rewards, self.opts)
+            out = [(S.samples_subject(s.model), encode(s), s.sample_id) for s in samples]
+            big = [(msg_id, len(data)) for _, data, msg_id in out if len(data) > self._max_payload]
+            if big:
+                raise ValueError(
+                    f"oversized: samples {big} exceed the max payload of {self._max_payload} bytes"
+                )
+            await self._close(stats, out)
+        except Stopping:
+            raise
+        except Exception as exc:  # cannot merge or publish this episode: record why, never hold it forever
+            log.exception("subject=%s episode=%s merge failed", end.subject, eid)
+            await retry(self._stop, self._dlq().send, end, f"merge: {type(exc).__name__}: {exc}")
+            return await self._close(dropped_stats(eid, calls, "aborted", f"merge failed: {exc}"))
+        self.counts["samples"] += len(out)
+        self.counts["eval" if ep.begin.eval else stats.status] += 1
+        log.info(
+            "subject=%s episode=%s merged: %d calls -> %d samples, tokens %d -> %d, trained %d -> %d",
+            end.subject, eid, stats.calls, stats.timelines_kept, stats.tokens_before, stats.tokens_after,
+            stats.trained_tokens_before, stats.trained_tokens_after,
+        )  # fmt: skip
+
+    async def _close(self, stats: MergeStats, samples: list[tuple[str, bytes, str]] | None = None) -> None:
+        """Publish the episode's samples (subject, payload, msg id) and stats, then ack all its events."""
+        out = [*(samples or []), (S.MERGE_METRICS_SUBJECT, encode(stats), f"merge-{stats.episode_id}")]
+        await asyncio.gather(*(self._publish(subject, data, msg_id) for subject, data, msg_id in out))
+        if stats.status in ("aborted", "timeout"):
+            self.counts[stats.status] += 1
+            log.info("episode=%s %s: %s", stats.episode_id, stats.status, stats.reason)
+        await self._ack_episode(stats.episode_id)
+
+    async def _ack_episode(self, episode_id: str) -> None:
+        ep = self.episodes.pop(episode_id, None)
+        # Begin first: if we die halfway, the rest come back as unknown_episode (dead-lettered, seen)
+        # instead of rebuilding a partial episode.
+        for seq in ep.seqs if ep else []:
+            held = self.held.pop(seq, None)
+            if held is not None:
+                await self._ack(held.msg, seq)
+
+    # -- housekeeping ----------------------------------------------------------------------------
+
+    async def tick(self, caught_up: bool = True) -> None:
+        """Between batches: time out silent episodes, keep held messages alive, log counters.
+
+        Episodes time out only while we are caught up with the stream: with a backlog on our side,
+        their next events may be waiting in it, and our lag must not look like the agent's silence.
+        """
+        now = time.monotonic()
+        for eid in self.tracker.expired(now, self.cfg.episode_timeout_s) if caught_up else []:
+            self.tracker.close(eid, "timeout")
+            calls = self._calls(self.episodes[eid]) if eid in self.episodes else []
+            reason = f"no event for {self.cfg.episode_timeout_s:g}s"
+            self._due.append(partial(self._close, dropped_stats(eid, calls, "timeout", reason)))
+        await self.settle()
+        if now - self._last_keepalive > self.ack_wait_s / 4:
+            self._last_keepalive = now
+            for held in self.held.values():
+                if now - held.touched > self.ack_wait_s / 2:
+                    await held.msg.in_progress()
+                    held.touched = now
+                    self.counts["keepalive"] += 1
+            if len(self.held) > 0.9 * self.cfg.max_ack_pending:
+                log.warning("holding %d unacked events, near max_ack_pending=%d", len(self.held),
+                            self.cfg.max_ack_pending)  # fmt: skip
+        if now - self._last_stats > self.cfg.stats_interval_s:
+            self._last_stats = now
+            self.log_stats()
+
+    def log_stats(self) -> None:
+        dead = dict(self.dlq.counts) if self.dlq else {}
+        log.info(
+            "counters: merged=%d empty=%d eval=%d aborted=%d timeout=%d samples=%d dead_letters=%d %s "
+            "open=%d held=%d",
+            self.counts["merged"], self.counts["empty"], self.counts["eval"], self.counts["aborted"],
+            self.counts["timeout"], self.counts["samples"], sum(dead.values()), dead, len(self.episodes),
+            len(self.held),
+        )  # fmt: skip
+
+    async def _publish(self, subject: str, data: bytes, msg_id: str) -> None:
+        assert self._js is not None
+        await retry(self._stop, self._js.publish, subject, data, headers={"Nats-Msg-Id": msg_id})
+
+    async def _nak(self, msgs: list[Msg]) -> None:
+        try:
+            for msg in msgs:
+                await msg.nak()
+        except nats.errors.Error as exc:  # connection gone: the ack wait returns them instead
+            log.warning("could not hand back %d messages: %s", len(msgs), exc)

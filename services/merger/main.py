@@ -1,0 +1,28 @@
+"""`swarmrl serve merger`: parse the config, set up logging, run the merger until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from swarmrl.config import parse_config
+from swarmrl.log import setup_logging
+from swarmrl.services.merger.config import MergerConfig
+
+
+async def _serve(cfg: MergerConfig) -> None:
+    from swarmrl.services.merger.handlers import Merger  # lazy: keeps `--help` fast
+
+    merger = Merger(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, merger.request_stop)
+    await merger.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(MergerConfig, argv, prog="swarmrl serve merger")
+    log = setup_logging("merger", cfg.log_level)
+    log.info("starting: nats=%s episode_timeout_s=%g", cfg.nats.rsplit("@", 1)[-1], cfg.episode_timeout_s)
+    asyncio.run(_serve(cfg))
+    return 0

@@ -1,0 +1,125 @@
+"""Text-level comparison of OpenAI chat messages, for the merger's `text` mode (pure logic, no NATS).
+
+A timeline's text is the request's messages plus the reply the model produced. Two things make the
+comparison lenient where it must be and strict elsewhere:
+
+- Earlier messages are compared by role, content and tool calls (name + parsed arguments) after
+  normalising whitespace and JSON, so a client that re-serialises arguments or re-indents text
+  still counts as repeating the same history. Ids (`tool_call_id`, call ids) are ignored: clients
+  regenerate them.
+- The reply is only known as the raw generated text (`LlmEvent.output_text`, tool-call markup
+  included), while the next request echoes the *parsed* assistant message. The echoed message
+  matches when its content and every tool call (name, arguments as JSON) are found in the raw text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+NormalMessage = tuple[str, str, tuple[tuple[str, str], ...]]
+"""(role, whitespace-normalised content, ((tool name, canonical JSON arguments), ...))."""
+
+
+def squash(text: str) -> str:
+    """Collapse every run of whitespace to one space and strip the ends."""
+    return " ".join(text.split())
+
+
+def text_of(content: Any) -> str:
+    """OpenAI content (None, str, or a list of parts) as plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces; strings that hold JSON are parsed first."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return squash(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _tool_calls(message: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = (call.get("function") or {}) if isinstance(call, dict) else {}
+        if not isinstance(fn, dict):
+            fn = {}
+        calls.append((str(fn.get("name", "")), canonical_json(fn.get("arguments", {}))))
+    return tuple(calls)
+
+
+def normalise(message: dict[str, Any]) -> NormalMessage:
+    return (str(message.get("role", "")), squash(text_of(message.get("content"))), _tool_calls(message))
+
+
+def canonical_tools(tools: list[dict[str, Any]]) -> str:
+    return canonical_json(tools)
+
+
+def _json_values(raw: str) -> set[str]:
+    """Canonical JSON of every object found in `raw`, plus their `arguments`/`parameters` values.
+
+    Tool calls appear in generated text as JSON (`<tool_call>{"name": ..., "arguments": {...}}`
+    and similar); this finds them without knowing the chat template's markup.
+    """
+    decoder = json.JSONDecoder()
+    found: set[str] = set()
+    start = raw.find("{")
+    while start != -1:
+        try:
+            obj, _ = decoder.raw_decode(raw, start)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            found.add(canonical_json(obj))
+            for key in ("arguments", "parameters"):
+                if key in obj:
+                    found.add(canonical_json(obj[key]))
+        start = raw.find("{", start + 1)
+    return found
+
+
+def reply_matches(output_text: str, echoed: dict[str, Any]) -> bool:
+    """Is `echoed` (a message of a later request) the client's copy of the reply `output_text`?"""
+    role, content, calls = normalise(echoed)
+    if role != "assistant":
+        return False
+    raw = squash(output_text)
+    if not content and not calls:
+        return raw == ""
+    if content and content not in raw:
+        return False
+    if calls:
+        values = _json_values(output_text)
+        for name, arguments in calls:
+            if name not in output_text or (arguments not in values and arguments != "{}"):
+                return False
+    return True
+
+
+def is_text_prefix(
+    a_request: list[dict[str, Any]],
+    a_output_text: str,
+    a_tools: list[dict[str, Any]],
+    b_request: list[dict[str, Any]],
+    b_tools: list[dict[str, Any]],
+    ignore_tools: bool = False,
+) -> bool:
+    """Does B's request repeat A's request and A's reply (then continue)? Same tools unless ignored."""
+    k = len(a_request)
+    if len(b_request) <= k:
+        return False
+    if not ignore_tools and canonical_tools(a_tools) != canonical_tools(b_tools):
+        return False
+    if any(normalise(x) != normalise(y) for x, y in zip(a_request, b_request[:k], strict=True)):
+        return False
+    return reply_matches(a_output_text, b_request[k])

@@ -1,0 +1,211 @@
+"""The merger service in-process against a real nats-server: samples once, drops, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import msgpack
+import nats
+import pytest
+from nats.js import JetStreamContext
+
+from swarmrl.infra.nats_server import NatsServer
+from swarmrl.schemas import EndEvent, HeartbeatEvent, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.merger.config import MergerConfig
+from swarmrl.services.merger.handlers import Merger
+from tests.conftest import wait_for
+from tests.integration.merger_support import (
+    chain_episode,
+    merge_stats,
+    merger_settled,
+    publish,
+    read_stream,
+    samples,
+    stream_count,
+)
+from tests.unit.merger.factories import begin, chain, llm
+
+
+@pytest.fixture
+async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(swarm_nats.service_url)
+    yield nc.jetstream()
+    await nc.close()
+
+
+@pytest.fixture
+async def start_merger(swarm_nats: NatsServer) -> AsyncIterator[Callable[..., Merger]]:
+    """Start a merger task with config overrides; all are stopped at teardown."""
+    running: list[tuple[Merger, asyncio.Task[None]]] = []
+
+    def start(**overrides: float) -> Merger:
+        cfg = MergerConfig(
+            nats=swarm_nats.service_url, **({"episode_timeout_s": 1.5, "ack_wait_s": 4.0} | overrides)
+        )
+        service = Merger(cfg)
+        running.append((service, asyncio.create_task(service.run())))
+        return service
+
+    yield start
+    for service, task in running:
+        service.request_stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
+@pytest.fixture
+async def merger(start_merger: Callable[..., Merger]) -> Merger:
+    return start_merger()
+
+
+async def test_episodes_become_samples_exactly_once(js: JetStreamContext, merger: Merger) -> None:
+    for ev in chain_episode("chain", turns=4):
+        await publish(js, ev)
+    # Two agents on one episode, a heartbeat and a divergent retry by agent a.
+    team = [begin("team", agents=["a", "b"]), *chain(2, episode_id="team")]
+    team.append(llm([9, 9], [5], agent="a", episode_id="team", seq=2))
+    team.append(llm([1, 2, 3], [7], agent="b", episode_id="team", seq=3))
+    team.append(HeartbeatEvent(episode_id="team", seq=1, client_id="agent-proc"))
+    team.append(EndEvent(episode_id="team", seq=2, client_id="agent-proc"))
+    for ev in team:
+        await publish(js, ev)
+    for ev in [begin("evaluation", eval=True), *chain(2, episode_id="evaluation")]:
+        await publish(js, ev)
+    await publish(js, EndEvent(episode_id="evaluation", seq=1, client_id="agent-proc"))
+    for ev in chain_episode("gave-up", outcome="abort"):
+        await publish(js, ev)
+    for ev in chain_episode("chain", turns=4):  # an agent re-publishing: de-duplicated by msg id
+        await publish(js, ev)
+
+    await wait_for(lambda: merger_settled(js), what="merger acked every event")
+    await wait_for(lambda: stream_count(js, S.METRICS_STREAM), what="merge stats")
+    stats = {s.episode_id: s for s in await merge_stats(js)}
+    assert {k: (v.status, v.timelines_kept, v.reason) for k, v in stats.items()} == {
+        "chain": ("merged", 1, ""),
+        "team": ("merged", 3, ""),
+        "evaluation": ("merged", 0, "eval"),
+        "gave-up": ("aborted", 0, "agent crashed"),
+    }
+    got = await samples(js)
+    assert sorted(s.sample_id for s in got) == ["chain.a.0", "team.a.0", "team.a.1", "team.b.0"]
+    by_id = {s.sample_id: s for s in got}
+    assert by_id["chain.a.0"].n_calls == 4 and by_id["team.a.0"].n_calls == 2
+    assert all(m.subject == S.samples_subject("m") for m in await read_stream(js, S.SAMPLES_STREAM))
+    assert merger.counts["merged"] == 2 and merger.counts["eval"] == 1 and merger.counts["aborted"] == 1
+    assert await stream_count(js, S.DLQ_STREAM) == 0
+
+
+async def test_silent_episode_times_out_and_late_events_are_dead_lettered(
+    js: JetStreamContext, merger: Merger
+) -> None:
+    events = chain_episode("silent", turns=2)
+    for ev in events[:-2]:  # no reward, no end: the agent vanished
+        await publish(js, ev)
+    await wait_for(lambda: stream_count(js, S.METRICS_STREAM), what="timeout stats")
+    [stats] = await merge_stats(js)
+    assert (stats.episode_id, stats.status, stats.calls, stats.timelines_kept) == ("silent", "timeout", 2, 0)
+    await publish(js, events[-1])  # the end arrives after the timeout
+    await wait_for(lambda: stream_count(js, S.DLQ_STREAM), what="late end dead-lettered")
+    [dead] = await read_stream(js, S.DLQ_STREAM)
+    assert dead.headers[bus.REASON_HEADER].startswith("after_end:") and dead.data == encode(events[-1])
+    await wait_for(lambda: merger_settled(js), what="everything acked")
+    assert await stream_count(js, S.SAMPLES_STREAM) == 0 and merger.counts["timeout"] == 1
+
+
+async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, merger: Merger) -> None:
+    good = chain_episode("good", turns=2)
+    await publish(js, good[0])
+    bad: list[tuple[str, bytes]] = [
+        ("swarm.ep.x1.begin", b"\xc1 not msgpack"),  # malformed
+        ("swarm.ep.x2.begin", msgpack.packb({"v": 99, "kind": "begin"})),  # version
+        ("swarm.ep.x3.begin", msgpack.packb({"v": 1, "kind": "begin", "episode_id": "x3"})),  # schema
+        ("swarm.ep.x4.begin", msgpack.packb({"v": 1, "pad": b"\0" * (5 << 20)})),  # oversized
+        ("swarm.ep.other.begin", encode(begin("x5"))),  # subject
+        ("swarm.ep.x6.llm", encode(llm([1], [2], episode_id="x6"))),  # unknown_episode
+        ("swarm.ep.good.begin", encode(begin("good", seq=5))),  # duplicate
+    ]
+    for subject, data in bad:
+        await js.publish(subject, data)
+    for ev in good[1:3]:  # llm seq 0 and 1 from the gateway
+        await publish(js, ev)
+    stale = good[1].model_copy(update={"call_id": "stale"})  # seq 0 again, under another msg id
+    await js.publish(S.episode_subject("good", "llm"), encode(stale), headers={"Nats-Msg-Id": "stale"})
+    for ev in good[3:]:
+        await publish(js, ev)
+    await publish(js, good[2].model_copy(update={"seq": 7}))  # after the end
+
+    await wait_for(lambda: merger_settled(js), what="merger acked every event")
+    dead = await read_stream(js, S.DLQ_STREAM)
+    codes = [m.headers[bus.REASON_HEADER].split(":")[0] for m in dead]
+    assert codes == ["malformed", "version", "schema", "oversized", "subject", "unknown_episode", "duplicate",
+                     "out_of_order", "after_end"]  # fmt: skip
+    assert [m.data for m in dead[:3]] == [data for _, data in bad[:3]]
+    assert [s.sample_id for s in await samples(js)] == ["good.a.0"]
+    assert merger.dlq is not None and sum(merger.dlq.counts.values()) == len(codes)
+
+
+async def test_open_episode_is_kept_alive_past_the_ack_wait(
+    js: JetStreamContext, start_merger: Callable[..., Merger]
+) -> None:
+    merger = start_merger(ack_wait_s=1.0, episode_timeout_s=30.0)
+    events = chain_episode("long", turns=2)
+    for ev in events[:-1]:
+        await publish(js, ev)
+    # Three rounds of in-progress acks on 4 held events: the episode has outlived its ack wait.
+    await wait_for(lambda: merger.counts["keepalive"] >= 12, what="in-progress acks")
+    await publish(js, events[-1])
+    await wait_for(lambda: merger_settled(js), what="merger acked every event")
+    assert [s.n_calls for s in await samples(js)] == [2]
+    assert merger.counts["redelivered"] == 0
+
+
+async def test_stopped_merger_hands_open_episodes_to_its_successor(
+    js: JetStreamContext, swarm_nats: NatsServer
+) -> None:
+    # A long ack wait: only the naks of a clean stop can bring the held events back within the test.
+    cfg = MergerConfig(nats=swarm_nats.service_url, ack_wait_s=60.0, episode_timeout_s=60.0)
+    events = chain_episode("handover", turns=2)
+    first = Merger(cfg)
+    task = asyncio.create_task(first.run())
+    try:
+        for ev in events[:-1]:
+            await publish(js, ev)
+        await wait_for(lambda: len(first.held) == 4, what="first merger holds the open episode")
+    finally:
+        first.request_stop()
+        await asyncio.wait_for(task, timeout=10)
+
+    second = Merger(cfg)
+    task = asyncio.create_task(second.run())
+    try:
+        await publish(js, events[-1])
+        await wait_for(lambda: merger_settled(js), timeout=15, what="successor merged the episode")
+    finally:
+        second.request_stop()
+        await asyncio.wait_for(task, timeout=10)
+    assert [(s.sample_id, s.n_calls) for s in await samples(js)] == [("handover.a.0", 2)]
+
+
+async def test_heartbeats_keep_an_episode_alive(
+    js: JetStreamContext, start_merger: Callable[..., Merger]
+) -> None:
+    merger = start_merger(episode_timeout_s=1.0)
+    await publish(js, begin("quiet"))
+    await publish(js, begin("beating"))
+
+    def held(episode_id: str) -> int:
+        ep = merger.episodes.get(episode_id)
+        return len(ep.seqs) if ep else 0
+
+    # The quiet episode is the clock: until it times out, the other one beats.
+    seq = 0
+    while merger.counts["timeout"] == 0:
+        seq += 1
+        await publish(js, HeartbeatEvent(episode_id="beating", seq=seq, client_id="agent-proc"))
+        await wait_for(lambda n=seq + 1: held("beating") == n, what=f"heartbeat {seq}")
+    await publish(js, EndEvent(episode_id="beating", seq=seq + 1, client_id="agent-proc"))
+    await wait_for(lambda: merger_settled(js), what="merger acked every event")
+    stats = {s.episode_id: s.status for s in await merge_stats(js)}
+    assert stats == {"quiet": "timeout", "beating": "empty"}
