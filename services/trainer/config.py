@@ -1,0 +1,86 @@
+"""Configuration of the trainer service (one process per trainable model)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from swarmrl.config import ServiceConfig
+
+
+class TrainerConfig(ServiceConfig):
+    """`swarmrl serve trainer --model NAME --model-path DIR [...]`."""
+
+    # What to train -----------------------------------------------------------------------------
+    model: str = "tiny"
+    """Name of the trainable model: reads `swarm.samples.<model>`, writes KV `swarm-models[<model>]`."""
+    model_path: str
+    """Initial HF model directory (weights, config, tokenizer); version 0 points at it."""
+    run_dir: str = "runs/default"
+    """Run directory; checkpoints go to `<run_dir>/checkpoints/<model>/step-<N>/`."""
+    seed: int = 0
+    """Seed for torch/numpy/random (set before the model is loaded)."""
+
+    # Optimiser ---------------------------------------------------------------------------------
+    lr: float = 1e-5
+    """AdamW learning rate (constant; no schedule, training runs for as long as samples arrive)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip per optimizer update; 0 disables clipping (the norm is still reported)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower); for large models on GPU."""
+
+    # Groups and batches ------------------------------------------------------------------------
+    num_repeat: int = Field(default=4, ge=2)
+    """Episodes per GRPO group: a group is ready once it holds this many complete episodes."""
+    group_timeout_s: float = Field(default=300.0, gt=0)
+    """A group not ready this long after its first sample is flushed: trained if it has at least
+    `min_group_size` complete episodes, otherwise its samples are dropped (acked and counted)."""
+    min_group_size: int = Field(default=2, ge=2)
+    """Fewest complete episodes a timed-out group needs to be trained (one episode has no baseline)."""
+    skip_zero_adv_groups: bool = True
+    """Drop groups whose rewards are all equal (all advantages are 0; without KL they only dilute the
+    token mean). When false they are trained (only the KL term then acts on them)."""
+    per_episode_norm: bool = False
+    """Normalise advantages over episodes (each episode counts once) instead of over samples (an
+    episode that yielded several samples weighs more in the group mean/std)."""
+    batch_groups: int = Field(default=4, ge=1)
+    """Groups per training step (one step = one policy version)."""
+
+    # Loss --------------------------------------------------------------------------------------
+    clip_eps_low: float = Field(default=0.2, ge=0)
+    """PPO ratio clip below: ratio >= 1 - clip_eps_low."""
+    clip_eps_high: float = Field(default=0.28, ge=0)
+    """PPO ratio clip above: ratio <= 1 + clip_eps_high (a higher upper clip, as in DAPO)."""
+    max_staleness: int = Field(default=4, ge=0)
+    """Samples whose oldest generated token is more than this many versions behind the current policy
+    are dropped (acked and counted). 0 keeps only samples of the current version."""
+    is_cap: float = Field(default=2.0, gt=0)
+    """Cap of the truncated token-level importance weight applied to off-policy tokens."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL estimator to the initial model; 0 loads no reference model."""
+
+    # Compute -----------------------------------------------------------------------------------
+    max_tokens_per_micro_batch: int = Field(default=4096, ge=2)
+    """Tokens per packed micro-batch row; longer samples are truncated to it (and counted). Attention over
+    a packed row costs (row length)^2 with sdpa (the block-diagonal mask is dense), so on CPU rows of a
+    few samples are fastest; on GPU raise it to fill memory."""
+    grad_accum: int = Field(default=0, ge=0)
+    """Micro-batches accumulated into one optimizer update. 0: one update per step over all its
+    micro-batches. N: a step makes ceil(micro_batches / N) updates (PPO mini-batches)."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Checkpoints kept on disk (older ones are deleted; engines get time to load the newest)."""
+    max_steps: int = Field(default=0, ge=0)
+    """Stop after this many steps in total (counting resumed ones); 0 runs forever."""
+
+    # NATS --------------------------------------------------------------------------------------
+    fetch_batch: int = Field(default=256, ge=1)
+    """Messages per pull-consumer fetch."""
+    ack_wait_s: float = Field(default=120.0, gt=0)
+    """Ack wait of the durable consumer; held samples get an in-progress signal well within it."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.min_group_size > self.num_repeat:
+            raise ValueError(f"min_group_size {self.min_group_size} > num_repeat {self.num_repeat}")
+        return self

@@ -1,0 +1,136 @@
+"""GRPO group formation (pure logic, no NATS): samples in, ready groups and dropped samples out.
+
+Samples are keyed by `group_key`, then by episode. An episode is complete once every agent seen in it
+has delivered all `n_samples` of its samples (the merger publishes an episode's samples together).
+
+Policy:
+- a group is ready once it holds `num_repeat` complete episodes; exactly the `num_repeat` oldest
+  complete episodes are emitted, the rest stay and start the next group of the same key;
+- a group not ready `timeout_s` after its oldest pending sample arrived is flushed: with at least
+  `min_group_size` complete episodes it is emitted as a partial group; otherwise all its samples are
+  dropped. Incomplete episodes of a flushed group are always dropped.
+- a redelivered sample (same episode, agent and index) replaces the handle it was held with; it is never counted twice.
+
+Every sample is held with an opaque `handle` (the NATS message) so the caller can ack it later.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarmrl.schemas import Sample
+
+
+@dataclass
+class Held:
+    """A sample waiting to be trained, with the handle that acks it."""
+
+    sample: Sample
+    handle: Any
+    received: float
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    first_seen: float
+    # agent -> {index: Held}; an agent's samples are complete when len == n_samples
+    agents: dict[str, dict[int, Held]] = field(default_factory=dict)
+
+    def complete(self) -> bool:
+        return all(len(by_index) >= _expected(by_index) for by_index in self.agents.values())
+
+    def items(self) -> list[Held]:
+        return [h for agent in sorted(self.agents) for _, h in sorted(self.agents[agent].items())]
+
+
+def _expected(by_index: dict[int, Held]) -> int:
+    return max(h.sample.n_samples for h in by_index.values())
+
+
+@dataclass
+class Group:
+    """Samples of complete episodes of one group key, ready for advantages."""
+
+    key: str
+    items: list[Held]
+    partial: bool = False
+    """Emitted by the timeout with fewer than `num_repeat` episodes."""
+
+    @property
+    def episodes(self) -> int:
+        return len({h.sample.episode_id for h in self.items})
+
+
+class GroupBuffer:
+    def __init__(
+        self, num_repeat: int, timeout_s: float, min_group_size: int, counts: Counter[str] | None = None
+    ) -> None:
+        self.num_repeat = num_repeat
+        self.timeout_s = timeout_s
+        self.min_group_size = min_group_size
+        self.pending: dict[str, dict[str, Episode]] = {}  # group_key -> episode_id -> Episode
+        self.held: dict[tuple[str, str, int], str] = {}  # (episode, agent, index) -> group_key
+        self.counts: Counter[str] = Counter() if counts is None else counts
+
+    def __len__(self) -> int:
+        """Samples held (not yet emitted or dropped)."""
+        return len(self.held)
+
+    def add(self, sample: Sample, handle: Any, now: float) -> None:
+        slot = (sample.episode_id, sample.agent, sample.index)
+        key = self.held.get(slot)
+        if key is not None:  # redelivery: keep the newest handle, the sample is the same
+            self.counts["duplicate_samples"] += 1
+            self.pending[key][sample.episode_id].agents[sample.agent][sample.index].handle = handle
+            return
+        episodes = self.pending.setdefault(sample.group_key, {})
+        if sample.episode_id not in episodes:
+            episodes[sample.episode_id] = Episode(sample.episode_id, first_seen=now)
+        episodes[sample.episode_id].agents.setdefault(sample.agent, {})[sample.index] = Held(
+            sample, handle, now
+        )
+        self.held[slot] = sample.group_key
+
+    def pop_ready(self, now: float) -> tuple[list[Group], list[Held]]:
+        """Groups ready to train, and samples dropped by the timeout (the caller acks them)."""
+        ready: list[Group] = []
+        dropped: list[Held] = []
+        for key in list(self.pending):
+            episodes = self.pending[key]
+            complete = [ep for ep in episodes.values() if ep.complete()]  # dicts keep arrival order
+            while len(complete) >= self.num_repeat:
+                take, complete = complete[: self.num_repeat], complete[self.num_repeat :]
+                ready.append(Group(key, self._release(key, take)))
+            if not episodes:
+                del self.pending[key]
+                continue
+            oldest = min(ep.first_seen for ep in episodes.values())
+            if now - oldest < self.timeout_s:
+                continue
+            incomplete = [ep for ep in episodes.values() if not ep.complete()]
+            dropped.extend(self._release(key, incomplete))
+            if len(complete) >= self.min_group_size:
+                self.counts["partial_groups"] += 1
+                ready.append(Group(key, self._release(key, complete), partial=True))
+            else:
+                self.counts["timeout_dropped_groups"] += 1
+                dropped.extend(self._release(key, complete))
+            del self.pending[key]
+        self.counts["timeout_dropped_samples"] += len(dropped)
+        return ready, dropped
+
+    def _release(self, key: str, episodes: list[Episode]) -> list[Held]:
+        out: list[Held] = []
+        for ep in episodes:
+            del self.pending[key][ep.episode_id]
+            for h in ep.items():
+                del self.held[(h.sample.episode_id, h.sample.agent, h.sample.index)]
+                out.append(h)
+        return out
+
+    def all_held(self) -> list[Held]:
+        """Every held sample (for in-progress heartbeats)."""
+        return [h for eps in self.pending.values() for ep in eps.values() for h in ep.items()]

@@ -1,0 +1,115 @@
+"""NATS handlers of the trainer: the one place that decides what happens to a sample message.
+
+Consumes: `swarm.samples.<model>` (stream SAMPLES) through the trainer's durable pull consumer.
+Publishes: bad messages to `swarm.dlq.trainer` (original bytes + reason), then acks them.
+
+A sample is either
+- held (unacked) in the `GroupBuffer` until the step that trains it is checkpointed (`ack_all`),
+- acked at once and counted when dropped: stale, already trained by the last checkpointed step,
+  or later when its group is dropped (timeout, zero advantage, too small after staleness),
+- dead-lettered (malformed, wrong model, untrainable) and acked.
+On a graceful stop every held sample is nak'ed so the next trainer gets it at once (`nak_all`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+
+from nats.aio.msg import Msg
+
+from swarmrl.schemas import Sample, WireError, decode_sample
+from swarmrl.services.common.bus import DeadLetters
+from swarmrl.services.trainer.batching import truncate
+from swarmrl.services.trainer.grouping import GroupBuffer, Held
+from swarmrl.services.trainer.grpo import check_sample, staleness
+
+log = logging.getLogger("swarmrl.trainer.handlers")
+
+
+class SampleIntake:
+    def __init__(
+        self,
+        model: str,
+        buffer: GroupBuffer,
+        dead_letters: DeadLetters,
+        *,
+        vocab_size: int,
+        max_tokens: int,
+        max_staleness: int,
+        counts: Counter[str],
+        already_trained: Iterable[str] = (),
+    ) -> None:
+        self.model = model
+        self.buffer = buffer
+        self.dead_letters = dead_letters
+        self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
+        self.max_staleness = max_staleness
+        self.counts = counts
+        # Sample ids of the last checkpointed step: redelivered if we died between saving and acking.
+        self.already_trained = set(already_trained)
+
+    def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | str | None]:
+        """("hold", sample) | ("drop", counter) | ("dead", reason). Raises WireError on bad bytes."""
+        sample = decode_sample(msg.data)
+        reason = check_sample(sample, self.model, self.vocab_size)
+        if reason is not None:
+            return "dead", reason
+        if sample.sample_id in self.already_trained:
+            return "drop", "already_trained"
+        if staleness(sample, version) > self.max_staleness:
+            return "drop", "dropped_stale"
+        if len(sample.token_ids) > self.max_tokens:
+            self.counts["truncated"] += 1
+            sample = truncate(sample, self.max_tokens)
+        return "hold", sample
+
+    async def handle(self, msg: Msg, version: int, now: float) -> None:
+        """Hold, drop or dead-letter one sample message; never raises."""
+        action: str
+        detail: Sample | str | None
+        try:
+            action, detail = self._classify(msg, version)
+        except WireError as exc:
+            action, detail = "dead", str(exc)
+        except Exception as exc:  # a trainer bug must not kill the service nor lose the message
+            log.exception("subject=%s unexpected error handling a sample", msg.subject)
+            action, detail = "dead", f"internal: {type(exc).__name__}: {exc}"
+        try:
+            if action == "hold":
+                assert isinstance(detail, Sample)
+                self.buffer.add(detail, msg, now)
+                log.debug(
+                    "subject=%s episode=%s held sample %s", msg.subject, detail.episode_id, detail.sample_id
+                )
+            elif action == "drop":
+                self.counts[str(detail)] += 1
+                await msg.ack()
+            else:
+                self.counts["dead_letters"] += 1
+                await self.dead_letters.send(msg, str(detail))
+                await msg.ack()
+        except Exception:  # NATS unavailable: leave it unacked, JetStream redelivers it after ack_wait
+            log.warning("subject=%s could not %s a sample; it will be redelivered", msg.subject, action)
+
+
+async def ack_all(held: Iterable[Held]) -> None:
+    for h in held:
+        await h.handle.ack()
+
+
+async def nak_all(held: Iterable[Held]) -> None:
+    """Hand held samples back for immediate redelivery (on stop); best effort, ack_wait covers failures."""
+    try:
+        for h in held:
+            await h.handle.nak()
+    except Exception as exc:  # connection already gone: JetStream redelivers after ack_wait anyway
+        log.warning("could not nak held samples (%s); they are redelivered after ack_wait", exc)
+
+
+async def keep_alive(held: Iterable[Held]) -> None:
+    """Reset the ack timer of samples still waiting for their group or their step."""
+    for h in held:
+        await h.handle.in_progress()

@@ -1,0 +1,234 @@
+"""The trainer loop of one model, top to bottom: samples → groups → step → checkpoint → new version.
+
+Consumes: `swarm.samples.<model>` (durable pull consumer `trainer-samples-<model>`).
+Publishes: KV `swarm-models[<model>]` = ModelVersion after every checkpoint (engines reload it),
+`swarm.metrics.train.<model>` TrainStep (msg id `train-<model>-<step>`), dead letters via handlers.
+
+The update runs in a worker thread (`asyncio.to_thread`) while this loop keeps fetching, grouping and
+keeping held samples alive. Order after a step: checkpoint on disk → KV version → metrics → ack the
+step's samples; a crash anywhere before the ack replays them and the resumed trainer skips the ones
+its last checkpoint already trained. On start: resume from the newest checkpoint and re-put its
+version, or put version 0 = the base model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from swarmrl.schemas import ModelVersion, Sample, TrainStep, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.trainer.batching import Scored
+from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
+from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held
+from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
+from swarmrl.services.trainer.handlers import SampleIntake, ack_all, keep_alive, nak_all
+from swarmrl.services.trainer.learner import Learner
+
+log = logging.getLogger("swarmrl.trainer")
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig) -> None:
+        self.cfg = cfg
+        self.root = checkpoint_root(cfg.run_dir, cfg.model).resolve()  # KV paths must be absolute
+        self.base = Path(cfg.model_path).resolve()
+        self.stopping = asyncio.Event()
+        self.counts: Counter[str] = Counter()
+        self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
+        self.ready: deque[Group] = deque()
+        self.inflight: list[Held] = []
+        self.state = TrainerState(model=cfg.model, step=0, version=0)
+        self.learner: Learner | None = None
+        self.kv: KeyValue | None = None
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def run(self) -> None:
+        """Load (or resume), then train until `stop()` or `max_steps`."""
+        found = latest(self.root)
+        weights = found[1] if found else self.cfg.model_path
+        self.learner = learner = await asyncio.to_thread(Learner, self.cfg, weights)
+        if found:
+            self.state = TrainerState.read(found[1])
+            self.counts.update(self.state.counts)
+            await asyncio.to_thread(learner.load_optimizer, found[1])
+        if not learner.is_main:  # processes 1..N-1 of `accelerate launch` train what process 0 sends
+            await asyncio.to_thread(self._follow)
+            return
+        log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, weights)
+        nc = await bus.connect(self.cfg.nats, f"trainer-{self.cfg.model}")
+        try:
+            await self._serve(nc.jetstream(), found[1] if found else self.base)
+        finally:
+            await nak_all(self._held())
+            await nc.flush()  # acks and naks are fire-and-forget publishes: make sure they left
+            await nc.close()  # not drain(): draining a pull subscription waits out its timeout
+            if learner.accelerator.num_processes > 1:
+                await asyncio.to_thread(learner.broadcast, None)
+
+    async def _serve(self, js: JetStreamContext, weights: Path) -> None:
+        cfg, learner = self.cfg, self.learner
+        assert learner is not None
+        self.kv = await bus.models_kv(js)
+        await self._put_version(weights)
+        subject = S.samples_subject(cfg.model)
+        durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
+        sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subject, ack_wait_s=cfg.ack_wait_s)
+        intake = SampleIntake(
+            cfg.model, self.buffer, bus.DeadLetters(js, "trainer"),
+            vocab_size=learner.vocab_size, max_tokens=cfg.max_tokens_per_micro_batch,
+            max_staleness=cfg.max_staleness, counts=self.counts, already_trained=self.state.sample_ids,
+        )  # fmt: skip
+        step_task: asyncio.Task[None] | None = None
+        last_keep_alive = time.monotonic()
+        if self._done():
+            self.stop()
+        async for msgs in bus.batches(sub, self.stopping, batch=cfg.fetch_batch):
+            now = time.monotonic()
+            for msg in msgs:
+                await intake.handle(msg, self.version, now)
+            ready, dropped = self.buffer.pop_ready(now)
+            await ack_all(dropped)
+            for group in ready:
+                if await self._score(group) is not None:
+                    self.ready.append(group)
+            if step_task is not None and step_task.done():
+                step_task.result()  # a failed step raises here: the process exits, a restart resumes
+                step_task = None
+            if step_task is None and not self._done():
+                batch = await self._take_batch()
+                if batch is not None:
+                    step_task = asyncio.create_task(self._step(js, batch))
+            if now - last_keep_alive > cfg.ack_wait_s / 3:
+                last_keep_alive = now
+                await keep_alive(self._held())
+        if step_task is not None:
+            await step_task
+
+    def _held(self) -> list[Held]:
+        """Every unacked sample this trainer holds: waiting for a group, queued, or being trained."""
+        return [*self.buffer.all_held(), *(h for g in self.ready for h in g.items), *self.inflight]
+
+    def _done(self) -> bool:
+        return self.cfg.max_steps > 0 and self.state.step >= self.cfg.max_steps
+
+    async def _score(self, group: Group) -> GroupScore | None:
+        """Score `group` at the current version; ack and drop stale samples or the whole group."""
+        score = self._score_samples([h.sample for h in group.items])
+        stale = [h for h, st in zip(group.items, score.stale, strict=True) if st]
+        if stale:
+            self.counts["dropped_stale"] += len(stale)
+            await ack_all(stale)
+            group.items = [h for h, st in zip(group.items, score.stale, strict=True) if not st]
+            score = self._score_samples([h.sample for h in group.items])
+        if score.status == "ok":
+            return score
+        self.counts[f"{score.status}_groups"] += 1
+        await ack_all(group.items)
+        return None
+
+    def _score_samples(self, samples: list[Sample]) -> GroupScore:
+        cfg = self.cfg
+        return score_group(
+            samples, self.version, max_staleness=cfg.max_staleness, min_group_size=cfg.min_group_size,
+            per_episode_norm=cfg.per_episode_norm, skip_zero_adv=cfg.skip_zero_adv_groups,
+        )  # fmt: skip
+
+    async def _take_batch(self) -> list[Scored] | None:
+        """`batch_groups` groups re-scored at the current version, or None (groups stay queued)."""
+        taken: list[tuple[Group, GroupScore]] = []
+        while self.ready and len(taken) < self.cfg.batch_groups:
+            group = self.ready.popleft()
+            score = await self._score(group)
+            if score is not None:
+                taken.append((group, score))
+        if len(taken) < self.cfg.batch_groups:
+            self.ready.extendleft(g for g, _ in reversed(taken))
+            return None
+        self.inflight = [h for g, _ in taken for h in g.items]
+        return [Scored(h.sample, a) for g, s in taken for h, a in zip(g.items, s.advantages, strict=True)]
+
+    async def _step(self, js: JetStreamContext, items: list[Scored]) -> None:
+        started = time.perf_counter()
+        version, step = self.version, self.state.step + 1
+        state = TrainerState(
+            self.cfg.model, step, step, [it.sample.sample_id for it in items], dict(self.counts)
+        )
+        path = step_dir(self.root, step)
+        stats = await asyncio.to_thread(self._train_and_save, step, version, items, state)
+        self.state = state
+        await self._put_version(path)
+        await self._publish_metrics(js, items, version, stats, time.perf_counter() - started)
+        await ack_all(self.inflight)
+        self.inflight = []
+        await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints)
+        if self._done():
+            log.info("model=%s reached max_steps=%d", self.cfg.model, self.cfg.max_steps)
+            self.stop()
+
+    def _train_and_save(
+        self, step: int, version: int, items: list[Scored], state: TrainerState
+    ) -> dict[str, float]:
+        learner = self.learner
+        assert learner is not None
+        learner.broadcast((step, version, items, state))
+        stats = learner.train_step(learner.shard(items), version)
+        t0 = time.perf_counter()
+        learner.save(step_dir(self.root, step), state)
+        stats["save_s"] = time.perf_counter() - t0
+        return stats
+
+    def _follow(self) -> None:
+        learner = self.learner
+        assert learner is not None
+        while (work := learner.broadcast(None)) is not None:
+            step, version, items, state = work
+            learner.train_step(learner.shard(items), version)
+            learner.save(step_dir(self.root, step), state)
+
+    async def _put_version(self, path: Path) -> None:
+        assert self.kv is not None
+        mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
+        await self.kv.put(self.cfg.model, encode(mv))
+        log.info(
+            "model=%s version=%d path=%s put in KV %s", self.cfg.model, mv.version, mv.path, S.MODELS_BUCKET
+        )
+
+    async def _publish_metrics(
+        self, js: JetStreamContext, items: list[Scored], version: int, stats: dict[str, float], wall_s: float
+    ) -> None:
+        rewards = [it.sample.reward for it in items]
+        mean = sum(rewards) / len(rewards)
+        stale = [staleness(it.sample, version) for it in items]
+        extra = {k: float(v) for k, v in stats.items() if k not in ("loss", "tokens", "trained_tokens")}
+        extra.update({k: float(v) for k, v in self.counts.items()})
+        extra.update(held_samples=float(len(self.buffer)), ready_groups=float(len(self.ready)))
+        msg = TrainStep(
+            model=self.cfg.model, step=self.state.step, policy_version=self.state.version, loss=stats["loss"],
+            reward_mean=mean, reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+            samples=len(items), tokens=int(stats["tokens"]), trained_tokens=int(stats["trained_tokens"]),
+            tokens_per_s=stats["tokens"] / max(stats["update_s"], 1e-9),
+            staleness_mean=sum(stale) / len(stale), staleness_max=max(stale), wall_s=wall_s, extra=extra,
+        )  # fmt: skip
+        subject = S.train_metrics_subject(self.cfg.model)
+        await js.publish(subject, encode(msg), headers={"Nats-Msg-Id": f"train-{self.cfg.model}-{msg.step}"})
+        log.info(
+            "model=%s step=%d loss=%.4f reward=%.3f samples=%d tokens=%d update=%.2fs save=%.2fs clip=%.3f",
+            self.cfg.model, msg.step, msg.loss, mean, msg.samples, msg.tokens, stats["update_s"],
+            stats["save_s"], stats["clip_frac"],
+        )  # fmt: skip

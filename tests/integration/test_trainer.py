@@ -1,0 +1,115 @@
+"""The trainer against a real nats-server and the real tiny model: steps, KV versions, metrics, acks,
+dead letters, resume."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats
+import pytest
+from transformers import AutoModelForCausalLM
+
+from swarmrl.infra.nats_server import NatsServer
+from swarmrl.schemas import ModelVersion, Sample, TrainStep, decode, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.loop import Trainer
+from tests.unit.trainer.samples import make_sample
+
+MODEL = "tiny"
+REWARDS = [1.0, 0.0, 0.5, 0.0]
+
+
+def group(name: str, version: int = 0) -> list[Sample]:
+    return [
+        make_sample(
+            f"{name}-ep{i}", r, group=name, prompt=20, gen=30, vocab=1000, model=MODEL, version=version
+        )
+        for i, r in enumerate(REWARDS)
+    ]
+
+
+async def publish(js: nats.js.JetStreamContext, samples: list[Sample]) -> None:
+    for s in samples:
+        await js.publish(S.samples_subject(MODEL), encode(s), headers={"Nats-Msg-Id": s.sample_id})
+
+
+async def fetch_all(js: nats.js.JetStreamContext, subject: str, stream: str) -> list:
+    sub = await js.pull_subscribe(subject, stream=stream)
+    try:
+        return await sub.fetch(100, timeout=1.0)
+    except nats.errors.TimeoutError:
+        return []
+
+
+async def versions(kv) -> list[ModelVersion]:
+    return [decode(e.value, ModelVersion) for e in await kv.history(MODEL)]
+
+
+@pytest.mark.timeout(90)
+async def test_trainer_steps_publishes_versions_and_resumes(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    cfg = TrainerConfig(
+        nats=swarm_nats.service_url, model=MODEL, model_path=str(tiny_model_dir), run_dir=str(tmp_path / "run"),
+        num_repeat=4, batch_groups=2, max_steps=2, lr=1e-3, max_tokens_per_micro_batch=256,
+    )  # fmt: skip
+    await publish(js, group("g0") + group("g1"))
+    await publish(js, [make_sample(f"same-ep{i}", 1.0, group="same", vocab=1000) for i in range(4)])
+    await js.publish(S.samples_subject(MODEL), b"\xc1 not msgpack")
+    await publish(js, group("g2") + group("g3"))
+
+    await asyncio.wait_for(Trainer(cfg).run(), timeout=45)  # returns at max_steps
+
+    kv = await bus.models_kv(js)
+    history = await versions(kv)
+    assert [(v.version, v.step) for v in history] == [(0, 0), (1, 1), (2, 2)]
+    assert Path(history[0].path) == tiny_model_dir
+    for v in history[1:]:
+        assert Path(v.path).name == f"step-{v.step}"
+        AutoModelForCausalLM.from_pretrained(v.path)
+
+    steps = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert [s.step for s in steps] == [1, 2]
+    first = steps[0]
+    assert first.samples == 8 and first.tokens == 8 * 50 and first.trained_tokens == 8 * 30
+    assert first.reward_mean == pytest.approx(0.375) and first.staleness_max == 0
+    assert steps[1].staleness_max == 1 and steps[1].extra["off_policy_frac"] == 1.0
+    assert steps[1].extra["zero_adv_groups"] == 1 and steps[1].extra["dead_letters"] == 1
+
+    durable = S.durable_name("trainer", S.SAMPLES_STREAM, MODEL)
+    info = await js.consumer_info(S.SAMPLES_STREAM, durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0  # every sample acked, none waiting
+
+    (dead,) = await fetch_all(js, S.dlq_subject("trainer"), "DLQ")
+    assert dead.data == b"\xc1 not msgpack" and dead.headers[bus.REASON_HEADER].startswith("malformed")
+
+    # A restarted trainer resumes at step 2, re-puts version 2, and its next step is 3. It skips a
+    # replay of a sample its last checkpoint trained and drops one too stale for max_staleness=1.
+    await publish(js, group("g4", version=2) + group("g5", version=2))
+    replay = group("g3")[0]
+    await js.publish(S.samples_subject(MODEL), encode(replay), headers={"Nats-Msg-Id": "replayed"})
+    await publish(js, [make_sample("old-ep0", 1.0, group="g6", vocab=1000, version=0)])
+    resumed = Trainer(cfg.model_copy(update={"max_steps": 3, "max_staleness": 1}))
+    await asyncio.wait_for(resumed.run(), timeout=45)
+    history = await versions(kv)
+    assert [v.version for v in history] == [0, 1, 2, 2, 3]
+    steps = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert steps[2].extra["dead_letters"] == 1  # counters survive the restart
+    assert steps[2].extra["already_trained"] == 1 and steps[2].extra["dropped_stale"] == 1
+    assert steps[2].staleness_max == 0
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / MODEL).iterdir()) == [
+        "step-1",
+        "step-2",
+        "step-3",
+    ]
+    await nc.close()

@@ -1,0 +1,44 @@
+"""Synthetic `Sample` records for trainer tests (unit and integration)."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from swarmrl.schemas import Sample
+
+
+def make_sample(
+    episode: str,
+    reward: float,
+    *,
+    group: str = "g",
+    prompt: int = 4,
+    gen: int = 4,
+    version: int = 0,
+    agent: str = "a",
+    index: int = 0,
+    n_samples: int = 1,
+    model: str = "tiny",
+    vocab: int = 50,
+    seed: int | None = None,
+    logprob: float = -1.0,
+) -> Sample:
+    """A prompt of `prompt` tokens then `gen` generated ones (loss_mask 1, behaviour logprob `logprob`)."""
+    rng = random.Random(seed if seed is not None else zlib.crc32(f"{episode}.{agent}.{index}".encode()))
+    n = prompt + gen
+    return Sample(
+        sample_id=f"{episode}.{agent}.{index}",
+        model=model,
+        episode_id=episode,
+        agent=agent,
+        task_id=group,
+        group_key=group,
+        token_ids=[rng.randrange(3, vocab) for _ in range(n)],
+        loss_mask=[0] * prompt + [1] * gen,
+        logprobs=[0.0] * prompt + [logprob] * gen,
+        policy_versions=[-1] * prompt + [version] * gen,
+        reward=reward,
+        index=index,
+        n_samples=n_samples,
+    )

@@ -1,0 +1,72 @@
+from swarmrl.services.trainer.grouping import GroupBuffer
+from tests.unit.trainer.samples import make_sample
+
+
+def _buffer(**kw) -> GroupBuffer:
+    return GroupBuffer(**({"num_repeat": 3, "timeout_s": 10.0, "min_group_size": 2} | kw))
+
+
+def test_group_ready_at_num_repeat_distinct_episodes() -> None:
+    buf = _buffer()
+    buf.add(make_sample("e1", 1.0), "h1", now=0.0)
+    buf.add(make_sample("e2", 0.0), "h2", now=0.0)
+    buf.add(make_sample("x1", 0.0, group="other"), "hx", now=0.0)
+    assert buf.pop_ready(now=1.0) == ([], [])
+    buf.add(make_sample("e3", 0.0), "h3", now=1.0)
+    ready, dropped = buf.pop_ready(now=1.0)
+    assert dropped == [] and len(ready) == 1
+    assert ready[0].key == "g" and ready[0].episodes == 3 and not ready[0].partial
+    assert [h.handle for h in ready[0].items] == ["h1", "h2", "h3"]
+    assert len(buf) == 1  # the other group waits
+
+
+def test_multi_sample_episode_counts_once_and_only_when_complete() -> None:
+    buf = _buffer(num_repeat=2)
+    buf.add(make_sample("e1", 1.0, index=0, n_samples=2), "a", now=0.0)
+    buf.add(make_sample("e2", 0.0), "b", now=0.0)
+    assert buf.pop_ready(now=0.0)[0] == []  # e1 has 1 of its 2 samples
+    buf.add(make_sample("e1", 1.0, index=1, n_samples=2), "c", now=0.0)
+    (group,), _ = buf.pop_ready(now=0.0)
+    assert group.episodes == 2 and len(group.items) == 3
+
+
+def test_extra_episodes_start_the_next_group() -> None:
+    buf = _buffer(num_repeat=2)
+    for i in range(3):
+        buf.add(make_sample(f"e{i}", float(i)), f"h{i}", now=0.0)
+    ready, _ = buf.pop_ready(now=0.0)
+    assert [[h.handle for h in g.items] for g in ready] == [["h0", "h1"]]
+    assert len(buf) == 1
+
+
+def test_timeout_trains_partial_group_with_min_size() -> None:
+    buf = _buffer(num_repeat=4, min_group_size=2)
+    buf.add(make_sample("e1", 1.0), "h1", now=0.0)
+    buf.add(make_sample("e2", 0.0), "h2", now=5.0)
+    buf.add(make_sample("e3", 0.0, index=0, n_samples=2), "h3", now=5.0)  # incomplete
+    assert buf.pop_ready(now=9.9) == ([], [])
+    ready, dropped = buf.pop_ready(now=10.0)
+    assert len(ready) == 1 and ready[0].partial and ready[0].episodes == 2
+    assert [h.handle for h in dropped] == ["h3"]
+    assert buf.counts["partial_groups"] == 1 and buf.counts["timeout_dropped_samples"] == 1
+    assert len(buf) == 0
+
+
+def test_timeout_drops_group_below_min_size() -> None:
+    buf = _buffer(num_repeat=4, min_group_size=2)
+    buf.add(make_sample("e1", 1.0), "h1", now=0.0)
+    ready, dropped = buf.pop_ready(now=11.0)
+    assert ready == [] and [h.handle for h in dropped] == ["h1"]
+    assert buf.counts["timeout_dropped_groups"] == 1
+    assert buf.pending == {}
+
+
+def test_redelivery_replaces_handle_without_duplicating() -> None:
+    buf = _buffer(num_repeat=2)
+    s = make_sample("e1", 1.0)
+    buf.add(s, "old", now=0.0)
+    buf.add(s, "new", now=1.0)
+    assert len(buf) == 1 and buf.counts["duplicate_samples"] == 1
+    buf.add(make_sample("e2", 0.0), "h2", now=1.0)
+    (group,), _ = buf.pop_ready(now=1.0)
+    assert [h.handle for h in group.items] == ["new", "h2"]
