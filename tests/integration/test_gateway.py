@@ -12,9 +12,9 @@ import pytest
 
 from swarmrl.agents import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
+from swarmrl.localstack import generation_stack, llm_events
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.tokens import Claims, mint
-from tests.integration.gateway_support import generation_stack, llm_events
 
 MSGS = [
     {"role": "system", "content": "Play."},

@@ -1,4 +1,7 @@
-"""A real generation stack for tests: embedded engine (HTTP) + gateway (HTTP + NATS) in one process."""
+"""A real generation stack in one process: embedded engine (HTTP) + gateway (HTTP + NATS responders).
+
+For tests and benchmarks, which need the real components without the process supervision of `up`.
+"""
 
 from __future__ import annotations
 
