@@ -17,6 +17,6 @@ def setup_logging(service: str, level: str | None = None) -> logging.Logger:
     handler.setFormatter(logging.Formatter(fmt))
     root.addHandler(handler)
     root.setLevel(level)
-    for noisy in ("nats", "httpx", "uvicorn.access"):
+    for noisy in ("nats", "httpx", "httpx2", "openai", "uvicorn.access", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(f"swarmrl.{service}")
