@@ -1,0 +1,408 @@
+"""Pipeline benchmark: raw JetStream publish throughput vs end-to-end throughput into the ledger.
+
+    python bench/pipeline.py [--out bench/results] [--publishers N] [--events N] [--in-flight K,K] [--rounds R]
+
+Starts its own nats-server with swarmrl's streams and measures, on the same server in the same run,
+alternating R rounds of, for each publish mode K:
+
+(a) raw: N concurrent publishers (one NATS connection each, in this process) publish a realistic
+    episode-event mix to EPISODES with plain nats-py JetStream: K=1 awaits every ack (as the SDK
+    and the gateway do); K>1 publishes async with at most K unacked per publisher;
+(b) end to end: the same mix, published the same way, while `swarmrl serve ledger` (its own process,
+    default settings, fsync on) consumes it; timed from the first publish until every row is in a
+    Parquet file;
+and once, (c): the ledger alone draining a stream published beforehand (its capacity without
+publishers competing for the CPU).
+
+CPU seconds of the publishers, nats-server and the ledger are recorded per phase, so the result can
+be read on a machine shared with other work. Writes `<out>/pipeline.json` and `<out>/pipeline.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from swarmrl.infra.nats_server import NatsServer, nats_server_binary
+from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, LlmEvent, RewardEvent, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+
+Message = tuple[str, bytes, str]  # subject, payload, Nats-Msg-Id
+
+
+def episode_messages(episode_id: str, turns: int = 2) -> list[Message]:
+    """One episode as an agent and the gateway publish it: begin, per turn an llm call and an env
+    step, a reward and an end (7 events). Token counts are those of a short tool-using agent."""
+    client, gw = "agent-bench", "gateway-bench"
+    events: list = [
+        BeginEvent(
+            episode_id=episode_id,
+            seq=0,
+            client_id=client,
+            client_version="bench",
+            task_id="arith-7",
+            task={"name": "arith", "digits": 7},
+            models=["policy"],
+            agents=["solver"],
+        )
+    ]
+    prompt = list(range(100, 400))  # a 300-token prompt that grows by each turn
+    for turn in range(turns):
+        output = list(range(1000 + turn * 60, 1060 + turn * 60))  # 60 generated tokens
+        events.append(
+            LlmEvent(
+                episode_id=episode_id,
+                seq=turn,
+                client_id=gw,
+                call_id=f"chatcmpl-{episode_id}-{turn}",
+                agent="solver",
+                model="policy",
+                prompt_ids=prompt,
+                output_ids=output,
+                output_logprobs=[-0.7] * len(output),
+                policy_version=3,
+                messages=[{"role": "user", "content": "What is 1234567 + 7654321? " * 4}],
+                output_text="The answer is 8888888. " * 6,
+            )
+        )
+        events.append(
+            EnvEvent(
+                episode_id=episode_id,
+                seq=1 + turn,
+                client_id=client,
+                agent="solver",
+                name="tool",
+                data={"tool": "calculator", "result": 8888888},
+            )
+        )
+        prompt = prompt + output + list(range(2000, 2020))
+    events.append(RewardEvent(episode_id=episode_id, seq=turns + 1, client_id=client, value=1.0))
+    events.append(EndEvent(episode_id=episode_id, seq=turns + 2, client_id=client, metrics={"turns": 2.0}))
+    return [(S.episode_subject(ev.episode_id, ev.kind), encode(ev), ev.msg_id) for ev in events]
+
+
+def workload(prefix: str, n_events: int, publishers: int) -> list[list[Message]]:
+    """Whole episodes, dealt to publishers round-robin; each publisher keeps its episodes in order."""
+    work: list[list[Message]] = [[] for _ in range(publishers)]
+    total = i = 0
+    while total < n_events:
+        msgs = episode_messages(f"{prefix}{i}")
+        work[i % publishers].extend(msgs)
+        total, i = total + len(msgs), i + 1
+    return work
+
+
+async def publish_all(url: str, work: list[list[Message]], in_flight: int) -> tuple[float, float]:
+    """Publish with one connection per publisher; return (first publish, last ack) times."""
+    conns = [await bus.connect(url, f"bench-pub-{i}") for i in range(len(work))]
+
+    async def one(nc, msgs: list[Message]) -> None:
+        js = nc.jetstream(publish_async_max_pending=max(in_flight, 1))
+        if in_flight <= 1:
+            for subject, data, msg_id in msgs:
+                await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+            return
+        acks = [
+            await js.publish_async(subject, data, headers={"Nats-Msg-Id": msg_id})
+            for subject, data, msg_id in msgs
+        ]
+        for ack in await asyncio.gather(*acks):  # every message stored (a failed ack raises here)
+            assert ack.stream == S.EPISODES_STREAM and not ack.duplicate, ack
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(nc, msgs) for nc, msgs in zip(conns, work, strict=True)))
+    t1 = time.perf_counter()
+    for nc in conns:
+        await nc.close()
+    return t0, t1
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process, or of `pid` (read from /proc)."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RowCounter:
+    """Rows durable in the ledger's events + llm_calls Parquet files (reads each file's footer once)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dirs = [run_dir / "ledger" / "events", run_dir / "ledger" / "llm_calls"]
+        self.seen: dict[Path, int] = {}
+
+    def __call__(self) -> int:
+        for d in self.dirs:
+            for path in d.glob("part-*.parquet"):
+                if path not in self.seen:
+                    self.seen[path] = pq.read_metadata(path).num_rows
+        return sum(self.seen.values())
+
+
+async def raw_phase(server: NatsServer, work: list[list[Message]], in_flight: int) -> dict:
+    n = sum(map(len, work))
+    cpu0 = cpu_s(), cpu_s(server.proc.pid)
+    t0, t1 = await publish_all(server.service_url, work, in_flight)
+    cpu1 = cpu_s(), cpu_s(server.proc.pid)
+    return {
+        "seconds": t1 - t0,
+        "events_per_s": n / (t1 - t0),
+        "cpu_us_per_event": {
+            "publishers": (cpu1[0] - cpu0[0]) / n * 1e6,
+            "nats_server": (cpu1[1] - cpu0[1]) / n * 1e6,
+        },
+    }
+
+
+async def ledger_phase(
+    server: NatsServer, work: list[list[Message]], in_flight: int, tmp: Path, drain: bool = False
+) -> dict:
+    """(b): publish while the ledger runs. `drain`: publish first, then time the ledger alone."""
+    n, run_dir = sum(map(len, work)), tmp / "run"
+    if drain:
+        await publish_all(server.service_url, work, in_flight)
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarmrl.cli",
+        "serve",
+        "ledger",
+        "--nats",
+        server.service_url,
+        "--run-dir",
+        str(run_dir),
+        "--stats-interval-s",
+        "600",
+    ]
+    with (tmp / "ledger.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stderr=log)  # noqa: ASYNC220 (started once, before the clock)
+    try:
+        nc = await bus.connect(server.service_url, "bench-probe")
+        deadline = time.monotonic() + 60
+        while True:  # ready once its EPISODES consumer exists (it starts reading at once)
+            try:
+                await nc.jetstream().consumer_info(
+                    S.EPISODES_STREAM, S.durable_name("ledger", S.EPISODES_STREAM)
+                )
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"ledger did not start; see {tmp / 'ledger.log'}") from None
+                await asyncio.sleep(0.01)
+        await nc.close()
+        counter = RowCounter(run_dir)
+        cpu0 = cpu_s(), cpu_s(server.proc.pid), cpu_s(proc.pid)
+        t0 = t_acked = time.perf_counter()
+        if not drain:
+            publishing = asyncio.create_task(publish_all(server.service_url, work, in_flight))
+        while counter() < n:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ledger exited with {proc.returncode}; see {tmp / 'ledger.log'}")
+            await asyncio.sleep(0.02)
+        t_durable = time.perf_counter()
+        cpu1 = cpu_s(), cpu_s(server.proc.pid), cpu_s(proc.pid)
+        if not drain:
+            t0, t_acked = await publishing
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for line in (tmp / "ledger.log").read_text().splitlines():
+            if "ledger stopped" in line:  # its row, dead-letter and pull-request counts
+                print(line.split("swarmrl.ledger: ", 1)[-1], file=sys.stderr)
+    cpu = [(b - a) / n * 1e6 for a, b in zip(cpu0, cpu1, strict=True)]
+    return {
+        "seconds": t_durable - t0,
+        "events_per_s": n / (t_durable - t0),
+        "publish_seconds": t_acked - t0,
+        "tail_after_last_ack_s": t_durable - t_acked,
+        "cpu_us_per_event": {"publishers": cpu[0], "nats_server": cpu[1], "ledger": cpu[2]},
+    }
+
+
+async def fresh_episodes(js) -> None:
+    """An empty EPISODES stream. Deleted and recreated rather than purged: reading a stream after a
+    purge measurably cost the next consumer more CPU on the reference machine."""
+    await js.delete_stream(S.EPISODES_STREAM)
+    await bus.ensure_streams(js)
+
+
+def mode_name(in_flight: int) -> str:
+    return "await each ack" if in_flight <= 1 else f"async, <= {in_flight} unacked per publisher"
+
+
+async def bench(args: argparse.Namespace) -> dict:
+    rounds: dict[int, list[dict]] = {k: [] for k in args.in_flight}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="swarmrl-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        server = NatsServer(store_dir=tmp / "nats").start()
+        try:
+            nc = await bus.connect(server.service_url, "bench-setup")
+            js = nc.jetstream()
+            await bus.ensure_streams(js)
+            for r in range(args.rounds):
+                for k in args.in_flight:  # modes alternate too, so a load change hits them all alike
+                    tag = f"r{r}k{k}"
+                    raw = await raw_phase(server, workload(f"raw{tag}-", args.events, args.publishers), k)
+                    await fresh_episodes(js)  # (b) starts from an empty stream
+                    (tmp / tag).mkdir()
+                    e2e_work = workload(f"e2e{tag}-", args.events, args.publishers)
+                    e2e = await ledger_phase(server, e2e_work, k, tmp / tag)
+                    await fresh_episodes(js)
+                    ratio = e2e["events_per_s"] / raw["events_per_s"]
+                    rounds[k].append({"raw_publish": raw, "end_to_end": e2e, "ratio": ratio})
+                    print(
+                        f"round {r}, {mode_name(k)}: raw {raw['events_per_s']:.0f}/s, "
+                        f"end to end {e2e['events_per_s']:.0f}/s, ratio {ratio:.2f}",
+                        file=sys.stderr,
+                    )
+            # The ledger alone on a full stream: its own capacity, with no publisher beside it.
+            (tmp / "drain").mkdir()
+            drain = await ledger_phase(
+                server, workload("drain-", args.events, args.publishers), 256, tmp / "drain", drain=True
+            )
+            print(f"ledger alone, draining a full stream: {drain['events_per_s']:.0f}/s", file=sys.stderr)
+            await nc.close()
+        finally:
+            server.stop()
+    sizes = [len(data) for msgs in e2e_work for _, data, _ in msgs]
+    by_kind: dict[str, list[int]] = {}
+    for msgs in e2e_work:
+        for subject, data, _ in msgs:
+            by_kind.setdefault(subject.rsplit(".", 1)[1], []).append(len(data))
+    configs = []
+    for k, runs in rounds.items():
+        raw_eps = statistics.median(run["raw_publish"]["events_per_s"] for run in runs)
+        e2e_eps = statistics.median(run["end_to_end"]["events_per_s"] for run in runs)
+        configs.append(
+            {
+                "publish_mode": mode_name(k),
+                "in_flight": k,
+                "raw_events_per_s": round(raw_eps),
+                "end_to_end_events_per_s": round(e2e_eps),
+                "ratio_end_to_end_over_raw": round(e2e_eps / raw_eps, 3),
+                "per_round": runs,
+            }
+        )
+    return {
+        "publishers": args.publishers,
+        "events_per_phase": len(sizes),
+        "rounds": args.rounds,
+        "event_bytes": {
+            "mean": round(statistics.mean(sizes)),
+            "min": min(sizes),
+            "max": max(sizes),
+            "by_kind": {k: round(statistics.mean(v)) for k, v in sorted(by_kind.items())},
+        },
+        "configs": configs,
+        "ledger_alone_drain": {
+            "events_per_s": round(drain["events_per_s"]),
+            "seconds": round(drain["seconds"], 3),
+            "cpu_us_per_event": round(drain["cpu_us_per_event"]["ledger"], 1),
+        },
+        "ledger_settings": "defaults: flush_rows=5000, flush_interval_s=1.0, fetch_batch=1000, snappy, fsync on",
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "machine": machine(),
+    }
+
+
+def machine() -> dict:
+    def first(path: str, prefix: str) -> str:
+        return next(
+            ln.split(":", 1)[1].strip() for ln in Path(path).read_text().splitlines() if ln.startswith(prefix)
+        )
+
+    version = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True).stdout
+    return {
+        "cpu": first("/proc/cpuinfo", "model name"),
+        "cores": os.cpu_count(),
+        "ram_gib": round(int(first("/proc/meminfo", "MemTotal").split()[0]) / 2**20, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "nats_server": version.strip(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def write_report(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
+    m, b = result["machine"], result["event_bytes"]
+    summary = "\n".join(
+        f"| {c['publish_mode']} | {c['raw_events_per_s']} | {c['end_to_end_events_per_s']} "
+        f"| **{c['ratio_end_to_end_over_raw']:.2f}** |"
+        for c in result["configs"]
+    )
+    detail = "\n".join(
+        f"| {c['publish_mode']} | {i} | {run['raw_publish']['events_per_s']:.0f} | {run['end_to_end']['events_per_s']:.0f} "
+        f"| {run['ratio']:.2f} | {run['raw_publish']['cpu_us_per_event']['publishers']:.0f} "
+        f"| {run['end_to_end']['cpu_us_per_event']['nats_server']:.0f} | {run['end_to_end']['cpu_us_per_event']['ledger']:.0f} "
+        f"| {run['end_to_end']['tail_after_last_ack_s']:.2f} |"
+        for c in result["configs"]
+        for i, run in enumerate(c["per_round"])
+    )
+    md = f"""# Pipeline benchmark: JetStream publish vs. the ledger, end to end
+
+| publishers publish with | (a) raw JetStream publish, events/s | (b) publish → ledger → durable Parquet, events/s | b / a |
+| --- | ---: | ---: | ---: |
+{summary}
+| (c) the ledger alone, draining a full stream | | {result["ledger_alone_drain"]["events_per_s"]} | |
+
+{result["publishers"]} concurrent publishers (one connection each), {result["events_per_phase"]} events per phase, medians
+of {result["rounds"]} alternating rounds; 7-event episodes (begin, 2 × llm, 2 × env, reward, end), mean {b["mean"]}
+bytes, llm events {b["by_kind"]["llm"]} bytes. "Await each ack" is how the SDK and the gateway publish;
+the async mode shows how the ledger fares against pipelined publishers. (a) and (b) run on the same
+nats-server; in (b) the ledger is its own process with its {result["ledger_settings"]}, and the clock stops
+when the last row is in a renamed, fsynced Parquet file. Machine: {m["cpu"]}, {m["cores"]} cores,
+{m["ram_gib"]} GiB RAM, {m["os"]}, Python {m["python"]}, {m["nats_server"]}, {m["date"]}. The machine was shared
+(load average {result["load_average_before_after"][0]} before, {result["load_average_before_after"][1]} after), so the CPU
+columns below are the steadier measure: in (c) the ledger used {result["ledger_alone_drain"]["cpu_us_per_event"]} µs of CPU
+per event. Reproduce: `python bench/pipeline.py`.
+
+| mode | round | (a) events/s | (b) events/s | b / a | CPU µs/event: publishers (a) | nats-server (b) | ledger (b) | (b) ledger done after last ack, s |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+{detail}
+"""
+    (out / "pipeline.md").write_text(md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--publishers", type=int, default=8, help="concurrent publishers (default 8)")
+    parser.add_argument("--events", type=int, default=12_000, help="events per phase (default 12000)")
+    parser.add_argument(
+        "--in-flight",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 256],
+        help="publish modes to measure: unacked publishes per publisher, 1 = await each ack "
+        "(default 1,256; the first is the headline)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="alternating (a)/(b) rounds; medians reported")
+    args = parser.parse_args(argv)
+    result = asyncio.run(bench(args))
+    write_report(result, args.out)
+    keys = ("publish_mode", "raw_events_per_s", "end_to_end_events_per_s", "ratio_end_to_end_over_raw")
+    for config in result["configs"]:
+        print(json.dumps({k: config[k] for k in keys}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

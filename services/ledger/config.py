@@ -1,0 +1,35 @@
+"""Configuration of the ledger service (`swarmrl serve ledger --help` prints every field)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swarmrl.config import ServiceConfig
+from swarmrl.schemas import MAX_EVENT_BYTES
+
+
+class LedgerConfig(ServiceConfig):
+    run_dir: Path = Path("runs/latest")
+    """Run directory; Parquet files go to `<run_dir>/ledger/<table>/part-*.parquet` (env SWARMRL_RUN_DIR)."""
+    flush_rows: int = 5000
+    """Write a stream's buffered rows as soon as this many are waiting (messages are acked after the write)."""
+    flush_bytes: int = 64 * 1024 * 1024
+    """...or as soon as their messages add up to this many bytes (bounds memory and Arrow offsets)."""
+    flush_interval_s: float = 1.0
+    """Write buffered rows at least this often (seconds), however few there are."""
+    fetch_batch: int = 1000
+    """Messages pulled from a stream per fetch."""
+    poll_interval_s: float = 0.25
+    """Once caught up, look for new messages this often (seconds): they then arrive in one burst,
+    which costs far less CPU than taking them one by one. Also bounds how late a timed flush is."""
+    ack_wait_s: float = 60.0
+    """JetStream redelivers a message not acked within this many seconds (must exceed a flush)."""
+    max_event_bytes: int = MAX_EVENT_BYTES
+    """Episode events larger than this are dead-lettered as `oversized`."""
+    compression: str = "snappy"
+    """Parquet compression codec (snappy, zstd, gzip, none); zstd files are smaller, snappy costs a
+    third of its CPU, which decides whether the ledger keeps up on a small machine."""
+    fsync: bool = True
+    """fsync every part file and its folder before acking; turn off only for throwaway runs."""
+    stats_interval_s: float = 30.0
+    """Log row and dead-letter counts this often (seconds)."""

@@ -1,0 +1,315 @@
+"""NATS side of the ledger: one durable pull consumer per stream, ack / dead-letter decisions, flushes.
+
+Consumes: EPISODES (`swarm.ep.>`), SAMPLES (`swarm.samples.>`), METRICS (`swarm.metrics.>`) and
+DLQ (`swarm.dlq.>`), each with its durable consumer `ledger-<stream>` (`bus.durable_pull`), read in
+batches by `pull.BatchPuller`.
+Publishes: `swarm.dlq.ledger` (bad input, original bytes and reason).
+Writes: Parquet part files under `<run_dir>/ledger/` (`store.PartWriter`); a message is acked only
+after the file holding its row is durable.
+
+Why a restart (even after SIGKILL) neither loses nor duplicates rows: each consumer handles messages
+in stream order; each is buffered, or dead-lettered (the DLQ publish confirmed) before the next one
+is looked at. Acks are cumulative (`AckPolicy.ALL`, one per flush) and only ever sent for a message
+whose predecessors are all written or dead-lettered. So when a flush holding stream sequence N is
+durable, every message of that stream up to N is on disk or in the DLQ: the Parquet files, not the
+consumer's ack floor, say where the ledger is. On start we read that N per stream
+(`views.high_water_marks`) and recreate the durable consumer at N + 1. Merely binding to the old
+consumer would not do: the messages the killed process had fetched but not acked stay pending for
+`ack_wait_s` and come back only after newer ones, so an episode's events would arrive before its
+`begin`. The ordering state is rebuilt from the written events (`views.restore_tracker`), so events
+of episodes begun before the restart are still accepted. A flush cut halfway (several tables) is
+deleted by `PartWriter.prepare`. A message dead-lettered just before a crash is dead-lettered again
+after it; the DLQ publish carries a Nats-Msg-Id, so JetStream drops that copy within its window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+import duckdb
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy
+from nats.js.errors import NotFoundError
+
+from swarmrl.schemas import WireError
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.ledger.columns import TableBuffer
+from swarmrl.services.ledger.config import LedgerConfig
+from swarmrl.services.ledger.ingest import Ingest, Rejected
+from swarmrl.services.ledger.pull import BatchPuller, pull_batches
+from swarmrl.services.ledger.sink import StreamSink, stream_seq
+from swarmrl.services.ledger.store import PartWriter
+from swarmrl.services.ledger.tables import STREAM_TABLES, Row, dead_letter_row
+from swarmrl.services.ledger.views import high_water_marks, register_views, restore_tracker
+
+log = logging.getLogger("swarmrl.ledger")
+SERVICE = "ledger"
+
+
+class Ledger:
+    """The ledger service: `start()`, then `wait()` until `request_stop()`, then `stop()`."""
+
+    def __init__(self, cfg: LedgerConfig) -> None:
+        self.cfg = cfg
+        self.writer = PartWriter(cfg.run_dir, compression=cfg.compression, fsync=cfg.fsync)
+        self.ingest = Ingest(max_event_bytes=cfg.max_event_bytes)
+        self.sinks = {stream: StreamSink(stream) for stream in STREAM_TABLES}
+        self.counts: Counter[str] = Counter()
+        """Rows written per table, plus `redelivered` (late redeliveries, ignored)."""
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pullers: list[BatchPuller] = []
+        self.nc: NATS | None = None
+        self.dlq: bus.DeadLetters | None = None
+
+    async def start(self) -> None:
+        removed = await asyncio.to_thread(self.writer.prepare)
+        hwm = await asyncio.to_thread(self._recover)
+        self.nc = await bus.connect(self.cfg.nats, SERVICE)
+        js = self.nc.jetstream()
+        await bus.ensure_streams(js)
+        self.dlq = bus.DeadLetters(js, SERVICE)
+        for stream, sink in self.sinks.items():
+            sink.durable_seq = sink.last_seq = hwm.get(stream, 0)
+            last = (await js.stream_info(stream)).state.last_seq
+            if sink.durable_seq > last:  # rows from another life of the stream: resuming would mix them
+                raise RuntimeError(
+                    f"{self.writer.root} holds {stream} messages up to seq {sink.durable_seq}, but the stream "
+                    f"ends at seq {last}: it was recreated; give this run a fresh --run-dir"
+                )
+        log.info(
+            "ledger writing to %s; resuming after %s; removed %d partial files; %d open episodes",
+            self.writer.root,
+            {s: k.durable_seq for s, k in self.sinks.items()},
+            len(removed),
+            len(self.ingest.tracker.open),
+        )
+        for stream, sink in self.sinks.items():
+            durable = S.durable_name(SERVICE, stream)
+            try:  # reposition (see the module docstring): the consumer's own position is not the truth
+                await js.delete_consumer(stream, durable)
+            except NotFoundError:
+                pass
+            sub = await bus.durable_pull(
+                js,
+                stream,
+                durable,
+                S.STREAM_SUBJECTS[stream][0],
+                ack_wait_s=self.cfg.ack_wait_s,
+                max_ack_pending=max(50_000, 2 * (self.cfg.flush_rows + self.cfg.fetch_batch)),
+                start_seq=sink.durable_seq + 1,
+                ack_policy=AckPolicy.ALL,
+            )
+            await sub.unsubscribe()  # the consumer stays; it is read through a BatchPuller (pull.py)
+            puller = BatchPuller(self.nc, stream, durable)
+            await puller.start()
+            self._pullers.append(puller)
+            self._tasks.append(asyncio.create_task(self._consume(sink, puller), name=f"ledger-{stream}"))
+        self._tasks.append(asyncio.create_task(self._log_stats(), name="ledger-stats"))
+
+    def _recover(self) -> dict[str, int]:
+        with duckdb.connect() as con:
+            register_views(con, self.cfg.run_dir)
+            restore_tracker(con, self.ingest.tracker)
+            return high_water_marks(con)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        """Return when a stop is requested; re-raise if a consumer died."""
+        stopper = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait([stopper, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        for task in done:
+            if task is not stopper and task.exception() is not None:
+                self._stop.set()
+                raise task.exception()  # type: ignore[misc]
+
+    async def stop(self) -> None:
+        """Flush what is buffered (then ack it), and disconnect."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for puller in self._pullers:
+            await puller.close()
+        if self.nc is not None and not self.nc.is_closed:
+            # flush, not drain: the acks just sent must reach the server, but draining waits on the
+            # pull subscriptions' expired fetch requests for its whole timeout.
+            try:
+                await self.nc.flush(timeout=5)
+            except Exception as exc:  # unacked messages are redelivered and skipped on the next start
+                log.warning("final ack flush failed: %r", exc)
+            await self.nc.close()
+        log.info(
+            "ledger stopped: rows %s dead letters %s pulls %s",
+            dict(self.counts),
+            dict(self.dlq.counts) if self.dlq else {},
+            {p.stream: (p.requests, p.delivered) for p in self._pullers},
+        )
+
+    async def _consume(self, sink: StreamSink, puller: BatchPuller) -> None:
+        async for msgs in pull_batches(puller, self._stop, self.cfg.fetch_batch, self.cfg.poll_interval_s):
+            for msg in msgs:
+                if not await self._handle(sink, msg):
+                    break  # stopping while the DLQ is unreachable: the rest is redelivered later
+            if sink.due(self.cfg):
+                await self._start_flush(sink)
+            elif sink.writing is not None and sink.writing.done():
+                await self._finish_flush(sink)
+            await self._ack_settled(sink)
+        await self._start_flush(sink)
+        await self._finish_flush(sink)
+        await self._ack_settled(sink)
+
+    def _ingest(self, stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
+        if stream == S.EPISODES_STREAM:
+            return self.ingest.episode(msg.subject, msg.data, stream, seq, time.time())
+        if stream == S.SAMPLES_STREAM:
+            return self.ingest.sample(msg.subject, msg.data, stream, seq)
+        if stream == S.METRICS_STREAM:
+            return self.ingest.metric(msg.subject, msg.data, stream, seq)
+        h = msg.headers or {}
+        return "dead_letters", dead_letter_row(
+            subject=msg.subject,
+            data=msg.data,
+            service=h.get(bus.SERVICE_HEADER) or msg.subject.split(".")[-1],
+            original_subject=h.get(bus.SUBJECT_HEADER, ""),
+            reason=h.get(bus.REASON_HEADER, ""),
+            ts=msg.metadata.timestamp.timestamp(),
+            stream=stream,
+            seq=seq,
+        )
+
+    async def _handle(self, sink: StreamSink, msg: Msg) -> bool:
+        """Buffer, skip or dead-letter one message. False: stopping before it could be dead-lettered."""
+        seq = stream_seq(msg)
+        if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
+            self.counts["redelivered"] += 1
+            if seq <= sink.durable_seq:
+                await self._ack(msg)
+            return True
+        try:
+            table, row = self._ingest(sink.stream, msg, seq)
+        except Exception as exc:  # the one place that decides: any failure to make a row dead-letters it
+            if sink.stream == S.DLQ_STREAM:  # never dead-letter a dead letter (it would loop)
+                log.error("unrecordable dead letter subject=%s seq=%d: %r", msg.subject, seq, exc)
+                self.counts["dead_letters_unrecorded"] += 1
+            else:
+                reason = str(exc) if isinstance(exc, WireError | Rejected) else f"internal: {exc!r}"
+                if not await self._dead_letter(msg, reason):
+                    return False
+            sink.last, sink.last_seq = msg, seq
+            await self._ack_settled(sink)
+            return True
+        sink.add(table, row, msg, seq)
+        return True
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> bool:
+        # Retry until the DLQ takes it: acking without that would drop the message silently, and
+        # processing later messages first would break the restart rule above.
+        assert self.dlq is not None
+        delay = 0.2
+        while True:
+            try:
+                await self.dlq.send(msg, reason)
+                return True
+            except Exception as exc:
+                if self._stop.is_set():
+                    return False
+                log.error(
+                    "dead-letter publish failed subject=%s: %r; retrying in %.1fs", msg.subject, exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _start_flush(self, sink: StreamSink) -> None:
+        """Write what is buffered in the background while the consumer goes on decoding.
+
+        One write per stream at a time, in order: a later file never lands before an earlier one,
+        so the highest sequence on disk always means everything below it is there too.
+        """
+        await self._finish_flush(sink)
+        if not sink.rows:
+            return
+        buffers, rows = sink.take()
+        covering, sink.last = sink.last, None  # this write owns the ack of everything up to it
+        sink.writing = asyncio.create_task(self._write(sink, buffers, rows, sink.last_seq, covering))
+
+    async def _finish_flush(self, sink: StreamSink) -> None:
+        if sink.writing is not None:
+            task, sink.writing = sink.writing, None
+            await task  # re-raises what is not an OSError: a bug, which stops the service
+
+    async def _write(
+        self, sink: StreamSink, buffers: dict[str, TableBuffer], rows: int, top: int, covering: Msg | None
+    ) -> None:
+        delay = 0.5
+        while True:
+            try:
+                paths = await asyncio.to_thread(self._write_files, buffers)
+                break
+            except OSError as exc:  # disk full, permissions: keep the messages unacked and retry
+                if self._stop.is_set():
+                    # Raise, don't return: a later write's cumulative ack would cover these rows too.
+                    log.error("flush of %s failed while stopping: %r; JetStream redelivers", sink.stream, exc)
+                    raise
+                log.error("flush of %s failed: %r; retrying in %.1fs", sink.stream, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        sink.durable_seq = max(sink.durable_seq, top)
+        for table, buffer in buffers.items():
+            self.counts[table] += buffer.rows
+        log.debug("flushed stream=%s rows=%d files=%d up to seq %d", sink.stream, rows, len(paths), top)
+        if covering is not None:
+            await self._ack(covering)
+
+    def _write_files(self, buffers: dict[str, TableBuffer]) -> list:
+        # In a worker thread: Arrow conversion, compression and fsync mostly release the GIL.
+        return self.writer.write_group({table: buffer.to_arrow() for table, buffer in buffers.items()})
+
+    async def _ack_settled(self, sink: StreamSink) -> None:
+        """Ack the latest handled message if nothing below it waits for a write (dead letters only)."""
+        if sink.last is not None and not sink.rows and sink.writing is None:
+            sink.durable_seq = sink.last_seq
+            msg, sink.last = sink.last, None
+            await self._ack(msg)
+
+    async def _ack(self, msg: Msg) -> None:
+        try:
+            await msg.ack()
+        except Exception as exc:  # a lost ack only means a redelivery, which durable_seq skips
+            log.debug("ack failed subject=%s: %r", msg.subject, exc)
+
+    async def _log_stats(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
+            except TimeoutError:
+                pass
+            assert self.dlq is not None
+            log.info(
+                "rows %s dead letters %s open episodes %d",
+                dict(self.counts),
+                dict(self.dlq.counts),
+                len(self.ingest.tracker.open),
+            )
+
+
+async def run(cfg: LedgerConfig) -> None:
+    """Run the ledger until SIGINT/SIGTERM."""
+    import signal
+
+    ledger = Ledger(cfg)
+    await ledger.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, ledger.request_stop)
+    try:
+        await ledger.wait()
+    finally:
+        await ledger.stop()

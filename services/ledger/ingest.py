@@ -1,0 +1,91 @@
+"""One message of EPISODES, SAMPLES or METRICS -> one ledger row, or a dead-letter reason.
+
+Pure logic (no NATS): the handlers pass subject, bytes and stream position in and get `(table, row)`
+back, or a `Rejected`/`WireError` whose text is `<code>: <detail>` (codes in
+`swarmrl.services.common.lifecycle.DEAD_LETTER_CODES`). DLQ messages need no validation: they are
+recorded as they are (`tables.dead_letter_row`).
+"""
+
+from __future__ import annotations
+
+from swarmrl.schemas import (
+    MAX_EVENT_BYTES,
+    EvalResult,
+    MergeStats,
+    Sample,
+    TrainStep,
+    WireError,
+    decode,
+    decode_event,
+)
+from swarmrl.schemas import subjects as S
+from swarmrl.schemas.events import Record
+from swarmrl.services.common.lifecycle import EpisodeTracker
+from swarmrl.services.ledger.tables import Row, event_row, metric_row, sample_row
+
+
+class Rejected(ValueError):
+    """An input that breaks a rule beyond the wire contract (event ordering); `str()` is the reason."""
+
+
+def _last_token(subject: str) -> str:
+    return subject.rsplit(".", 1)[-1]
+
+
+def _metric_type(subject: str) -> type[Record]:
+    """Which record a METRICS subject carries; compares against the names `schemas.subjects` builds."""
+    if subject == S.MERGE_METRICS_SUBJECT:
+        return MergeStats
+    model = _last_token(subject)
+    try:
+        if subject == S.train_metrics_subject(model):
+            return TrainStep
+        if subject == S.eval_metrics_subject(model):
+            return EvalResult
+    except ValueError:  # last token is not a valid model name
+        pass
+    raise WireError("subject", f"{subject!r} is not a metrics subject the ledger knows")
+
+
+class Ingest:
+    """Decodes and validates messages; owns the episode ordering state for EPISODES."""
+
+    def __init__(self, tracker: EpisodeTracker | None = None, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.tracker = tracker or EpisodeTracker()
+        self.max_event_bytes = max_event_bytes
+
+    def episode(self, subject: str, data: bytes, stream: str, seq: int, received: float) -> tuple[str, Row]:
+        """An episode event -> a row of `events` or `llm_calls`; updates the ordering state."""
+        try:
+            episode_id, kind = S.parse_episode_subject(subject)
+        except ValueError as exc:
+            raise WireError("subject", str(exc)) from exc
+        ev = decode_event(data, self.max_event_bytes)
+        if ev.episode_id != episode_id or ev.kind != kind:
+            raise WireError(
+                "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject!r}"
+            )
+        table, row = event_row(ev, stream, seq)
+        # The ordering check comes last: it mutates the state, so only a row we will keep may pass it.
+        reason = self.tracker.check(ev, received)
+        if reason is not None:
+            raise Rejected(reason)
+        return table, row
+
+    def sample(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
+        record = decode(data, Sample)
+        try:
+            expected = S.samples_subject(record.model)
+        except ValueError as exc:
+            raise WireError("subject", str(exc)) from exc
+        if subject != expected:
+            raise WireError("subject", f"sample of model {record.model} on subject {subject!r}")
+        return "samples", sample_row(record, stream, seq)
+
+    def metric(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
+        cls = _metric_type(subject)
+        record = decode(data, cls)
+        model = getattr(record, "model", None)
+        if model is not None and _last_token(subject) != model:
+            raise WireError("subject", f"{cls.__name__} of model {model} on subject {subject!r}")
+        return metric_row(record, stream, seq)  # type: ignore[arg-type]

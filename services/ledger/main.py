@@ -1,0 +1,19 @@
+"""`swarmrl serve ledger`: record every stream of the swarm as Parquet, queryable with `swarmrl query`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from swarmrl.config import parse_config
+from swarmrl.log import setup_logging
+from swarmrl.services.ledger.config import LedgerConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(LedgerConfig, argv, "swarmrl serve ledger")
+    setup_logging("ledger", cfg.log_level)
+    # Imported here so `--help` stays fast (duckdb, pyarrow and nats load only to run).
+    from swarmrl.services.ledger.handlers import run
+
+    asyncio.run(run(cfg))
+    return 0

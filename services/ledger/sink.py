@@ -1,0 +1,73 @@
+"""What one stream's consumer holds between flushes: buffered rows and the position they cover.
+
+Pure logic (no I/O); `handlers.py` decides when to add, flush and ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+
+from swarmrl.services.ledger.columns import TableBuffer
+from swarmrl.services.ledger.config import LedgerConfig
+from swarmrl.services.ledger.tables import Row
+
+
+def stream_seq(msg: Msg) -> int:
+    """Stream sequence of a JetStream message, read from its ack subject.
+
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...`; a third of `msg.metadata`'s cost,
+    which also builds a datetime. Other layouts (with a domain) take the general path.
+    """
+    tokens = msg.reply.split(".")
+    return int(tokens[5]) if len(tokens) == 9 else msg.metadata.sequence.stream
+
+
+@dataclass
+class StreamSink:
+    """Rows of one stream waiting for their flush, and the message whose ack will cover them.
+
+    The consumer acks cumulatively (`AckPolicy.ALL`): messages are handled strictly in stream order,
+    so acking the latest handled message once its predecessors are durable acks them all.
+    """
+
+    stream: str
+    durable_seq: int = 0
+    """Every message of the stream up to this sequence is on disk or dead-lettered."""
+    last_seq: int = 0
+    """Every message up to this sequence is handled: buffered, on disk or dead-lettered."""
+    last: Msg | None = None
+    """The message at `last_seq` if not yet acked (its ack acks everything before it)."""
+    writing: asyncio.Task[None] | None = None
+    """The write of the previous buffers, while in progress."""
+    buffers: dict[str, TableBuffer] = field(default_factory=dict)
+    rows: int = 0
+    nbytes: int = 0
+    first_at: float = 0.0
+
+    def add(self, table: str, row: Row, msg: Msg, seq: int) -> None:
+        if not self.rows:
+            self.first_at = time.monotonic()
+        buffer = self.buffers.get(table)
+        if buffer is None:
+            buffer = self.buffers[table] = TableBuffer(table)
+        buffer.append(row)
+        self.rows += 1
+        self.nbytes += len(msg.data)
+        self.last, self.last_seq = msg, seq
+
+    def due(self, cfg: LedgerConfig) -> bool:
+        return (
+            self.rows >= cfg.flush_rows
+            or self.nbytes >= cfg.flush_bytes
+            or (self.rows > 0 and time.monotonic() - self.first_at >= cfg.flush_interval_s)
+        )
+
+    def take(self) -> tuple[dict[str, TableBuffer], int]:
+        """Hand over the buffers and their row count; start afresh."""
+        taken = self.buffers, self.rows
+        self.buffers, self.rows, self.nbytes = {}, 0, 0
+        return taken

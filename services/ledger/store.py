@@ -1,0 +1,123 @@
+"""Parquet part files of the ledger: `<run_dir>/ledger/<table>/part-*.parquet`. Pure file logic, no NATS.
+
+A flush writes the rows of one stream, which may span several tables (EPISODES feeds `events` and
+`llm_calls`). The files of one flush form a *group*: they share a group id and each names the group's
+size (`part-<group>-n<files>.parquet`). Each file is written to a temporary name, fsynced and renamed,
+so a reader never sees half a file; a crash between two renames leaves an incomplete group, which
+`recover()` deletes on the next start. Its messages were never acked (acks follow the flush), so
+JetStream redelivers them and the group is written again whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from swarmrl.services.ledger.tables import TABLES
+
+log = logging.getLogger("swarmrl.ledger.store")
+
+LEDGER_DIR = "ledger"
+EMPTY_FILE = "part-empty.parquet"
+"""Zero-row file with the current schema, so a table's view exists and is live before its first rows."""
+_PART_RE = re.compile(r"^part-(\d+-\d+)-n(\d+)\.parquet$")
+_TMP_SUFFIX = ".tmp"
+
+
+def ledger_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / LEDGER_DIR
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PartWriter:
+    """Writes groups of Parquet files atomically (per file) and recoverably (per group)."""
+
+    def __init__(self, run_dir: Path | str, *, compression: str = "snappy", fsync: bool = True) -> None:
+        self.root = ledger_dir(run_dir)
+        self.compression = compression
+        self.fsync = fsync
+        # Group ids sort by creation time and stay unique within a process and across restarts.
+        self._ids = itertools.count()
+        self._epoch = time.time_ns()
+
+    def prepare(self) -> list[Path]:
+        """Create the table folders, write the empty schema files, delete leftovers of a crash.
+
+        Returns the deleted files (temporary files and the parts of incomplete groups).
+        """
+        for table in TABLES:
+            (self.root / table).mkdir(parents=True, exist_ok=True)
+        removed = self.recover()
+        for table, schema in TABLES.items():
+            self._write_file(self.root / table / EMPTY_FILE, schema.empty_table())
+        if self.fsync:
+            for table in TABLES:
+                _fsync_dir(self.root / table)
+        return removed
+
+    def recover(self) -> list[Path]:
+        groups: dict[str, list[Path]] = {}
+        sizes: dict[str, int] = {}
+        removed: list[Path] = []
+        for table in TABLES:
+            for path in (self.root / table).iterdir():
+                if path.name.endswith(_TMP_SUFFIX):
+                    removed.append(path)
+                    continue
+                m = _PART_RE.match(path.name)
+                if m:
+                    groups.setdefault(m[1], []).append(path)
+                    sizes[m[1]] = int(m[2])
+        for gid, paths in groups.items():
+            if len(paths) != sizes[gid]:
+                log.warning(
+                    "incomplete flush group %s (%d of %d files): removing, it will be redelivered",
+                    gid,
+                    len(paths),
+                    sizes[gid],
+                )
+                removed.extend(paths)
+        for path in removed:
+            path.unlink()
+        return removed
+
+    def write_group(self, tables: dict[str, pa.Table]) -> list[Path]:
+        """Write the non-empty `tables` as one group; return the final paths (durable on return)."""
+        tables = {name: table for name, table in tables.items() if table.num_rows}
+        if not tables:
+            return []
+        gid = f"{self._epoch:020d}-{next(self._ids):08d}"
+        paths = []
+        for name, table in tables.items():
+            path = self.root / name / f"part-{gid}-n{len(tables)}.parquet"
+            self._write_file(path, table)
+            paths.append(path)
+        if self.fsync:  # make the renames durable before the caller acks the messages
+            for path in paths:
+                _fsync_dir(path.parent)
+        return paths
+
+    def _write_file(self, path: Path, table: pa.Table) -> None:
+        tmp = path.with_name(path.name + _TMP_SUFFIX)
+        pq.write_table(table, tmp, compression=self.compression)
+        if self.fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)

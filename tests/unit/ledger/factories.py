@@ -1,0 +1,45 @@
+"""Episode events for the ledger tests: a complete episode as an agent and the gateway would publish it."""
+
+from __future__ import annotations
+
+from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, Event, LlmEvent, RewardEvent
+
+
+def episode(
+    episode_id: str, *, reward: float = 1.0, client: str = "agent-1", calls: int = 1, end: bool = True
+) -> list[Event]:
+    """begin, `calls` llm calls (from the gateway), one env step, one reward and (optionally) end."""
+    events: list[Event] = [
+        BeginEvent(
+            episode_id=episode_id,
+            seq=0,
+            client_id=client,
+            client_version="v1",
+            task_id="arith-3",
+            task={"name": "arith", "n": 3},
+            models=["policy"],
+            agents=["solver"],
+        ),
+    ]
+    for i in range(calls):
+        events.append(
+            LlmEvent(
+                episode_id=episode_id,
+                seq=i,
+                client_id="gateway-x",
+                call_id=f"chatcmpl-{episode_id}-{i}",
+                agent="solver",
+                model="policy",
+                prompt_ids=[1, 2, 3 + i],
+                output_ids=[7, 8, 2**40],
+                output_logprobs=[-0.5, -0.25, -0.125],
+                policy_version=3,
+                messages=[{"role": "user", "content": "2+2?"}],
+                output_text="4",
+            )
+        )
+    events.append(EnvEvent(episode_id=episode_id, seq=1, client_id=client, name="answer", data={"ok": True}))
+    events.append(RewardEvent(episode_id=episode_id, seq=2, client_id=client, value=reward))
+    if end:
+        events.append(EndEvent(episode_id=episode_id, seq=3, client_id=client, metrics={"turns": 1.0}))
+    return events

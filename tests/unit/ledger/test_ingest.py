@@ -1,0 +1,75 @@
+import msgpack
+import pytest
+
+from swarmrl.schemas import MergeStats, TrainStep, WireError, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.ledger.ingest import Ingest, Rejected
+from tests.unit.ledger.factories import episode
+
+
+def _code(fn, *args) -> str:
+    with pytest.raises((WireError, Rejected)) as err:
+        fn(*args)
+    return str(err.value).split(":", 1)[0]
+
+
+def test_bad_episode_input_is_rejected_with_its_code() -> None:
+    ingest = Ingest(max_event_bytes=10_000)
+    begin, llm, env, reward, end = episode("e1")
+    ep = ingest.episode
+    assert _code(ep, "swarm.ep.e1.begin", b"\xc1", "EPISODES", 1, 0.0) == "malformed"
+    assert (
+        _code(ep, "swarm.ep.e1.begin", msgpack.packb({**begin.model_dump(), "v": 99}), "EPISODES", 1, 0.0)
+        == "version"
+    )
+    assert (
+        _code(ep, "swarm.ep.e1.begin", msgpack.packb({"v": 1, "kind": "begin"}), "EPISODES", 1, 0.0)
+        == "schema"
+    )
+    assert _code(ep, "swarm.ep.e1.begin", b"\x00" * 10_001, "EPISODES", 1, 0.0) == "oversized"
+    assert _code(ep, S.episode_subject("other", "begin"), encode(begin), "EPISODES", 1, 0.0) == "subject"
+    assert _code(ep, S.episode_subject("e1", "end"), encode(begin), "EPISODES", 1, 0.0) == "subject"
+    assert _code(ep, S.episode_subject("e1", "env"), encode(env), "EPISODES", 1, 0.0) == "unknown_episode"
+    ep(S.episode_subject("e1", "begin"), encode(begin), "EPISODES", 2, 0.0)
+    ep(S.episode_subject("e1", "reward"), encode(reward), "EPISODES", 3, 0.0)
+    assert _code(ep, S.episode_subject("e1", "reward"), encode(reward), "EPISODES", 4, 0.0) == "duplicate"
+    assert _code(ep, S.episode_subject("e1", "env"), encode(env), "EPISODES", 5, 0.0) == "out_of_order"
+
+
+def test_rejected_event_leaves_the_ordering_state_alone() -> None:
+    ingest = Ingest()
+    begin, llm, *_ = episode("e1")
+    bad = msgpack.packb({**llm.model_dump(), "output_ids": [1, 2**64 - 1, 3]})
+    assert _code(ingest.episode, S.episode_subject("e1", "begin"), bad, "EPISODES", 1, 0.0) == "subject"
+    ingest.episode(S.episode_subject("e1", "begin"), encode(begin), "EPISODES", 1, 0.0)
+    assert _code(ingest.episode, S.episode_subject("e1", "llm"), bad, "EPISODES", 2, 0.0) == "schema"
+    table, _ = ingest.episode(S.episode_subject("e1", "llm"), encode(llm), "EPISODES", 3, 0.0)
+    assert table == "llm_calls"
+
+
+def test_metrics_are_routed_by_subject() -> None:
+    ingest = Ingest()
+    step = TrainStep(
+        model="policy",
+        step=1,
+        policy_version=1,
+        loss=0.0,
+        reward_mean=0.0,
+        reward_std=0.0,
+        samples=1,
+        tokens=1,
+        trained_tokens=1,
+        tokens_per_s=1.0,
+        staleness_mean=0.0,
+        staleness_max=0,
+        wall_s=1.0,
+    )
+    assert ingest.metric(S.train_metrics_subject("policy"), encode(step), "METRICS", 1)[0] == "train_steps"
+    assert (
+        ingest.metric(
+            S.MERGE_METRICS_SUBJECT, encode(MergeStats(episode_id="e", status="empty")), "METRICS", 2
+        )[0]
+        == "merges"
+    )
+    assert _code(ingest.metric, S.train_metrics_subject("other"), encode(step), "METRICS", 3) == "subject"
+    assert _code(ingest.metric, S.eval_metrics_subject("policy"), encode(step), "METRICS", 4) == "schema"

@@ -1,0 +1,37 @@
+from nats.aio.msg import Msg
+
+from swarmrl.services.ledger.config import LedgerConfig
+from swarmrl.services.ledger.sink import StreamSink, stream_seq
+from swarmrl.services.ledger.tables import dead_letter_row
+
+
+def _msg(reply: str, data: bytes = b"x") -> Msg:
+    return Msg(_client=None, subject="swarm.dlq.merger", reply=reply, data=data)  # type: ignore[arg-type]
+
+
+def test_stream_seq_from_both_ack_subject_layouts() -> None:
+    assert stream_seq(_msg("$JS.ACK.EPISODES.ledger-episodes.1.42.40.1700000000000000000.7")) == 42
+    v2 = "$JS.ACK._.ACCHASH.EPISODES.ledger-episodes.1.43.41.1700000000000000000.7.tok"
+    assert stream_seq(_msg(v2)) == 43
+
+
+def test_sink_flushes_on_rows_bytes_or_age_and_hands_over_its_buffers() -> None:
+    cfg = LedgerConfig(flush_rows=2, flush_bytes=100, flush_interval_s=3600)
+    sink = StreamSink("DLQ")
+    assert not sink.due(cfg)
+    row = dead_letter_row(
+        subject="s", data=b"", service="m", original_subject="o", reason="r: x", ts=0.0, stream="DLQ", seq=1
+    )
+    first = _msg("$JS.ACK.DLQ.ledger-dlq.1.1.1.0.0")
+    sink.add("dead_letters", row, first, 1)
+    assert not sink.due(cfg) and sink.last is first and sink.last_seq == 1
+    sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.2.2.0.0"), 2)
+    assert sink.due(cfg)
+    buffers, rows = sink.take()
+    assert rows == 2 and buffers["dead_letters"].rows == 2 and not sink.due(cfg)
+    assert sink.last_seq == 2  # the position stays: it is acked after the write
+    sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.3.3.0.0", b"y" * 100), 3)
+    assert sink.due(cfg)  # bytes bound
+    sink.take()
+    sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.4.4.0.0"), 4)
+    assert sink.due(LedgerConfig(flush_interval_s=0.0))  # age bound
