@@ -40,8 +40,18 @@ def reply_message(choice_message: Any) -> dict[str, Any]:
     return msg
 
 
+class ChaosAbort(RuntimeError):
+    """Raised on purpose (`--abort-rate`) to simulate an agent that fails mid-episode."""
+
+
 async def play(
-    ep: Episode, spec: TaskSpec, instance: Any, model: str, temperature: float, max_tokens: int
+    ep: Episode,
+    spec: TaskSpec,
+    instance: Any,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    abort_rate: float = 0.0,
 ) -> Outcome:
     """Play one episode of `instance` inside an open episode; publishes env steps and the reward."""
     llm = ep.openai(max_retries=0)
@@ -60,6 +70,8 @@ async def play(
         messages += step.messages
         if step.done:
             break
+        if abort_rate and random.random() < abort_rate:
+            raise ChaosAbort(f"simulated agent failure after turn {turns}")
     await ep.reward(env.reward)
     return Outcome(instance.task_id, env.reward, env.success, turns)
 
@@ -73,12 +85,19 @@ async def play_episode(
     eval: bool = False,
     temperature: float = 1.0,
     max_tokens: int = 64,
+    group_key: str = "",
+    abort_rate: float = 0.0,
 ) -> Outcome:
     """Run one whole episode (begin ... end) of `instance` with `model`."""
     async with swarm.episode(
-        instance.task_id, models=[model], task={"name": spec.name}, eval=eval, heartbeat_s=5.0
+        instance.task_id,
+        models=[model],
+        task={"name": spec.name},
+        eval=eval,
+        group_key=group_key,
+        heartbeat_s=5.0,
     ) as ep:
-        out = await play(ep, spec, instance, model, temperature, max_tokens)
+        out = await play(ep, spec, instance, model, temperature, max_tokens, abort_rate)
         await ep.end(reward=out.reward, success=float(out.success), turns=float(out.turns))
     return out
 
@@ -94,28 +113,43 @@ async def run_client(
     stop: asyncio.Event,
     temperature: float = 1.0,
     max_tokens: int = 64,
+    abort_rate: float = 0.0,
 ) -> None:
     """Play training groups until `stop` is set. A failed episode is aborted and the client carries on."""
     swarm = await SwarmClient.connect(nats_url)
     tasks = [get_task(name) for name in task.split(",")]
     rng = random.Random(seed)
     streams = {spec.name: spec.train_tasks(seed) for spec in tasks}
-    done = 0
+    done = rounds = 0
 
     async def group_loop(worker: int) -> None:
-        nonlocal done
+        nonlocal done, rounds
         while not stop.is_set():
             spec = rng.choice(tasks)
             instance = next(streams[spec.name])
+            rounds += 1
+            # One GRPO group per round: a unique key keeps groups of different clients apart.
+            key = f"{instance.task_id}@{swarm.client_id}-{rounds}"
             results = await asyncio.gather(
                 *(
-                    play_episode(swarm, spec, instance, model, temperature=temperature, max_tokens=max_tokens)
+                    play_episode(
+                        swarm,
+                        spec,
+                        instance,
+                        model,
+                        temperature=temperature,
+                        max_tokens=max_tokens,
+                        group_key=key,
+                        abort_rate=abort_rate,
+                    )
                     for _ in range(num_repeat)
                 ),
                 return_exceptions=True,
             )
             for r in results:
-                if isinstance(r, BaseException):
+                if isinstance(r, ChaosAbort):
+                    log.info("episode aborted on purpose: %s", r)
+                elif isinstance(r, BaseException):
                     log.warning("episode failed (aborted): %r", r)
                     await asyncio.sleep(1.0)  # back off while the swarm is not answering
             done += len(results)
@@ -147,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--max-tokens", type=int, default=64, help="max tokens per reply")
     p.add_argument("--seed", type=int, default=0, help="seed of the task stream")
+    p.add_argument(
+        "--abort-rate",
+        type=float,
+        default=0.0,
+        help="chaos: probability per turn of failing the episode on purpose (it is aborted)",
+    )
     args = p.parse_args(argv)
     from swarmrl.log import setup_logging
 
@@ -166,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             stop=stop,
             temperature=args.temperature,
             max_tokens=args.max_tokens,
+            abort_rate=args.abort_rate,
         )
 
     asyncio.run(run())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -46,6 +47,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--eval-limit", type=int, default=0, help="eval instances per task (0 = the whole held-out set)"
     )
+    p.add_argument("--max-tokens", type=int, default=32, help="max tokens per model reply")
+    p.add_argument(
+        "--abort-rate", type=float, default=0.0, help="chaos: per-turn probability a client fails an episode"
+    )
+    p.add_argument(
+        "--trainer-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra flag for the trainer, repeatable (e.g. --trainer-arg=--group-timeout-s=30); "
+        "see `swarmrl serve trainer --help`",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default runs/<timestamp>)")
     p.add_argument("--nats", default="", help="join this NATS cluster (service URL) instead of starting one")
     p.add_argument("--agent-nats", default="", help="agent-credential URL for clients (with --nats)")
@@ -73,8 +86,12 @@ def spawn_services(
     agent_url: str,
 ) -> None:
     # One torch thread each: engine and trainer share the cores, and oversubscribing them was ~4x slower.
-    env = {"SWARMRL_NATS": service_url, "SWARMRL_SECRET": secrets.token_urlsafe(32), "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        "SWARMRL_NATS": service_url,
+        "SWARMRL_SECRET": secrets.token_urlsafe(32),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     engine_port, gateway_port = free_port(), free_port()
     serve = ["-m", "swarmrl.cli", "serve"]
     sup.spawn("ledger", [*serve, "ledger", "--run-dir", str(run_dir)], env)
@@ -103,6 +120,7 @@ def spawn_services(
             str(args.lr),
             "--max-steps",
             str(args.steps),
+            *args.trainer_arg,
         ],
         env,
     )
@@ -119,26 +137,18 @@ def spawn_services(
         env,
     )
     for i in range(args.clients):
-        sup.spawn(
-            f"client-{i}",
-            [
-                "-m",
-                "swarmrl.agents.runner",
-                "--nats",
-                agent_url,
-                "--task",
-                args.task,
-                "--model",
-                MODEL,
-                "--num-repeat",
-                str(args.num_repeat),
-                "--concurrency",
-                str(args.concurrency),
-                "--seed",
-                str(1000 + i),
-            ],
-            {"PYTHONUNBUFFERED": "1"},
-        )
+        client = ["-m", "swarmrl.agents.runner", "--nats", agent_url, "--task", args.task, "--model", MODEL]
+        client += ["--num-repeat", str(args.num_repeat), "--concurrency", str(args.concurrency)]
+        client += [
+            "--seed",
+            str(1000 + i),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--abort-rate",
+            str(args.abort_rate),
+        ]
+        sup.spawn(f"client-{i}", client, {"PYTHONUNBUFFERED": "1"})
+    (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
 
 
 async def supervise(args: argparse.Namespace, sup: Supervisor, service_url: str, run_dir: Path) -> str:
