@@ -1,7 +1,7 @@
 """The default tasks, pure environment logic (no NATS, no LLM calls): `TASKS[name]` is a `TaskSpec`.
 
-    guess_number   multi-turn game: guess a secret in [1, n] from higher / lower feedback
-    calculator     tool use: call `calculator(expression)`, then answer with the number
+guess_number   multi-turn game: guess a secret in [1, n] from higher / lower feedback
+calculator     tool use: call `calculator(expression)`, then answer with the number
 """
 
 from swarmrl.agents.tasks import calculator, guess_number

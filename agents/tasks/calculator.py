@@ -1,0 +1,220 @@
+"""`calculator`: tool use through OpenAI tool calls. The question is "What is 37 * 12 + 5?"; the
+model should call `calculator(expression)`, gets the result back as a `tool` message, then replies
+with the final number. Reward 1 when that number equals the true value, else 0.
+
+Any reply without tool calls is the final answer (the last number in its text). Tool calls are
+answered with the safe evaluator's result, or an `error: ...` text; running out of `max_turns`
+replies without answering scores 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
+from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text
+
+SYSTEM_PROMPT = "You are a careful assistant. Use the calculator tool, then reply with the final number only."
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "for example 37 * 12 + 5"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_OPS = ("+", "-", "*")
+
+
+@dataclass(frozen=True)
+class Calculator:
+    """One question. `task_id` is the expression without spaces."""
+
+    expression: str
+    max_turns: int = 3
+
+    @property
+    def task_id(self) -> str:
+        return "calculator/" + self.expression.replace(" ", "")
+
+    @property
+    def answer(self) -> Number:
+        return safe_eval(self.expression)
+
+    def user_prompt(self) -> str:
+        return f"What is {self.expression}?"
+
+
+@dataclass(frozen=True)
+class CalculatorReply:
+    """A parsed assistant message: the expressions it sent to the tool, or its final answer."""
+
+    expressions: tuple[str | None, ...] = ()
+    """One entry per tool call; None where the call is malformed (wrong tool, bad arguments)."""
+    answer: float | None = None
+    """The final answer when the message has no tool calls and holds a number."""
+
+
+def _call_expression(call: dict[str, Any]) -> str | None:
+    function = call.get("function", call)  # tolerate flattened {"name", "arguments"} calls
+    if function.get("name") != "calculator":
+        return None
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):  # OpenAI sends a JSON string; some clients send a dict
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    expression = arguments.get("expression") if isinstance(arguments, dict) else None
+    return expression if isinstance(expression, str) else None
+
+
+def parse_reply(reply: Message) -> CalculatorReply:
+    """Parse an assistant message (OpenAI format) into tool-call expressions or a final answer."""
+    calls = reply.get("tool_calls") or []
+    if calls:
+        return CalculatorReply(expressions=tuple(_call_expression(c) for c in calls))
+    numbers = _NUMBER_RE.findall(_THOUSANDS_RE.sub("", message_text(reply)))
+    return CalculatorReply(answer=float(numbers[-1]) if numbers else None)
+
+
+class CalculatorEnv:
+    """One episode. `reward` is final once a step returns done."""
+
+    def __init__(self, task: Calculator) -> None:
+        self.task = task
+        self.turns = 0
+        self.reward = 0.0
+        self.success = False
+        self.done = False
+
+    def reset(self) -> list[Message]:
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": self.task.user_prompt()},
+        ]
+
+    def step(self, reply: Message) -> StepResult:
+        if self.done:
+            raise RuntimeError(f"step() after the episode ended ({self.task.task_id}, turn {self.turns})")
+        self.turns += 1
+        parsed = parse_reply(reply)
+        if parsed.expressions:
+            results = [self._run_tool(e) for e in parsed.expressions]
+            calls = reply.get("tool_calls") or []
+            messages: list[Message] = [
+                {"role": "tool", "tool_call_id": call.get("id") or f"call_{i}", "content": result}
+                for i, (call, result) in enumerate(zip(calls, results, strict=True))
+            ]
+            self.done = self.turns >= self.task.max_turns
+            return StepResult(messages, self.done, {"tool_results": results, "turn": self.turns})
+        self.success = parsed.answer is not None and abs(parsed.answer - self.task.answer) < 1e-6
+        self.reward = 1.0 if self.success else 0.0
+        self.done = True
+        return StepResult([], True, {"answer": parsed.answer, "turn": self.turns})
+
+    @staticmethod
+    def _run_tool(expression: str | None) -> str:
+        if expression is None:
+            return 'error: call calculator with {"expression": "<arithmetic>"}'
+        try:
+            return format_number(safe_eval(expression))
+        except ExpressionError as e:
+            return f"error: {e}"
+
+
+def _random_expression(rng: random.Random) -> str:
+    # Two-digit operands and three-digit answers: every expression, and every result, has the same
+    # token length, so copying the question into the tool call and the tool's result into the
+    # answer are fixed-offset lookups, which a tiny model learns in a few hundred SFT steps.
+    while True:
+        o1, o2 = rng.choice(_OPS), rng.choice(_OPS)
+        expression = f"{rng.randint(10, 49)} {o1} {rng.randint(10, 49)} {o2} {rng.randint(10, 49)}"
+        if 100 <= safe_eval(expression) <= 999:
+            return expression
+
+
+def eval_tasks() -> list[Calculator]:
+    """The fixed held-out set: 64 distinct questions from a constant seed."""
+    rng = random.Random("calculator-eval-v1")
+    seen: dict[str, Calculator] = {}
+    while len(seen) < 64:
+        task = Calculator(_random_expression(rng))
+        seen.setdefault(task.task_id, task)
+    return list(seen.values())
+
+
+def train_tasks(seed: int) -> Iterator[Calculator]:
+    """Endless seeded stream of training questions, skipping every eval question."""
+    held_out = {task.task_id for task in eval_tasks()}
+    rng = random.Random(seed)
+    while True:
+        task = Calculator(_random_expression(rng))
+        if task.task_id not in held_out:
+            yield task
+
+
+def _mistype(text: str, rng: random.Random) -> str:
+    """Change one digit of `text` (a copy mistake)."""
+    positions = [i for i, ch in enumerate(text) if ch.isdigit()]
+    i = rng.choice(positions)
+    # No new leading zero: "07" is not a Python literal and the tool would answer with an error.
+    leading = (i == 0 or not text[i - 1].isdigit()) and i + 1 < len(text) and text[i + 1].isdigit()
+    digit = rng.choice([d for d in "0123456789" if d != text[i] and not (leading and d == "0")])
+    return text[:i] + digit + text[i + 1 :]
+
+
+def demonstration(
+    task: Calculator, rng: random.Random, p_bad_expression: float = 0.3, p_bad_copy: float = 0.25
+) -> list[Message]:
+    """A well-formed episode (tool call, tool result, final number) that is wrong some of the time:
+    a digit of the expression mistyped, or the tool's result copied wrongly into the answer."""
+    env = CalculatorEnv(task)
+    messages = env.reset()
+    expression = _mistype(task.expression, rng) if rng.random() < p_bad_expression else task.expression
+    call: Message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+            }
+        ],
+    }
+    messages.append(call)
+    step = env.step(call)
+    messages += step.messages
+    result = step.messages[0]["content"]
+    answer = _mistype(result, rng) if rng.random() < p_bad_copy else result
+    final: Message = {"role": "assistant", "content": answer}
+    messages.append(final)
+    env.step(final)
+    return messages
+
+
+SPEC = TaskSpec(
+    name="calculator",
+    make_env=CalculatorEnv,
+    train_tasks=train_tasks,
+    eval_tasks=eval_tasks,
+    demonstration=demonstration,
+    parse_reply=parse_reply,
+    tools=TOOLS,
+)

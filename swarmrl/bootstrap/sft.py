@@ -1,0 +1,183 @@
+"""The SFT warm start: a few hundred steps on synthetic demonstrations of the default tasks, loss
+on assistant tokens only, so the tiny model starts RL with the right formats and a weak strategy.
+
+Episodes are tokenized the way the gateway sees them at RL time: each model call's prompt is the
+chat template rendered with a generation prompt, each reply is content + `<|im_end|>` appended as
+generated ids (the template's trailing newline belongs to the next prompt). This relies on the
+template's prefix stability.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swarmrl.agents.tasks import TASKS
+from swarmrl.agents.tasks.base import Message
+
+
+def encode_episode(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """Token ids of an episode and its loss mask (1 on tokens the model generates), up to the end of
+    its last assistant message."""
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(
+            messages[:upto], tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    ids: list[int] = []
+    mask: list[int] = []
+    done = ""  # the text already turned into ids
+    eos = tokenizer.eos_token
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render(i, True)
+        full = render(i + 1, False)
+        if not (prompt.startswith(done) and full.startswith(prompt)):
+            raise ValueError(f"chat template is not prefix-stable at message {i}: {message!r}")
+        reply = full[len(prompt) :]
+        reply = reply[: reply.index(eos) + len(eos)]
+        prompt_ids = tokenizer.encode(prompt[len(done) :], add_special_tokens=False)
+        reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+        ids += prompt_ids + reply_ids
+        mask += [0] * len(prompt_ids) + [1] * len(reply_ids)
+        done = prompt + reply
+    return ids, mask
+
+
+def demonstration_batches(
+    tokenizer: PreTrainedTokenizerBase, batch_size: int, seed: int, tasks: list[str] | None = None
+) -> Callable[[], dict[str, torch.Tensor]]:
+    """A function returning the next batch: one task per batch, tasks in turn.
+
+    A batch is `prefix_ids` [1, P], the token prefix all its episodes share (system prompt, tool
+    specs, often the user prompt), and per-episode `input_ids` / `labels` [B, S] for the rest,
+    right-padded. The shared prefix is most of a calculator episode's tokens: `sft_loss` runs it
+    once per batch instead of once per episode.
+    """
+    rng = random.Random(seed)
+    names = tasks or sorted(TASKS)
+    streams = {name: TASKS[name].train_tasks(seed) for name in names}
+    turn = 0
+
+    def next_batch() -> dict[str, torch.Tensor]:
+        nonlocal turn
+        spec = TASKS[names[turn % len(names)]]
+        turn += 1
+        rows = [
+            encode_episode(tokenizer, spec.demonstration(next(streams[spec.name]), rng), spec.tools)
+            for _ in range(batch_size)
+        ]
+        # The suffix must hold every trained token at position >= 1: its labels are shifted inside the
+        # model, so a suffix's first token is only ever an input.
+        first_trained = min(mask.index(1) if 1 in mask else len(mask) for _, mask in rows)
+        shared = max(0, min(_common_prefix_len([ids for ids, _ in rows]), first_trained) - 1)
+        width = max(len(ids) for ids, _ in rows) - shared
+        input_ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((batch_size, width), -100, dtype=torch.long)
+        for r, (ids, mask) in enumerate(rows):
+            # Right padding needs no attention mask: causal attention never looks right.
+            rest = ids[shared:]
+            input_ids[r, : len(rest)] = torch.tensor(rest)
+            labels[r, : len(rest)] = torch.tensor(
+                [t if m else -100 for t, m in zip(rest, mask[shared:], strict=True)]
+            )
+        return {
+            "prefix_ids": torch.tensor([rows[0][0][:shared]], dtype=torch.long),
+            "input_ids": input_ids,
+            "labels": labels,
+        }
+
+    return next_batch
+
+
+def _common_prefix_len(rows: list[list[int]]) -> int:
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        if any(r[i] != rows[0][i] for r in rows):
+            return i
+    return n
+
+
+def sft_loss(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy on the labelled tokens; the shared prefix is run once and its KV cache
+    repeated over the batch (gradients flow through it, so this equals the full-sequence loss)."""
+    cache = None
+    if batch["prefix_ids"].shape[1] > 0:
+        cache = model(input_ids=batch["prefix_ids"], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(batch["input_ids"].shape[0])
+    # Labels are shifted inside the model; -100 masks prompts, environment replies and padding.
+    return model(input_ids=batch["input_ids"], labels=batch["labels"], past_key_values=cache).loss
+
+
+def warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    steps: int,
+    seed: int = 0,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    progress: bool = True,
+) -> list[float]:
+    """Run `steps` AdamW steps (linear warmup, cosine decay) on demonstrations; returns the losses."""
+    if steps <= 0:
+        return []
+    next_batch = demonstration_batches(tokenizer, batch_size, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    losses: list[float] = []
+    model.train()
+    with _progress(progress, steps) as advance:
+        for _ in range(steps):
+            loss = sft_loss(model, next_batch())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+            advance(losses[-1])
+    model.eval()
+    return losses
+
+
+class _progress:
+    """A rich progress bar over SFT steps, or nothing when disabled (tests, logs)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self) -> Callable[[float], None]:
+        if not self.enabled:
+            return lambda loss: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("SFT warm start"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.3f}"),
+            TimeRemainingColumn(),
+        )
+        self.bar.start()
+        task = self.bar.add_task("sft", total=self.total, loss=float("nan"))
+        return lambda loss: self.bar.update(task, advance=1, loss=loss)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
