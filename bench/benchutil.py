@@ -18,7 +18,9 @@ def machine() -> dict[str, Any]:
     from swarmrl.infra.nats_server import nats_server_binary
 
     def first(path: str, prefix: str) -> str:
-        return next(ln.split(":", 1)[1].strip() for ln in Path(path).read_text().splitlines() if ln.startswith(prefix))
+        return next(
+            ln.split(":", 1)[1].strip() for ln in Path(path).read_text().splitlines() if ln.startswith(prefix)
+        )
 
     try:
         import torch

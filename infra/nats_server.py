@@ -103,7 +103,9 @@ class NatsServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 stderr = (self.store_dir / "nats-server.stderr").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}: {stderr.strip()} (log: {log})")
+                raise RuntimeError(
+                    f"nats-server exited with {self.proc.returncode}: {stderr.strip()} (log: {log})"
+                )
             if log.exists() and b"Server is ready" in log.read_bytes()[offset:]:
                 return self
             time.sleep(0.02)

@@ -168,7 +168,8 @@ async def test_max_tokens_beyond_context_is_capped_by_the_context(stack, swarm) 
     filler = "9" * (handle.context_len - base - room)  # digits are single tokens: prompt = ctx - room
     async with swarm.episode("t6", models=["policy"], heartbeat_s=0) as ep:
         resp = await ep.openai().chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": filler}], max_tokens=10 * handle.context_len)
+            model="policy", messages=[{"role": "user", "content": filler}], max_tokens=10 * handle.context_len
+        )
     (ev,) = await llm_events(stack.nats, ep.episode_id)
     assert len(ev.prompt_ids) == handle.context_len - room
     assert len(ev.prompt_ids) + len(ev.output_ids) <= handle.context_len

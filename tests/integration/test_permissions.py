@@ -25,7 +25,9 @@ async def _agent(server: NatsServer) -> tuple[nats.aio.client.Client, list[str]]
 async def test_agent_may_publish_episode_events(swarm_nats: NatsServer) -> None:
     nc, _ = await _agent(swarm_nats)
     ev = BeginEvent(episode_id="e1", seq=0, client_id="c", task_id="t")
-    ack = await nc.jetstream().publish(S.episode_subject("e1", "begin"), encode(ev), headers={"Nats-Msg-Id": ev.msg_id})
+    ack = await nc.jetstream().publish(
+        S.episode_subject("e1", "begin"), encode(ev), headers={"Nats-Msg-Id": ev.msg_id}
+    )
     assert ack.stream == S.EPISODES_STREAM
     await nc.close()
 
@@ -65,9 +67,22 @@ async def test_agent_cannot_publish_outside_its_role(swarm_nats: NatsServer, sub
 
 async def test_service_may_publish_samples(swarm_nats: NatsServer) -> None:
     nc = await nats.connect(swarm_nats.service_url)
-    s = Sample(sample_id="e.a.0", model="policy", episode_id="e", agent="a", task_id="t", group_key="t",
-               token_ids=[1], loss_mask=[1], logprobs=[-1.0], policy_versions=[0], reward=1.0)
-    ack = await nc.jetstream().publish(S.samples_subject("policy"), encode(s), headers={"Nats-Msg-Id": s.sample_id})
+    s = Sample(
+        sample_id="e.a.0",
+        model="policy",
+        episode_id="e",
+        agent="a",
+        task_id="t",
+        group_key="t",
+        token_ids=[1],
+        loss_mask=[1],
+        logprobs=[-1.0],
+        policy_versions=[0],
+        reward=1.0,
+    )
+    ack = await nc.jetstream().publish(
+        S.samples_subject("policy"), encode(s), headers={"Nats-Msg-Id": s.sample_id}
+    )
     assert ack.stream == S.SAMPLES_STREAM and not ack.duplicate
     await nc.close()
 
@@ -83,5 +98,7 @@ def test_bundled_configs_are_valid(tmp_path) -> None:
     for conf in sorted(NATS_CONF_DIR.glob("*.conf")):
         if conf.name == "accounts.conf":
             continue
-        out = subprocess.run([nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True
+        )
         assert out.returncode == 0, f"{conf.name}: {out.stderr}{out.stdout}"

@@ -90,7 +90,10 @@ async def test_unknown_model_token_request_is_refused(swarm_nats: NatsServer, to
 
 async def test_sync_wrapper_runs_an_episode(swarm_nats: NatsServer, token_service) -> None:
     def agent() -> str:
-        with SyncSwarmClient(swarm_nats.agent_url) as swarm, swarm.episode("task-5", models=[], heartbeat_s=0) as ep:
+        with (
+            SyncSwarmClient(swarm_nats.agent_url) as swarm,
+            swarm.episode("task-5", models=[], heartbeat_s=0) as ep,
+        ):
             ep.reward(1.0)
             return ep.episode_id
 

@@ -19,8 +19,18 @@ def test_every_event_kind_round_trips() -> None:
     events = [
         BeginEvent(episode_id="ep-1", seq=0, client_id="c", task_id="t", models=["policy"]),
         RewardEvent(episode_id="ep-1", seq=1, client_id="c", value=0.5, agent="a"),
-        LlmEvent(episode_id="ep-1", seq=0, client_id="gateway-x", call_id="x", agent="a", model="policy",
-                 prompt_ids=[1, 2], output_ids=[3], output_logprobs=[-0.1], policy_version=2),
+        LlmEvent(
+            episode_id="ep-1",
+            seq=0,
+            client_id="gateway-x",
+            call_id="x",
+            agent="a",
+            model="policy",
+            prompt_ids=[1, 2],
+            output_ids=[3],
+            output_logprobs=[-0.1],
+            policy_version=2,
+        ),
     ]
     for ev in events:
         assert decode_event(encode(ev)) == ev
@@ -28,8 +38,18 @@ def test_every_event_kind_round_trips() -> None:
 
 def test_plain_msgpack_map_from_another_language_is_accepted() -> None:
     # What a Go or JS agent would send: a plain map, no SDK involved.
-    raw = {"v": 1, "kind": "reward", "episode_id": "e1", "seq": 3, "ts": 1.0, "client_id": "go-agent",
-           "client_version": "v1", "value": 1.0, "agent": "", "name": "reward"}
+    raw = {
+        "v": 1,
+        "kind": "reward",
+        "episode_id": "e1",
+        "seq": 3,
+        "ts": 1.0,
+        "client_id": "go-agent",
+        "client_version": "v1",
+        "value": 1.0,
+        "agent": "",
+        "name": "reward",
+    }
     ev = decode_event(msgpack.packb(raw))
     assert isinstance(ev, RewardEvent) and ev.value == 1.0
 
@@ -42,8 +62,14 @@ def test_plain_msgpack_map_from_another_language_is_accepted() -> None:
         (msgpack.packb({"v": 99, "kind": "end"}), "version"),
         (msgpack.packb({"v": 1, "kind": "end", "episode_id": "e", "client_id": "c"}), "schema"),
         (msgpack.packb({"v": 1, "kind": "nope", "episode_id": "e", "seq": 0, "client_id": "c"}), "schema"),
-        (msgpack.packb({"v": 1, "kind": "end", "episode_id": "bad.id", "seq": 0, "client_id": "c"}), "schema"),
-        (msgpack.packb({"v": 1, "kind": "end", "episode_id": "e", "seq": 0, "client_id": "c", "x": 1}), "schema"),
+        (
+            msgpack.packb({"v": 1, "kind": "end", "episode_id": "bad.id", "seq": 0, "client_id": "c"}),
+            "schema",
+        ),
+        (
+            msgpack.packb({"v": 1, "kind": "end", "episode_id": "e", "seq": 0, "client_id": "c", "x": 1}),
+            "schema",
+        ),
         (b"\x00" * (MAX_EVENT_BYTES + 1), "oversized"),
     ],
 )
@@ -54,8 +80,19 @@ def test_bad_input_names_its_reason(data: bytes, code: str) -> None:
 
 
 def test_sample_lengths_must_agree() -> None:
-    good = Sample(sample_id="e.a.0", model="m", episode_id="e", agent="a", task_id="t", group_key="t",
-                  token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -1.0], policy_versions=[-1, 0], reward=1.0)
+    good = Sample(
+        sample_id="e.a.0",
+        model="m",
+        episode_id="e",
+        agent="a",
+        task_id="t",
+        group_key="t",
+        token_ids=[1, 2],
+        loss_mask=[0, 1],
+        logprobs=[0.0, -1.0],
+        policy_versions=[-1, 0],
+        reward=1.0,
+    )
     assert decode_sample(encode(good)) == good
     bad = good.model_dump() | {"loss_mask": [1]}
     with pytest.raises(WireError, match="loss_mask"):
