@@ -18,8 +18,9 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import LlmEvent, decode_event
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.engine_core import EngineCore
-from swarmrl.services.engine.server import BackgroundServer, create_app
+from swarmrl.services.engine.server import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.service import GatewayService, load_models
 

@@ -15,14 +15,9 @@ meta_info): `meta_info.output_token_logprobs` is `[[logprob, token_id, text_or_n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-import threading
-from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -194,69 +189,3 @@ def _to_sglang(
         ]
         meta["input_token_logprobs"] = []  # logprob_start_len=-1 (SGLang's default): none asked for
     return {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}
-
-
-class BackgroundServer:
-    """uvicorn serving `app` from a daemon thread on an already-bound socket (port 0 = any free port).
-
-    For tests and benchmarks; the `engine` service runs uvicorn on its own asyncio loop instead.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = _bind(host, port)
-        self.url = f"http://{host}:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    def start(self, timeout: float = 10.0) -> BackgroundServer:
-        self._thread.start()
-        deadline = threading.Event()
-        for _ in range(int(timeout / 0.02)):
-            if self._server.started:
-                return self
-            deadline.wait(0.02)
-        raise TimeoutError(f"uvicorn did not start within {timeout}s on {self.url}")
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
-        self._sock.close()
-
-
-class ServiceServer(uvicorn.Server):
-    """uvicorn for the engine service's own loop: the service, not uvicorn, owns SIGINT/SIGTERM."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-async def serve_in_loop(app: FastAPI, host: str, port: int) -> tuple[ServiceServer, asyncio.Task[None]]:
-    """Start uvicorn as a task of the running loop; return once it listens.
-
-    The socket is bound here first: uvicorn's own bind failure is a SystemExit, which would escape
-    the event loop instead of reaching the service as an error naming the address.
-    """
-    sock = _bind(host, port)
-    server = ServiceServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()  # raises what stopped it, if anything did
-            raise RuntimeError("uvicorn stopped before it started listening")
-        await asyncio.sleep(0.02)
-    return server, task
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise RuntimeError(f"engine cannot listen on {host}:{port}: {exc}") from exc
-    return sock

@@ -65,8 +65,9 @@ class EngineService:
     async def _start_embedded(self) -> None:
         import torch
 
+        from swarmrl.services.common.http import serve_in_loop
         from swarmrl.services.engine.engine_core import EngineCore
-        from swarmrl.services.engine.server import create_app, serve_in_loop
+        from swarmrl.services.engine.server import create_app
 
         cfg = self.cfg
         if cfg.torch_threads:

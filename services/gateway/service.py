@@ -17,13 +17,13 @@ import time
 from typing import Any
 
 import msgpack
-import uvicorn
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from swarmrl.schemas import LlmEvent, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.http import serve_in_loop
 from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
@@ -134,17 +134,7 @@ class GatewayService:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start_nats()
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(self.gateway),
-                host=self.cfg.host,
-                port=self.cfg.port,
-                log_level="warning",
-                lifespan="off",
-            )
-        )
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # main() owns signals
-        task = asyncio.create_task(server.serve())
+        server, task = await serve_in_loop(create_app(self.gateway), self.cfg.host, self.cfg.port)
         log.info("gateway ready url=%s models=%s", self.base_url, sorted(self.gateway.models))
         await stop.wait()
         server.should_exit = True

@@ -19,10 +19,11 @@ from swarmrl.infra.nats_server import NatsServer, free_port
 from swarmrl.schemas import ModelVersion, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.client import EngineClient, EngineError
 from swarmrl.services.engine.config import EngineConfig
 from swarmrl.services.engine.engine_core import EngineCore
-from swarmrl.services.engine.server import BackgroundServer, create_app
+from swarmrl.services.engine.server import create_app
 from swarmrl.services.engine.service import EngineService
 from swarmrl.services.engine.weights import WeightWatcher
 from tests.conftest import wait_for
