@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,8 +32,9 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from benchutil import machine
 
-from swarmrl.infra.nats_server import NatsServer, nats_server_binary
+from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, LlmEvent, RewardEvent, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
@@ -317,24 +316,6 @@ async def bench(args: argparse.Namespace) -> dict:
         "ledger_settings": "defaults: flush_rows=5000, flush_interval_s=1.0, fetch_batch=1000, snappy, fsync on",
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "machine": machine(),
-    }
-
-
-def machine() -> dict:
-    def first(path: str, prefix: str) -> str:
-        return next(
-            ln.split(":", 1)[1].strip() for ln in Path(path).read_text().splitlines() if ln.startswith(prefix)
-        )
-
-    version = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True).stdout
-    return {
-        "cpu": first("/proc/cpuinfo", "model name"),
-        "cores": os.cpu_count(),
-        "ram_gib": round(int(first("/proc/meminfo", "MemTotal").split()[0]) / 2**20, 1),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "nats_server": version.strip(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 
