@@ -81,6 +81,31 @@ class TaskSpec:
     """OpenAI tool specs to pass with every chat call, or None."""
 
 
+class TurnEnv:
+    """Bookkeeping shared by the default tasks' environments: the opening messages (system prompt and
+    the task's user prompt), the turn counter, and the refusal to step an episode that has ended."""
+
+    system_prompt = ""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.turns = 0
+        self.reward = 0.0
+        self.success = False
+        self.done = False
+
+    def reset(self) -> list[Message]:
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": self.task.user_prompt()},
+        ]
+
+    def _next_turn(self) -> None:
+        if self.done:
+            raise RuntimeError(f"step() after the episode ended ({self.task.task_id}, turn {self.turns})")
+        self.turns += 1
+
+
 def message_text(message: Message) -> str:
     """The text of a message's content, whether a string, None, or a list of OpenAI content parts."""
     content = message.get("content")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
-from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text
+from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, TurnEnv, message_text
 
 SYSTEM_PROMPT = "You are a careful assistant. Use the calculator tool, then reply with the final number only."
 
@@ -93,26 +93,14 @@ def parse_reply(reply: Message) -> CalculatorReply:
     return CalculatorReply(answer=float(numbers[-1]) if numbers else None)
 
 
-class CalculatorEnv:
+class CalculatorEnv(TurnEnv):
     """One episode. `reward` is final once a step returns done."""
 
-    def __init__(self, task: Calculator) -> None:
-        self.task = task
-        self.turns = 0
-        self.reward = 0.0
-        self.success = False
-        self.done = False
-
-    def reset(self) -> list[Message]:
-        return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": self.task.user_prompt()},
-        ]
+    system_prompt = SYSTEM_PROMPT
+    task: Calculator
 
     def step(self, reply: Message) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"step() after the episode ended ({self.task.task_id}, turn {self.turns})")
-        self.turns += 1
+        self._next_turn()
         parsed = parse_reply(reply)
         if parsed.expressions:
             results = [self._run_tool(e) for e in parsed.expressions]

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text, parse_single_int
+from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, TurnEnv, message_text, parse_single_int
 
 DEFAULT_N = 64
 DEFAULT_TURNS = 6
@@ -52,26 +52,14 @@ def parse_reply(reply: Message) -> int | None:
     return parse_single_int(message_text(reply))
 
 
-class GuessNumberEnv:
+class GuessNumberEnv(TurnEnv):
     """One episode. `reward` is final once a step returns done."""
 
-    def __init__(self, task: GuessNumber) -> None:
-        self.task = task
-        self.turns = 0
-        self.reward = 0.0
-        self.success = False
-        self.done = False
-
-    def reset(self) -> list[Message]:
-        return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": self.task.user_prompt()},
-        ]
+    system_prompt = SYSTEM_PROMPT
+    task: GuessNumber
 
     def step(self, reply: Message) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"step() after the episode ended ({self.task.task_id}, turn {self.turns})")
-        self.turns += 1
+        self._next_turn()
         guess = parse_reply(reply)
         valid = guess is not None and 1 <= guess <= self.task.n
         if not valid:
