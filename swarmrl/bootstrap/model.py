@@ -106,9 +106,22 @@ def swarmrl_home() -> Path:
     return Path(os.environ.get("SWARMRL_HOME") or Path.home() / ".cache" / "swarmrl")
 
 
+def _source_digest() -> str:
+    """Hash of the code the model is built from (this package and the default tasks): a cached model
+    built from other task prompts or demonstrations would silently be the wrong policy."""
+    import swarmrl.agents.tasks as tasks_pkg
+
+    h = hashlib.sha256()
+    for folder in (Path(__file__).parent, Path(tasks_pkg.__file__).parent):
+        for f in sorted(folder.glob("*.py")):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def default_model_dir(seed: int = 0, steps: int = DEFAULT_STEPS) -> Path:
-    """Where the default tiny model lives; the name changes with the builder version and inputs."""
-    digest = hashlib.sha256(f"{BUILDER_VERSION}:{seed}:{steps}".encode()).hexdigest()[:10]
+    """Where the default tiny model lives; the name changes with the builder version, its inputs and
+    the source of the builder and the tasks."""
+    digest = hashlib.sha256(f"{BUILDER_VERSION}:{seed}:{steps}:{_source_digest()}".encode()).hexdigest()[:10]
     return swarmrl_home() / "models" / f"tiny-{digest}"
 
 
