@@ -1,5 +1,10 @@
 """Evaluator: plays each task's held-out eval set whenever the trained model gets a new version.
 
+Success rate is measured at the temperature the swarm trains with (1.0 by default), averaged over
+`samples` episodes per held-out instance: the expected success of the policy being trained
+("avg@k"). Greedy decoding (`temperature=0`) is available, but it hides what RL changes first:
+a policy that is right 60% of the time at every token is often right 100% of the time greedily.
+
 Consumes KV `swarm-models[<model>]` updates; runs eval episodes (`eval=True`: recorded by the
 ledger, never trained on) through the same SDK and OpenAI endpoint as any client; publishes one
 `EvalResult` per task and version to `swarm.metrics.eval.<model>`. Needs service credentials
@@ -27,14 +32,18 @@ async def evaluate(
     model: str,
     *,
     limit: int = 0,
+    samples: int = 1,
     parallel: int = 16,
-    temperature: float = 0.0,
+    temperature: float = 1.0,
     max_tokens: int = 64,
 ) -> tuple[float, int]:
-    """Success rate of `model` on `task`'s eval set (first `limit` instances; 0 = all)."""
+    """Success rate of `model` on `task`'s eval set (first `limit` instances; 0 = all), each instance
+    played `samples` times; returns (rate, episodes)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
     spec = get_task(task)
     instances = spec.eval_tasks()
-    instances = instances[:limit] if limit else instances
+    instances = (instances[:limit] if limit else instances) * samples
     gate = asyncio.Semaphore(parallel)
 
     async def one(instance: Any) -> bool:
@@ -60,7 +69,9 @@ async def run_evaluator(
     *,
     every: int = 1,
     limit: int = 0,
-    temperature: float = 0.0,
+    samples: int = 1,
+    temperature: float = 1.0,
+    max_tokens: int = 64,
     final: int = -1,
 ) -> None:
     """Evaluate version 0, every `every`-th version and version `final`, until `stop` is set."""
@@ -81,7 +92,15 @@ async def run_evaluator(
                 continue
             done.add(version)
             for task in tasks:
-                rate, n = await evaluate(swarm, task, model, limit=limit, temperature=temperature)
+                rate, n = await evaluate(
+                    swarm,
+                    task,
+                    model,
+                    limit=limit,
+                    samples=samples,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                )
                 result = EvalResult(model=model, step=version, task=task, success_rate=rate, n=n)
                 await swarm.js.publish(
                     S.eval_metrics_subject(model),

@@ -238,16 +238,23 @@ class Episode:
             "agents": self.agents,
             "models": self.models,
             "ttl_s": self.token_ttl_s,
+            "group_key": self.group_key,
+            "eval": self.eval,
             **self._common(),
         }
-        reply = await _retrying(
-            self.client.nc.request,
-            S.TOKEN_SUBJECT,
-            msgpack.packb(request),
-            timeout=10.0,
-            retry_s=self.client.retry_s,
-        )
-        answer = msgpack.unpackb(reply.data, raw=False)
+        while True:
+            reply = await _retrying(
+                self.client.nc.request,
+                S.TOKEN_SUBJECT,
+                msgpack.packb(request),
+                timeout=10.0,
+                retry_s=self.client.retry_s,
+            )
+            answer = msgpack.unpackb(reply.data, raw=False)
+            # Admission control: the trainer is behind, the gateway asks new groups to wait.
+            if "retry_after_s" not in answer:
+                break
+            await asyncio.sleep(float(answer["retry_after_s"]))
         if "error" in answer:
             raise SwarmError(f"gateway refused a token for episode {self.episode_id}: {answer['error']}")
         self.tokens, self.base_url = dict(answer["tokens"]), str(answer["base_url"])

@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="trainer steps to run")
     p.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget; stops early when spent")
     p.add_argument(
-        "--task", default="guess_number", help="task(s) to train, comma-separated: guess_number, calculator"
+        "--task", default="calculator", help="task(s) to train, comma-separated: calculator, guess_number"
     )
     p.add_argument("--model", default="", help="HF model dir to train (default: the bootstrapped tiny model)")
     p.add_argument("--clients", type=int, default=2, help="example client processes")
@@ -43,9 +43,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-repeat", type=int, default=8, help="episodes per group (GRPO group size)")
     p.add_argument("--batch-groups", type=int, default=4, help="groups per trainer step")
     p.add_argument("--lr", type=float, default=2e-4, help="trainer learning rate")
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=512,
+        help="trainer packed-row length; longer samples are truncated. Small rows are fastest on CPU "
+        "(attention over a packed row is quadratic in its length); raise it for long episodes or on GPU",
+    )
+    p.add_argument(
+        "--max-backlog",
+        type=int,
+        default=-1,
+        help="gateway admission control: hold new groups while this many samples wait for the trainer "
+        "(-1 = two trainer steps' worth, 0 = off)",
+    )
     p.add_argument("--eval-every", type=int, default=5, help="evaluate every N model versions")
     p.add_argument(
         "--eval-limit", type=int, default=0, help="eval instances per task (0 = the whole held-out set)"
+    )
+    p.add_argument(
+        "--eval-samples", type=int, default=2, help="episodes per held-out instance (success is their mean)"
+    )
+    p.add_argument(
+        "--eval-temperature",
+        type=float,
+        default=1.0,
+        help="eval sampling temperature: 1.0 measures the policy being trained, 0 is greedy",
     )
     p.add_argument("--max-tokens", type=int, default=32, help="max tokens per model reply")
     p.add_argument(
@@ -120,6 +143,8 @@ def spawn_services(
             str(args.lr),
             "--max-steps",
             str(args.steps),
+            "--max-tokens-per-micro-batch",
+            str(args.micro_batch_tokens),
             *args.trainer_arg,
         ],
         env,
@@ -133,6 +158,8 @@ def spawn_services(
             f"{MODEL}=http://127.0.0.1:{engine_port}",
             "--port",
             str(gateway_port),
+            "--max-backlog",
+            str(args.max_backlog if args.max_backlog >= 0 else 2 * args.batch_groups * args.num_repeat),
         ],
         env,
     )
@@ -169,6 +196,9 @@ async def supervise(args: argparse.Namespace, sup: Supervisor, service_url: str,
             stop,
             every=args.eval_every,
             limit=args.eval_limit,
+            samples=args.eval_samples,
+            temperature=args.eval_temperature,
+            max_tokens=args.max_tokens,
             final=args.steps,
         )
     )

@@ -50,7 +50,12 @@ def safe_eval(expression: str) -> Number:
 
 
 def _eval(node: ast.AST) -> Number:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    # bool is an int subclass: `True + 1` is not arithmetic a model should get away with.
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _check(_UNARY[type(node.op)](_eval(node.operand)))

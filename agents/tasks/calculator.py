@@ -1,4 +1,4 @@
-"""`calculator`: tool use through OpenAI tool calls. The question is "What is 37 * 12 + 5?"; the
+"""`calculator`: tool use through OpenAI tool calls. The question is "What is 7 * 4 + 8?"; the
 model should call `calculator(expression)`, gets the result back as a `tool` message, then replies
 with the final number. Reward 1 when that number equals the true value, else 0.
 
@@ -127,13 +127,14 @@ class CalculatorEnv(TurnEnv):
 
 
 def _random_expression(rng: random.Random) -> str:
-    # Two-digit operands and three-digit answers: every expression, and every result, has the same
-    # token length, so copying the question into the tool call and the tool's result into the
-    # answer are fixed-offset lookups, which a tiny model learns in a few hundred SFT steps.
+    # One-digit operands and two-digit answers: every expression, and every result, has the same
+    # token length (digits are single tokens), and the operators anchor the copy. Copying the
+    # question into the tool call and the tool's result into the answer is then within reach of
+    # the tiny model's short SFT warm start; longer numbers were not, at that budget.
     while True:
         o1, o2 = rng.choice(_OPS), rng.choice(_OPS)
-        expression = f"{rng.randint(10, 49)} {o1} {rng.randint(10, 49)} {o2} {rng.randint(10, 49)}"
-        if 100 <= safe_eval(expression) <= 999:
+        expression = f"{rng.randint(2, 9)} {o1} {rng.randint(2, 9)} {o2} {rng.randint(2, 9)}"
+        if 10 <= safe_eval(expression) <= 99:
             return expression
 
 
@@ -168,7 +169,7 @@ def _mistype(text: str, rng: random.Random) -> str:
 
 
 def demonstration(
-    task: Calculator, rng: random.Random, p_bad_expression: float = 0.3, p_bad_copy: float = 0.25
+    task: Calculator, rng: random.Random, p_bad_expression: float = 0.4, p_bad_copy: float = 0.4
 ) -> list[Message]:
     """A well-formed episode (tool call, tool result, final number) that is wrong some of the time:
     a digit of the expression mistyped, or the tool's result copied wrongly into the answer."""

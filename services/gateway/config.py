@@ -28,3 +28,7 @@ class GatewayConfig(ServiceConfig):
     """Episodes whose calls are remembered for exact token reuse (least recently used are forgotten)."""
     request_timeout_s: float = 300.0
     """Engine request timeout."""
+    max_backlog: int = Field(default=0, ge=0)
+    """Admission control: while a model's trainer has this many untrained samples (queued or held),
+    token requests for new GRPO groups get `retry_after_s` and the client waits. 0 = off. See
+    `services/gateway/admission.py`."""

@@ -24,6 +24,7 @@ from swarmrl.schemas import LlmEvent, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
+from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
@@ -77,6 +78,7 @@ class GatewayService:
                 s.bind((cfg.host, 0))
                 cfg.port = s.getsockname()[1]
         self.base_url = cfg.public_url or f"http://{cfg.host}:{cfg.port}/v1"
+        self.admission = Admission(self.js, cfg.max_backlog)
 
     async def publish_llm(self, event: LlmEvent) -> None:
         await self.js.publish(
@@ -92,6 +94,10 @@ class GatewayService:
             if unknown:
                 raise ValueError(f"unknown models {unknown}; this swarm serves {sorted(self.gateway.models)}")
             agents = [str(a) for a in req.get("agents") or ["agent"]]
+            wait = await self.admission.check(models, str(req.get("group_key") or ""), bool(req.get("eval")))
+            if wait > 0:
+                await msg.respond(msgpack.packb({"retry_after_s": wait}))
+                return
             ttl = min(float(req.get("ttl_s", 3600)), self.cfg.token_ttl_max_s)
             tokens = {
                 a: mint(

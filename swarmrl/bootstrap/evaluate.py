@@ -106,8 +106,10 @@ def evaluate_offline(
         active = list(range(len(envs)))
         while active:
             prompts = [
-                tokenizer.apply_chat_template(
-                    histories[i], tools=spec.tools, add_generation_prompt=True, tokenize=False
+                str(
+                    tokenizer.apply_chat_template(
+                        histories[i], tools=spec.tools, add_generation_prompt=True, tokenize=False
+                    )
                 )
                 for i in active
             ]

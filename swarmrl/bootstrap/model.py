@@ -23,8 +23,8 @@ from swarmrl.bootstrap.sft import warm_start
 from swarmrl.bootstrap.tokenizer import IM_END, build_tokenizer
 
 # Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
-BUILDER_VERSION = "1"
-DEFAULT_STEPS = 300
+BUILDER_VERSION = "2"
+DEFAULT_STEPS = 1200
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def build_model(
     warm_start_steps: int = DEFAULT_STEPS,
     progress: bool = True,
     dims: TinyDims = TinyDims(),
-    batch_size: int = 8,
+    batch_size: int = 16,
 ) -> Path:
     """Build, warm-start and save the tiny model.
 
@@ -68,7 +68,6 @@ def build_model(
     config = Qwen2Config(
         vocab_size=len(tokenizer),  # exact: a padded vocab could sample ids the tokenizer lacks
         tie_word_embeddings=True,
-        rope_theta=10000.0,
         bos_token_id=None,
         eos_token_id=eos_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -1,4 +1,4 @@
-"""The SFT warm start: a few hundred steps on synthetic demonstrations of the default tasks, loss
+"""The SFT warm start: ~1000 small steps on synthetic demonstrations of the default tasks, loss
 on assistant tokens only, so the tiny model starts RL with the right formats and a weak strategy.
 
 Episodes are tokenized the way the gateway sees them at RL time: each model call's prompt is the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -28,9 +28,11 @@ def encode_episode(
     its last assistant message."""
 
     def render(upto: int, generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
-            messages[:upto], tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+        text = tokenizer.apply_chat_template(
+            messages[:upto], tools=cast(Any, tools), add_generation_prompt=generation_prompt, tokenize=False
         )
+        assert isinstance(text, str)  # tokenize=False always renders text
+        return text
 
     ids: list[int] = []
     mask: list[int] = []
@@ -54,9 +56,13 @@ def encode_episode(
 
 
 def demonstration_batches(
-    tokenizer: PreTrainedTokenizerBase, batch_size: int, seed: int, tasks: list[str] | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    batch_size: int,
+    seed: int,
+    tasks: list[str] | None = None,
+    tool_free_views: bool = True,
 ) -> Callable[[], dict[str, torch.Tensor]]:
-    """A function returning the next batch: one task per batch, tasks in turn.
+    """A function returning the next batch: one task (and view of it) per batch, in turn.
 
     A batch is `prefix_ids` [1, P], the token prefix all its episodes share (system prompt, tool
     specs, often the user prompt), and per-episode `input_ids` / `labels` [B, S] for the rest,
@@ -66,14 +72,22 @@ def demonstration_batches(
     rng = random.Random(seed)
     names = tasks or sorted(TASKS)
     streams = {name: TASKS[name].train_tasks(seed) for name in names}
+    # Tool tasks are also shown without the tool specs in the system prompt. Those specs make every
+    # context ~200 tokens long, which dilutes the attention a tiny model needs to learn copying
+    # (question -> tool call, tool result -> answer); the copy offsets learned in short contexts
+    # carry over to long ones because positions are relative (RoPE).
+    views = [(name, TASKS[name].tools) for name in names]
+    if tool_free_views:
+        views += [(name, None) for name in names if TASKS[name].tools]
     turn = 0
 
     def next_batch() -> dict[str, torch.Tensor]:
         nonlocal turn
-        spec = TASKS[names[turn % len(names)]]
+        name, tools = views[turn % len(views)]
+        spec = TASKS[name]
         turn += 1
         rows = [
-            encode_episode(tokenizer, spec.demonstration(next(streams[spec.name]), rng), spec.tools)
+            encode_episode(tokenizer, spec.demonstration(next(streams[name]), rng), tools)
             for _ in range(batch_size)
         ]
         # The suffix must hold every trained token at position >= 1: its labels are shifted inside the
@@ -124,7 +138,7 @@ def warm_start(
     steps: int,
     seed: int = 0,
     batch_size: int = 16,
-    lr: float = 3e-3,
+    lr: float = 1e-3,
     progress: bool = True,
 ) -> list[float]:
     """Run `steps` AdamW steps (linear warmup, cosine decay) on demonstrations; returns the losses."""

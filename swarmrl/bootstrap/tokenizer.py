@@ -63,7 +63,7 @@ def _corpus(seed: int = 0, episodes_per_task: int = 400) -> Iterator[str]:
         yield GENERAL_TEXT
     # Every printable character next to letters and digits, so common pairs exist for any ASCII.
     printable = string.printable
-    for _ in range(200):
+    for _ in range(50):
         yield "".join(rng.choice(printable) for _ in range(64))
 
 

@@ -38,6 +38,12 @@ def _up(run_dir: Path, model: Path, *extra: str) -> subprocess.Popen[bytes]:
         "6",
         "--eval-limit",
         "2",
+        "--eval-samples",
+        "1",
+        # guess_number: a random-init model still wins some games by luck, so groups have a reward
+        # spread and the trainer takes steps; on calculator it would score 0 everywhere.
+        "--task",
+        "guess_number",
         *extra,
     ]
     return subprocess.Popen(cmd, cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -108,6 +108,7 @@ def test_calculator_bad_tool_calls_get_errors_and_turns_run_out():
         "1 / 0",
         "9" * 300,
         "lambda: 1",
+        "True + 1",
     ],
 )
 def test_safe_eval_rejects(expression):
