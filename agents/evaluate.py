@@ -101,7 +101,9 @@ async def run_evaluator(
                     temperature=temperature,
                     max_tokens=max_tokens,
                 )
-                result = EvalResult(model=model, step=version, task=task, success_rate=rate, n=n)
+                result = EvalResult(
+                    model=model, step=version, task=task, success_rate=rate, n=n, temperature=temperature
+                )
                 await swarm.js.publish(
                     S.eval_metrics_subject(model),
                     encode(result),

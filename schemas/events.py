@@ -195,6 +195,8 @@ class EvalResult(Record):
     task: str
     success_rate: float
     n: int
+    temperature: float = 0.0
+    """Sampling temperature of the eval episodes (0 = greedy)."""
     ts: float = Field(default_factory=time.time)
 
 

@@ -48,7 +48,8 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "SELECT step, reward_mean, loss, samples, tokens, tokens_per_s, staleness_mean, wall_s "
         "FROM train_steps ORDER BY step",
     )
-    evals = _rows(con, "SELECT task, step, success_rate, n FROM evals ORDER BY task, step")
+    evals = _rows(con, "SELECT task, step, success_rate, n, temperature, ts FROM evals ORDER BY task, step")
+    started = _rows(con, "SELECT min(ts) FROM events")[0][0] or min((r[5] for r in evals), default=0.0)
     episodes = _rows(con, "SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status")
     merges = _rows(
         con,
@@ -80,11 +81,21 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         pts = [r for r in evals if r[0] == task]
         lines.append(
             f"- eval `{task}`: {100 * pts[0][2]:.1f}% (v{pts[0][1]}) → {100 * pts[-1][2]:.1f}% "
-            f"(v{pts[-1][1]}), best {100 * max(p[2] for p in pts):.1f}%, n={pts[-1][3]}"
+            f"(v{pts[-1][1]}, {(pts[-1][5] - started) / 60:.1f} min), best "
+            f"{100 * max(p[2] for p in pts):.1f}%, n={pts[-1][3]} at temperature {pts[-1][4]:g}"
         )
     lines.append(f"- dead letters: {', '.join(f'{s}: {n}' for s, n in dead) or 'none'}")
-    lines += ["", "## Eval", "", "| task | version | success | n |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {t} | {s} | {100 * r:.1f}% | {n} |" for t, s, r, n in evals]
+    lines += [
+        "",
+        "## Eval",
+        "",
+        "| task | version | success | n | temperature | minutes into the run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {t} | {s} | {100 * r:.1f}% | {n} | {temp:g} | {(ts - started) / 60:.1f} |"
+        for t, s, r, n, temp, ts in evals
+    ]
     lines += [
         "",
         "## Train steps",

@@ -13,6 +13,7 @@ import shlex
 import signal
 from typing import Any
 
+from swarmrl.services.common.tasks import until_stopped
 from swarmrl.services.engine.client import EngineClient
 from swarmrl.services.engine.config import EngineConfig
 
@@ -90,14 +91,7 @@ class EngineService:
 
     async def wait(self) -> None:
         """Return when a stop is requested; re-raise if the server or the watcher died."""
-        stopper = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait([stopper, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        for task in done:
-            if task is not stopper:
-                self._stop.set()
-                task.result()  # raises the failure
-                raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+        await until_stopped(self._stop, self._tasks)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -38,6 +38,7 @@ from nats.js.errors import NotFoundError
 from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.tasks import until_stopped
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
@@ -123,13 +124,7 @@ class Ledger:
 
     async def wait(self) -> None:
         """Return when a stop is requested; re-raise if a consumer died."""
-        stopper = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait([stopper, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        for task in done:
-            if task is not stopper and task.exception() is not None:
-                self._stop.set()
-                raise task.exception()  # type: ignore[misc]
+        await until_stopped(self._stop, self._tasks)
 
     async def stop(self) -> None:
         """Flush what is buffered (then ack it), and disconnect."""

@@ -128,6 +128,7 @@ TABLES: dict[str, pa.Schema] = {
             ("task", STR),
             ("success_rate", F64),
             ("n", I64),
+            ("temperature", F64),
             ("ts", F64),
         ]
     ),

@@ -1,0 +1,35 @@
+"""`until_stopped`: a service returns on stop and fails loudly when one of its loops dies."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from swarmrl.services.common.tasks import until_stopped
+
+
+async def test_returns_when_stop_is_set() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.create_task(asyncio.sleep(60))
+    asyncio.get_running_loop().call_later(0.05, stop.set)
+    await asyncio.wait_for(until_stopped(stop, [loop]), 5)
+    assert not loop.done()
+    loop.cancel()
+
+
+async def test_a_failed_loop_raises_and_sets_stop() -> None:
+    async def boom() -> None:
+        raise ValueError("consumer died")
+
+    stop = asyncio.Event()
+    with pytest.raises(ValueError, match="consumer died"):
+        await asyncio.wait_for(until_stopped(stop, [asyncio.create_task(boom())]), 5)
+    assert stop.is_set()
+
+
+async def test_a_loop_that_returns_early_is_a_failure_too() -> None:
+    stop = asyncio.Event()
+    quiet = asyncio.create_task(asyncio.sleep(0), name="watcher")
+    with pytest.raises(RuntimeError, match="watcher ended unexpectedly"):
+        await asyncio.wait_for(until_stopped(stop, [quiet]), 5)
