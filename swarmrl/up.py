@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--steps", type=int, default=40, help="trainer steps to run")
+    p.add_argument("--steps", type=int, default=300, help="trainer steps to run (the run also stops when --minutes is spent)")
     p.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget; stops early when spent")
     p.add_argument(
         "--task", default="calculator", help="task(s) to train, comma-separated: calculator, guess_number"
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1.0,
         help="eval sampling temperature: 1.0 measures the policy being trained, 0 is greedy",
     )
-    p.add_argument("--max-tokens", type=int, default=32, help="max tokens per model reply")
+    p.add_argument("--max-tokens", type=int, default=48, help="max tokens per model reply")
     p.add_argument(
         "--abort-rate", type=float, default=0.0, help="chaos: per-turn probability a client fails an episode"
     )

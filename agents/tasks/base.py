@@ -79,6 +79,9 @@ class TaskSpec:
     """Assistant message -> the parsed action (None when invalid)."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool specs to pass with every chat call, or None."""
+    sft_weight: int = 1
+    """Relative share of the bootstrap SFT warm-start batches (a task whose skills take longer to
+    learn gets more)."""
 
 
 class TurnEnv:

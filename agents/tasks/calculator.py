@@ -169,12 +169,23 @@ def _mistype(text: str, rng: random.Random) -> str:
 
 
 def demonstration(
-    task: Calculator, rng: random.Random, p_bad_expression: float = 0.4, p_bad_copy: float = 0.4
+    task: Calculator,
+    rng: random.Random,
+    p_no_tool: float = 0.5,
+    p_bad_expression: float = 0.1,
+    p_bad_copy: float = 0.1,
 ) -> list[Message]:
-    """A well-formed episode (tool call, tool result, final number) that is wrong some of the time:
-    a digit of the expression mistyped, or the tool's result copied wrongly into the answer."""
+    """A demonstration that is right only some of the time, so the warm-started policy has room to
+    improve by RL: with probability `p_no_tool` it answers at once with a guess (almost always
+    wrong), otherwise it calls the tool and copies the result, mistyping a digit of the expression
+    or of the result now and then."""
     env = CalculatorEnv(task)
     messages = env.reset()
+    if rng.random() < p_no_tool:
+        guess: Message = {"role": "assistant", "content": str(rng.randint(10, 99))}
+        messages.append(guess)
+        env.step(guess)
+        return messages
     expression = _mistype(task.expression, rng) if rng.random() < p_bad_expression else task.expression
     call: Message = {
         "role": "assistant",
@@ -206,4 +217,5 @@ SPEC = TaskSpec(
     demonstration=demonstration,
     parse_reply=parse_reply,
     tools=TOOLS,
+    sft_weight=2,  # copying the question into the call and the result into the answer is slow to learn
 )

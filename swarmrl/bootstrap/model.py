@@ -24,7 +24,7 @@ from swarmrl.bootstrap.tokenizer import IM_END, build_tokenizer
 
 # Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
 BUILDER_VERSION = "2"
-DEFAULT_STEPS = 1200
+DEFAULT_STEPS = 1250
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ def demonstration_batches(
     tasks: list[str] | None = None,
     tool_free_views: bool = True,
 ) -> Callable[[], dict[str, torch.Tensor]]:
-    """A function returning the next batch: one task (and view of it) per batch, in turn.
+    """A function returning the next batch: one task (and view of it) per batch, in turn, each task
+    `TaskSpec.sft_weight` times per round.
 
     A batch is `prefix_ids` [1, P], the token prefix all its episodes share (system prompt, tool
     specs, often the user prompt), and per-episode `input_ids` / `labels` [B, S] for the rest,
@@ -76,9 +77,11 @@ def demonstration_batches(
     # context ~200 tokens long, which dilutes the attention a tiny model needs to learn copying
     # (question -> tool call, tool result -> answer); the copy offsets learned in short contexts
     # carry over to long ones because positions are relative (RoPE).
-    views = [(name, TASKS[name].tools) for name in names]
-    if tool_free_views:
-        views += [(name, None) for name in names if TASKS[name].tools]
+    views: list[tuple[str, list[dict[str, Any]] | None]] = []
+    for name in names:
+        spec = TASKS[name]
+        one = [(name, spec.tools)] + ([(name, None)] if spec.tools and tool_free_views else [])
+        views += one * spec.sft_weight
     turn = 0
 
     def next_batch() -> dict[str, torch.Tensor]:
