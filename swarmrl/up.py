@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=2, help="GRPO groups each client plays at once")
     p.add_argument("--num-repeat", type=int, default=8, help="episodes per group (GRPO group size)")
     p.add_argument("--batch-groups", type=int, default=4, help="groups per trainer step")
-    p.add_argument("--lr", type=float, default=2e-4, help="trainer learning rate")
+    p.add_argument("--lr", type=float, default=1e-4, help="trainer learning rate")
     p.add_argument(
         "--micro-batch-tokens",
         type=int,
@@ -57,12 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="gateway admission control: hold new groups while this many samples wait for the trainer "
         "(-1 = two trainer steps' worth, 0 = off)",
     )
-    p.add_argument("--eval-every", type=int, default=5, help="evaluate every N model versions")
+    p.add_argument("--eval-every", type=int, default=10, help="evaluate every N model versions")
     p.add_argument(
         "--eval-limit", type=int, default=0, help="eval instances per task (0 = the whole held-out set)"
     )
     p.add_argument(
-        "--eval-samples", type=int, default=2, help="episodes per held-out instance (success is their mean)"
+        "--eval-samples", type=int, default=4, help="episodes per held-out instance (success is their mean)"
     )
     p.add_argument(
         "--eval-temperature",
