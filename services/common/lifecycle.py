@@ -2,7 +2,8 @@
 
 An episode starts with `begin`; every later event of it must come from a known episode that has not
 ended; `seq` is strictly increasing per (episode_id, client_id). Whatever breaks a rule is returned
-as a dead-letter reason (`<code>: <detail>`), never raised and never dropped.
+as a dead-letter reason (`<code>: <detail>`), never raised and never dropped. The one tolerated
+exception is `late_call`: a gateway `llm` event racing the client's `abort`.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ class EpisodeTracker:
         if ev.kind in ("end", "abort"):
             self.close(eid, ev.kind)
         return None
+
+    def late_call(self, ev: Event) -> bool:
+        """An `llm` event of an episode that was aborted or timed out: the gateway finished a call
+        that was in flight when the client gave up. A race, not bad input (so not a dead letter):
+        the ledger records the call, the merger drops it with its episode. After `end` it is bad
+        input: the gateway publishes a call's event before the client sees the reply."""
+        return ev.kind == "llm" and self.closed.get(ev.episode_id) in ("abort", "timeout")
 
     def close(self, episode_id: str, how: str) -> None:
         self.open.pop(episode_id, None)

@@ -67,6 +67,8 @@ class Ingest:
             )
         table, row = event_row(ev, stream, seq)
         # The ordering check comes last: it mutates the state, so only a row we will keep may pass it.
+        if self.tracker.late_call(ev):  # a call that finished after its client gave up: still a real call
+            return table, row
         reason = self.tracker.check(ev, received)
         if reason is not None:
             raise Rejected(reason)

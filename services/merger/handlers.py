@@ -174,6 +174,9 @@ class Merger:
         if delivered > 1 and seq in self._acked:  # handled already; only our ack got lost
             self.counts["redelivered_acked"] += 1
             return await self._ack(msg, seq)
+        if self.tracker.late_call(ev):  # finished after its client aborted: dropped with the episode
+            self.counts["late_calls"] += 1
+            return await self._ack(msg, seq)
         reason = self.tracker.check(ev, received=time.monotonic())
         if reason is not None:
             return await retry(self._stop, self._dead_letter, msg, reason)

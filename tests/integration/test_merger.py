@@ -114,6 +114,20 @@ async def test_silent_episode_times_out_and_late_events_are_dead_lettered(
     assert await stream_count(js, S.SAMPLES_STREAM) == 0 and merger.counts["timeout"] == 1
 
 
+async def test_a_call_that_finishes_after_the_abort_is_dropped_not_dead_lettered(
+    js: JetStreamContext, merger: Merger
+) -> None:
+    events = chain_episode("quit", turns=3, outcome="abort")
+    late = [ev for ev in events if ev.kind == "llm"][-1]
+    for ev in [e for e in events if e is not late]:
+        await publish(js, ev)
+    await wait_for(lambda: stream_count(js, S.METRICS_STREAM), what="abort stats")
+    await publish(js, late)  # the gateway publishes it after the client gave up
+    await wait_for(lambda: merger.counts["late_calls"] == 1, what="late call counted")
+    await wait_for(lambda: merger_settled(js), what="everything acked")
+    assert await stream_count(js, S.DLQ_STREAM) == 0 and await stream_count(js, S.SAMPLES_STREAM) == 0
+
+
 async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, merger: Merger) -> None:
     good = chain_episode("good", turns=2)
     await publish(js, good[0])

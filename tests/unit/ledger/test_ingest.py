@@ -73,3 +73,21 @@ def test_metrics_are_routed_by_subject() -> None:
     )
     assert _code(ingest.metric, S.train_metrics_subject("other"), encode(step), "METRICS", 3) == "subject"
     assert _code(ingest.metric, S.eval_metrics_subject("policy"), encode(step), "METRICS", 4) == "schema"
+
+
+def test_a_call_finishing_after_the_abort_is_recorded_but_not_after_the_end() -> None:
+    from swarmrl.schemas import AbortEvent
+
+    ingest = Ingest()
+    for eid, closer in (("quit", "abort"), ("done", "end")):
+        begin, llm, env, reward, end = episode(eid)
+        last = end if closer == "end" else AbortEvent(episode_id=eid, seq=end.seq, client_id=end.client_id)
+        ingest.episode(S.episode_subject(eid, "begin"), encode(begin), "EPISODES", 1, 0.0)
+        ingest.episode(S.episode_subject(eid, closer), encode(last), "EPISODES", 2, 0.0)
+        if closer == "abort":  # the gateway finished the call the client had given up on: a real call
+            table, row = ingest.episode(S.episode_subject(eid, "llm"), encode(llm), "EPISODES", 3, 0.0)
+            assert table == "llm_calls" and row["episode_id"] == eid
+        else:
+            assert _code(ingest.episode, S.episode_subject(eid, "llm"), encode(llm), "EPISODES", 3, 0.0) == (
+                "after_end"
+            )
