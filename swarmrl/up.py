@@ -32,7 +32,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--steps", type=int, default=300, help="trainer steps to run (the run also stops when --minutes is spent)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="trainer steps to run (the run also stops when --minutes is spent)",
+    )
     p.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget; stops early when spent")
     p.add_argument(
         "--task", default="calculator", help="task(s) to train, comma-separated: calculator, guess_number"
