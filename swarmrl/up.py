@@ -91,7 +91,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nats", default="", help="join this NATS cluster (service URL) instead of starting one")
     p.add_argument("--agent-nats", default="", help="agent-credential URL for clients (with --nats)")
     p.add_argument("--no-display", action="store_true", help="plain log lines instead of the live table")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _check(p, args)
+    return args
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad flags before anything starts (argparse exits with status 2 and the message)."""
+    from swarmrl.agents.tasks import TASKS
+
+    unknown = [t for t in args.task.split(",") if t not in TASKS]
+    if unknown:
+        p.error(f"--task: unknown task(s) {unknown}; known: {', '.join(sorted(TASKS))}")
+    at_least = {
+        "--steps": (args.steps, 1),
+        "--clients": (args.clients, 1),
+        "--concurrency": (args.concurrency, 1),
+        "--num-repeat": (args.num_repeat, 2),
+        "--batch-groups": (args.batch_groups, 1),
+        "--eval-every": (args.eval_every, 1),
+        "--eval-limit": (args.eval_limit, 0),
+        "--eval-samples": (args.eval_samples, 1),
+        "--max-tokens": (args.max_tokens, 1),
+        "--micro-batch-tokens": (args.micro_batch_tokens, 2),
+        "--max-backlog": (args.max_backlog, -1),
+    }
+    for flag, (value, low) in at_least.items():
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    if args.minutes <= 0 or args.lr <= 0 or args.eval_temperature < 0:
+        p.error("--minutes and --lr must be > 0, --eval-temperature >= 0")
+    if not 0 <= args.abort_rate < 1:
+        p.error(f"--abort-rate must be in [0, 1), got {args.abort_rate}")
 
 
 def make_run_dir(arg: Path | None) -> Path:
