@@ -19,13 +19,14 @@ from swarmrl.services.trainer.loop import Trainer
 from tests.unit.trainer.samples import make_sample
 
 MODEL = "tiny"
+VOCAB = 500  # token ids drawn below the tiny model's vocabulary (about 800)
 REWARDS = [1.0, 0.0, 0.5, 0.0]
 
 
 def group(name: str, version: int = 0) -> list[Sample]:
     return [
         make_sample(
-            f"{name}-ep{i}", r, group=name, prompt=20, gen=30, vocab=1000, model=MODEL, version=version
+            f"{name}-ep{i}", r, group=name, prompt=20, gen=30, vocab=VOCAB, model=MODEL, version=version
         )
         for i, r in enumerate(REWARDS)
     ]
@@ -59,7 +60,7 @@ async def test_trainer_steps_publishes_versions_and_resumes(
         num_repeat=4, batch_groups=2, max_steps=2, lr=1e-3, max_tokens_per_micro_batch=256,
     )  # fmt: skip
     await publish(js, group("g0") + group("g1"))
-    await publish(js, [make_sample(f"same-ep{i}", 1.0, group="same", vocab=1000) for i in range(4)])
+    await publish(js, [make_sample(f"same-ep{i}", 1.0, group="same", vocab=VOCAB) for i in range(4)])
     await js.publish(S.samples_subject(MODEL), b"\xc1 not msgpack")
     await publish(js, group("g2") + group("g3"))
 
@@ -95,7 +96,7 @@ async def test_trainer_steps_publishes_versions_and_resumes(
     await publish(js, group("g4", version=2) + group("g5", version=2))
     replay = group("g3")[0]
     await js.publish(S.samples_subject(MODEL), encode(replay), headers={"Nats-Msg-Id": "replayed"})
-    await publish(js, [make_sample("old-ep0", 1.0, group="g6", vocab=1000, version=0)])
+    await publish(js, [make_sample("old-ep0", 1.0, group="g6", vocab=VOCAB, version=0)])
     resumed = Trainer(cfg.model_copy(update={"max_steps": 3, "max_staleness": 1}))
     await asyncio.wait_for(resumed.run(), timeout=45)
     history = await versions(kv)
