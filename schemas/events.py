@@ -211,6 +211,13 @@ class MergeStats(Record):
     trained_tokens_before: int = 0
     trained_tokens_after: int = 0
     reason: str = ""
+    group_key: str = ""
+    """The episode's GRPO group (begin's `group_key`, else its `task_id`): a trainer counts a dropped
+    episode out of its group instead of waiting for it until the group timeout."""
+    models: list[str] = Field(default_factory=list)
+    """The episode's trainable models (from begin)."""
+    eval: bool = False
+    """An evaluation episode (never trained on)."""
     ts: float = Field(default_factory=time.time)
 
 

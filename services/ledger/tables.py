@@ -146,6 +146,9 @@ TABLES: dict[str, pa.Schema] = {
             ("trained_tokens_before", I64),
             ("trained_tokens_after", I64),
             ("reason", STR),
+            ("group_key", STR),
+            ("models", STRS),
+            ("eval", BOOL),
             ("ts", F64),
         ]
     ),

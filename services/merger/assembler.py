@@ -19,7 +19,7 @@ Produces one `Sample` per surviving timeline (see `timelines.py`) and one `Merge
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal
+from typing import Any, Literal
 
 from swarmrl.schemas import BeginEvent, LlmEvent, MergeStats, RewardEvent, Sample
 from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
@@ -36,15 +36,24 @@ def agent_rewards(rewards: list[RewardEvent], agents: set[str]) -> dict[str, flo
     return {a: team + own[a] for a in agents}
 
 
+def _identity(begin: BeginEvent | None) -> dict[str, Any]:
+    """The group, models and eval flag every MergeStats carries (empty when begin is unknown)."""
+    if begin is None:
+        return {}
+    return {"group_key": begin.group, "models": list(begin.models), "eval": begin.eval}
+
+
 def dropped_stats(
     episode_id: str,
     calls: list[LlmEvent],
     status: Literal["aborted", "timeout"],
     reason: str,
+    begin: BeginEvent | None = None,
 ) -> MergeStats:
     """Stats of an episode dropped without samples: what it cost, and why it was dropped."""
     return MergeStats(
         episode_id=episode_id,
+        **_identity(begin),
         status=status,
         agents=len({c.agent for c in calls}),
         calls=len(calls),
@@ -94,6 +103,7 @@ def assemble(
 
     stats = MergeStats(
         episode_id=begin.episode_id,
+        **_identity(begin),
         status="merged" if calls else "empty",
         agents=len({c.agent for c in calls}),
         calls=len(calls),

@@ -192,7 +192,7 @@ class Merger:
         elif ev.kind == "end":
             self._due.append(partial(self._finish, ep, msg))
         elif ev.kind == "abort":
-            stats = dropped_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client")
+            stats = dropped_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client", ep.begin)
             self._due.append(partial(self._close, stats))
 
     def _calls(self, ep: OpenEpisode) -> list[LlmEvent]:
@@ -242,7 +242,7 @@ class Merger:
         except Exception as exc:  # cannot merge or publish this episode: record why, never hold it forever
             log.exception("subject=%s episode=%s merge failed", end.subject, eid)
             await retry(self._stop, self._dlq().send, end, f"merge: {type(exc).__name__}: {exc}")
-            return await self._close(dropped_stats(eid, calls, "aborted", f"merge failed: {exc}"))
+            return await self._close(dropped_stats(eid, calls, "aborted", f"merge failed: {exc}", ep.begin))
         self.counts["samples"] += len(out)
         self.counts["eval" if ep.begin.eval else stats.status] += 1
         log.info(
@@ -280,9 +280,11 @@ class Merger:
         now = time.monotonic()
         for eid in self.tracker.expired(now, self.cfg.episode_timeout_s) if caught_up else []:
             self.tracker.close(eid, "timeout")
-            calls = self._calls(self.episodes[eid]) if eid in self.episodes else []
+            ep = self.episodes.get(eid)
+            calls = self._calls(ep) if ep else []
             reason = f"no event for {self.cfg.episode_timeout_s:g}s"
-            self._due.append(partial(self._close, dropped_stats(eid, calls, "timeout", reason)))
+            stats = dropped_stats(eid, calls, "timeout", reason, ep.begin if ep else None)
+            self._due.append(partial(self._close, stats))
         await self.settle()
         if now - self._last_keepalive > self.ack_wait_s / 4:
             self._last_keepalive = now

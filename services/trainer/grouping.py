@@ -10,13 +10,18 @@ Policy:
   `min_group_size` complete episodes it is emitted as a partial group; otherwise all its samples are
   dropped. Incomplete episodes of a flushed group are always dropped.
 - a redelivered sample (same episode, agent and index) replaces the handle it was held with; it is never counted twice.
+- an episode of the group that was dropped (aborted, timed out or empty: the merger says so in its
+  merge stats) will never deliver samples: `note_lost` counts it out, and the group is emitted as
+  soon as complete + lost episodes reach `num_repeat` (dropped at once if fewer than
+  `min_group_size` are complete), instead of waiting for the timeout. Each such group uses up the
+  credit it needed.
 
 Every sample is held with an opaque `handle` (the NATS message) so the caller can ack it later.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +79,15 @@ class GroupBuffer:
         self.pending: dict[str, dict[str, Episode]] = {}  # group_key -> episode_id -> Episode
         self.held: dict[tuple[str, str, int], str] = {}  # (episode, agent, index) -> group_key
         self.counts: Counter[str] = Counter() if counts is None else counts
+        self.lost: OrderedDict[str, int] = OrderedDict()  # group_key -> dropped episodes not yet used
+        self.max_lost_keys = 100_000
+
+    def note_lost(self, group_key: str) -> None:
+        """One episode of `group_key` was dropped upstream and will never deliver samples."""
+        self.lost[group_key] = self.lost.get(group_key, 0) + 1
+        self.lost.move_to_end(group_key)
+        while len(self.lost) > self.max_lost_keys:  # forgotten credit only means waiting for the timeout
+            self.lost.popitem(last=False)
 
     def __len__(self) -> int:
         """Samples held (not yet emitted or dropped)."""
@@ -95,7 +109,7 @@ class GroupBuffer:
         self.held[slot] = sample.group_key
 
     def pop_ready(self, now: float) -> tuple[list[Group], list[Held]]:
-        """Groups ready to train, and samples dropped by the timeout (the caller acks them)."""
+        """Groups ready to train, and samples that will never be trained (the caller acks them)."""
         ready: list[Group] = []
         dropped: list[Held] = []
         for key in list(self.pending):
@@ -104,6 +118,17 @@ class GroupBuffer:
             while len(complete) >= self.num_repeat:
                 take, complete = complete[: self.num_repeat], complete[self.num_repeat :]
                 ready.append(Group(key, self._release(key, take)))
+            if complete and len(complete) + self.lost.get(key, 0) >= self.num_repeat:
+                self._use_credit(key, self.num_repeat - len(complete))
+                if len(complete) >= self.min_group_size:
+                    self.counts["short_groups"] += 1
+                    ready.append(Group(key, self._release(key, complete), partial=True))
+                else:  # too few left to have a baseline, and no more are coming
+                    self.counts["lost_dropped_groups"] += 1
+                    lost_dropped = self._release(key, complete)
+                    self.counts["lost_dropped_samples"] += len(lost_dropped)
+                    dropped.extend(lost_dropped)
+                complete = []
             if not episodes:
                 del self.pending[key]
                 continue
@@ -111,16 +136,22 @@ class GroupBuffer:
             if now - oldest < self.timeout_s:
                 continue
             incomplete = [ep for ep in episodes.values() if not ep.complete()]
-            dropped.extend(self._release(key, incomplete))
+            timed_out = self._release(key, incomplete)
             if len(complete) >= self.min_group_size:
                 self.counts["partial_groups"] += 1
                 ready.append(Group(key, self._release(key, complete), partial=True))
             else:
                 self.counts["timeout_dropped_groups"] += 1
-                dropped.extend(self._release(key, complete))
+                timed_out += self._release(key, complete)
             del self.pending[key]
-        self.counts["timeout_dropped_samples"] += len(dropped)
+            self.counts["timeout_dropped_samples"] += len(timed_out)
+            dropped.extend(timed_out)
         return ready, dropped
+
+    def _use_credit(self, key: str, used: int) -> None:
+        left = self.lost.pop(key, 0) - used
+        if left > 0:
+            self.lost[key] = left
 
     def _release(self, key: str, episodes: list[Episode]) -> list[Held]:
         out: list[Held] = []

@@ -20,10 +20,11 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from swarmrl.schemas import ModelVersion, Sample, TrainStep, encode
+from swarmrl.schemas import MergeStats, ModelVersion, Sample, TrainStep, WireError, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.trainer.batching import Scored
@@ -72,6 +73,8 @@ class Trainer:
             return
         log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, weights)
         nc = await bus.connect(self.cfg.nats, f"trainer-{self.cfg.model}")
+        # Core subscription, not durable: merge stats missed while down only cost a group timeout.
+        await nc.subscribe(S.MERGE_METRICS_SUBJECT, cb=self._on_merge)
         try:
             await self._serve(nc.jetstream(), found[1] if found else self.base)
         finally:
@@ -119,6 +122,17 @@ class Trainer:
                 await keep_alive(self._held())
         if step_task is not None:
             await step_task
+
+    async def _on_merge(self, msg: Msg) -> None:
+        """An episode the merger dropped (aborted, timed out, empty) will never send samples: count
+        it out of its GRPO group so the group does not wait for it (`GroupBuffer.note_lost`)."""
+        try:
+            stats = decode(msg.data, MergeStats)
+        except WireError:  # the ledger dead-letters bad metrics; here one only costs a group timeout
+            return
+        if stats.status != "merged" and not stats.eval and self.cfg.model in stats.models:
+            self.buffer.note_lost(stats.group_key)
+            self.counts["lost_episodes"] += 1
 
     def _held(self) -> list[Held]:
         """Every unacked sample this trainer holds: waiting for a group, queued, or being trained."""

@@ -70,3 +70,27 @@ def test_redelivery_replaces_handle_without_duplicating() -> None:
     buf.add(make_sample("e2", 0.0), "h2", now=1.0)
     (group,), _ = buf.pop_ready(now=1.0)
     assert [h.handle for h in group.items] == ["new", "h2"]
+
+
+def test_a_lost_episode_is_counted_out_instead_of_waited_for() -> None:
+    buf = _buffer(num_repeat=4)
+    buf.note_lost("g")  # the merger dropped one episode of the group (e.g. its client aborted)
+    for i in range(3):
+        buf.add(make_sample(f"e{i}", float(i % 2)), f"h{i}", now=0.0)
+    (group,), dropped = buf.pop_ready(now=1.0)  # long before the 10 s timeout
+    assert dropped == [] and group.partial and group.episodes == 3
+    assert buf.counts["short_groups"] == 1 and "g" not in buf.lost  # the credit is used up
+    for i in range(3, 6):  # the next round of the same key waits for a full group again
+        buf.add(make_sample(f"e{i}", float(i % 2)), f"h{i}", now=2.0)
+    assert buf.pop_ready(now=3.0) == ([], [])
+
+
+def test_lost_episodes_leaving_too_few_drop_the_group_at_once() -> None:
+    buf = _buffer(num_repeat=4, min_group_size=2)
+    for _ in range(3):
+        buf.note_lost("g")
+    buf.add(make_sample("e0", 1.0), "h0", now=0.0)
+    ready, dropped = buf.pop_ready(now=1.0)
+    assert ready == [] and [h.handle for h in dropped] == ["h0"]
+    assert buf.counts["lost_dropped_groups"] == 1 and buf.counts["timeout_dropped_samples"] == 0
+    assert len(buf) == 0
