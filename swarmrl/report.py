@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swarmrl.machine import describe
+
 
 def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
     return con.execute(sql).fetchall()
@@ -63,6 +65,8 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         f"# swarmrl run `{run_dir.name}`",
         "",
         f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. Ended: {reason or 'n/a'}.",
+        "",
+        f"Machine: {describe()}.",
         "",
         "![curves](curves.png)",
         "",
