@@ -56,36 +56,43 @@ class Progress:
             self._new_eval.clear()
             await self._new_eval.wait()
 
+    def cells(self) -> dict[str, str]:
+        """The progress values, by column name (shared by the live table and the log line)."""
+        last = self.last
+        evals = "  ".join(
+            f"{task} {evs[0].success_rate:.0%}→{evs[-1].success_rate:.0%} (v{evs[-1].step})"
+            for task, evs in self.evals.items()
+        )
+        return {
+            "step": f"{self.step}/{self.steps}",
+            "loss": f"{last.loss:.4f}" if last else "-",
+            "reward": f"{last.reward_mean:.3f}" if last else "-",
+            "samples": str(last.samples) if last else "-",
+            "tokens/s": f"{last.tokens_per_s:.0f}" if last else "-",
+            "staleness": f"{last.staleness_mean:.2f}" if last else "-",
+            "episodes": f"{self.episodes} (+{self.aborted} aborted)",
+            "eval success": evals or "-",
+        }
+
     def table(self) -> Table:
         t = Table(title=f"swarmrl · model {self.model} · {time.monotonic() - self.started:.0f}s")
-        for col in ("step", "loss", "reward", "samples", "tokens/s", "staleness", "episodes", "eval success"):
+        cells = self.cells()
+        for col in cells:
             t.add_column(col, justify="right")
-        last = self.last
-        evals = (
-            "  ".join(
-                f"{task} {evs[0].success_rate:.0%}→{evs[-1].success_rate:.0%} (v{evs[-1].step})"
-                for task, evs in self.evals.items()
-            )
-            or "-"
-        )
-        t.add_row(
-            f"{self.step}/{self.steps}",
-            f"{last.loss:.4f}" if last else "-",
-            f"{last.reward_mean:.3f}" if last else "-",
-            str(last.samples) if last else "-",
-            f"{last.tokens_per_s:.0f}" if last else "-",
-            f"{last.staleness_mean:.2f}" if last else "-",
-            f"{self.episodes} (+{self.aborted} aborted)",
-            evals,
-        )
+        t.add_row(*cells.values())
         return t
+
+    def line(self) -> str:
+        """One plain log line (for `--no-display`, CI logs and files)."""
+        cells = " | ".join(f"{k} {v}" for k, v in self.cells().items())
+        return f"[{time.monotonic() - self.started:.0f}s] {cells}"
 
     def render(self) -> None:
         if self.live:
             self.live.update(self.table())
         elif time.monotonic() - self._last_log > 10:
             self._last_log = time.monotonic()
-            self.console.print(self.table())
+            print(self.line(), flush=True)
 
     async def stop(self) -> None:
         if self.live:
