@@ -22,7 +22,7 @@ def machine() -> dict[str, Any]:
     try:
         import torch
 
-        torch_version = torch.__version__
+        torch_version = str(torch.__version__)
     except ImportError:
         torch_version = "not installed"
     nats = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True).stdout.strip()
