@@ -32,4 +32,8 @@ class LedgerConfig(ServiceConfig):
     fsync: bool = True
     """fsync every part file and its folder before acking; turn off only for throwaway runs."""
     stats_interval_s: float = 30.0
-    """Log row and dead-letter counts this often (seconds)."""
+    """Log row and dead-letter counts this often (seconds); open episodes are expired as often."""
+    open_episode_ttl_s: float = 6 * 3600.0
+    """An episode with no event for this long stops being tracked as open: its rows stay (the
+    `episodes` view shows it `open`), a later event of it is dead-lettered as `after_end`. Bounds the
+    ordering state the ledger keeps for clients that vanished without an `abort`."""

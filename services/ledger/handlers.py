@@ -287,6 +287,9 @@ class Ledger:
             except TimeoutError:
                 pass
             assert self.dlq is not None
+            self.counts["forgotten_open_episodes"] += self.ingest.forget_open(
+                time.time(), self.cfg.open_episode_ttl_s
+            )
             log.info(
                 "rows %s dead letters %s open episodes %d",
                 dict(self.counts),

@@ -91,3 +91,16 @@ def test_a_call_finishing_after_the_abort_is_recorded_but_not_after_the_end() ->
             assert _code(ingest.episode, S.episode_subject(eid, "llm"), encode(llm), "EPISODES", 3, 0.0) == (
                 "after_end"
             )
+
+
+def test_open_episodes_of_vanished_clients_are_forgotten_after_the_ttl() -> None:
+    ingest = Ingest()
+    for eid, at in (("vanished", 0.0), ("alive", 90.0)):
+        begin, *_ = episode(eid)
+        ingest.episode(S.episode_subject(eid, "begin"), encode(begin), "EPISODES", 1, at)
+    assert ingest.forget_open(now=100.0, ttl_s=50.0) == 1
+    assert set(ingest.tracker.open) == {"alive"}
+    _, _, env, _, _ = episode("vanished")
+    assert _code(ingest.episode, S.episode_subject("vanished", "env"), encode(env), "EPISODES", 2, 101.0) == (
+        "after_end"
+    )
