@@ -89,7 +89,11 @@ async def test_episodes_become_samples_exactly_once(js: JetStreamContext, merger
         "gave-up": ("aborted", 0, "agent crashed"),
     }
     # A trainer counts dropped episodes out of their group by these (no waiting for the group timeout).
-    assert (stats["gave-up"].group_key, stats["evaluation"].eval, stats["chain"].eval) == ("task-1", True, False)
+    assert (stats["gave-up"].group_key, stats["evaluation"].eval, stats["chain"].eval) == (
+        "task-1",
+        True,
+        False,
+    )
     got = await samples(js)
     assert sorted(s.sample_id for s in got) == ["chain.a.0", "team.a.0", "team.a.1", "team.b.0"]
     by_id = {s.sample_id: s for s in got}
