@@ -114,3 +114,33 @@ async def test_trainer_steps_publishes_versions_and_resumes(
         "step-3",
     ]
     await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_group_with_a_dropped_episode_is_trained_without_waiting_for_the_timeout(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from swarmrl.schemas import MergeStats
+
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    cfg = TrainerConfig(
+        nats=swarm_nats.service_url, model=MODEL, model_path=str(tiny_model_dir), run_dir=str(tmp_path / "run"),
+        num_repeat=4, batch_groups=1, max_steps=1, lr=1e-3, max_tokens_per_micro_batch=256,
+        group_timeout_s=3600,  # only the merger's word can release the group in time
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    run = asyncio.create_task(trainer.run())
+    await publish(js, group("short")[:3])  # the 4th episode's client aborted: the merger says so
+    dropped = MergeStats(episode_id="short-ep3", status="aborted", group_key="short", models=[MODEL])
+    other_model = dropped.model_copy(update={"episode_id": "x", "models": ["other"]})
+    while not run.done() and trainer.counts["lost_episodes"] == 0:  # until the trainer subscribed
+        await js.publish(S.MERGE_METRICS_SUBJECT, encode(other_model))
+        await js.publish(S.MERGE_METRICS_SUBJECT, encode(dropped))
+        await asyncio.sleep(0.2)
+    await asyncio.wait_for(run, timeout=45)
+    (step,) = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert step.samples == 3 and step.extra["short_groups"] == 1
+    await nc.close()
