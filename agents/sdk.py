@@ -238,7 +238,7 @@ class Episode:
             "agents": self.agents,
             "models": self.models,
             "ttl_s": self.token_ttl_s,
-            "group_key": self.group_key,
+            "group_key": self.group_key or self.task_id,  # resolved as the merger and trainer do
             "eval": self.eval,
             **self._common(),
         }
