@@ -16,14 +16,14 @@ import pytest
 from nats.js import JetStreamContext
 
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.schemas import MAX_EVENT_BYTES, EvalResult, Event, MergeStats, Sample, TrainStep, encode
+from swarmrl.schemas import MAX_EVENT_BYTES, EvalResult, Event, MergeStats, Sample, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.handlers import Ledger
 from swarmrl.services.ledger.query import connect
 from tests.conftest import wait_for
-from tests.unit.ledger.factories import episode
+from tests.unit.ledger.factories import episode, train_step
 
 
 async def publish(js: JetStreamContext, ev: Event, msg_id: str | None = None) -> None:
@@ -77,16 +77,11 @@ async def test_events_samples_and_metrics_are_queryable(js: JetStreamContext, le
         reward=0.75,
     )
     await js.publish(S.samples_subject("policy"), encode(sample), headers={"Nats-Msg-Id": sample.sample_id})
-    step = TrainStep(
-        model="policy",
-        step=1,
+    step = train_step(
         policy_version=4,
         loss=0.5,
         reward_mean=0.75,
-        reward_std=0.0,
-        samples=1,
         tokens=3,
-        trained_tokens=1,
         tokens_per_s=9.0,
         staleness_mean=1.0,
         staleness_max=1,
@@ -157,23 +152,7 @@ async def test_bad_input_is_dead_lettered_and_the_ledger_keeps_going(
         (S.episode_subject("e1", "reward"), encode(reward), "duplicate"),  # same seq again
         (
             S.train_metrics_subject("other"),
-            encode(
-                TrainStep(
-                    model="policy",
-                    step=1,
-                    policy_version=1,
-                    loss=0.0,
-                    reward_mean=0.0,
-                    reward_std=0.0,
-                    samples=1,
-                    tokens=1,
-                    trained_tokens=1,
-                    tokens_per_s=1.0,
-                    staleness_mean=0.0,
-                    staleness_max=0,
-                    wall_s=1.0,
-                )
-            ),
+            encode(train_step()),
             "subject",
         ),
         (S.samples_subject("policy"), msgpack.packb({"v": 1, "sample_id": "x"}), "schema"),

@@ -5,17 +5,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from swarmrl.progress import Progress
-from swarmrl.schemas import EvalResult, TrainStep, encode
+from swarmrl.schemas import EvalResult, encode
 from swarmrl.schemas import subjects as S
+from tests.unit.ledger.factories import train_step
 
 
 async def test_log_line_and_table_show_train_steps_and_the_eval_curve() -> None:
     p = Progress("nats://unused", "policy", 300, live=False)
-    step = TrainStep(
-        model="policy", step=12, policy_version=12, loss=-0.25, reward_mean=0.5, reward_std=0.1,
-        samples=32, tokens=7000, trained_tokens=900, tokens_per_s=1500.0, staleness_mean=1.5,
-        staleness_max=2, wall_s=4.0,
-    )  # fmt: skip
+    step = train_step(step=12, reward_mean=0.5)  # the values the line must show
     await p._on_msg(SimpleNamespace(subject=S.train_metrics_subject("policy"), data=encode(step)))
     for version, rate in ((0, 0.34), (10, 0.52)):
         result = EvalResult(model="policy", step=version, task="calculator", success_rate=rate, n=256)

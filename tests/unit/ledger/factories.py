@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, Event, LlmEvent, RewardEvent
+from typing import Any
+
+from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, Event, LlmEvent, RewardEvent, TrainStep
 
 
 def episode(
@@ -43,3 +45,23 @@ def episode(
     if end:
         events.append(EndEvent(episode_id=episode_id, seq=3, client_id=client, metrics={"turns": 1.0}))
     return events
+
+
+def train_step(**fields: Any) -> TrainStep:
+    """A valid TrainStep of model `policy`; pass the fields a test looks at."""
+    base: dict[str, Any] = {
+        "model": "policy",
+        "step": 1,
+        "policy_version": 1,
+        "loss": 0.0,
+        "reward_mean": 0.0,
+        "reward_std": 0.0,
+        "samples": 1,
+        "tokens": 1,
+        "trained_tokens": 1,
+        "tokens_per_s": 1.0,
+        "staleness_mean": 0.0,
+        "staleness_max": 0,
+        "wall_s": 1.0,
+    }
+    return TrainStep(**(base | fields))

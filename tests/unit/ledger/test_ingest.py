@@ -1,10 +1,10 @@
 import msgpack
 import pytest
 
-from swarmrl.schemas import MergeStats, TrainStep, WireError, encode
+from swarmrl.schemas import MergeStats, WireError, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.ledger.ingest import Ingest, Rejected
-from tests.unit.ledger.factories import episode
+from tests.unit.ledger.factories import episode, train_step
 
 
 def _code(fn, *args) -> str:
@@ -49,21 +49,7 @@ def test_rejected_event_leaves_the_ordering_state_alone() -> None:
 
 def test_metrics_are_routed_by_subject() -> None:
     ingest = Ingest()
-    step = TrainStep(
-        model="policy",
-        step=1,
-        policy_version=1,
-        loss=0.0,
-        reward_mean=0.0,
-        reward_std=0.0,
-        samples=1,
-        tokens=1,
-        trained_tokens=1,
-        tokens_per_s=1.0,
-        staleness_mean=0.0,
-        staleness_max=0,
-        wall_s=1.0,
-    )
+    step = train_step()
     assert ingest.metric(S.train_metrics_subject("policy"), encode(step), "METRICS", 1)[0] == "train_steps"
     assert (
         ingest.metric(

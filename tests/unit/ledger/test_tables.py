@@ -3,10 +3,10 @@ import json
 import pyarrow as pa
 import pytest
 
-from swarmrl.schemas import EvalResult, MergeStats, Sample, TrainStep, WireError
+from swarmrl.schemas import EvalResult, MergeStats, Sample, WireError
 from swarmrl.services.ledger.columns import to_arrow
 from swarmrl.services.ledger.tables import TABLES, event_row, metric_row, sample_row
-from tests.unit.ledger.factories import episode
+from tests.unit.ledger.factories import episode, train_step
 
 
 def test_begin_event_row_keeps_fields_and_position() -> None:
@@ -60,9 +60,7 @@ def test_sample_and_metric_rows() -> None:
     row = sample_row(sample, "SAMPLES", 5)
     assert (row["n_tokens"], row["n_trained"]) == (3, 2)
     assert to_arrow("samples", [row]).num_rows == 1
-    step = TrainStep(
-        model="policy",
-        step=1,
+    step = train_step(
         policy_version=2,
         loss=0.1,
         reward_mean=0.5,
