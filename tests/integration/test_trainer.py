@@ -32,6 +32,15 @@ def group(name: str, version: int = 0) -> list[Sample]:
     ]
 
 
+def config(server: NatsServer, model_dir: Path, tmp_path: Path, **fields: object) -> TrainerConfig:
+    """The trainer under test: groups of 4, a high lr, short packed rows; `fields` override."""
+    base: dict[str, object] = {
+        "nats": server.service_url, "model": MODEL, "model_path": str(model_dir),
+        "run_dir": str(tmp_path / "run"), "num_repeat": 4, "lr": 1e-3, "max_tokens_per_micro_batch": 256,
+    }  # fmt: skip
+    return TrainerConfig(**(base | fields))  # type: ignore[arg-type]
+
+
 async def publish(js: nats.js.JetStreamContext, samples: list[Sample]) -> None:
     for s in samples:
         await js.publish(S.samples_subject(MODEL), encode(s), headers={"Nats-Msg-Id": s.sample_id})
@@ -55,10 +64,7 @@ async def test_trainer_steps_publishes_versions_and_resumes(
 ) -> None:
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
-    cfg = TrainerConfig(
-        nats=swarm_nats.service_url, model=MODEL, model_path=str(tiny_model_dir), run_dir=str(tmp_path / "run"),
-        num_repeat=4, batch_groups=2, max_steps=2, lr=1e-3, max_tokens_per_micro_batch=256,
-    )  # fmt: skip
+    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, max_steps=2)
     await publish(js, group("g0") + group("g1"))
     await publish(js, [make_sample(f"same-ep{i}", 1.0, group="same", vocab=VOCAB) for i in range(4)])
     await js.publish(S.samples_subject(MODEL), b"\xc1 not msgpack")
@@ -124,9 +130,8 @@ async def test_a_group_with_a_dropped_episode_is_trained_without_waiting_for_the
 
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
-    cfg = TrainerConfig(
-        nats=swarm_nats.service_url, model=MODEL, model_path=str(tiny_model_dir), run_dir=str(tmp_path / "run"),
-        num_repeat=4, batch_groups=1, max_steps=1, lr=1e-3, max_tokens_per_micro_batch=256,
+    cfg = config(
+        swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1,
         group_timeout_s=3600,  # only the merger's word can release the group in time
     )  # fmt: skip
     trainer = Trainer(cfg)
