@@ -82,6 +82,10 @@ class EpisodeTracker:
         while len(self.closed) > self.max_closed:
             self.closed.popitem(last=False)
 
-    def expired(self, now: float, timeout_s: float) -> list[str]:
-        """Open episodes with no event for `timeout_s` seconds (by receive time)."""
-        return [eid for eid, st in self.open.items() if now - st.last_event_ts > timeout_s]
+    def expire(self, now: float, timeout_s: float) -> list[str]:
+        """Close, as `timeout`, the open episodes with no event for `timeout_s` seconds (by receive
+        time); returns their ids. A later event of one of them is `after_end`."""
+        stale = [eid for eid, st in self.open.items() if now - st.last_event_ts > timeout_s]
+        for eid in stale:
+            self.close(eid, "timeout")
+        return stale

@@ -287,9 +287,9 @@ class Ledger:
             except TimeoutError:
                 pass
             assert self.dlq is not None
-            self.counts["forgotten_open_episodes"] += self.ingest.forget_open(
-                time.time(), self.cfg.open_episode_ttl_s
-            )
+            # Vanished clients' episodes: the ordering state stays bounded by the tracker's max_closed.
+            forgotten = self.ingest.tracker.expire(time.time(), self.cfg.open_episode_ttl_s)
+            self.counts["forgotten_open_episodes"] += len(forgotten)
             log.info(
                 "rows %s dead letters %s open episodes %d",
                 dict(self.counts),

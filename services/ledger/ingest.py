@@ -74,14 +74,6 @@ class Ingest:
             raise Rejected(reason)
         return table, row
 
-    def forget_open(self, now: float, ttl_s: float) -> int:
-        """Stop tracking open episodes with no event for `ttl_s` seconds (by receive time); returns
-        how many. The ordering state is then bounded by `EpisodeTracker.max_closed`."""
-        stale = self.tracker.expired(now, ttl_s)
-        for eid in stale:
-            self.tracker.close(eid, "timeout")
-        return len(stale)
-
     def sample(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
         record = decode(data, Sample)
         try:

@@ -278,8 +278,7 @@ class Merger:
         their next events may be waiting in it, and our lag must not look like the agent's silence.
         """
         now = time.monotonic()
-        for eid in self.tracker.expired(now, self.cfg.episode_timeout_s) if caught_up else []:
-            self.tracker.close(eid, "timeout")
+        for eid in self.tracker.expire(now, self.cfg.episode_timeout_s) if caught_up else []:
             ep = self.episodes.get(eid)
             calls = self._calls(ep) if ep else []
             reason = f"no event for {self.cfg.episode_timeout_s:g}s"

@@ -84,7 +84,7 @@ def test_open_episodes_of_vanished_clients_are_forgotten_after_the_ttl() -> None
     for eid, at in (("vanished", 0.0), ("alive", 90.0)):
         begin, *_ = episode(eid)
         ingest.episode(S.episode_subject(eid, "begin"), encode(begin), "EPISODES", 1, at)
-    assert ingest.forget_open(now=100.0, ttl_s=50.0) == 1
+    assert ingest.tracker.expire(now=100.0, timeout_s=50.0) == ["vanished"]
     assert set(ingest.tracker.open) == {"alive"}
     _, _, env, _, _ = episode("vanished")
     assert _code(ingest.episode, S.episode_subject("vanished", "env"), encode(env), "EPISODES", 2, 101.0) == (
