@@ -60,7 +60,6 @@ def demonstration_batches(
     batch_size: int,
     seed: int,
     tasks: list[str] | None = None,
-    tool_free_views: bool = True,
 ) -> Callable[[], dict[str, torch.Tensor]]:
     """A function returning the next batch: one task (and view of it) per batch, in turn, each task
     `TaskSpec.sft_weight` times per round.
@@ -80,7 +79,7 @@ def demonstration_batches(
     views: list[tuple[str, list[dict[str, Any]] | None]] = []
     for name in names:
         spec = TASKS[name]
-        one = [(name, spec.tools)] + ([(name, None)] if spec.tools and tool_free_views else [])
+        one = [(name, spec.tools)] + ([(name, None)] if spec.tools else [])
         views += one * spec.sft_weight
     turn = 0
 
