@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
-from swarmrl.agents.runner import play_episode
+from swarmrl.agents.runner import Outcome, play_episode, roles_of
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.agents.tasks import get_task
 from swarmrl.schemas import EvalResult, ModelVersion, decode, encode
@@ -26,45 +27,62 @@ from swarmrl.schemas import subjects as S
 log = logging.getLogger("swarmrl.evaluator")
 
 
+@dataclass
+class EvalOutcome:
+    """Held-out results of one task: the team outcome and each role's own metric."""
+
+    success: float
+    episodes: int
+    metrics: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """metric -> (mean over the episodes where it is defined, how many those were)."""
+
+
 async def evaluate(
     swarm: SwarmClient,
     task: str,
-    model: str,
+    roles: dict[str, str] | str,
     *,
     limit: int = 0,
     samples: int = 1,
     parallel: int = 16,
     temperature: float = 1.0,
     max_tokens: int = 64,
-) -> tuple[float, int]:
-    """Success rate of `model` on `task`'s eval set (first `limit` instances; 0 = all), each instance
-    played `samples` times; returns (rate, episodes)."""
+) -> EvalOutcome:
+    """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each instance played
+    `samples` times; `roles` maps each role to its model (or is the model of a single-agent task)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     spec = get_task(task)
+    role_map = roles_of(spec, {}, roles) if isinstance(roles, str) else roles_of(spec, roles, "")
     instances = spec.eval_tasks()
     instances = (instances[:limit] if limit else instances) * samples
     gate = asyncio.Semaphore(parallel)
 
-    async def one(instance: Any) -> bool:
+    async def one(instance: Any) -> Outcome | None:
         async with gate:
             try:
-                out = await play_episode(
-                    swarm, spec, instance, model, eval=True, temperature=temperature, max_tokens=max_tokens
+                return await play_episode(
+                    swarm, spec, instance, role_map, eval=True, temperature=temperature, max_tokens=max_tokens
                 )
-                return out.success
             except Exception as exc:  # an eval episode that failed counts as a failure, loudly
                 log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
-                return False
+                return None
 
     results = await asyncio.gather(*(one(i) for i in instances))
-    return sum(results) / max(len(results), 1), len(results)
+    metrics: dict[str, list[float]] = {}
+    for r in results:
+        for name, value in (r.metrics if r else {}).items():
+            metrics.setdefault(name, []).append(value)
+    return EvalOutcome(
+        success=sum(bool(r and r.success) for r in results) / max(len(results), 1),
+        episodes=len(results),
+        metrics={name: (sum(v) / len(v), len(v)) for name, v in metrics.items()},
+    )
 
 
 async def run_evaluator(
     nats_url: str,
-    tasks: list[str],
-    model: str,
+    tasks: dict[str, dict[str, str]],
     stop: asyncio.Event,
     *,
     every: int = 1,
@@ -74,11 +92,18 @@ async def run_evaluator(
     max_tokens: int = 64,
     final: int = -1,
 ) -> None:
-    """Evaluate version 0, every `every`-th version and version `final`, until `stop` is set."""
-    swarm = await SwarmClient.connect(nats_url, client_id=f"evaluator-{model}", code_version="evaluator")
+    """Evaluate each task at version 0, every `every`-th version and version `final` of its lead
+    model (the model of its first role), until `stop` is set.
+
+    `tasks` maps a task to its roles (role -> model). Per evaluation it publishes the team outcome
+    (`metric="success"`, model = the lead) and, for a multi-role task, each role's own metric under
+    that role's model at the model's current version: what each model contributes, not only the team.
+    """
+    swarm = await SwarmClient.connect(nats_url, client_id="evaluator", code_version="evaluator")
     kv = await swarm.js.key_value(S.MODELS_BUCKET)
-    watcher = await kv.watch(model)
-    done: set[int] = set()
+    watcher = await kv.watchall()
+    versions: dict[str, int] = {}
+    done: set[tuple[str, int]] = set()
     try:
         while not stop.is_set():
             try:
@@ -87,29 +112,50 @@ async def run_evaluator(
                 continue
             if entry is None or entry.value is None:
                 continue
-            version = decode(entry.value, ModelVersion).version
-            if version in done or (version % every and version != final):
-                continue
-            done.add(version)
-            for task in tasks:
-                rate, n = await evaluate(
-                    swarm,
-                    task,
-                    model,
-                    limit=limit,
-                    samples=samples,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                )
-                result = EvalResult(
-                    model=model, step=version, task=task, success_rate=rate, n=n, temperature=temperature
-                )
-                await swarm.js.publish(
-                    S.eval_metrics_subject(model),
-                    encode(result),
-                    headers={"Nats-Msg-Id": f"eval-{model}-{task}-{version}"},
-                )
-                log.info("eval model=%s version=%d task=%s success=%.3f n=%d", model, version, task, rate, n)
+            model, version = entry.key, decode(entry.value, ModelVersion).version
+            versions[model] = version
+            for task, roles in tasks.items():
+                lead = next(iter(roles.values()))
+                if lead != model or (task, version) in done or (version % every and version != final):
+                    continue
+                done.add((task, version))
+                await _evaluate_and_publish(
+                    swarm, task, roles, version, versions, limit=limit, samples=samples,
+                    temperature=temperature, max_tokens=max_tokens,
+                )  # fmt: skip
     finally:
         await watcher.stop()
         await swarm.close()
+
+
+async def _evaluate_and_publish(
+    swarm: SwarmClient,
+    task: str,
+    roles: dict[str, str],
+    version: int,
+    versions: dict[str, int],
+    **kwargs: Any,
+) -> None:
+    spec = get_task(task)
+    out = await evaluate(swarm, task, roles, **kwargs)
+    lead = next(iter(roles.values()))
+    results = [
+        EvalResult(model=lead, step=version, task=task, success_rate=out.success, n=out.episodes,
+                   temperature=kwargs["temperature"])
+    ]  # fmt: skip
+    for role, metric in spec.role_metrics.items():
+        if metric in out.metrics:
+            rate, n = out.metrics[metric]
+            model = roles[role]
+            results.append(
+                EvalResult(model=model, step=versions.get(model, 0), task=task, success_rate=rate, n=n,
+                           temperature=kwargs["temperature"], metric=metric)
+            )  # fmt: skip
+    for r in results:
+        await swarm.js.publish(
+            S.eval_metrics_subject(r.model),
+            encode(r),
+            headers={"Nats-Msg-Id": f"eval-{task}-{lead}-{version}-{r.model}-{r.metric}"},
+        )
+        log.info("eval task=%s model=%s version=%d %s=%.3f n=%d", task, r.model, r.step, r.metric,
+                 r.success_rate, r.n)  # fmt: skip

@@ -1,6 +1,7 @@
 """Example swarm client: plays a default task against the swarm's OpenAI endpoint with the `openai` SDK.
 
-    python -m swarmrl.agents.runner --nats nats://agent:PW@host:4222 --task guess_number --concurrency 8
+    SWARMRL_CONNECT_FILE=runs/latest/connect.json python -m swarmrl.agents.runner --task calculator
+    ... --task team_calculator --role caller=caller --role reporter=reporter
 
 Each round picks one task instance and plays it `num_repeat` times concurrently (one GRPO group);
 `concurrency` groups' worth of episodes run at once. Any other framework works the same way: all a
@@ -13,9 +14,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from swarmrl.agents.sdk import Episode, SwarmClient
@@ -30,6 +32,8 @@ class Outcome:
     reward: float
     success: bool
     turns: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    """A multi-role task's per-role metrics (e.g. `caller_valid`), where defined in this episode."""
 
 
 def reply_message(choice_message: Any) -> dict[str, Any]:
@@ -53,7 +57,7 @@ async def play(
     max_tokens: int,
     abort_rate: float = 0.0,
 ) -> Outcome:
-    """Play one episode of `instance` inside an open episode; publishes env steps and the reward."""
+    """Play one episode of a single-agent task inside an open episode; publishes the reward."""
     llm = ep.openai(max_retries=0)
     env = spec.make_env(instance)
     messages = env.reset()
@@ -76,11 +80,41 @@ async def play(
     return Outcome(instance.task_id, env.reward, env.success, turns)
 
 
+async def play_team(
+    ep: Episode,
+    spec: TaskSpec,
+    instance: Any,
+    roles: dict[str, str],
+    temperature: float,
+    max_tokens: int,
+    abort_rate: float = 0.0,
+) -> Outcome:
+    """Play one episode of a multi-role task: each role is an agent of the episode calling its own
+    model with its own token; each agent gets its own reward."""
+    llms = {role: ep.openai(agent=role, max_retries=0) for role in roles}
+    env = spec.make_env(instance)
+    turns = 0
+    while (turn := env.turn()) is not None:
+        kwargs: dict[str, Any] = {"tools": turn.tools} if turn.tools else {}
+        resp = await llms[turn.role].chat.completions.create(
+            model=roles[turn.role], messages=turn.messages, temperature=temperature, max_tokens=max_tokens,
+            **kwargs,
+        )  # fmt: skip
+        env.step(reply_message(resp.choices[0].message))
+        turns += 1
+        if abort_rate and not env.done and random.random() < abort_rate:
+            raise ChaosAbort(f"simulated agent failure after turn {turns}")
+    for role, value in env.rewards.items():
+        await ep.reward(value, agent=role)
+    team = sum(env.rewards.values()) / max(len(env.rewards), 1)
+    return Outcome(instance.task_id, team, env.success, turns, dict(env.metrics))
+
+
 async def play_episode(
     swarm: SwarmClient,
     spec: TaskSpec,
     instance: Any,
-    model: str,
+    roles: dict[str, str] | str,
     *,
     eval: bool = False,
     temperature: float = 1.0,
@@ -88,18 +122,37 @@ async def play_episode(
     group_key: str = "",
     abort_rate: float = 0.0,
 ) -> Outcome:
-    """Run one whole episode (begin ... end) of `instance` with `model`."""
+    """Run one whole episode (begin ... end) of `instance`; `roles` maps each agent to its model
+    (or is the model of a single-agent task)."""
+    if isinstance(roles, str):
+        roles = roles_of(spec, {}, roles)
     async with swarm.episode(
         instance.task_id,
-        models=[model],
+        models=list(dict.fromkeys(roles.values())),
+        agents=list(roles),
+        agent_models={role: [model] for role, model in roles.items()},
         task={"name": spec.name},
         eval=eval,
         group_key=group_key,
         heartbeat_s=5.0,
     ) as ep:
-        out = await play(ep, spec, instance, model, temperature, max_tokens, abort_rate)
-        await ep.end(reward=out.reward, success=float(out.success), turns=float(out.turns))
+        if spec.roles:
+            out = await play_team(ep, spec, instance, roles, temperature, max_tokens, abort_rate)
+        else:
+            (model,) = roles.values()
+            out = await play(ep, spec, instance, model, temperature, max_tokens, abort_rate)
+        await ep.end(reward=out.reward, success=float(out.success), turns=float(out.turns), **out.metrics)
     return out
+
+
+def roles_of(spec: TaskSpec, roles: dict[str, str], model: str) -> dict[str, str]:
+    """The role -> model map a client plays `spec` with: `roles` as given, or `{"agent": model}`."""
+    if spec.roles:
+        missing = sorted(set(spec.roles) - set(roles))
+        if missing:
+            raise ValueError(f"task {spec.name} needs a model for roles {missing}: --role ROLE=MODEL")
+        return {role: roles[role] for role in spec.roles}
+    return {"agent": roles.get("agent", model)}
 
 
 async def run_client(
@@ -114,10 +167,19 @@ async def run_client(
     temperature: float = 1.0,
     max_tokens: int = 64,
     abort_rate: float = 0.0,
+    roles: dict[str, str] | None = None,
+    drain_s: float = 30.0,
 ) -> None:
-    """Play training groups until `stop` is set. A failed episode is aborted and the client carries on."""
+    """Play training groups until `stop` is set, then drain (see below). A failed episode is aborted and the client carries on.
+
+    `task` is one task name or several with weights (`calculator=0.7,guess_number=0.3`): each group
+    picks its task by weight."""
+    from swarmrl.swarm import parse_task_weights
+
     swarm = await SwarmClient.connect(nats_url)
-    tasks = [get_task(name) for name in task.split(",")]
+    weights = parse_task_weights(task)
+    tasks = [get_task(name) for name in weights]
+    role_maps = {spec.name: roles_of(spec, roles or {}, model) for spec in tasks}
     rng = random.Random(seed)
     streams = {spec.name: spec.train_tasks(seed) for spec in tasks}
     done = rounds = 0
@@ -125,7 +187,7 @@ async def run_client(
     async def group_loop(worker: int) -> None:
         nonlocal done, rounds
         while not stop.is_set():
-            spec = rng.choice(tasks)
+            spec = rng.choices(tasks, weights=list(weights.values()))[0]
             instance = next(streams[spec.name])
             rounds += 1
             # One GRPO group per round: a unique key keeps groups of different clients apart.
@@ -136,7 +198,7 @@ async def run_client(
                         swarm,
                         spec,
                         instance,
-                        model,
+                        role_maps[spec.name],
                         temperature=temperature,
                         max_tokens=max_tokens,
                         group_key=key,
@@ -156,13 +218,23 @@ async def run_client(
 
     workers = [asyncio.create_task(group_loop(i)) for i in range(concurrency)]
     await stop.wait()
-    for w in workers:
+    # Drain: no new group starts; the groups in flight get `drain_s` to end, then what is left is
+    # cancelled, which aborts its episodes (the SDK publishes `abort` on the way out).
+    finished, left = await asyncio.wait(workers, timeout=drain_s) if workers else (set(), set())
+    for w in left:
         w.cancel()
     for w in workers:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await w
-    log.info("client stopping after %d episodes", done)
+    log.info("client stopping after %d episodes (%d groups cut short by the drain timeout)", done, len(left))
     await swarm.close()
+
+
+def _pair(text: str) -> tuple[str, str]:
+    role, sep, model = text.partition("=")
+    if not sep or not role or not model:
+        raise argparse.ArgumentTypeError(f"expected ROLE=MODEL, got {text!r}")
+    return role, model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,11 +243,26 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nats", required=True, help="NATS URL with agent credentials")
     p.add_argument(
-        "--task", default="guess_number", help="task name(s), comma-separated: guess_number, calculator"
+        "--nats",
+        default="",
+        help="NATS URL with agent credentials; default: the connection file in $SWARMRL_CONNECT_FILE "
+        "(written by `swarmrl up` into its run dir), which keeps the password off the command line",
     )
-    p.add_argument("--model", default="policy", help="trainable model name to call")
+    p.add_argument(
+        "--task",
+        default=os.environ.get("SWARMRL_TASK", "calculator"),
+        help="task name(s), comma-separated, optionally weighted: calculator=0.7,guess_number=0.3",
+    )
+    p.add_argument("--model", default="policy", help="model to call in a single-agent task")
+    p.add_argument(
+        "--role",
+        type=_pair,
+        action="append",
+        default=[],
+        metavar="ROLE=MODEL",
+        help="model of each role of a multi-role task (repeatable), e.g. --role caller=alpha",
+    )
     p.add_argument("--num-repeat", type=int, default=8, help="episodes per task instance (GRPO group size)")
     p.add_argument("--concurrency", type=int, default=2, help="groups played at once")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
@@ -187,7 +274,21 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="chaos: probability per turn of failing the episode on purpose (it is aborted)",
     )
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM: seconds the groups in flight get to finish before they are aborted",
+    )
     args = p.parse_args(argv)
+    nats_url = args.nats
+    if not nats_url:
+        connect_file = os.environ.get("SWARMRL_CONNECT_FILE")
+        if not connect_file:
+            p.error("no --nats URL and no $SWARMRL_CONNECT_FILE: say where the swarm is")
+        from swarmrl.launch import agent_url_from_file
+
+        nats_url = agent_url_from_file(connect_file)
     from swarmrl.log import setup_logging
 
     setup_logging("client")
@@ -197,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await run_client(
-            args.nats,
+            nats_url,
             args.task,
             args.model,
             num_repeat=args.num_repeat,
@@ -207,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             temperature=args.temperature,
             max_tokens=args.max_tokens,
             abort_rate=args.abort_rate,
+            roles=dict(args.role),
+            drain_s=args.drain_s,
         )
 
     asyncio.run(run())

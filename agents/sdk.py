@@ -124,8 +124,9 @@ class SwarmClient:
         self,
         task_id: str,
         *,
-        models: list[str],
+        models: list[str] | None = None,
         agents: list[str] | None = None,
+        agent_models: dict[str, list[str]] | None = None,
         group_key: str = "",
         task: dict[str, Any] | None = None,
         eval: bool = False,
@@ -137,10 +138,15 @@ class SwarmClient:
 
         Args:
             task_id: Task identity; GRPO groups form over episodes with the same group key.
-            models: Trainable models the episode may call.
-            agents: Agent names (each gets its own token); default `["agent"]`.
+            models: Trainable models the episode may call; default: the union of `agent_models`.
+                The gateway refuses an episode with no models.
+            agents: Agent names (each gets its own token); default: the keys of `agent_models`,
+                else `["agent"]`.
+            agent_models: Per agent, the models its token may call (e.g. `{"caller": ["alpha"],
+                "reporter": ["beta"]}`); an agent not listed may call all of `models`.
             group_key: Advantage group; defaults to `task_id`.
-            task: Free-form task description recorded by the ledger.
+            task: Free-form task description recorded by the ledger; its `"name"`, when present, is
+                the task the gateway's task mixing weighs (`--task-weight`).
             eval: Evaluation episode: recorded, never trained on.
             episode_id: Explicit id (subject-safe); a random one by default.
             heartbeat_s: Heartbeat period while the episode is open (0 disables).
@@ -149,11 +155,13 @@ class SwarmClient:
         Returns:
             An `Episode` (not yet begun).
         """
+        per_agent = {str(a): list(ms) for a, ms in (agent_models or {}).items()}
         return Episode(
             self,
             task_id=task_id,
-            models=list(models),
-            agents=list(agents or ["agent"]),
+            models=list(models or dict.fromkeys(m for ms in per_agent.values() for m in ms)),
+            agents=list(agents or per_agent or ["agent"]),
+            agent_models=per_agent,
             group_key=group_key,
             task=dict(task or {}),
             eval=eval,
@@ -195,6 +203,7 @@ class Episode:
         task_id: str,
         models: list[str],
         agents: list[str],
+        agent_models: dict[str, list[str]],
         group_key: str,
         task: dict[str, Any],
         eval: bool,
@@ -205,7 +214,7 @@ class Episode:
         S.check_token(episode_id, "episode id")
         self.client = client
         self.episode_id = episode_id
-        self.task_id, self.models, self.agents = task_id, models, agents
+        self.task_id, self.models, self.agents, self.agent_models = task_id, models, agents, agent_models
         self.group_key, self.task, self.eval = group_key, task, eval
         self.heartbeat_s, self.token_ttl_s = heartbeat_s, token_ttl_s
         self.tokens: dict[str, str] = {}
@@ -233,7 +242,7 @@ class Episode:
 
     async def begin(self) -> Episode:
         """Get the episode's API tokens from the gateway, then publish `begin`."""
-        request = {
+        request: dict[str, Any] = {
             "episode_id": self.episode_id,
             "agents": self.agents,
             "models": self.models,
@@ -242,6 +251,10 @@ class Episode:
             "eval": self.eval,
             **self._common(),
         }
+        if self.agent_models:
+            request["agent_models"] = self.agent_models
+        if isinstance(self.task.get("name"), str):
+            request["task"] = self.task["name"]
         while True:
             reply = await _retrying(
                 self.client.nc.request,
@@ -251,7 +264,8 @@ class Episode:
                 retry_s=self.client.retry_s,
             )
             answer = msgpack.unpackb(reply.data, raw=False)
-            # Admission control: the trainer is behind, the gateway asks new groups to wait.
+            # Admission control (the trainer is behind) or task mixing (this task is ahead of its
+            # share): the gateway asks new groups to wait.
             if "retry_after_s" not in answer:
                 break
             await asyncio.sleep(float(answer["retry_after_s"]))

@@ -138,12 +138,16 @@ class Sample(Record):
     """One merged timeline of one agent: the unit the trainer learns from."""
 
     sample_id: str
-    """`<episode_id>.<agent>.<index>`; also the Nats-Msg-Id, so republishing is deduplicated."""
+    """`<episode_id>.<agent>.<model>.<index>`: unique across the episode's models, the same on a
+    replay; also the Nats-Msg-Id, so republishing is deduplicated."""
     model: SubjectToken
     episode_id: SubjectToken
     agent: str
     task_id: str
     group_key: str
+    task: str = ""
+    """Task name for per-task metrics (cocktail training): the begin event's `task["name"]` when it
+    is a string, else empty."""
     client_id: str = ""
     client_version: str = ""
     token_ids: list[int]
@@ -155,9 +159,10 @@ class Sample(Record):
     """Weight version that generated each token (-1 where loss_mask is 0)."""
     reward: float
     index: int = 0
-    """Position of this sample among the episode's samples for this agent."""
+    """Position (call order) of this sample among the episode's samples for this (agent, model)."""
     n_samples: int = 1
-    """How many samples this episode produced for this agent."""
+    """How many samples this episode produced for this (agent, model): a trainer sees only its own
+    model's samples, and waits for this many of each agent."""
     n_calls: int = 1
     """How many LLM calls this timeline absorbed."""
     ts: float = Field(default_factory=time.time)
@@ -197,6 +202,9 @@ class EvalResult(Record):
     n: int
     temperature: float = 0.0
     """Sampling temperature of the eval episodes (0 = greedy)."""
+    metric: str = "success"
+    """What `success_rate` measures: `success` (the task's outcome) or a role's own metric in a
+    multi-model team task (e.g. `caller_valid`), averaged over the episodes where it is defined."""
     ts: float = Field(default_factory=time.time)
 
 

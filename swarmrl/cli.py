@@ -1,9 +1,11 @@
-"""`swarmrl` command line: one verb per job, each verb's module parses its own flags.
+"""`swarmrl` command line: one verb per job, each verb's module parses its own flags (`VERB --help`).
 
 swarmrl up                 run the whole swarm on this machine (NATS, engine, gateway, merger,
                            trainer, ledger, example clients) and train the default task
+swarmrl down               stop a running `swarmrl up` (the latest run, or --run-dir), from any directory
+swarmrl clients restart TASK   replace a task's client processes in a running swarm (live code iteration)
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger)
-swarmrl query "SQL"        query a run's ledger with DuckDB
+swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
 swarmrl bootstrap-model    build the tiny offline model used on CPU
 swarmrl nats               run the embedded NATS server alone (prints its URLs)
 """
@@ -14,12 +16,14 @@ import importlib
 import sys
 
 SERVICES = ("gateway", "engine", "merger", "trainer", "ledger")
+# verb -> (module, entry function called with the remaining arguments)
 VERBS = {
-    "up": "swarmrl.up",
-    "down": "swarmrl.up",
-    "query": "swarmrl.services.ledger.query",
-    "bootstrap-model": "swarmrl.bootstrap.cli",
-    "nats": "swarmrl.infra.nats_cli",
+    "up": ("swarmrl.up", "main"),
+    "down": ("swarmrl.rundir", "down"),
+    "clients": ("swarmrl.clients", "main"),
+    "query": ("swarmrl.services.ledger.query", "main"),
+    "bootstrap-model": ("swarmrl.bootstrap.cli", "main"),
+    "nats": ("swarmrl.infra.nats_cli", "main"),
 }
 
 
@@ -38,9 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"swarmrl: unknown command {verb!r}; try `swarmrl --help`", file=sys.stderr)
         return 2
-    module = importlib.import_module(VERBS[verb])
-    entry = getattr(module, "down" if verb == "down" else "main")
-    return int(entry(rest) or 0)
+    name, entry = VERBS[verb]
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise  # a missing dependency inside the verb's module: show it whole
+        print(
+            f"swarmrl: command {verb!r} is not available in this install ({name} is missing)", file=sys.stderr
+        )
+        return 2
+    return int(getattr(module, entry)(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ class Stack:
     engine: EngineCore
     engine_url: str
     gateway: GatewayService
+    engines: dict[str, EngineCore]
+    """Every model's engine, by model name (`engine` is the first one's)."""
 
     @property
     def base_url(self) -> str:
@@ -39,11 +41,16 @@ class Stack:
 
 @asynccontextmanager
 async def generation_stack(
-    server: NatsServer, model_dir: Path, model: str = "policy"
+    server: NatsServer, model_dir: Path, model: str = "policy", more: dict[str, Path] | None = None
 ) -> AsyncIterator[Stack]:
-    engine = EngineCore(model_dir, max_batch=16)
-    http = BackgroundServer(create_app(engine)).start()
-    cfg = GatewayConfig(nats=server.service_url, port=0, engine=[f"{model}={http.url}"])
+    """Engine(s) + gateway on `server`: `model` served from `model_dir`, plus one engine per entry
+    of `more` (model name -> model dir), all behind one gateway that routes by model name."""
+    dirs = {model: model_dir, **(more or {})}
+    engines = {name: EngineCore(path, max_batch=16) for name, path in dirs.items()}
+    https = {name: BackgroundServer(create_app(engine)).start() for name, engine in engines.items()}
+    cfg = GatewayConfig(
+        nats=server.service_url, port=0, engine=[f"{name}={http.url}" for name, http in https.items()]
+    )
     nc = await bus.connect(server.service_url, "test-gateway")
     service = GatewayService(cfg, nc, await load_models(cfg))
     stop = asyncio.Event()
@@ -57,13 +64,15 @@ async def generation_stack(
                 pass
             await asyncio.sleep(0.05)
     try:
-        yield Stack(server, engine, http.url, service)
+        yield Stack(server, engines[model], https[model].url, service, engines)
     finally:
         stop.set()
         await task
         await nc.close()
-        http.stop()
-        engine.close()
+        for http in https.values():
+            http.stop()
+        for engine in engines.values():
+            engine.close()
 
 
 async def llm_events(server: NatsServer, episode_id: str = "*") -> list[LlmEvent]:

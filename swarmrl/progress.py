@@ -16,11 +16,12 @@ from swarmrl.services.common import bus
 
 
 class Progress:
-    def __init__(self, nats_url: str, model: str, steps: int, live: bool = True) -> None:
-        self.nats_url, self.model, self.steps = nats_url, model, steps
-        self.step = 0
-        self.last: TrainStep | None = None
+    def __init__(self, nats_url: str, models: list[str], steps: int, live: bool = True) -> None:
+        self.nats_url, self.models, self.steps = nats_url, models, steps
+        self.step_of = dict.fromkeys(models, 0)
+        self.last_of: dict[str, TrainStep] = {}
         self.evals: dict[str, list[EvalResult]] = {}
+        """Eval results by `task` (team outcome) or `task model:metric` (a role's own metric)."""
         self.episodes = self.aborted = 0
         self.started = time.monotonic()
         self.console = Console(stderr=True)
@@ -37,12 +38,15 @@ class Progress:
 
     async def _on_msg(self, msg: Any) -> None:
         try:
-            if msg.subject == S.train_metrics_subject(self.model):
-                self.last = decode(msg.data, TrainStep)
-                self.step = max(self.step, self.last.step)
-            elif msg.subject == S.eval_metrics_subject(self.model):
+            if msg.subject.startswith(S.METRICS_PREFIX + ".train."):
+                step = decode(msg.data, TrainStep)
+                if step.model in self.step_of:
+                    self.last_of[step.model] = step
+                    self.step_of[step.model] = max(self.step_of[step.model], step.step)
+            elif msg.subject.startswith(S.METRICS_PREFIX + ".eval."):
                 ev = decode(msg.data, EvalResult)
-                self.evals.setdefault(ev.task, []).append(ev)
+                key = ev.task if ev.metric == "success" else f"{ev.task} {ev.model}:{ev.metric}"
+                self.evals.setdefault(key, []).append(ev)
                 self._new_eval.set()
             elif msg.subject == S.MERGE_METRICS_SUBJECT:
                 st = decode(msg.data, MergeStats)
@@ -51,31 +55,49 @@ class Progress:
         except Exception:  # a metric we cannot read is not worth stopping the display for
             return
 
+    @property
+    def step(self) -> int:
+        """The slowest model's step."""
+        return min(self.step_of.values())
+
+    def done(self) -> bool:
+        return self.step >= self.steps
+
+    def steps_line(self) -> str:
+        return ", ".join(f"{m} step {s}" for m, s in self.step_of.items())
+
     async def eval_seen(self, version: int, tasks: int) -> None:
-        while sum(any(e.step == version for e in evs) for evs in self.evals.values()) < tasks:
+        """Until `tasks` tasks have a team-outcome eval of (their lead model's) `version`."""
+        while (
+            sum(any(e.step == version and e.metric == "success" for e in evs) for evs in self.evals.values())
+            < tasks
+        ):
             self._new_eval.clear()
             await self._new_eval.wait()
 
     def cells(self) -> dict[str, str]:
         """The progress values, by column name (shared by the live table and the log line)."""
-        last = self.last
         evals = "  ".join(
             f"{task} {evs[0].success_rate:.0%}→{evs[-1].success_rate:.0%} (v{evs[-1].step})"
             for task, evs in self.evals.items()
         )
-        return {
-            "step": f"{self.step}/{self.steps}",
-            "loss": f"{last.loss:.4f}" if last else "-",
-            "reward": f"{last.reward_mean:.3f}" if last else "-",
-            "samples": str(last.samples) if last else "-",
-            "tokens/s": f"{last.tokens_per_s:.0f}" if last else "-",
-            "staleness": f"{last.staleness_mean:.2f}" if last else "-",
-            "episodes": f"{self.episodes} (+{self.aborted} aborted)",
-            "eval success": evals or "-",
-        }
+        cells: dict[str, str] = {}
+        for model in self.models:
+            last = self.last_of.get(model)
+            prefix = f"{model} " if len(self.models) > 1 else ""
+            cells[prefix + "step"] = f"{self.step_of[model]}/{self.steps}"
+            cells[prefix + "loss"] = f"{last.loss:.4f}" if last else "-"
+            cells[prefix + "reward"] = f"{last.reward_mean:.3f}" if last else "-"
+            if len(self.models) == 1:
+                cells["samples"] = str(last.samples) if last else "-"
+                cells["tokens/s"] = f"{last.tokens_per_s:.0f}" if last else "-"
+                cells["staleness"] = f"{last.staleness_mean:.2f}" if last else "-"
+        cells["episodes"] = f"{self.episodes} (+{self.aborted} aborted)"
+        cells["eval success"] = evals or "-"
+        return cells
 
     def table(self) -> Table:
-        t = Table(title=f"swarmrl · model {self.model} · {time.monotonic() - self.started:.0f}s")
+        t = Table(title=f"swarmrl · {', '.join(self.models)} · {time.monotonic() - self.started:.0f}s")
         cells = self.cells()
         for col in cells:
             t.add_column(col, justify="right")

@@ -13,20 +13,31 @@ def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
     return con.execute(sql).fetchall()
 
 
+def _series(row: tuple[Any, ...]) -> str:
+    """Curve label of an eval row (task, model, metric, ...): the task's outcome, or a role's own metric."""
+    task, model, metric = row[0], row[1], row[2]
+    return task if metric == "success" else f"{task}: {model} {metric}"
+
+
 def plot_curves(train: list[tuple[Any, ...]], evals: list[tuple[Any, ...]], out: Path) -> None:
+    """Left: train reward per model (model, step, reward). Right: eval curves (task, model, metric,
+    step, success_rate, ...), one per task outcome and one per team role's own metric."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    if train:
-        ax1.plot([r[0] for r in train], [r[1] for r in train], marker=".", label="train reward (mean)")
+    for model in sorted({r[0] for r in train}):
+        pts = [(r[1], r[2]) for r in train if r[0] == model]
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{model} reward (mean)")
     ax1.set(xlabel="trainer step", ylabel="reward", title="training reward")
     ax1.grid(alpha=0.3)
-    for task in sorted({r[0] for r in evals}):
-        pts = [(r[1], r[2]) for r in evals if r[0] == task]
-        ax2.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=task)
+    if train:
+        ax1.legend()
+    for label in sorted({_series(r) for r in evals}):
+        pts = [(r[3], r[4]) for r in evals if _series(r) == label]
+        ax2.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=label)
     ax2.set(
         xlabel="model version (trainer step)",
         ylabel="success %",
@@ -41,17 +52,56 @@ def plot_curves(train: list[tuple[Any, ...]], evals: list[tuple[Any, ...]], out:
     plt.close(fig)
 
 
+CLIENT_VERSIONS = """
+SELECT coalesce(json_extract_string(b.task, '$.name'), '?') AS task, e.client_version,
+       min(e.begin_ts), max(coalesce(e.end_ts, e.last_ts)), count(*),
+       count(*) FILTER (WHERE e.status = 'ok'), count(*) FILTER (WHERE e.status = 'aborted'),
+       avg(e.reward) FILTER (WHERE e.status = 'ok'),
+       avg(TRY_CAST(json_extract_string(e.metrics, '$.success') AS DOUBLE)) FILTER (WHERE e.status = 'ok')
+FROM episodes e JOIN (SELECT episode_id, any_value(task) AS task FROM events WHERE kind = 'begin' GROUP BY ALL) b
+    USING (episode_id)
+WHERE NOT e.eval GROUP BY ALL ORDER BY task, min(e.begin_ts)
+"""
+"""Training episodes per task and client version (`swarmrl clients restart` starts a new one)."""
+
+
+def client_versions_section(con: Any, started: float) -> list[str]:
+    """Report lines: reward by client version over time (one row per task and `client_version`)."""
+    rows = _rows(con, CLIENT_VERSIONS)
+    lines = [
+        "",
+        "## Client versions",
+        "",
+        "Training episodes by the client code that played them (`client_version`; a new one per "
+        "`swarmrl clients restart`). Reward and success are over ended episodes.",
+        "",
+        "| task | client version | first min | last min | episodes | ended | aborted | mean reward | success |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for task, version, first, last, n, ok, aborted, reward, success in rows:
+        lines.append(
+            f"| {task} | `{version}` | {(first - started) / 60:.1f} | {(last - started) / 60:.1f} | {n} | {ok} "
+            f"| {aborted} | {'-' if reward is None else f'{reward:.3f}'} "
+            f"| {'-' if success is None else f'{100 * success:.1f}%'} |"
+        )
+    return lines
+
+
 def write_report(run_dir: Path, reason: str = "") -> Path:
     from swarmrl.services.ledger.query import connect
 
     con = connect(run_dir)
     train = _rows(
         con,
-        "SELECT step, reward_mean, loss, samples, tokens, tokens_per_s, staleness_mean, wall_s "
-        "FROM train_steps ORDER BY step",
+        "SELECT model, step, reward_mean, loss, samples, tokens, tokens_per_s, staleness_mean, wall_s "
+        "FROM train_steps ORDER BY model, step",
     )
-    evals = _rows(con, "SELECT task, step, success_rate, n, temperature, ts FROM evals ORDER BY task, step")
-    started = _rows(con, "SELECT min(ts) FROM events")[0][0] or min((r[5] for r in evals), default=0.0)
+    evals = _rows(
+        con,
+        "SELECT task, model, coalesce(metric, 'success') AS metric, step, success_rate, n, temperature, ts "
+        "FROM evals ORDER BY task, metric, model, step",
+    )
+    started = _rows(con, "SELECT min(ts) FROM events")[0][0] or min((r[7] for r in evals), default=0.0)
     episodes = _rows(con, "SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status")
     merges = _rows(
         con,
@@ -59,7 +109,8 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "FROM merges WHERE status = 'merged'",
     )
     dead = _rows(con, "SELECT service, count(*) FROM dead_letters GROUP BY service")
-    plot_curves([(r[0], r[1]) for r in train], evals, run_dir / "curves.png")
+    plot_curves([(r[0], r[1], r[2]) for r in train], evals, run_dir / "curves.png")
+    models = sorted({r[0] for r in train})
 
     lines = [
         f"# swarmrl run `{run_dir.name}`",
@@ -73,7 +124,9 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "## Summary",
         "",
     ]
-    lines.append(f"- trainer steps: {len(train)}")
+    lines.append(
+        "- trainer steps: " + (", ".join(f"{m} {sum(r[0] == m for r in train)}" for m in models) or "0")
+    )
     lines.append(f"- episodes: {', '.join(f'{s}: {n}' for s, n in episodes) or 'none'}")
     if merges and merges[0][0]:
         n, calls, kept, before, after = merges[0]
@@ -81,36 +134,37 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
             f"- timeline merging: {calls} LLM calls → {kept} samples; tokens {before} → {after} "
             f"({before / max(after, 1):.2f}x fewer)"
         )
-    for task in sorted({r[0] for r in evals}):
-        pts = [r for r in evals if r[0] == task]
+    for label in sorted({_series(r) for r in evals}):
+        pts = [r for r in evals if _series(r) == label]
         lines.append(
-            f"- eval `{task}`: {100 * pts[0][2]:.1f}% (v{pts[0][1]}) → {100 * pts[-1][2]:.1f}% "
-            f"(v{pts[-1][1]}, {(pts[-1][5] - started) / 60:.1f} min), best "
-            f"{100 * max(p[2] for p in pts):.1f}%, n={pts[-1][3]} at temperature {pts[-1][4]:g}"
+            f"- eval `{label}`: {100 * pts[0][4]:.1f}% (v{pts[0][3]}) → {100 * pts[-1][4]:.1f}% "
+            f"(v{pts[-1][3]}, {(pts[-1][7] - started) / 60:.1f} min), best "
+            f"{100 * max(p[4] for p in pts):.1f}%, n={pts[-1][5]} at temperature {pts[-1][6]:g}"
         )
     lines.append(f"- dead letters: {', '.join(f'{s}: {n}' for s, n in dead) or 'none'}")
     lines += [
         "",
         "## Eval",
         "",
-        "| task | version | success | n | temperature | minutes into the run |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| task | model | metric | version | rate | n | temperature | minutes into the run |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {t} | {s} | {100 * r:.1f}% | {n} | {temp:g} | {(ts - started) / 60:.1f} |"
-        for t, s, r, n, temp, ts in evals
+        f"| {t} | {m} | {metric} | {s} | {100 * r:.1f}% | {n} | {temp:g} | {(ts - started) / 60:.1f} |"
+        for t, m, metric, s, r, n, temp, ts in evals
     ]
     lines += [
         "",
         "## Train steps",
         "",
-        "| step | reward | loss | samples | tokens | tokens/s | staleness | wall s |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | step | reward | loss | samples | tokens | tokens/s | staleness | wall s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {r[0]} | {r[1]:.3f} | {r[2]:.4f} | {r[3]} | {r[4]} | {r[5]:.0f} | {r[6]:.2f} | {r[7]:.2f} |"
+        f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.4f} | {r[4]} | {r[5]} | {r[6]:.0f} | {r[7]:.2f} | {r[8]:.2f} |"
         for r in train
     ]
+    lines += client_versions_section(con, started)
     lines += [
         "",
         f'Query the ledger: `swarmrl query "SELECT * FROM episodes LIMIT 5" --run-dir {run_dir}`',

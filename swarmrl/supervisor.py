@@ -31,12 +31,17 @@ def _die_with_parent() -> None:
 class Supervisor:
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    retired: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    """Processes taken out of `procs` on purpose (replaced clients): their exit is expected."""
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, python: bool = True
+    ) -> subprocess.Popen[bytes]:
+        """Start `argv` (arguments of this Python interpreter, or a whole command if not `python`)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen(
-            [sys.executable, *argv],
+            [sys.executable, *argv] if python else argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=os.environ | (env or {}),
@@ -47,6 +52,13 @@ class Supervisor:
         self.procs[name] = proc
         log.info("started %s pid=%d", name, proc.pid)
         return proc
+
+    def retire(self, names: list[str]) -> dict[str, subprocess.Popen[bytes]]:
+        """Move `names` from `procs` to `retired` (unknown names are skipped): from now on their exit
+        is not reported by `dead()` and `stop()` leaves them alone; the caller stops them."""
+        out = {n: self.procs.pop(n) for n in names if n in self.procs}
+        self.retired.update(out)
+        return out
 
     def dead(self) -> dict[str, int]:
         """Children that exited, with their exit codes."""

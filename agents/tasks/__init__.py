@@ -1,13 +1,16 @@
 """The default tasks, pure environment logic (no NATS, no LLM calls): `TASKS[name]` is a `TaskSpec`.
 
-guess_number   multi-turn game: guess a secret in [1, n] from higher / lower feedback
-calculator     tool use: call `calculator(expression)`, then answer with the number
+guess_number     multi-turn game: guess a secret in [1, n] from higher / lower feedback
+calculator       tool use: call `calculator(expression)`, then answer with the number
+team_calculator  two roles: a caller calls the calculator, a reporter answers with its result
 """
 
-from swarmrl.agents.tasks import calculator, guess_number
-from swarmrl.agents.tasks.base import Env, Message, StepResult, TaskSpec
+from swarmrl.agents.tasks import calculator, guess_number, team_calculator
+from swarmrl.agents.tasks.base import Env, Message, MultiRoleEnv, StepResult, TaskSpec, Turn
 
-TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (guess_number.SPEC, calculator.SPEC)}
+TASKS: dict[str, TaskSpec] = {
+    spec.name: spec for spec in (guess_number.SPEC, calculator.SPEC, team_calculator.SPEC)
+}
 
 
 def get_task(name: str) -> TaskSpec:
@@ -18,4 +21,16 @@ def get_task(name: str) -> TaskSpec:
         raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
 
 
-__all__ = ["TASKS", "Env", "Message", "StepResult", "TaskSpec", "calculator", "get_task", "guess_number"]
+__all__ = [
+    "TASKS",
+    "Env",
+    "Message",
+    "MultiRoleEnv",
+    "StepResult",
+    "TaskSpec",
+    "Turn",
+    "calculator",
+    "get_task",
+    "guess_number",
+    "team_calculator",
+]

@@ -1,6 +1,7 @@
 """Shared shapes of the default tasks: OpenAI-format messages in, environment replies out.
 
-A task is pure environment logic. An agent (or `swarmrl.bootstrap.evaluate_offline`) plays it:
+A task is pure environment logic. An agent (or `swarmrl.bootstrap.evaluate_offline`) plays a
+single-agent task (`TaskSpec.roles` empty) like this:
 
     env = spec.make_env(instance)
     messages = env.reset()                      # [system, user]
@@ -12,6 +13,15 @@ A task is pure environment logic. An agent (or `swarmrl.bootstrap.evaluate_offli
         if step.done:
             break
     env.reward, env.success
+
+A multi-role task (`TaskSpec.roles` non-empty) is a team of agents, each role played by its own
+model; the environment says whose call comes next and what that call sees:
+
+    env = spec.make_env(instance)               # a MultiRoleEnv
+    while (turn := env.turn()) is not None:
+        reply = <assistant message from model_of[turn.role], given turn.messages and turn.tools>
+        env.step(reply)
+    env.rewards[role] for each role that acted, env.success, env.metrics
 
 No NATS, no LLM calls, no randomness after construction: a given task instance and the same
 replies always give the same rewards, which is what GRPO groups by `task_id` rely on.
@@ -54,6 +64,40 @@ class Env(Protocol):
     def step(self, reply: Message) -> StepResult: ...
 
 
+@dataclass
+class Turn:
+    """One model call a multi-role episode asks for next."""
+
+    role: str
+    """The role (agent name) whose model makes this call."""
+    messages: list[Message]
+    """The whole conversation that role sees (OpenAI format), ending where its reply goes."""
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI tool specs to pass with the call, or None."""
+
+
+class MultiRoleEnv(Protocol):
+    """One episode of a multi-role task: `turn()` / `step(reply)` until `turn()` is None."""
+
+    done: bool
+    """True once the episode is over (`turn()` then returns None)."""
+    success: bool
+    """Whether the team reached the task's goal; final once `done`."""
+    rewards: dict[str, float]
+    """Reward per role that acted (a role that never got a turn has no entry); final once `done`."""
+    metrics: dict[str, float]
+    """Per-role diagnostics (`TaskSpec.role_metrics` names the one measuring each role's own part);
+    a metric of a role that did not act is absent."""
+
+    def turn(self) -> Turn | None:
+        """The next model call to make, or None when the episode is over."""
+        ...
+
+    def step(self, reply: Message) -> None:
+        """Take the assistant reply to the last `turn()` (made by that turn's role)."""
+        ...
+
+
 class TaskInstance(Protocol):
     """A task instance: anything frozen with a stable `task_id` (GRPO group key)."""
 
@@ -66,22 +110,49 @@ class TaskSpec:
     """Everything the rest of swarmrl needs to know about one task, by name in `TASKS`."""
 
     name: str
-    """Registry name (`guess_number`, `calculator`)."""
-    make_env: Callable[[Any], Env]
-    """Instance -> a fresh episode environment."""
+    """Registry name (`guess_number`, `calculator`, `team_calculator`)."""
+    make_env: Callable[[Any], Any]
+    """Instance -> a fresh episode environment: an `Env` when `roles` is empty, else a `MultiRoleEnv`."""
     train_tasks: Callable[[int], Iterator[Any]]
     """Seed -> endless stream of training instances, never one from the eval set."""
     eval_tasks: Callable[[], list[Any]]
     """The fixed held-out eval set (same list on every call and every machine)."""
-    demonstration: Callable[[Any, random.Random], list[Message]]
-    """(instance, rng) -> a full synthetic episode (messages) for the SFT warm start."""
+    demonstration: Callable[[Any, random.Random], list[Message]] | None
+    """(instance, rng) -> a full synthetic episode (messages) for the SFT warm start; None for a
+    multi-role task (see `role_demonstrations`)."""
     parse_reply: Callable[[Message], Any]
     """Assistant message -> the parsed action (None when invalid)."""
     tools: list[dict[str, Any]] | None = None
-    """OpenAI tool specs to pass with every chat call, or None."""
+    """OpenAI tool specs to pass with every chat call, or None (single-agent tasks; see `role_tools`)."""
     sft_weight: int = 1
     """Relative share of the bootstrap SFT warm-start batches (a task whose skills take longer to
     learn gets more)."""
+    roles: tuple[str, ...] = ()
+    """Empty: a single-agent task (`make_env` returns an `Env`). Otherwise the roles of a team task,
+    each played by its own agent (and possibly its own model); `make_env` returns a `MultiRoleEnv`."""
+    role_metrics: dict[str, str] = field(default_factory=dict)
+    """Role -> the name of the `MultiRoleEnv.metrics` entry measuring that role's own contribution."""
+    role_demonstrations: Callable[[Any, random.Random], dict[str, list[Message]]] | None = None
+    """(instance, rng) -> per role, a synthetic conversation ending in that role's reply (the SFT warm
+    start of a model playing that role)."""
+    role_tools: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Role -> the tool specs its calls carry (roles without tools are absent)."""
+    role_sft_weights: dict[str, int] = field(default_factory=dict)
+    """Role -> `sft_weight` of a warm start on that role (default: the task's `sft_weight`)."""
+    role_oracle: Callable[[Any, Turn], Message] | None = None
+    """(instance, turn) -> a correct reply for that turn: the scripted partner when one role's model
+    is measured alone (`swarmrl bootstrap-model --eval` on a `task.role` source)."""
+
+    def __post_init__(self) -> None:
+        if not self.roles and self.demonstration is None:
+            raise ValueError(f"task {self.name!r}: a single-agent task needs a demonstration")
+        if self.roles and self.role_demonstrations is None:
+            raise ValueError(f"task {self.name!r}: a multi-role task needs role_demonstrations")
+        unknown = (set(self.role_metrics) | set(self.role_tools) | set(self.role_sft_weights)) - set(
+            self.roles
+        )
+        if unknown:
+            raise ValueError(f"task {self.name!r}: unknown roles {sorted(unknown)}; roles are {self.roles}")
 
 
 class TurnEnv:

@@ -13,7 +13,10 @@ where every episode starts (it mints the episode's tokens), so it bounds the bac
   half-admitted could never complete, and the trainer would hold its samples until its timeout.
 
 The backlog is read from JetStream (cached for `refresh_s`); a model with no trainer consumer yet
-has no backlog. `max_backlog=0` turns admission control off.
+has no backlog. `max_backlog=0` turns the backlog bound off.
+
+With task weights (`mixer`, see `mixing.py`) a new group that passed the backlog bound is also held
+while its task is ahead of its share; the same two exemptions apply.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import subjects as S
+from swarmrl.services.gateway.mixing import TaskMixer
 
 log = logging.getLogger("swarmrl.gateway")
 
@@ -39,8 +43,9 @@ class Admission:
         refresh_s: float = 0.5,
         retry_after_s: float = 1.0,
         remember_groups: int = 10_000,
+        mixer: TaskMixer | None = None,
     ) -> None:
-        self.js, self.max_backlog = js, max_backlog
+        self.js, self.max_backlog, self.mixer = js, max_backlog, mixer
         self.refresh_s, self.retry_after_s = refresh_s, retry_after_s
         self._groups: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_groups
@@ -63,19 +68,37 @@ class Admission:
         self._backlog[model] = (now, samples)
         return samples
 
-    async def check(self, models: list[str], group_key: str, eval: bool) -> float:
-        """0.0 to admit the episode now, else the seconds after which the client should ask again."""
-        if self.max_backlog <= 0 or eval:
+    def _admitted(self, group_key: str, task: str, now: float) -> bool:
+        if not (group_key and group_key in self._groups):
+            return False
+        self._groups.move_to_end(group_key)
+        if self.mixer is not None:
+            self.mixer.seen(task, now)
+        return True
+
+    async def check(self, models: list[str], group_key: str, eval: bool, task: str = "") -> float:
+        """0.0 to admit the episode now, else the seconds after which the client should ask again.
+
+        With a mixer, `task` must be one of its tasks (checked by the caller for non-eval episodes)."""
+        if eval or (self.max_backlog <= 0 and self.mixer is None):
             return 0.0
-        if group_key and group_key in self._groups:
-            self._groups.move_to_end(group_key)
+        now = time.monotonic()
+        if self._admitted(group_key, task, now):
             return 0.0
-        for model in models:
+        for model in models if self.max_backlog > 0 else []:
             waiting = await self.backlog(model)
             if waiting >= self.max_backlog:
                 self.held += 1
+                if self.mixer is not None:  # it asked: it still counts as an active task
+                    self.mixer.seen(task, now)
                 log.debug("holding group %s: model %s has %d untrained samples", group_key, model, waiting)
                 return self.retry_after_s
+        if self._admitted(group_key, task, now):  # a sibling episode got in while we read the backlog
+            return 0.0
+        if self.mixer is not None and not self.mixer.admit(task, now):
+            self.held += 1
+            log.debug("holding group %s: task %s is ahead of its share", group_key, task)
+            return self.retry_after_s
         if group_key:
             self._groups[group_key] = None
             while len(self._groups) > self._remember:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import json
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from swarmrl.config import ServiceConfig
+from swarmrl.services.gateway.mixing import parse_weights
 
 
 class GatewayConfig(ServiceConfig):
@@ -32,3 +37,22 @@ class GatewayConfig(ServiceConfig):
     """Admission control: while a model's trainer has this many untrained samples (queued or held),
     token requests for new GRPO groups get `retry_after_s` and the client waits. 0 = off. See
     `services/gateway/admission.py`."""
+    task_weight: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Task mixing as TASK=WEIGHT (repeatable, or comma-separated; env SWARMRL_TASK_WEIGHT=a=0.7,b=0.3): new
+    GRPO groups of a task ahead of its share wait (`retry_after_s`), and token requests must name one
+    of these tasks. Empty = no mixing. See `services/gateway/mixing.py`."""
+    mix_slack: float = Field(default=2.0, ge=0.0)
+    """Task mixing: groups a task may run ahead of its share before its new groups wait."""
+    mix_window_s: float = Field(default=30.0, gt=0.0)
+    """Task mixing: a task counts as active (and gets its share) while it asked for a token this recently."""
+
+    @field_validator("task_weight", mode="before")
+    @classmethod
+    def _split_pairs(cls, value: Any) -> Any:
+        # The env var and one flag may carry a whole comma-separated list (as `swarmrl up --task` does).
+        if isinstance(value, str):
+            value = json.loads(value) if value.lstrip().startswith("[") else [value]
+        if isinstance(value, list):
+            value = [p.strip() for item in value for p in str(item).split(",") if p.strip()]
+            parse_weights(value)  # a bad weight fails at startup, naming the item
+        return value

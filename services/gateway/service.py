@@ -1,6 +1,7 @@
 """Gateway service: HTTP server + NATS responders in one asyncio loop.
 
-Consumes: requests on `swarm.auth.token` (mint episode tokens; msgpack) and `swarm.llm.<model>`
+Consumes: requests on `swarm.auth.token` (mint episode tokens, one per agent naming its models, after
+admission control and task mixing; msgpack) and `swarm.llm.<model>`
 (chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
 `{"error": ..., "status": ...}`), both in queue group `gateway` so several gateways share the load.
 Publishes: one `llm` event per completion to `swarm.ep.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
@@ -29,6 +30,8 @@ from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.errors import ApiError
+from swarmrl.services.gateway.grants import parse_token_request
+from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
 from swarmrl.services.gateway.tokens import Claims, mint
 
 log = logging.getLogger("swarmrl.gateway")
@@ -78,7 +81,13 @@ class GatewayService:
                 s.bind((cfg.host, 0))
                 cfg.port = s.getsockname()[1]
         self.base_url = cfg.public_url or f"http://{cfg.host}:{cfg.port}/v1"
-        self.admission = Admission(self.js, cfg.max_backlog)
+        mixer = None
+        if cfg.task_weight:
+            mixer = TaskMixer(parse_weights(cfg.task_weight), slack=cfg.mix_slack, window_s=cfg.mix_window_s)
+            log.info(
+                "task mixing weights=%s slack=%s window_s=%s", mixer.weights, mixer.slack, mixer.window_s
+            )
+        self.admission = Admission(self.js, cfg.max_backlog, mixer=mixer)
 
     async def publish_llm(self, event: LlmEvent) -> None:
         await self.js.publish(
@@ -87,31 +96,21 @@ class GatewayService:
 
     async def on_token(self, msg: Msg) -> None:
         try:
-            req = msgpack.unpackb(msg.data, raw=False)
-            episode_id = S.check_token(str(req["episode_id"]), "episode id")
-            models = [str(m) for m in req.get("models") or []]
-            unknown = [m for m in models if m not in self.gateway.models]
-            if unknown:
-                raise ValueError(f"unknown models {unknown}; this swarm serves {sorted(self.gateway.models)}")
-            agents = [str(a) for a in req.get("agents") or ["agent"]]
-            wait = await self.admission.check(models, str(req.get("group_key") or ""), bool(req.get("eval")))
+            req = parse_token_request(msgpack.unpackb(msg.data, raw=False), self.gateway.models)
+            mixer = self.admission.mixer
+            if mixer is not None and not req.eval:
+                mixer.check(req.task)  # an unweighted task would slip past the mix
+            wait = await self.admission.check(list(req.models), req.group_key, req.eval, req.task)
             if wait > 0:
                 await msg.respond(msgpack.packb({"retry_after_s": wait}))
                 return
-            ttl = min(float(req.get("ttl_s", 3600)), self.cfg.token_ttl_max_s)
+            expires = time.time() + min(req.ttl_s, self.cfg.token_ttl_max_s)
             tokens = {
-                a: mint(
+                agent: mint(
                     self.gateway.secret,
-                    Claims(
-                        episode_id,
-                        a,
-                        tuple(models),
-                        time.time() + ttl,
-                        str(req.get("client_id", "")),
-                        str(req.get("client_version", "")),
-                    ),
+                    Claims(req.episode_id, agent, models, expires, req.client_id, req.client_version),
                 )
-                for a in agents
+                for agent, models in req.agent_models.items()
             }
             answer: dict[str, Any] = {"tokens": tokens, "base_url": self.base_url}
         except Exception as exc:  # bad token request: answer with the reason, never crash

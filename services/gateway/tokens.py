@@ -36,7 +36,8 @@ class Claims:
     client_version: str = ""
 
     def allows(self, model: str) -> bool:
-        return not self.models or model in self.models
+        # No models means none: a token never grants "every model" by omission.
+        return model in self.models
 
 
 def _b64(data: bytes) -> str:

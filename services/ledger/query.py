@@ -2,6 +2,12 @@
 
 Reads the Parquet files the ledger wrote under `<run_dir>/ledger/`; needs no NATS and no running
 service. `connect(run_dir)` gives the same views to Python code (report writer, tests, notebooks).
+Without a run dir it reads `$SWARMRL_RUN_DIR`, else the latest run (`swarmrl.rundir.latest_run_dir`:
+`./runs/latest`, else the run recorded in `$SWARMRL_HOME/latest-run`), so it works from any directory.
+
+The table format never cuts a cell: on a terminal long cells wrap inside their column; into a pipe or
+file the table is as wide as its widest row (one line per row, for grep and `less -S`). A reader
+that stops early (`| head`) ends the output quietly with status 0: the query succeeded.
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ import csv
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from swarmrl.rundir import LATEST_LINK, latest_pointer, latest_run_dir
 from swarmrl.services.ledger.views import register_views
 
 VIEW_HELP = {
@@ -32,17 +41,31 @@ VIEW_HELP = {
 
 
 def default_run_dir() -> Path:
-    return Path(os.environ.get("SWARMRL_RUN_DIR") or "runs/latest")
+    """`$SWARMRL_RUN_DIR`, else the latest run (`./runs/latest`, else `$SWARMRL_HOME/latest-run`).
+
+    Raises:
+        FileNotFoundError: none of them names a run.
+    """
+    if os.environ.get("SWARMRL_RUN_DIR"):
+        return Path(os.environ["SWARMRL_RUN_DIR"])
+    latest = latest_run_dir()
+    if latest is None:
+        raise FileNotFoundError(
+            f"no run found: no {LATEST_LINK} in {Path.cwd()} and no existing run recorded in "
+            f"{latest_pointer()} (pass --run-dir or set SWARMRL_RUN_DIR)"
+        )
+    return latest
 
 
 def connect(run_dir: Path | str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every ledger view registered over `run_dir`'s Parquet files.
 
     Args:
-        run_dir: the run directory (holding `ledger/`); default `$SWARMRL_RUN_DIR` or `runs/latest`.
+        run_dir: the run directory (holding `ledger/`); default `default_run_dir()`:
+            `$SWARMRL_RUN_DIR`, else the latest run.
 
     Raises:
-        FileNotFoundError: `run_dir` does not exist.
+        FileNotFoundError: `run_dir` does not exist, or no run was given or found.
     """
     path = Path(run_dir) if run_dir is not None else default_run_dir()
     if not path.is_dir():
@@ -69,6 +92,7 @@ def _csv_cell(value: Any) -> Any:
 
 
 def _cell(value: Any, width: int) -> str:
+    """The cell's text; cut to `width` characters only when `width` > 0 (`--width`)."""
     if value is None:
         return ""
     if isinstance(value, bytes | bytearray | memoryview):
@@ -78,10 +102,10 @@ def _cell(value: Any, width: int) -> str:
         text = json.dumps(value, default=_jsonable)
     else:
         text = str(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if width <= 0 or len(text) <= width else text[: width - 1] + "…"
 
 
-def _print(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, width: int) -> None:
+def _print(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, width: int, run_dir: str = "") -> None:
     if fmt == "json":
         records = [dict(zip(columns, row, strict=True)) for row in rows]
         json.dump(records, sys.stdout, default=_jsonable, indent=1)
@@ -93,12 +117,34 @@ def _print(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, width: int
             out.writerow(_csv_cell(v) for v in row)
     else:
         from rich.console import Console
+        from rich.measure import Measurement
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(*columns, caption=f"{len(rows)} row{'s' if len(rows) != 1 else ''}")
+        footer = f"{len(rows)} row{'s' if len(rows) != 1 else ''}" + (f" from {run_dir}" if run_dir else "")
+        table = Table()
+        for name in columns:
+            # fold, not ellipsis: a word longer than its column (an id, a JSON list) wraps whole
+            table.add_column(Text(name), overflow="fold")
         for row in rows:
-            table.add_row(*(_cell(v, width) for v in row))
-        Console().print(table)
+            # Text, not str: ledger data such as "[1, 2]" or "[bold]" is not rich markup
+            table.add_row(*(Text(_cell(v, width)) for v in row))
+
+        class _Console(Console):
+            def on_broken_pipe(self) -> None:
+                # rich's own handler exits with status 1; leave it to _quiet_broken_pipe like csv/json
+                self.quiet = True
+                raise BrokenPipeError
+
+        console = _Console()
+        if not console.is_terminal:
+            # a pipe or file: one line per row, however wide, instead of wrapping at 80 columns
+            wide = Console(width=1 << 20)
+            need = Measurement.get(wide, wide.options, table).maximum
+            console = _Console(width=max(need, len(footer), 20))
+        console.print(table)
+        # a line of its own, not a caption: a caption wraps at the table's width
+        console.print(Text(footer, style="dim"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,15 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("sql", help="the SQL to run")
     parser.add_argument(
-        "--run-dir", type=Path, default=None, help="run directory (default: $SWARMRL_RUN_DIR or runs/latest)"
+        "--run-dir",
+        type=Path,
+        default=None,
+        help=f"run directory (default: $SWARMRL_RUN_DIR, else the latest run: ./{LATEST_LINK}, else the "
+        "run recorded in $SWARMRL_HOME/latest-run)",
     )
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     parser.add_argument(
-        "--width", type=int, default=60, help="table format: cut cells to this many characters"
+        "--width", type=int, default=0, help="table format: cut cells to this many characters (0 = never)"
     )
     args = parser.parse_args(argv)
     try:
-        con = connect(args.run_dir)
+        run_dir = args.run_dir if args.run_dir is not None else default_run_dir()
+        con = connect(run_dir)
     except FileNotFoundError as exc:
         print(f"swarmrl query: {exc}", file=sys.stderr)
         return 1
@@ -133,5 +184,26 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         con.close()
-    _print(columns, rows, args.format, args.width)
+    with _quiet_broken_pipe():
+        # name the run in the caption when it was found rather than given: which "latest" it was
+        _print(columns, rows, args.format, args.width, "" if args.run_dir is not None else str(run_dir))
+        sys.stdout.flush()
     return 0
+
+
+@contextmanager
+def _quiet_broken_pipe() -> Iterator[None]:
+    """Stop writing, without a traceback, when the reader has gone (`swarmrl query ... | head`).
+
+    The exit status stays 0 (not 141, as a process killed by SIGPIPE would get): the query ran and
+    the reader chose to stop, so `set -o pipefail` scripts do not fail on `| head`.
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        # Python flushes stdout again at exit, which would raise (and print) once more: point the
+        # descriptor at /dev/null so that flush goes nowhere.
+        with suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)

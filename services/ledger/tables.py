@@ -83,6 +83,7 @@ TABLES: dict[str, pa.Schema] = {
             ("agent", STR),
             ("task_id", STR),
             ("group_key", STR),
+            ("task", STR),
             ("client_id", STR),
             ("client_version", STR),
             ("token_ids", INTS),
@@ -129,6 +130,7 @@ TABLES: dict[str, pa.Schema] = {
             ("success_rate", F64),
             ("n", I64),
             ("temperature", F64),
+            ("metric", STR),
             ("ts", F64),
         ]
     ),

@@ -3,9 +3,15 @@
 Consumes the episode's `BeginEvent`, its `LlmEvent`s in stream order and its `RewardEvent`s.
 Produces one `Sample` per surviving timeline (see `timelines.py`) and one `MergeStats`.
 
-- sample_id = `<episode_id>.<agent>.<index>`: index counts the agent's samples in call order (all
-  of its models together), so a replay of the same events yields the same ids and JetStream's
-  duplicate window drops the republished copies.
+- sample_id = `<episode_id>.<agent>.<model>.<index>` (`sample_id()`): index counts the samples of
+  one (agent, model) in call order, and n_samples is their count. A trainer sees only its own
+  model's samples and waits for n_samples of each agent, so an agent that calls two models completes
+  in both trainers. The id is unique across the episode's models (episode ids and model names hold
+  no dots, so it parses from both ends even when an agent name does), and it depends only on the
+  events in stream order: a replay yields the same ids and JetStream's duplicate window drops the
+  republished copies.
+- task = the begin event's `task["name"]` when it is a string, else "" (`task_name()`): lets the
+  trainer report rewards per task when tasks are mixed (cocktail training).
 - reward of an agent's samples = sum of the reward events for that agent plus the team rewards
   (events whose `agent` is empty).
 - group_key is the begin event's resolved group (`group_key`, or `task_id` when empty), so the
@@ -34,6 +40,15 @@ def agent_rewards(rewards: list[RewardEvent], agents: set[str]) -> dict[str, flo
         if r.agent:
             own[r.agent] += r.value
     return {a: team + own[a] for a in agents}
+
+
+def sample_id(episode_id: str, agent: str, model: str, index: int) -> str:
+    return f"{episode_id}.{agent}.{model}.{index}"
+
+
+def task_name(begin: BeginEvent) -> str:
+    name = begin.task.get("name")
+    return name if isinstance(name, str) else ""
 
 
 def _identity(begin: BeginEvent | None) -> dict[str, Any]:
@@ -73,21 +88,23 @@ def assemble(
     initial = [Timeline.from_call(c, i) for i, c in enumerate(calls)]
     kept = [] if begin.eval else merge_timelines(initial, opts)
 
-    by_agent: dict[str, list[Timeline]] = defaultdict(list)
+    by_role: dict[tuple[str, str], list[Timeline]] = defaultdict(list)
     for t in kept:  # already in call order
-        by_agent[t.agent].append(t)
-    reward = agent_rewards(rewards, set(by_agent))
+        by_role[t.agent, t.model].append(t)
+    reward = agent_rewards(rewards, {agent for agent, _ in by_role})
+    task = task_name(begin)
     samples = []
-    for agent, timelines in by_agent.items():
+    for (agent, model), timelines in by_role.items():
         for index, t in enumerate(timelines):
             samples.append(
                 Sample(
-                    sample_id=f"{begin.episode_id}.{agent}.{index}",
-                    model=t.model,
+                    sample_id=sample_id(begin.episode_id, agent, model, index),
+                    model=model,
                     episode_id=begin.episode_id,
                     agent=agent,
                     task_id=begin.task_id,
                     group_key=begin.group,
+                    task=task,
                     client_id=begin.client_id,
                     client_version=begin.client_version,
                     token_ids=t.tokens,

@@ -21,8 +21,9 @@ class MergerConfig(ServiceConfig):
     ack_wait_s: float = Field(default=60.0, gt=0)
     """Ack wait of the durable consumer. Messages of open episodes are held unacked and kept alive
     with in-progress acks, so this only bounds how long a restarted merger waits for what a killed
-    one held. Keep it well under the SAMPLES duplicate window (120 s): a crash between publishing
-    an episode's samples and acking its events is then healed by de-duplication on replay."""
+    one held. Keep it well under the SAMPLES duplicate window (`bus.SERVICE_DUPLICATE_WINDOW_S`,
+    30 min): a crash between publishing an episode's samples and acking its events is then healed by
+    de-duplication on replay."""
     max_ack_pending: int = Field(default=200_000, gt=0)
     """Most unacked messages the server hands out: must exceed all events of all open episodes, or
     delivery stalls until episodes time out."""

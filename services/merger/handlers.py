@@ -11,8 +11,28 @@ Ack discipline: the events of an open episode stay unacked (kept alive with in-p
 episode's events acked; `abort` or `episode_timeout_s` without events publishes stats and acks. A
 merger killed at any point therefore leaves every unfinished episode unacked, the next one replays
 it from the durable consumer (`recovery.py`), and republished samples carry the same msg ids, so
-JetStream's duplicate window (120 s; see `MergerConfig.ack_wait_s`) drops them: nothing lost,
-nothing doubled.
+JetStream's duplicate window on SAMPLES (`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min) drops them:
+nothing lost, nothing doubled.
+
+All or none across models. An episode whose agents call several trainable models has samples on
+several subjects (`swarm.samples.<model>`); JetStream cannot store them atomically, so the guarantee
+is about what the streams end up holding, not about what a trainer may see in between:
+
+- Ended and merged: the samples of every model and the stats are published concurrently, each with a
+  deterministic msg id (`<episode_id>.<agent>.<model>.<index>`, `merge-<episode_id>`) and each
+  confirmed by JetStream, before the first of the episode's events is acked. No path acks an
+  episode that has published a subset: a failure before the first publish (undecodable calls, a
+  merge error, a sample over the size limit) drops the episode whole (stats `aborted`, dead letter,
+  no samples for any model); a failure from the first publish on is never turned into a drop (part
+  of the samples may be stored): it propagates out of `run()` with the episode unacked, like a crash.
+- Aborted or timed out: stats only, no sample for any model.
+- A merger that dies (or fails) between two models' publishes leaves the episode unacked. Whoever
+  consumes the durable next replays it in stream order, merges the same events into the same
+  samples with the same ids, and publishes every one of them again: the duplicate window drops the
+  copies already stored, the missing ones land. Each model's stream then holds exactly one copy of
+  each of the episode's samples. Between the crash and the replay one model's stream may hold its
+  samples while another's does not yet; if the replay comes later than the duplicate window after
+  the first publish, the copies already stored land a second time.
 """
 
 from __future__ import annotations
@@ -50,6 +70,8 @@ from swarmrl.services.merger.retry import Stopping, retry
 
 log = logging.getLogger("swarmrl.merger")
 SERVICE = "merger"
+HEADER_MARGIN = 64
+"""Bytes of a sample's headers besides its msg id (`NATS/1.0`, `Nats-Msg-Id: `, line ends)."""
 
 
 def check_subject(subject: str, ev: Event) -> None:
@@ -77,6 +99,7 @@ class Merger:
         self.dlq: bus.DeadLetters | None = None
         self._js: JetStreamContext | None = None
         self._max_payload = 1 << 20
+        """Largest sample message (headers included) the server and the SAMPLES stream accept."""
         self._due: list[Callable[[], Awaitable[None]]] = []
         """Closings (publish, then ack) of episodes that ended in the current batch."""
         self.ack_wait_s = cfg.ack_wait_s
@@ -93,8 +116,9 @@ class Merger:
         recovery: Recovery | None = None
         try:
             self._js = js = nc.jetstream()
-            self._max_payload = nc.max_payload
             await bus.ensure_streams(js)
+            stream_max = (await js.stream_info(S.SAMPLES_STREAM)).config.max_msg_size or -1
+            self._max_payload = min(nc.max_payload, stream_max) if stream_max > 0 else nc.max_payload
             self.dlq = bus.DeadLetters(js, SERVICE)
             sub = await bus.durable_pull(
                 js,
@@ -224,25 +248,37 @@ class Merger:
                 raise result
 
     async def _finish(self, ep: OpenEpisode, end: Msg) -> None:
-        """Publish the samples and stats of an ended episode, then ack its events."""
+        """Publish the samples (every model's) and stats of an ended episode, then ack its events.
+
+        Whatever fails before the first publish drops the episode whole: none of it was published.
+        From the first publish on a failure is not caught: some samples may be stored, so the episode
+        must stay unacked for a replay that publishes all of them again (module docstring).
+        """
         eid = ep.begin.episode_id
         calls: list[LlmEvent] = []
         try:
             calls = self._calls(ep)
             samples, stats = assemble(ep.begin, calls, ep.rewards, self.opts)
             out = [(S.samples_subject(s.model), encode(s), s.sample_id) for s in samples]
-            big = [(msg_id, len(data)) for _, data, msg_id in out if len(data) > self._max_payload]
+            # Headers count against both limits; a sample rejected after its siblings were stored
+            # would make the episode fail on every replay, so oversized ones are caught here.
+            limit = self._max_payload - HEADER_MARGIN
+            big = [(msg_id, len(data)) for _, data, msg_id in out if len(data) + len(msg_id) > limit]
             if big:
                 raise ValueError(
                     f"oversized: samples {big} exceed the max payload of {self._max_payload} bytes"
                 )
-            await self._close(stats, out)
-        except Stopping:
-            raise
-        except Exception as exc:  # cannot merge or publish this episode: record why, never hold it forever
+        except Exception as exc:  # cannot merge this episode: record why, never hold it forever
             log.exception("subject=%s episode=%s merge failed", end.subject, eid)
             await retry(self._stop, self._dlq().send, end, f"merge: {type(exc).__name__}: {exc}")
             return await self._close(dropped_stats(eid, calls, "aborted", f"merge failed: {exc}", ep.begin))
+        try:
+            await self._close(stats, out)
+        except Stopping:
+            raise
+        except Exception:
+            log.exception("subject=%s episode=%s publish failed; left unacked for a replay", end.subject, eid)
+            raise
         self.counts["samples"] += len(out)
         self.counts["eval" if ep.begin.eval else stats.status] += 1
         log.info(
@@ -254,7 +290,13 @@ class Merger:
     async def _close(self, stats: MergeStats, samples: list[tuple[str, bytes, str]] | None = None) -> None:
         """Publish the episode's samples (subject, payload, msg id) and stats, then ack all its events."""
         out = [*(samples or []), (S.MERGE_METRICS_SUBJECT, encode(stats), f"merge-{stats.episode_id}")]
-        await asyncio.gather(*(self._publish(subject, data, msg_id) for subject, data, msg_id in out))
+        results = await asyncio.gather(
+            *(self._publish(subject, data, msg_id) for subject, data, msg_id in out), return_exceptions=True
+        )
+        # Every publish has finished (none is left running behind a failure); ack only if all held.
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         if stats.status in ("aborted", "timeout"):
             self.counts[stats.status] += 1
             log.info("episode=%s %s: %s", stats.episode_id, stats.status, stats.reason)

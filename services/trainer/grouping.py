@@ -2,6 +2,8 @@
 
 Samples are keyed by `group_key`, then by episode. An episode is complete once every agent seen in it
 has delivered all `n_samples` of its samples (the merger publishes an episode's samples together).
+A trainer holds one model's samples only, and the merger counts `index`/`n_samples` per (agent,
+model), so an agent that also calls other models completes here with this model's samples alone.
 
 Policy:
 - a group is ready once it holds `num_repeat` complete episodes; exactly the `num_repeat` oldest

@@ -223,6 +223,20 @@ class Trainer:
             "model=%s version=%d path=%s put in KV %s", self.cfg.model, mv.version, mv.path, S.MODELS_BUCKET
         )
 
+    @staticmethod
+    def task_metrics(samples: list[Sample]) -> dict[str, float]:
+        """`reward_mean.<task>` and `samples.<task>` for each task named in a step's samples (cocktail
+        training mixes tasks in one step). Samples without a task name count only in `reward_mean`."""
+        by_task: dict[str, list[float]] = {}
+        for s in samples:
+            if s.task:
+                by_task.setdefault(s.task, []).append(s.reward)
+        out: dict[str, float] = {}
+        for task, rewards in sorted(by_task.items()):
+            out[f"reward_mean.{task}"] = sum(rewards) / len(rewards)
+            out[f"samples.{task}"] = float(len(rewards))
+        return out
+
     async def _publish_metrics(
         self, js: JetStreamContext, items: list[Scored], version: int, stats: dict[str, float], wall_s: float
     ) -> None:
@@ -232,6 +246,7 @@ class Trainer:
         extra = {k: float(v) for k, v in stats.items() if k not in ("loss", "tokens", "trained_tokens")}
         extra.update({k: float(v) for k, v in self.counts.items()})
         extra.update(held_samples=float(len(self.buffer)), ready_groups=float(len(self.ready)))
+        extra.update(self.task_metrics([it.sample for it in items]))
         msg = TrainStep(
             model=self.cfg.model, step=self.state.step, policy_version=self.state.version, loss=stats["loss"],
             reward_mean=mean, reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),

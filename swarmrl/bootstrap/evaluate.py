@@ -1,6 +1,9 @@
 """Offline evaluation: play a task's held-out eval set with plain `model.generate` sampling, no
 swarm services involved. Works on any HF chat model directory that uses Qwen-style `<tool_call>`
 tags (the tiny model, Qwen2.5-Instruct); used to measure the warm start and, later, RL progress.
+
+Multi-role tasks: `evaluate_offline(model, "team_calculator.caller")` measures one role's model alone
+(its partners scripted as correct by the task's `role_oracle`), `evaluate_team` a whole team.
 """
 
 from __future__ import annotations
@@ -8,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmrl.agents.tasks import get_task
-from swarmrl.agents.tasks.base import Message
+from swarmrl.agents.tasks.base import Message, TaskSpec
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -26,11 +30,21 @@ class EvalResult:
     """Outcome of `evaluate_offline`."""
 
     task: str
+    """The task, or the `<task>.<role>` source measured."""
     episodes: int
     success_rate: float
+    """Share of episodes the task (the team, for a multi-role task) succeeded."""
     mean_reward: float
+    """Mean episode reward; for a role, that role's mean reward."""
     mean_turns: float
+    """Model replies per episode (scripted partners' replies not counted)."""
     seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Multi-role tasks: mean of each `MultiRoleEnv.metrics` entry over the episodes that have it."""
+    role: str | None = None
+    """The role measured (`task.role` sources), else None."""
+    metric: float | None = None
+    """For a role: the mean of its own metric (`TaskSpec.role_metrics`), else None."""
 
 
 def parse_assistant_text(text: str) -> Message:
@@ -77,7 +91,8 @@ def evaluate_offline(
 
     Args:
         model_dir: any HF causal-LM directory with a chat template.
-        task: a name in `swarmrl.agents.tasks.TASKS`.
+        task: a single-agent task name in `swarmrl.agents.tasks.TASKS`, or `<task>.<role>`: the
+            model plays that role of a multi-role task, the other roles play correct scripted replies.
         n: number of episodes; episode i plays eval instance i % len(eval set).
         seed: torch seed for sampling (same seed, same machine: same result).
         temperature: sampling temperature (full distribution: no top-k / top-p).
@@ -85,14 +100,22 @@ def evaluate_offline(
         batch_size: episodes played in lockstep, one batched `generate` per turn.
 
     Returns:
-        Success rate, mean reward and mean number of model replies per episode.
+        Success rate, mean reward and mean number of model replies per episode (for a role: the
+        role's reward and metric).
     """
+    name, _, role = task.partition(".")
+    spec = get_task(name)
+    if spec.roles:
+        if role not in spec.roles:
+            valid = ", ".join(f"{name}.{r}" for r in spec.roles)
+            raise ValueError(f"{task!r}: evaluate one role of a multi-role task: {valid} (or evaluate_team)")
+        return _evaluate_roles(
+            spec, {role: Path(model_dir)}, n, seed, temperature, max_new_tokens, batch_size
+        )
+    if role:
+        raise ValueError(f"{task!r}: {name} is a single-agent task, it has no roles")
     started = time.monotonic()
-    spec = get_task(task)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    model.eval()
+    tokenizer, model = _load(model_dir)
     torch.manual_seed(seed)
     instances = spec.eval_tasks()
     rewards: list[float] = []
@@ -135,6 +158,113 @@ def evaluate_offline(
         mean_turns=sum(turns) / len(turns),
         seconds=round(time.monotonic() - started, 2),
     )
+
+
+def evaluate_team(
+    models: Mapping[str, str | Path],
+    task: str,
+    n: int = 64,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+) -> EvalResult:
+    """Play `n` episodes of a multi-role task's eval set, role `r` played by the model at `models[r]`
+    (roles left out play correct scripted replies). Arguments as `evaluate_offline`.
+
+    Returns:
+        The team's success rate; `metrics` holds every role metric; `mean_reward` is the mean over
+        the roles that acted of their rewards.
+    """
+    spec = get_task(task)
+    unknown = set(models) - set(spec.roles)
+    if not spec.roles or unknown:
+        raise ValueError(f"{task!r} roles are {list(spec.roles)}; got models for {sorted(models)}")
+    dirs = {role: Path(d) for role, d in models.items()}
+    return _evaluate_roles(spec, dirs, n, seed, temperature, max_new_tokens, batch_size)
+
+
+@torch.no_grad()
+def _evaluate_roles(
+    spec: TaskSpec,
+    dirs: dict[str, Path],
+    n: int,
+    seed: int,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+) -> EvalResult:
+    started = time.monotonic()
+    oracle = spec.role_oracle
+    if oracle is None and set(dirs) != set(spec.roles):
+        raise ValueError(
+            f"{spec.name} has no role_oracle to script roles {sorted(set(spec.roles) - set(dirs))}"
+        )
+    loaded = {d: _load(d) for d in set(dirs.values())}  # one copy of a model playing several roles
+    torch.manual_seed(seed)
+    instances = spec.eval_tasks()
+    successes: list[bool] = []
+    rewards: list[float] = []
+    turns: list[int] = []
+    metrics: dict[str, list[float]] = {}
+    for start in range(0, n, batch_size):
+        batch = [instances[i % len(instances)] for i in range(start, min(n, start + batch_size))]
+        envs = [spec.make_env(instance) for instance in batch]
+        replies = [0] * len(envs)
+        while True:
+            pending = [(i, t) for i, env in enumerate(envs) if (t := env.turn()) is not None]
+            if not pending:
+                break
+            # In the task's role order, not a set's: sampling must consume the torch rng the same way every run.
+            for role in [r for r in spec.roles if any(t.role == r for _, t in pending)]:
+                mine = [(i, t) for i, t in pending if t.role == role]
+                if role not in dirs:
+                    assert oracle is not None
+                    for i, t in mine:
+                        envs[i].step(oracle(batch[i], t))
+                    continue
+                tokenizer, model = loaded[dirs[role]]
+                prompts = [
+                    str(
+                        tokenizer.apply_chat_template(
+                            t.messages, tools=t.tools, add_generation_prompt=True, tokenize=False
+                        )
+                    )
+                    for _, t in mine
+                ]
+                for (i, _), text in zip(
+                    mine, _generate(model, tokenizer, prompts, temperature, max_new_tokens), strict=True
+                ):
+                    envs[i].step(parse_assistant_text(text))
+                    replies[i] += 1
+        for env, count in zip(envs, replies, strict=True):
+            successes.append(env.success)
+            acted = [env.rewards[r] for r in dirs if r in env.rewards]
+            rewards.append(sum(acted) / len(acted) if acted else 0.0)
+            turns.append(count)
+            for key, value in env.metrics.items():
+                metrics.setdefault(key, []).append(value)
+    means = {key: sum(v) / len(v) for key, v in metrics.items()}
+    role = next(iter(dirs)) if len(dirs) == 1 else None
+    return EvalResult(
+        task=f"{spec.name}.{role}" if role else spec.name,
+        episodes=len(successes),
+        success_rate=sum(successes) / len(successes),
+        mean_reward=sum(rewards) / len(rewards),
+        mean_turns=sum(turns) / len(turns),
+        seconds=round(time.monotonic() - started, 2),
+        metrics=means,
+        role=role,
+        metric=means.get(spec.role_metrics.get(role, ""), 0.0) if role else None,
+    )
+
+
+def _load(model_dir: str | Path) -> tuple[Any, Any]:
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    model.eval()
+    return tokenizer, model
 
 
 def _generate(

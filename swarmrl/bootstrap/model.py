@@ -1,6 +1,7 @@
-"""Builds swarmrl's tiny offline model: tokenizer + a standard Qwen2ForCausalLM (a few million
-parameters), an SFT warm start on the default tasks, saved as a plain HF model directory
-(safetensors, tokenizer, chat template, generation config, meta.json).
+"""Builds swarmrl's tiny offline models: tokenizer + a standard Qwen2ForCausalLM or LlamaForCausalLM
+(a few million parameters, see `presets.PRESETS`), an SFT warm start on the preset's sources (tasks,
+or roles of multi-role tasks), saved as a plain HF model directory (safetensors, tokenizer, chat
+template, generation config, meta.json). The cache of built models is `presets.ensure_model`.
 
 Nothing downstream may assume this model: everything loads it with `AutoModelForCausalLM` /
 `AutoTokenizer`, exactly like a real Qwen2.5-Instruct directory.
@@ -8,64 +9,80 @@ Nothing downstream may assume this model: everything loads it with `AutoModelFor
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
+from swarmrl.bootstrap.presets import (
+    BUILDER_VERSION,
+    DEFAULT_PRESET,
+    DEFAULT_STEPS,
+    TinyDims,
+    default_steps,
+    ensure_model,
+    get_preset,
+    model_dir,
+    resolve_sources,
+    swarmrl_home,
+)
 from swarmrl.bootstrap.sft import warm_start
 from swarmrl.bootstrap.tokenizer import IM_END, build_tokenizer
 
-# Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
-BUILDER_VERSION = "2"
-DEFAULT_STEPS = 1250
-
-
-@dataclass(frozen=True)
-class TinyDims:
-    """Model dimensions: small enough that a CPU SFT step takes well under a second."""
-
-    hidden_size: int = 192
-    intermediate_size: int = 512
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 2048
+_ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
 def build_model(
     out_dir: str | Path,
     seed: int = 0,
-    warm_start_steps: int = DEFAULT_STEPS,
+    warm_start_steps: int | None = None,
     progress: bool = True,
-    dims: TinyDims = TinyDims(),
+    dims: TinyDims | None = None,
     batch_size: int = 16,
+    preset: str = DEFAULT_PRESET,
+    sources: Sequence[str] | None = None,
 ) -> Path:
-    """Build, warm-start and save the tiny model.
+    """Build, warm-start and save a tiny model.
 
     Args:
         out_dir: target directory (created; files in it are overwritten).
         seed: seeds the tokenizer corpus, the init and the demonstrations; same seed, same weights.
-        warm_start_steps: SFT steps on demonstrations; 0 leaves a random init (fast, for tests).
+        warm_start_steps: SFT steps on demonstrations; 0 leaves a random init (fast, for tests);
+            None = `presets.default_steps(preset, sources)`.
         progress: show a rich progress bar over SFT steps.
-        dims: model dimensions.
+        dims: model dimensions; None = the preset's.
         batch_size: demonstrations per SFT step.
+        preset: a name in `presets.PRESETS` (architecture and dimensions).
+        sources: SFT sources (`calculator`, `team_calculator.caller`); None = the preset's own.
 
     Returns:
         `out_dir` as a Path, loadable with `AutoModelForCausalLM.from_pretrained`.
+
+    Raises:
+        ValueError: unknown preset or source.
     """
     started = time.monotonic()
+    spec = get_preset(preset)
+    resolved = resolve_sources(preset, sources)
+    steps = default_steps(preset, resolved) if warm_start_steps is None else warm_start_steps
+    dims = dims or spec.dims
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out, seed=seed)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
-    config = Qwen2Config(
+    config_class, model_class = _ARCHITECTURES[spec.architecture]
+    config = config_class(
         vocab_size=len(tokenizer),  # exact: a padded vocab could sample ids the tokenizer lacks
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -74,9 +91,15 @@ def build_model(
         **asdict(dims),
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model: PreTrainedModel = model_class(config)
     losses = warm_start(
-        model, tokenizer, warm_start_steps, seed=seed, batch_size=batch_size, progress=progress
+        model,
+        tokenizer,
+        steps,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        sources=list(resolved),
     )
     model.generation_config = GenerationConfig(
         eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0
@@ -86,8 +109,11 @@ def build_model(
     tail = losses[-10:]
     meta = {
         "builder_version": BUILDER_VERSION,
+        "preset": preset,
+        "architecture": spec.architecture,
+        "sources": list(resolved),
         "seed": seed,
-        "warm_start_steps": warm_start_steps,
+        "warm_start_steps": steps,
         "batch_size": batch_size,
         "final_sft_loss": sum(tail) / len(tail) if tail else None,
         "param_count": params,
@@ -100,48 +126,24 @@ def build_model(
     return out
 
 
-def swarmrl_home() -> Path:
-    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`."""
-    return Path(os.environ.get("SWARMRL_HOME") or Path.home() / ".cache" / "swarmrl")
-
-
-def _source_digest() -> str:
-    """Hash of the code the model is built from (this package and the default tasks): a cached model
-    built from other task prompts or demonstrations would silently be the wrong policy."""
-    import swarmrl.agents.tasks as tasks_pkg
-
-    h = hashlib.sha256()
-    for folder in (Path(__file__).parent, Path(tasks_pkg.__file__).parent):
-        for f in sorted(folder.glob("*.py")):
-            h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()
-
-
 def default_model_dir(seed: int = 0, steps: int = DEFAULT_STEPS) -> Path:
-    """Where the default tiny model lives; the name changes with the builder version, its inputs and
-    the source of the builder and the tasks."""
-    digest = hashlib.sha256(f"{BUILDER_VERSION}:{seed}:{steps}:{_source_digest()}".encode()).hexdigest()[:10]
-    return swarmrl_home() / "models" / f"tiny-{digest}"
+    """Where the default model (preset `tiny`, its own sources) lives: `presets.model_dir`."""
+    return model_dir(DEFAULT_PRESET, None, steps, seed)
 
 
 def ensure_default_model(
     seed: int = 0, steps: int = DEFAULT_STEPS, progress: bool = True, force: bool = False
 ) -> Path:
-    """The default model directory, built first when missing (or when `force`).
+    """The default model directory (preset `tiny`), built first when missing: `presets.ensure_model`."""
+    return ensure_model(DEFAULT_PRESET, None, steps, seed, progress=progress, force=force)
 
-    Builds into a temporary sibling and renames it into place, so concurrent callers never see a
-    half-written model and the loser of a race just discards its copy.
-    """
-    target = default_model_dir(seed, steps)
-    if (target / "meta.json").exists() and not force:
-        return target
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    build_model(tmp, seed=seed, warm_start_steps=steps, progress=progress)
-    if force:
-        shutil.rmtree(target, ignore_errors=True)
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished first: its copy is equivalent (same seed)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+__all__ = [
+    "BUILDER_VERSION",
+    "DEFAULT_STEPS",
+    "TinyDims",
+    "build_model",
+    "default_model_dir",
+    "ensure_default_model",
+    "swarmrl_home",
+]

@@ -1,5 +1,6 @@
-"""The SFT warm start: ~1000 small steps on synthetic demonstrations of the default tasks, loss
-on assistant tokens only, so the tiny model starts RL with the right formats and a weak strategy.
+"""The SFT warm start: ~1000 small steps on synthetic demonstrations of the model's sources (tasks,
+or roles of multi-role tasks: see `presets`), loss on assistant tokens only, so the tiny model starts
+RL with the right formats and a weak strategy.
 
 Episodes are tokenized the way the gateway sees them at RL time: each model call's prompt is the
 chat template rendered with a generation prompt, each reply is content + `<|im_end|>` appended as
@@ -19,6 +20,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.agents.tasks import TASKS
 from swarmrl.agents.tasks.base import Message
+from swarmrl.bootstrap.presets import DEFAULT_PRESET, get_preset, parse_source, sft_weight
+
+Demonstrate = Callable[[Any, random.Random], list[Message]]
 
 
 def encode_episode(
@@ -55,14 +59,37 @@ def encode_episode(
     return ids, mask
 
 
+def source_demonstration(source: str) -> tuple[Demonstrate, list[dict[str, Any]] | None]:
+    """What an SFT source demonstrates: (instance, rng) -> messages, and the tool specs they go with.
+
+    A task name gives the task's demonstrations; `<task>.<role>` gives that role's conversations
+    (ending in its reply) from the task's `role_demonstrations`.
+    """
+    task, role = parse_source(source)
+    spec = TASKS[task]
+    if role is None:
+        assert spec.demonstration is not None  # TaskSpec refuses a single-agent task without one
+        return spec.demonstration, spec.tools
+    role_demonstrations = spec.role_demonstrations
+    assert role_demonstrations is not None  # TaskSpec refuses a multi-role task without them
+
+    def demonstrate(instance: Any, rng: random.Random) -> list[Message]:
+        return role_demonstrations(instance, rng)[role]
+
+    return demonstrate, spec.role_tools.get(role)
+
+
 def demonstration_batches(
     tokenizer: PreTrainedTokenizerBase,
     batch_size: int,
     seed: int,
-    tasks: list[str] | None = None,
+    sources: list[str] | None = None,
 ) -> Callable[[], dict[str, torch.Tensor]]:
-    """A function returning the next batch: one task (and view of it) per batch, in turn, each task
-    `TaskSpec.sft_weight` times per round.
+    """A function returning the next batch: one source (and view of it) per batch, in turn, each
+    source `presets.sft_weight(source)` times per round.
+
+    `sources` are task names or `<task>.<role>` (default: the `tiny` preset's); their order, with
+    `seed`, fixes the stream of batches.
 
     A batch is `prefix_ids` [1, P], the token prefix all its episodes share (system prompt, tool
     specs, often the user prompt), and per-episode `input_ids` / `labels` [B, S] for the rest,
@@ -70,27 +97,27 @@ def demonstration_batches(
     once per batch instead of once per episode.
     """
     rng = random.Random(seed)
-    names = tasks or sorted(TASKS)
-    streams = {name: TASKS[name].train_tasks(seed) for name in names}
-    # Tool tasks are also shown without the tool specs in the system prompt. Those specs make every
+    names = list(sources or get_preset(DEFAULT_PRESET).sources)
+    streams = {name: TASKS[parse_source(name)[0]].train_tasks(seed) for name in names}
+    demos = {name: source_demonstration(name) for name in names}
+    # Tool sources are also shown without the tool specs in the system prompt. Those specs make every
     # context ~200 tokens long, which dilutes the attention a tiny model needs to learn copying
     # (question -> tool call, tool result -> answer); the copy offsets learned in short contexts
     # carry over to long ones because positions are relative (RoPE).
     views: list[tuple[str, list[dict[str, Any]] | None]] = []
     for name in names:
-        spec = TASKS[name]
-        one = [(name, spec.tools)] + ([(name, None)] if spec.tools else [])
-        views += one * spec.sft_weight
+        tools = demos[name][1]
+        one = [(name, tools)] + ([(name, None)] if tools else [])
+        views += one * sft_weight(name)
     turn = 0
 
     def next_batch() -> dict[str, torch.Tensor]:
         nonlocal turn
         name, tools = views[turn % len(views)]
-        spec = TASKS[name]
+        demonstrate = demos[name][0]
         turn += 1
         rows = [
-            encode_episode(tokenizer, spec.demonstration(next(streams[name]), rng), tools)
-            for _ in range(batch_size)
+            encode_episode(tokenizer, demonstrate(next(streams[name]), rng), tools) for _ in range(batch_size)
         ]
         # The suffix must hold every trained token at position >= 1: its labels are shifted inside the
         # model, so a suffix's first token is only ever an input.
@@ -142,11 +169,13 @@ def warm_start(
     batch_size: int = 16,
     lr: float = 1e-3,
     progress: bool = True,
+    sources: list[str] | None = None,
 ) -> list[float]:
-    """Run `steps` AdamW steps (linear warmup, cosine decay) on demonstrations; returns the losses."""
+    """Run `steps` AdamW steps (linear warmup, cosine decay) on demonstrations of `sources` (default:
+    the `tiny` preset's); returns the losses."""
     if steps <= 0:
         return []
-    next_batch = demonstration_batches(tokenizer, batch_size, seed)
+    next_batch = demonstration_batches(tokenizer, batch_size, seed, sources)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
 

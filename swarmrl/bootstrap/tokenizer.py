@@ -1,6 +1,8 @@
 """Builds the tiny model's tokenizer offline: byte-level BPE (every byte is in the alphabet, so any
 text round-trips), digits split one by one (Qwen2's pre-tokenizer regex, kind to arithmetic),
-trained on text from the default tasks so their prompts take few tokens.
+trained on text from the `calculator` and `guess_number` tasks so their prompts take few tokens.
+Every preset shares this one tokenizer, and it must not change when tasks are added (the default
+model's weights would): its corpus tasks are pinned (`CORPUS_TASKS`), not "every task".
 
 Special tokens follow Qwen2.5: `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos), plus the
 non-special added tokens `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`
@@ -25,6 +27,8 @@ from swarmrl.bootstrap.chat_template import CHAT_TEMPLATE, TOOLS_POSTAMBLE, TOOL
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 VOCAB_SIZE = 1024
+# In the order the corpus used when these were all of TASKS: the shared rng makes the order matter.
+CORPUS_TASKS = ("guess_number", "calculator")
 # Qwen2's split: one digit per pre-token, letters with an optional leading space, punctuation runs.
 SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -40,7 +44,8 @@ Sorry, I cannot help with that. Thank you! Hello, how are you today? Let's try a
 def _corpus(seed: int = 0, episodes_per_task: int = 400) -> Iterator[str]:
     """Task demonstrations (contents and tool-call JSON), tool specs, and some general text."""
     rng = random.Random(seed)
-    for spec in TASKS.values():
+    for spec in (TASKS[name] for name in CORPUS_TASKS):
+        assert spec.demonstration is not None  # single-agent tasks
         for tool in (spec.tools or []) * 50:  # repeated: min_frequency=2 must see its pairs
             yield json.dumps(tool)
         tasks = spec.train_tasks(seed)

@@ -161,6 +161,19 @@ async def test_auth_and_request_errors_are_openai_style(stack, swarm) -> None:
         assert ok.choices[0].message.role == "assistant"
 
 
+async def test_each_agent_may_call_only_the_models_its_token_names(stack, swarm) -> None:
+    agent_models = {"caller": ["policy"], "scorer": []}  # e.g. a scripted agent that calls no model
+    async with swarm.episode("t9", agent_models=agent_models, heartbeat_s=0) as ep:
+        ok = await ep.openai("caller").chat.completions.create(model="policy", messages=MSGS, max_tokens=4)
+        with pytest.raises(openai.PermissionDeniedError) as err:
+            await ep.openai("scorer", max_retries=0).chat.completions.create(
+                model="policy", messages=MSGS, max_tokens=4
+            )
+    assert ok.choices[0].message.role == "assistant" and err.value.code == "model_not_allowed"
+    (ev,) = await llm_events(stack.nats, ep.episode_id)
+    assert ev.agent == "caller"
+
+
 async def test_max_tokens_beyond_context_is_capped_by_the_context(stack, swarm) -> None:
     handle = stack.gateway.gateway.models["policy"]
     base = len(handle.builder.encode(handle.builder.render([{"role": "user", "content": ""}], [], True)))

@@ -95,9 +95,9 @@ async def test_episodes_become_samples_exactly_once(js: JetStreamContext, merger
         False,
     )
     got = await samples(js)
-    assert sorted(s.sample_id for s in got) == ["chain.a.0", "team.a.0", "team.a.1", "team.b.0"]
+    assert sorted(s.sample_id for s in got) == ["chain.a.m.0", "team.a.m.0", "team.a.m.1", "team.b.m.0"]
     by_id = {s.sample_id: s for s in got}
-    assert by_id["chain.a.0"].n_calls == 4 and by_id["team.a.0"].n_calls == 2
+    assert by_id["chain.a.m.0"].n_calls == 4 and by_id["team.a.m.0"].n_calls == 2
     assert all(m.subject == S.samples_subject("m") for m in await read_stream(js, S.SAMPLES_STREAM))
     assert merger.counts["merged"] == 2 and merger.counts["eval"] == 1 and merger.counts["aborted"] == 1
     assert await stream_count(js, S.DLQ_STREAM) == 0
@@ -162,7 +162,7 @@ async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, mer
     assert codes == ["malformed", "version", "schema", "oversized", "subject", "unknown_episode", "duplicate",
                      "out_of_order", "after_end"]  # fmt: skip
     assert [m.data for m in dead[:3]] == [data for _, data in bad[:3]]
-    assert [s.sample_id for s in await samples(js)] == ["good.a.0"]
+    assert [s.sample_id for s in await samples(js)] == ["good.a.m.0"]
     assert merger.dlq is not None and sum(merger.dlq.counts.values()) == len(codes)
 
 
@@ -205,7 +205,7 @@ async def test_stopped_merger_hands_open_episodes_to_its_successor(
     finally:
         second.request_stop()
         await asyncio.wait_for(task, timeout=10)
-    assert [(s.sample_id, s.n_calls) for s in await samples(js)] == [("handover.a.0", 2)]
+    assert [(s.sample_id, s.n_calls) for s in await samples(js)] == [("handover.a.m.0", 2)]
 
 
 async def test_heartbeats_keep_an_episode_alive(

@@ -62,7 +62,7 @@ async def test_kill_and_restart_loses_and_doubles_nothing(swarm_nats: NatsServer
     ids = [f"ep{i:03d}" for i in range(EPISODES)]
     aborted = {eid for i, eid in enumerate(ids) if i % ABORT_EVERY == 3}
     episodes = [chain_episode(eid, turns=3, outcome="abort" if eid in aborted else "end") for eid in ids]
-    expected = {f"{eid}.a.0" for eid in ids if eid not in aborted}
+    expected = {f"{eid}.a.m.0" for eid in ids if eid not in aborted}
     log = tmp_path / "merger.log"
 
     nc = await nats.connect(swarm_nats.service_url)

@@ -8,19 +8,20 @@ from swarmrl.up import parse_args
 
 
 def test_defaults_parse() -> None:
-    args = parse_args([])
-    assert args.task == "calculator" and args.minutes == 15.0 and args.eval_samples >= 1
+    swarm = parse_args([]).swarm
+    assert list(swarm.tasks) == ["calculator"] and swarm.run.minutes == 15.0 and swarm.run.eval_samples >= 1
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--task", "calculator,nope"], "unknown task"),
-        (["--num-repeat", "1"], "--num-repeat must be >= 2"),
-        (["--eval-samples", "0"], "--eval-samples must be >= 1"),
-        (["--abort-rate", "1.5"], "--abort-rate must be in"),
-        (["--lr", "0"], "--lr must be > 0"),
-        (["--max-backlog", "-2"], "--max-backlog must be >= -1"),
+        (["--task", "calculator,nope"], "[tasks.nope]: unknown built-in task"),
+        (["--num-repeat", "1"], "models.policy.num_repeat: Input should be greater than or equal to 2"),
+        (["--eval-samples", "0"], "run.eval_samples: Input should be greater than or equal to 1"),
+        (["--abort-rate", "1.5"], "run.abort_rate: Input should be less than 1"),
+        (["--lr", "0"], "models.policy.lr: Input should be greater than 0"),
+        (["--max-backlog", "-2"], "models.policy.max_backlog: Input should be greater than or equal to -1"),
+        (["--clients", "-1"], "tasks.calculator.clients: Input should be greater than or equal to 0"),
     ],
 )
 def test_bad_flags_exit_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:

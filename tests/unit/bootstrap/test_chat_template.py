@@ -8,7 +8,8 @@ import random
 import pytest
 
 from swarmrl.agents.tasks import TASKS
-from swarmrl.bootstrap import build_tokenizer
+from swarmrl.bootstrap import build_tokenizer, source_names
+from swarmrl.bootstrap.sft import source_demonstration
 
 TOOLS = TASKS["calculator"].tools
 
@@ -79,10 +80,11 @@ def test_plain_chat_has_no_invented_system_prompt(tokenizer):
 def _conversations():
     yield MIXED, TOOLS
     rng = random.Random(0)
-    for spec in TASKS.values():
-        tasks = spec.train_tasks(0)
+    for source in source_names():  # every task, and every role of a multi-role task
+        demonstrate, tools = source_demonstration(source)
+        tasks = TASKS[source.split(".")[0]].train_tasks(0)
         for _ in range(5):
-            yield spec.demonstration(next(tasks), rng), spec.tools
+            yield demonstrate(next(tasks), rng), tools
 
 
 @pytest.mark.parametrize("use_tools", [False, True])

@@ -13,8 +13,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from swarmrl.agents.tasks import TASKS
-from swarmrl.bootstrap import TinyDims, build_model, build_tokenizer, default_model_dir, evaluate_offline
-from swarmrl.bootstrap.sft import demonstration_batches, encode_episode, sft_loss
+from swarmrl.bootstrap import (
+    TinyDims,
+    build_model,
+    build_tokenizer,
+    default_model_dir,
+    evaluate_offline,
+    source_names,
+)
+from swarmrl.bootstrap.sft import demonstration_batches, encode_episode, sft_loss, source_demonstration
 
 SMALL = TinyDims(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
@@ -99,10 +106,11 @@ def test_auto_tokenizer_matches_the_built_one(tiny_model_dir: Path):
     """transformers may pick its own class for the directory (Qwen2Tokenizer): ids must not change."""
     loaded, built = AutoTokenizer.from_pretrained(tiny_model_dir), build_tokenizer()
     rng = random.Random(0)
-    for spec in TASKS.values():
-        messages = spec.demonstration(next(spec.train_tasks(0)), rng)
-        text = loaded.apply_chat_template(messages, tools=spec.tools, tokenize=False)
-        assert text == built.apply_chat_template(messages, tools=spec.tools, tokenize=False)
+    for source in source_names():
+        demonstrate, tools = source_demonstration(source)
+        messages = demonstrate(next(TASKS[source.split(".")[0]].train_tasks(0)), rng)
+        text = loaded.apply_chat_template(messages, tools=tools, tokenize=False)
+        assert text == built.apply_chat_template(messages, tools=tools, tokenize=False)
         ids = loaded.encode(text, add_special_tokens=False)
         assert ids == built.encode(text, add_special_tokens=False)
         assert loaded.decode(ids) == text

@@ -19,6 +19,11 @@ def test_round_trip_and_claims() -> None:
     assert claims.allows("policy") and not claims.allows("other")
 
 
+def test_a_token_without_models_allows_none() -> None:
+    claims = verify(SECRET, mint(SECRET, Claims("ep1", "a", (), time.time() + 60)))
+    assert claims.models == () and not claims.allows("policy")
+
+
 def test_forged_tampered_and_expired_tokens_are_refused() -> None:
     tok = mint(SECRET, Claims("ep1", "a", ("policy",), time.time() + 60))
     with pytest.raises(TokenError, match="signature"):

@@ -34,7 +34,7 @@ def test_prefix_chain_becomes_one_sample_with_every_output_trainable(turns: int)
     samples, stats = assemble(begin(), calls, [reward(1.0)])
     assert len(samples) == 1
     s = samples[0]
-    assert (s.sample_id, s.index, s.n_samples, s.n_calls) == ("ep1.a.0", 0, 1, turns)
+    assert (s.sample_id, s.index, s.n_samples, s.n_calls) == ("ep1.a.m.0", 0, 1, turns)
     assert (s.model, s.task_id, s.group_key, s.client_id, s.client_version) == ("m", "task-1", "task-1",
                                                                                "agent-proc", "v7")  # fmt: skip
     assert s.token_ids == calls[-1].prompt_ids + calls[-1].output_ids
@@ -65,7 +65,7 @@ def test_retry_with_edited_history_keeps_both_timelines() -> None:
     edited = llm([9, *second.prompt_ids[1:]], [201, 202], version=5, seq=2)
     samples, stats = assemble(begin(), [first, second, edited], [])
     assert [(s.n_calls, s.token_ids[0]) for s in samples] == [(2, 1), (1, 9)]
-    assert [s.sample_id for s in samples] == ["ep1.a.0", "ep1.a.1"]
+    assert [s.sample_id for s in samples] == ["ep1.a.m.0", "ep1.a.m.1"]
     assert [s.n_samples for s in samples] == [2, 2]
     assert_invariants(samples, stats)
 
@@ -99,7 +99,7 @@ def test_two_agents_never_merge_and_get_their_own_plus_team_rewards() -> None:
     assert set(by_agent) == {"a", "b"} and len(samples) == 2
     assert (by_agent["a"].n_calls, by_agent["b"].n_calls) == (2, 1)
     assert by_agent["a"].reward == 2.5 and by_agent["b"].reward == 0.0
-    assert by_agent["b"].sample_id == "ep1.b.0" and sum(by_agent["b"].loss_mask) == 1
+    assert by_agent["b"].sample_id == "ep1.b.m.0" and sum(by_agent["b"].loss_mask) == 1
     assert stats.agents == 2
     assert_invariants(samples, stats)
 
@@ -108,7 +108,43 @@ def test_one_agent_two_models_never_merge() -> None:
     calls = chain(2, model="m1")
     other = llm(calls[-1].prompt_ids + calls[-1].output_ids, [500], model="m2", seq=9)
     samples, _ = assemble(begin(), [*calls, other], [])
-    assert [(s.model, s.sample_id) for s in samples] == [("m1", "ep1.a.0"), ("m2", "ep1.a.1")]
+    # index and n_samples count per (agent, model): each model's trainer sees a complete agent
+    assert [(s.model, s.sample_id, s.index, s.n_samples) for s in samples] == [
+        ("m1", "ep1.a.m1.0", 0, 1),
+        ("m2", "ep1.a.m2.0", 0, 1),
+    ]
+
+
+def test_two_agents_on_two_models_count_their_samples_per_model() -> None:
+    # Agent a calls alpha twice (a retry with an edited history: two samples) and beta once;
+    # agent b calls beta once. Rewards are per agent, whatever model the sample is for.
+    a1, a2 = chain(2, model="alpha")
+    a_retry = llm([9, *a2.prompt_ids[1:]], [201], model="alpha", seq=2)
+    a_beta = llm([70, 71], [72], model="beta", seq=3)
+    b_beta = llm([80, 81], [82, 83], agent="b", model="beta", seq=4)
+    rewards = [reward(1.0, agent="a", seq=1), reward(-1.0, agent="b", seq=2)]
+    samples, stats = assemble(begin(agents=["a", "b"]), [a1, b_beta, a2, a_beta, a_retry], rewards)
+    got = [(s.sample_id, s.model, s.agent, s.index, s.n_samples, s.reward) for s in samples]
+    assert sorted(got) == [
+        ("ep1.a.alpha.0", "alpha", "a", 0, 2, 1.0),
+        ("ep1.a.alpha.1", "alpha", "a", 1, 2, 1.0),
+        ("ep1.a.beta.0", "beta", "a", 0, 1, 1.0),
+        ("ep1.b.beta.0", "beta", "b", 0, 1, -1.0),
+    ]
+    assert len({s.sample_id for s in samples}) == len(samples) == stats.timelines_kept
+    assert_invariants(samples, stats)
+    # Deterministic: the same events (a replay) give the same ids in the same order.
+    again, _ = assemble(begin(agents=["a", "b"]), [a1, b_beta, a2, a_beta, a_retry], rewards)
+    assert [s.sample_id for s in again] == [s.sample_id for s in samples]
+
+
+@pytest.mark.parametrize(
+    ("task", "name"),
+    [({"name": "countdown", "n": 3}, "countdown"), ({"name": 7}, ""), ({}, ""), ({"title": "x"}, "")],
+)
+def test_sample_task_is_the_begin_task_name_when_it_is_a_string(task: dict[str, Any], name: str) -> None:
+    samples, _ = assemble(begin(task=task), chain(2), [])
+    assert [s.task for s in samples] == [name]
 
 
 def test_text_mode_merges_when_messages_and_tokens_are_prefixes() -> None:

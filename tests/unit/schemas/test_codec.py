@@ -81,7 +81,7 @@ def test_bad_input_names_its_reason(data: bytes, code: str) -> None:
 
 def test_sample_lengths_must_agree() -> None:
     good = Sample(
-        sample_id="e.a.0",
+        sample_id="e.a.m.0",
         model="m",
         episode_id="e",
         agent="a",
@@ -97,6 +97,11 @@ def test_sample_lengths_must_agree() -> None:
     bad = good.model_dump() | {"loss_mask": [1]}
     with pytest.raises(WireError, match="loss_mask"):
         decode_sample(msgpack.packb(bad))
+    # `task` is optional on the wire: a publisher that predates it still decodes, as task "".
+    old = {k: v for k, v in good.model_dump().items() if k != "task"}
+    assert decode_sample(msgpack.packb(old)).task == ""
+    named = good.model_copy(update={"task": "countdown"})
+    assert decode_sample(encode(named)).task == "countdown"
 
 
 def test_subject_names_reject_unsafe_tokens() -> None:

@@ -23,17 +23,19 @@ def make_sample(
     vocab: int = 50,
     seed: int | None = None,
     logprob: float = -1.0,
+    task: str = "",
 ) -> Sample:
     """A prompt of `prompt` tokens then `gen` generated ones (loss_mask 1, behaviour logprob `logprob`)."""
     rng = random.Random(seed if seed is not None else zlib.crc32(f"{episode}.{agent}.{index}".encode()))
     n = prompt + gen
     return Sample(
-        sample_id=f"{episode}.{agent}.{index}",
+        sample_id=f"{episode}.{agent}.{model}.{index}",
         model=model,
         episode_id=episode,
         agent=agent,
         task_id=group,
         group_key=group,
+        task=task,
         token_ids=[rng.randrange(3, vocab) for _ in range(n)],
         loss_mask=[0] * prompt + [1] * gen,
         logprobs=[0.0] * prompt + [logprob] * gen,

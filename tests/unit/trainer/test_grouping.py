@@ -1,4 +1,8 @@
+from swarmrl.schemas import LlmEvent, RewardEvent
+from swarmrl.services.merger.assembler import assemble
 from swarmrl.services.trainer.grouping import GroupBuffer
+from swarmrl.services.trainer.grpo import check_sample, score_group
+from tests.unit.merger.factories import begin, chain, llm, reward
 from tests.unit.trainer.samples import make_sample
 
 
@@ -94,3 +98,53 @@ def test_lost_episodes_leaving_too_few_drop_the_group_at_once() -> None:
     assert ready == [] and [h.handle for h in dropped] == ["h0"]
     assert buf.counts["lost_dropped_groups"] == 1 and buf.counts["timeout_dropped_samples"] == 0
     assert len(buf) == 0
+
+
+def _team_episode(eid: str, a_reward: float, b_reward: float) -> tuple[list[LlmEvent], list[RewardEvent]]:
+    """Agent a calls alpha (a 2-turn chain, then a retry with an edited history: 2 samples) and beta
+    once; agent b calls alpha once. Each agent has its own reward."""
+    a_alpha = chain(2, agent="a", model="alpha", episode_id=eid)
+    calls = [
+        a_alpha[0],
+        llm([40, 41], [42], agent="a", model="beta", episode_id=eid, seq=2),
+        a_alpha[1],
+        llm([30, 31], [32, 33], agent="b", model="alpha", episode_id=eid, seq=3),
+        llm([9, *a_alpha[1].prompt_ids[1:]], [5], agent="a", model="alpha", episode_id=eid, seq=4),
+    ]
+    rewards = [
+        reward(a_reward, agent="a", episode_id=eid, seq=1),
+        reward(b_reward, agent="b", episode_id=eid, seq=2),
+    ]
+    return calls, rewards
+
+
+def test_one_models_trainer_completes_groups_from_two_model_episodes() -> None:
+    """The merger counts index/n_samples per (agent, model), so alpha's trainer, which never sees
+    beta's samples, still finds agent a complete in every episode."""
+    buf = _buffer(num_repeat=2)
+    alpha = []
+    for i, (ra, rb) in enumerate([(1.0, -1.0), (0.0, 0.5)]):
+        eid = f"team{i}"
+        calls, rewards = _team_episode(eid, ra, rb)
+        samples, _ = assemble(begin(eid, agents=["a", "b"], models=["alpha", "beta"]), calls, rewards)
+        assert sorted(s.model for s in samples) == ["alpha", "alpha", "alpha", "beta"]
+        for s in samples:
+            if s.model == "alpha":  # what `swarm.samples.alpha` delivers
+                assert check_sample(s, "alpha", vocab_size=1000) is None
+                buf.add(s, s.sample_id, now=0.0)
+                alpha.append(s)
+        if i == 0:
+            assert buf.pop_ready(now=0.0) == ([], [])  # one complete episode, two needed
+    (group,), dropped = buf.pop_ready(now=0.0)
+    assert dropped == [] and not group.partial and group.episodes == 2 and len(buf) == 0
+    assert sorted(h.handle for h in group.items) == sorted(s.sample_id for s in alpha)
+    assert sorted(h.sample.sample_id for h in group.items if h.sample.episode_id == "team0") == [
+        "team0.a.alpha.0", "team0.a.alpha.1", "team0.b.alpha.0",
+    ]  # fmt: skip
+    by_agent = {(h.sample.episode_id, h.sample.agent): h.sample.reward for h in group.items}
+    assert by_agent == {("team0", "a"): 1.0, ("team0", "b"): -1.0, ("team1", "a"): 0.0, ("team1", "b"): 0.5}
+    score = score_group([h.sample for h in group.items], 1, max_staleness=10, min_group_size=2)
+    adv = {
+        (h.sample.episode_id, h.sample.agent): a for h, a in zip(group.items, score.advantages, strict=True)
+    }
+    assert score.status == "ok" and len(set(adv.values())) == 4  # every (episode, agent) its own advantage

@@ -1,0 +1,259 @@
+#!/usr/bin/env node
+// Example swarm client in JavaScript: plays the `calculator` task against a running swarm.
+//
+//   SWARMRL_CONNECT_FILE=runs/latest/connect.json node agents/examples/js/agent.mjs --episodes 16
+//
+// Each round picks one question and plays it `--num-repeat` times at once (one GRPO group, one
+// shared group key); `--concurrency` rounds run at once. Runs until `--episodes` are played (rounded
+// up to whole groups) or SIGTERM/SIGINT: then no new group starts, the groups in flight get
+// `--drain-s` to finish (a second signal cuts that short), what is left is aborted, and it exits 0.
+// Credentials come from the environment or the connection file, never from the command line.
+
+import { createHash, randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+
+import { CalculatorEnv, TOOLS, taskId, trainTasks } from "./calculator.mjs";
+import { SwarmClient, sleep } from "./swarm.mjs";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const env = process.env;
+
+const USAGE = `usage: node agent.mjs [flags]
+
+Connection (environment only, never flags): SWARMRL_NATS_URL (no credentials in it),
+SWARMRL_NATS_USER, SWARMRL_NATS_PASSWORD, or a JSON file named by SWARMRL_CONNECT_FILE
+({"nats_url", "user", "password", "models"}); the variables override the file.
+
+  --model NAME          model to call (default: $SWARMRL_ROLES' model, the file's first model, or policy)
+  --episodes N          stop after N episodes, rounded up to whole groups (default 0: until SIGTERM)
+  --num-repeat N        episodes per question = GRPO group size, as the trainer's (default:
+                        $SWARMRL_NUM_REPEAT, the file's tasks.<task>.num_repeat, or 8)
+  --concurrency N       groups played at once (default 2)
+  --temperature T       sampling temperature (default 1.0)
+  --max-tokens N        max tokens per reply (default 48)
+  --seed N              seed of the question stream (default $SWARMRL_CLIENT_SEED or 0)
+  --task NAME           task name recorded on episodes (default $SWARMRL_TASK or calculator)
+  --client-id ID        stable id of this process (default js-<random>)
+  --timeout-s S         per model call (default 120)
+  --drain-s S           on SIGTERM: seconds the groups in flight get to finish before they are
+                        aborted (default 30)
+`;
+
+function log(level, message) {
+  process.stderr.write(`${new Date().toISOString()} ${level} js-agent ${message}\n`);
+}
+
+/** `$SWARMRL_CODE_VERSION`, else a content hash of this client's source files. */
+function codeVersion() {
+  if (env.SWARMRL_CODE_VERSION) return env.SWARMRL_CODE_VERSION;
+  const hash = createHash("sha1");
+  for (const file of ["agent.mjs", "swarm.mjs", "calculator.mjs"]) hash.update(readFileSync(join(HERE, file)));
+  return `js-${hash.digest("hex").slice(0, 12)}`;
+}
+
+/** Servers, user, password and models from the environment and the optional connection file. */
+function connection() {
+  const file = env.SWARMRL_CONNECT_FILE ? JSON.parse(readFileSync(env.SWARMRL_CONNECT_FILE, "utf8")) : {};
+  let user = env.SWARMRL_NATS_USER ?? file.user ?? "";
+  let password = env.SWARMRL_NATS_PASSWORD ?? file.password ?? "";
+  const url = env.SWARMRL_NATS_URL ?? file.nats_url ?? "nats://127.0.0.1:4222";
+  const servers = url
+    .split(",")
+    .map((u) => u.trim())
+    .filter(Boolean)
+    .map((u) => {
+      // The JS client ignores credentials inside a URL: lift them out (and keep them out of logs).
+      const m = /^([a-z]+:\/\/)([^@/]*)@(.*)$/i.exec(u);
+      if (!m) return u;
+      const [name, pass = ""] = m[2].split(":");
+      user ||= decodeURIComponent(name);
+      password ||= decodeURIComponent(pass);
+      return m[1] + m[3];
+    });
+  return { servers, user, password, models: file.models ?? [], tasks: file.tasks ?? {} };
+}
+
+function wholeNumber(name, value) {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`--${name} must be a whole number >= 0, got ${value}`);
+  return n;
+}
+
+function options(conn) {
+  const { values } = parseArgs({
+    options: {
+      model: { type: "string" },
+      episodes: { type: "string", default: "0" },
+      "num-repeat": { type: "string" },
+      concurrency: { type: "string", default: "2" },
+      temperature: { type: "string", default: "1.0" },
+      "max-tokens": { type: "string", default: "48" },
+      seed: { type: "string", default: env.SWARMRL_CLIENT_SEED ?? "0" },
+      task: { type: "string", default: env.SWARMRL_TASK || "calculator" },
+      "client-id": { type: "string", default: `js-${randomUUID().slice(0, 12)}` },
+      "timeout-s": { type: "string", default: "120" },
+      "drain-s": { type: "string", default: "30" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (values.help) {
+    process.stdout.write(USAGE);
+    process.exit(0);
+  }
+  const roles = env.SWARMRL_ROLES ? Object.values(JSON.parse(env.SWARMRL_ROLES)) : [];
+  const numRepeat =
+    values["num-repeat"] ?? env.SWARMRL_NUM_REPEAT ?? conn.tasks[values.task]?.num_repeat ?? "8";
+  const o = {
+    model: values.model ?? (roles.length === 1 ? roles[0] : conn.models[0] ?? "policy"),
+    episodes: wholeNumber("episodes", values.episodes),
+    numRepeat: wholeNumber("num-repeat", numRepeat),
+    concurrency: wholeNumber("concurrency", values.concurrency),
+    temperature: Number(values.temperature),
+    maxTokens: wholeNumber("max-tokens", values["max-tokens"]),
+    seed: wholeNumber("seed", values.seed),
+    task: values.task,
+    clientId: values["client-id"],
+    timeoutMs: Number(values["timeout-s"]) * 1000,
+    drainMs: Number(values["drain-s"]) * 1000,
+  };
+  if (o.numRepeat < 1 || o.concurrency < 1 || o.maxTokens < 1) {
+    throw new Error(`--num-repeat, --concurrency and --max-tokens must be >= 1 (got ${JSON.stringify(o)})`);
+  }
+  return o;
+}
+
+/** One chat completion through the gateway's OpenAI-compatible endpoint; the assistant message. */
+async function chat(ep, o, messages, signal) {
+  const resp = await fetch(`${ep.baseUrl.replace(/\/+$/, "")}/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${ep.token()}` },
+    body: JSON.stringify({
+      model: o.model,
+      messages,
+      tools: TOOLS,
+      temperature: o.temperature,
+      max_tokens: o.maxTokens,
+    }),
+    signal: AbortSignal.any([signal, AbortSignal.timeout(o.timeoutMs)]),
+  });
+  if (!resp.ok) {
+    throw new Error(`chat completion failed: HTTP ${resp.status}: ${(await resp.text()).slice(0, 500)}`);
+  }
+  const msg = (await resp.json()).choices[0].message;
+  const reply = { role: "assistant", content: msg.content ?? null };
+  if (msg.tool_calls?.length) {
+    reply.tool_calls = msg.tool_calls.map((tc) => ({
+      id: tc.id,
+      type: tc.type ?? "function",
+      function: { name: tc.function?.name, arguments: tc.function?.arguments },
+    }));
+  }
+  return reply;
+}
+
+/** Play one whole episode (begin ... end, or abort on any error) of `expression`. */
+async function playEpisode(swarm, o, expression, groupKey, signal) {
+  const ep = swarm.episode({
+    taskId: taskId(expression, o.task),
+    models: [o.model],
+    groupKey,
+    task: { name: o.task },
+  });
+  await ep.begin({ signal }); // nothing to abort when this fails: the episode never began
+  try {
+    const game = new CalculatorEnv(expression);
+    const messages = game.reset();
+    for (;;) {
+      signal.throwIfAborted();
+      const reply = await chat(ep, o, messages, signal);
+      messages.push(reply);
+      const step = game.step(reply);
+      messages.push(...step.messages);
+      if (step.done) break;
+    }
+    await ep.reward(game.reward);
+    await ep.end({ reward: game.reward, success: game.success ? 1 : 0, turns: game.turns });
+    return game;
+  } catch (e) {
+    const reason = signal.aborted ? `client stopping: ${signal.reason?.message}` : `${e?.name}: ${e?.message}`;
+    await ep.abort(reason).catch((err) => log("WARNING", `abort of ${ep.episodeId} failed: ${err.message}`));
+    throw e;
+  }
+}
+
+async function main() {
+  const conn = connection();
+  const o = options(conn);
+  const version = codeVersion();
+  const stop = new AbortController(); // no new group starts
+  const abortNow = new AbortController(); // episodes in flight are aborted
+  for (const sig of ["SIGTERM", "SIGINT"]) {
+    process.on(sig, () => {
+      if (stop.signal.aborted) {
+        abortNow.abort(new Error(`second ${sig}`));
+        return;
+      }
+      log("INFO", `${sig}: no new groups; the groups in flight get ${o.drainMs / 1000}s to finish`);
+      stop.abort(new Error(sig));
+      setTimeout(() => abortNow.abort(new Error(`${sig}, drain of ${o.drainMs / 1000}s over`)), o.drainMs).unref();
+    });
+  }
+
+  const swarm = await SwarmClient.connect({ ...conn, clientId: o.clientId, clientVersion: version });
+  log(
+    "INFO",
+    `connected to ${conn.servers.join(",")} as ${o.clientId} version=${version} model=${o.model} ` +
+      `task=${o.task} num_repeat=${o.numRepeat} concurrency=${o.concurrency} episodes=${o.episodes || "unlimited"}`,
+  );
+  const questions = trainTasks(o.seed);
+  const maxGroups = o.episodes ? Math.ceil(o.episodes / o.numRepeat) : Infinity;
+  const counts = { ok: 0, success: 0, failed: 0, stopped: 0 };
+  let groups = 0;
+
+  async function groupLoop() {
+    while (!stop.signal.aborted && groups < maxGroups) {
+      const expression = questions.next().value;
+      groups++;
+      // One GRPO group per round: a unique key keeps groups of different clients apart.
+      const key = `${taskId(expression, o.task)}@${o.clientId}-${groups}`;
+      const results = await Promise.allSettled(
+        Array.from({ length: o.numRepeat }, () => playEpisode(swarm, o, expression, key, abortNow.signal)),
+      );
+      let failed = false;
+      for (const r of results) {
+        if (r.status === "fulfilled") {
+          counts.ok++;
+          counts.success += r.value.success ? 1 : 0;
+        } else if (abortNow.signal.aborted) {
+          counts.stopped++;
+        } else {
+          counts.failed++;
+          failed = true;
+          log("WARNING", `episode failed (aborted): ${r.reason?.stack ?? r.reason}`);
+        }
+      }
+      if (failed) await sleep(1000, stop.signal).catch(() => {}); // back off while the swarm is not answering
+    }
+  }
+
+  await Promise.all(Array.from({ length: o.concurrency }, groupLoop));
+  log(
+    "INFO",
+    `client stopping after ${groups} groups: ${counts.ok} episodes ended (${counts.success} solved), ` +
+      `${counts.failed} failed, ${counts.stopped} aborted on stop`,
+  );
+  await swarm.close();
+  // Stopped by a signal: 0. Stopped by the count: 1 only if no episode at all could be played.
+  return !stop.signal.aborted && counts.ok === 0 && counts.failed > 0 ? 1 : 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (e) => {
+    log("ERROR", `${basename(process.argv[1])}: ${e?.stack ?? e}`);
+    process.exit(1);
+  },
+);

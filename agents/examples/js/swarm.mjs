@@ -1,0 +1,218 @@
+// A minimal swarm client written from `schemas/README.md` alone: NATS with the agent credentials,
+// episode tokens by msgpack request/reply on `swarm.auth.token`, episode events as msgpack maps
+// published to JetStream on `swarm.ep.<episode_id>.<kind>` with a `Nats-Msg-Id` header.
+
+import { randomUUID } from "node:crypto";
+import { decode, encode } from "@msgpack/msgpack";
+import { ErrorCode, connect } from "nats";
+
+export const TOKEN_SUBJECT = "swarm.auth.token";
+const SCHEMA_VERSION = 1;
+// Errors that mean "the server or gateway is not answering right now": retried with backoff
+// (re-publishing is safe, JetStream drops a repeated Nats-Msg-Id).
+const TRANSIENT = new Set([ErrorCode.Timeout, ErrorCode.NoResponders, ErrorCode.Disconnect]);
+
+export class SwarmError extends Error {}
+
+/** Resolve after `ms`, or reject with the signal's reason when it is aborted first. */
+export function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+async function retrying(fn, retryS, signal) {
+  const deadline = Date.now() + retryS * 1000;
+  for (let wait = 100; ; wait = Math.min(2 * wait, 2000)) {
+    try {
+      return await fn();
+    } catch (e) {
+      if (!TRANSIENT.has(e?.code) || Date.now() + wait > deadline) throw e;
+    }
+    await sleep(wait, signal);
+  }
+}
+
+/** One agent process's connection to the swarm. */
+export class SwarmClient {
+  /**
+   * @param {object} o
+   * @param {string[]} o.servers NATS URLs without credentials
+   * @param {string} o.user agent user name
+   * @param {string} o.password agent password
+   * @param {string} o.clientId stable id of this process (recorded on every event)
+   * @param {string} o.clientVersion code version (recorded on every event)
+   */
+  static async connect({ servers, user, password, clientId, clientVersion, retryS = 30 }) {
+    const nc = await connect({
+      servers,
+      user,
+      pass: password,
+      name: "swarmrl-js-agent",
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 500,
+    });
+    return new SwarmClient(nc, clientId, clientVersion, retryS);
+  }
+
+  constructor(nc, clientId, clientVersion, retryS) {
+    this.nc = nc;
+    this.js = nc.jetstream(); // publishing only: agents may not touch the JetStream API
+    this.clientId = clientId;
+    this.clientVersion = clientVersion;
+    this.retryS = retryS;
+  }
+
+  /** Publish one event map idempotently; resolves once JetStream stored it. */
+  async publish(event) {
+    const subject = `swarm.ep.${event.episode_id}.${event.kind}`;
+    const msgID = `${event.episode_id}.${event.client_id}.${event.seq}`;
+    const data = encode(event);
+    await retrying(() => this.js.publish(subject, data, { msgID, timeout: 10_000 }), this.retryS);
+  }
+
+  /** Ask the gateway for episode tokens; waits out `retry_after_s` (admission control). */
+  async requestTokens(request, signal) {
+    for (;;) {
+      const msg = await retrying(
+        () => this.nc.request(TOKEN_SUBJECT, encode(request), { timeout: 10_000 }),
+        this.retryS,
+        signal,
+      );
+      const answer = decode(msg.data);
+      if (answer.retry_after_s !== undefined) {
+        await sleep(Number(answer.retry_after_s) * 1000, signal);
+        continue;
+      }
+      if (answer.error !== undefined) {
+        throw new SwarmError(`gateway refused a token for episode ${request.episode_id}: ${answer.error}`);
+      }
+      return { tokens: answer.tokens, baseUrl: answer.base_url };
+    }
+  }
+
+  /** Create an episode (not yet begun). */
+  episode({ taskId, models, groupKey = "", task = {}, agents = ["agent"], evalEpisode = false }) {
+    return new Episode(this, { taskId, models, groupKey, task, agents, evalEpisode });
+  }
+
+  async close() {
+    await this.nc.drain();
+  }
+}
+
+/** One episode: `begin()`, model calls with `token()` / `baseUrl`, `reward()`, then `end()` or `abort()`. */
+export class Episode {
+  constructor(client, { taskId, models, groupKey, task, agents, evalEpisode }) {
+    this.client = client;
+    this.episodeId = randomUUID().replaceAll("-", "");
+    Object.assign(this, { taskId, models, groupKey, task, agents, evalEpisode });
+    this.seq = 0;
+    this.closed = false;
+    this.began = false;
+    this.tokens = {};
+    this.baseUrl = "";
+    this.heartbeat = null;
+    this.queue = Promise.resolve(); // publishes one at a time, so seqs reach the stream in order
+  }
+
+  #publish(kind, fields, final = false) {
+    const run = async () => {
+      if (this.closed) throw new SwarmError(`episode ${this.episodeId} is already closed`);
+      const event = {
+        v: SCHEMA_VERSION,
+        kind,
+        episode_id: this.episodeId,
+        seq: this.seq++, // taken even if the publish fails: a retry never reuses a msg id with other content
+        ts: Date.now() / 1000,
+        client_id: this.client.clientId,
+        client_version: this.client.clientVersion,
+        ...fields,
+      };
+      await this.client.publish(event);
+      if (final) this.closed = true; // a failed end can still be followed by an abort
+    };
+    const done = this.queue.then(run);
+    this.queue = done.catch(() => {});
+    return done;
+  }
+
+  /** Get the episode's tokens from the gateway, then publish `begin`. */
+  async begin({ signal, heartbeatS = 5 } = {}) {
+    const { tokens, baseUrl } = await this.client.requestTokens(
+      {
+        episode_id: this.episodeId,
+        agents: this.agents,
+        models: this.models,
+        ttl_s: 3600,
+        client_id: this.client.clientId,
+        client_version: this.client.clientVersion,
+        group_key: this.groupKey || this.taskId,
+        eval: this.evalEpisode,
+      },
+      signal,
+    );
+    signal?.throwIfAborted(); // stopping: never begin an episode only to abort it
+    this.tokens = tokens;
+    this.baseUrl = baseUrl;
+    await this.#publish("begin", {
+      task_id: this.taskId,
+      group_key: this.groupKey,
+      task: this.task,
+      models: this.models,
+      agents: this.agents,
+      eval: this.evalEpisode,
+    });
+    this.began = true;
+    if (heartbeatS > 0) {
+      this.heartbeat = setInterval(() => {
+        // A missed heartbeat must never fail the episode.
+        if (!this.closed) this.#publish("heartbeat", {}).catch(() => {});
+      }, heartbeatS * 1000);
+    }
+  }
+
+  /** The signed API token of `agent` (default: the first agent). */
+  token(agent = this.agents[0]) {
+    const token = this.tokens[agent];
+    if (!token) throw new SwarmError(`no token for agent ${agent}; episode agents are ${this.agents}`);
+    return token;
+  }
+
+  /** Record an environment step. */
+  env(name, data = {}, agent = "") {
+    return this.#publish("env", { agent, name, data });
+  }
+
+  /** Add a reward; an empty `agent` gives it to every agent of the episode. */
+  reward(value, agent = "", name = "reward") {
+    return this.#publish("reward", { value: Number(value), agent, name });
+  }
+
+  /** Finish the episode; its samples are built from what was published. */
+  async end(metrics = {}) {
+    this.#stopHeartbeat();
+    const floats = Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, Number(v)]));
+    await this.#publish("end", { metrics: floats }, true);
+  }
+
+  /** Give up on the episode (it yields no samples). */
+  async abort(reason = "") {
+    this.#stopHeartbeat();
+    await this.#publish("abort", { reason: String(reason).slice(0, 2000) }, true);
+  }
+
+  #stopHeartbeat() {
+    if (this.heartbeat) clearInterval(this.heartbeat);
+    this.heartbeat = null;
+  }
+}

@@ -1,0 +1,107 @@
+"""Task mixing ("cocktail" training): admit new GRPO groups so each task gets its weight's share.
+
+The clients of each task may be separate processes, in other languages, that know nothing of each
+other; the only place that sees every task is the gateway, where every episode asks for its tokens.
+So the gateway holds back new groups of a task that is ahead of its share, and the held client
+waits and asks again (`retry_after_s`, as admission control does). Pure logic, no NATS.
+
+The rule, per token request for a *new* group of task `t` at time `now`:
+
+- a task is *active* while it has asked (any token request) within the last `window_s`; only
+  active tasks share: a task whose clients are gone never holds the others back for longer;
+- share(t) = weight(t) / sum of the active tasks' weights; n = groups charged to the active tasks;
+- hold when another task is active and charged(t) > share(t) * n + `slack`, else admit and charge t.
+
+At least one active task is always under its share, so active tasks never hold each other forever.
+A task that becomes active (first ask, or first after a gap over `window_s`) is charged as if it had
+its share all along: it starts level with the others instead of owing them a burst of catch-up
+groups. `slack` (in groups) lets a task run a little ahead while the others' next ask is in
+flight; the long-run mix does not depend on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+
+def parse_weights(items: Iterable[str]) -> dict[str, float]:
+    """`["calculator=0.7", "guess_number=0.3"]` → `{"calculator": 0.7, ...}` (weights need not sum to 1)."""
+    weights: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or not name or not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"--task-weight expects TASK=WEIGHT with a weight > 0, got {item!r}")
+        if name in weights:
+            raise ValueError(f"--task-weight names task {name!r} twice")
+        weights[name] = weight
+    return weights
+
+
+class TaskMixer:
+    """Fair-share admission of new groups by task. Times are seconds on any monotonic clock."""
+
+    def __init__(self, weights: Mapping[str, float], *, slack: float = 2.0, window_s: float = 30.0) -> None:
+        if not weights:
+            raise ValueError("task mixing needs at least one TASK=WEIGHT")
+        bad = {t: w for t, w in weights.items() if not (w > 0 and math.isfinite(w))}
+        if bad:
+            raise ValueError(f"task weights must be > 0, got {bad}")
+        self.weights = dict(weights)
+        self.slack, self.window_s = slack, window_s
+        self.admitted = dict.fromkeys(self.weights, 0)
+        """New groups admitted per task (what the mix is judged by)."""
+        self.held = dict.fromkeys(self.weights, 0)
+        """New-group requests held per task."""
+        self._charged = dict.fromkeys(self.weights, 0.0)
+        self._last_ask: dict[str, float] = {}
+
+    def check(self, task: str) -> None:
+        """Raise ValueError unless `task` is one of the weighted tasks."""
+        if task not in self.weights:
+            named = f"task {task!r}" if task else "no task"
+            raise ValueError(
+                f"this gateway mixes tasks by weight and the token request names {named}; "
+                f"known tasks: {sorted(self.weights)}"
+            )
+
+    def _active(self, now: float) -> list[str]:
+        return [t for t, at in self._last_ask.items() if now - at <= self.window_s]
+
+    def seen(self, task: str, now: float) -> None:
+        """Record that `task` asked for a token (it is alive), e.g. for an episode of an admitted group."""
+        self.check(task)
+        last = self._last_ask.get(task)
+        self._last_ask[task] = now
+        if last is not None and now - last <= self.window_s:
+            return
+        # (Re)joining: start level with the active tasks, never owed a burst of catch-up groups.
+        active = self._active(now)
+        share = self.weights[task] / sum(self.weights[t] for t in active)
+        if share < 1.0:
+            others = sum(self._charged[t] for t in active if t != task)
+            self._charged[task] = max(self._charged[task], share * others / (1.0 - share))
+
+    def ahead(self, task: str, now: float) -> bool:
+        """Whether a new group of `task` would be held now (another task is active and `task` is past its share)."""
+        active = self._active(now)
+        if task not in active or len(active) < 2:
+            return False
+        share = self.weights[task] / sum(self.weights[t] for t in active)
+        n = sum(self._charged[t] for t in active)
+        return self._charged[task] > share * n + self.slack
+
+    def admit(self, task: str, now: float) -> bool:
+        """A new group of `task` asks to start: True = admitted (and charged), False = hold it."""
+        self.seen(task, now)
+        if self.ahead(task, now):
+            self.held[task] += 1
+            return False
+        self._charged[task] += 1.0
+        self.admitted[task] += 1
+        return True

@@ -1,0 +1,266 @@
+"""Bootstrap presets: the tiny offline models swarmrl can build, and what they are warm-started on.
+
+A preset is an architecture and its size. A model is a preset warm-started on a list of SFT
+*sources*, each a single-agent task (`calculator`) or one role of a multi-role task
+(`team_calculator.caller`): the demonstrations of that role, so two models can learn two roles.
+
+    tiny        Qwen2ForCausalLM (hidden 192, 4 layers), SFT on calculator + guess_number, 1250 steps
+    tiny-llama  LlamaForCausalLM (hidden 128, 3 layers), same default sources and steps
+
+Built models are cached under `$SWARMRL_HOME/models/` (default `~/.cache/swarmrl/models/`), one
+directory per (preset, sources, steps, seed, builder source): `ensure_model` builds on first use.
+This module imports no torch: `validate_base` is what a config validator calls before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
+BUILDER_VERSION = "2"
+DEFAULT_PRESET = "tiny"
+DEFAULT_STEPS = 1250
+SFT_ROUNDS = 250
+"""SFT steps per batch of one round over the sources (see `default_steps`): the `tiny` preset's
+1250 steps are 250 rounds of its 5 batches."""
+
+
+@dataclass(frozen=True)
+class TinyDims:
+    """Model dimensions: small enough that a CPU SFT step takes well under a second."""
+
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One buildable tiny model family."""
+
+    name: str
+    """Registry name, also the prefix of its cache directories."""
+    architecture: str
+    """`qwen2` (Qwen2ForCausalLM) or `llama` (LlamaForCausalLM)."""
+    dims: TinyDims
+    """Model dimensions."""
+    sources: tuple[str, ...]
+    """The SFT sources used when none are given."""
+    steps: int
+    """SFT steps on the preset's own sources (other sources: `default_steps`)."""
+    description: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        # The default model: its weights must not change when tasks are added (sources pinned, in the
+        # order `sorted(TASKS)` gave before there were more tasks).
+        Preset(
+            "tiny",
+            "qwen2",
+            TinyDims(),
+            ("calculator", "guess_number"),
+            DEFAULT_STEPS,
+            "Qwen2, hidden 192, 4 layers, 4 heads (2 kv), ~1.8M params",
+        ),
+        Preset(
+            "tiny-llama",
+            "llama",
+            TinyDims(
+                hidden_size=128,
+                intermediate_size=384,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            ),
+            ("calculator", "guess_number"),
+            DEFAULT_STEPS,
+            "Llama, hidden 128, 3 layers, 4 heads (2 kv), ~0.7M params",
+        ),
+    )
+}
+
+
+def source_names() -> list[str]:
+    """Every valid SFT source: single-agent task names and `<task>.<role>` for multi-role tasks."""
+    from swarmrl.agents.tasks import TASKS
+
+    names: list[str] = []
+    for name, spec in sorted(TASKS.items()):
+        names += [f"{name}.{role}" for role in spec.roles] if spec.roles else [name]
+    return names
+
+
+def parse_source(source: str) -> tuple[str, str | None]:
+    """`calculator` -> ("calculator", None); `team_calculator.caller` -> ("team_calculator", "caller").
+
+    Raises:
+        ValueError: not a valid source; the message lists the valid ones.
+    """
+    if source not in source_names():
+        hint = ""
+        from swarmrl.agents.tasks import TASKS
+
+        spec = TASKS.get(source)
+        if spec is not None and spec.roles:
+            hint = f" ({source} is a multi-role task: name one of its roles)"
+        raise ValueError(f"unknown SFT source {source!r}{hint}; valid sources: {', '.join(source_names())}")
+    task, _, role = source.partition(".")
+    return task, role or None
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; the error lists the valid ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+
+def resolve_sources(preset: str, sources: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The SFT sources of a model: `sources` validated (order kept: it seeds the demo stream), or the
+    preset's own when None.
+
+    Raises:
+        ValueError: unknown preset or source, an empty list, or a source named twice.
+    """
+    p = get_preset(preset)
+    if sources is None:
+        return p.sources
+    if isinstance(sources, str):  # "a,b" from a flag or config: a string is a sequence of letters
+        sources = [s.strip() for s in sources.split(",") if s.strip()]
+    if not sources:
+        raise ValueError(
+            f"empty SFT sources for preset {preset!r}; valid sources: {', '.join(source_names())}"
+        )
+    for source in sources:
+        parse_source(source)
+    repeated = sorted({s for s in sources if list(sources).count(s) > 1})
+    if repeated:
+        raise ValueError(f"SFT sources named twice: {repeated} (in {list(sources)})")
+    return tuple(sources)
+
+
+def validate_base(preset: str, sources: Sequence[str] | None = None) -> None:
+    """Check a preset name and its SFT sources without building anything.
+
+    Raises:
+        ValueError: naming the bad value and listing the valid ones.
+    """
+    resolve_sources(preset, sources)
+
+
+def sft_weight(source: str) -> int:
+    """Batches per SFT round of one view of `source`: its task's `sft_weight`, or for a role its
+    `role_sft_weights` entry."""
+    from swarmrl.agents.tasks import TASKS
+
+    task, role = parse_source(source)
+    spec = TASKS[task]
+    return spec.role_sft_weights.get(role, spec.sft_weight) if role else spec.sft_weight
+
+
+def batches_per_round(sources: Sequence[str]) -> int:
+    """SFT batches in one round over `sources`: `sft_weight` per source, twice for a source with
+    tools (with and without the tool specs in the prompt)."""
+    from swarmrl.agents.tasks import TASKS
+
+    total = 0
+    for source in sources:
+        task, role = parse_source(source)
+        spec = TASKS[task]
+        tools = spec.role_tools.get(role) if role else spec.tools
+        total += sft_weight(source) * (2 if tools else 1)
+    return total
+
+
+def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
+    """SFT steps when none are asked for: the preset's own for its own sources, else `SFT_ROUNDS`
+    rounds over the sources (a single role learns its one format in fewer steps than a task mix)."""
+    resolved = resolve_sources(preset, sources)
+    if resolved == get_preset(preset).sources:
+        return get_preset(preset).steps
+    return SFT_ROUNDS * batches_per_round(resolved)
+
+
+def swarmrl_home() -> Path:
+    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`."""
+    return Path(os.environ.get("SWARMRL_HOME") or Path.home() / ".cache" / "swarmrl")
+
+
+def source_digest() -> str:
+    """Hash of the code a model is built from (this package and the default tasks): a cached model
+    built from other task prompts or demonstrations would silently be the wrong policy."""
+    import swarmrl.agents.tasks as tasks_pkg
+
+    h = hashlib.sha256()
+    for folder in (Path(__file__).parent, Path(tasks_pkg.__file__).parent):
+        for f in sorted(folder.glob("*.py")):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def model_dir(
+    preset: str, sources: Sequence[str] | None = None, steps: int | None = None, seed: int = 0
+) -> Path:
+    """Where a model lives: `<preset>-<sources joined by +>-<steps>s-seed<seed>-<hash>`, the hash
+    covering the builder version and the builder's and tasks' source code too."""
+    resolved = resolve_sources(preset, sources)
+    steps = default_steps(preset, resolved) if steps is None else steps
+    key = f"{BUILDER_VERSION}:{preset}:{','.join(resolved)}:{seed}:{steps}:{source_digest()}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return swarmrl_home() / "models" / f"{preset}-{'+'.join(resolved)}-{steps}s-seed{seed}-{digest}"
+
+
+def ensure_model(
+    preset: str,
+    sources: Sequence[str] | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    force: bool = False,
+) -> Path:
+    """The model directory of `preset` warm-started on `sources`, built first when missing (or `force`).
+
+    Args:
+        preset: a name in `PRESETS`.
+        sources: SFT sources (`calculator`, `team_calculator.caller`); None = the preset's own.
+        steps: SFT steps; None = `default_steps(preset, sources)`; 0 = random init.
+        seed: seeds the tokenizer corpus, the init and the demonstrations.
+        progress: show a progress bar over SFT steps.
+        force: rebuild even when cached.
+
+    Builds into a temporary sibling and renames it into place, so concurrent callers never see a
+    half-written model and the loser of a race just discards its copy.
+
+    Raises:
+        ValueError: unknown preset or source (before anything is built).
+    """
+    resolved = resolve_sources(preset, sources)
+    steps = default_steps(preset, resolved) if steps is None else steps
+    if steps < 0:
+        raise ValueError(f"SFT steps must be >= 0, got {steps}")
+    target = model_dir(preset, resolved, steps, seed)
+    if (target / "meta.json").exists() and not force:
+        return target
+    from swarmrl.bootstrap.model import build_model  # torch: only when a build is needed
+
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_model(tmp, seed=seed, warm_start_steps=steps, progress=progress, preset=preset, sources=resolved)
+    if force:
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first: its copy is equivalent (same inputs)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,328 @@
+"""Control channel of a running `swarmrl up`: replace a task's clients while the swarm keeps training.
+
+`up` listens on `<run_dir>/control.sock` (a Unix socket, owner-only 0600) for JSON-line requests;
+each gets one JSON-line reply, sent when the work is done. `swarmrl clients` is the client side.
+
+    {"verb": "restart", "task": "calculator", "version": "v2"}   # version optional
+    -> {"ok": true, "task": "calculator", "old": [...], "new": [...], "generation": 1,
+        "version": "v2", "drained_s": 4.2, "killed": []}
+    {"verb": "list"}
+    -> {"ok": true, "tasks": {"calculator": {"clients": [...], "generation": 0, "version": "..."}}}
+    errors -> {"ok": false, "error": "unknown task 'x'; tasks: ['calculator']"}
+
+A restart drains the task's current clients (SIGTERM: the built-in runner starts no new group and
+gives the groups in flight `--drain-s` to end, then aborts what is left), waits for them to exit
+(SIGKILL after `drain_s + grace_s`), retires them from the supervisor (so their exit does not stop
+the run), then starts the next generation with the new code. Other tasks' clients and every service
+keep running. `handle_request` (pure parsing and dispatch) and `Restarter` (process handling) are
+separate from the socket so tests reach them directly.
+
+The version recorded on every event of a built-in client (`client_version`) defaults to
+`builtin_client_version()`: a hash of the client code as it is on disk when the clients start (the
+runner, the SDK and the task modules), so an edit-and-restart shows up as a new version by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarmrl.supervisor import Supervisor
+
+log = logging.getLogger("swarmrl.up")
+
+SOCKET_NAME = "control.sock"
+DRAIN_S = 30.0
+"""The built-in runner's `--drain-s` default: how long clients may take to finish their groups."""
+GRACE_S = 15.0
+"""On top of the drain: time to publish the aborts and close before a client is killed."""
+MAX_REQUEST = 64 * 1024
+
+Reply = dict[str, Any]
+Spawn = Callable[[str, int, str], list[str]]
+"""(task, generation, version) -> names of the processes started."""
+
+
+class ControlError(ValueError):
+    """A request that cannot be served; the message is the reply's `error`."""
+
+
+def socket_path(run_dir: Path) -> Path:
+    return run_dir / SOCKET_NAME
+
+
+# -- client code version ----------------------------------------------------------------------------
+
+
+def _agents_dir() -> Path:
+    spec = importlib.util.find_spec("swarmrl.agents")  # imports only `swarmrl`, not the SDK
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("swarmrl.agents not found")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def client_code_files(agents_dir: Path | None = None) -> list[Path]:
+    """The files a built-in client runs that change between iterations: runner, SDK, task modules."""
+    root = agents_dir or _agents_dir()
+    return [root / "runner.py", root / "sdk.py", *sorted((root / "tasks").glob("*.py"))]
+
+
+def hash_files(files: list[Path], root: Path) -> str:
+    """`sha1-<12 hex>` over the files' paths (relative to `root`) and contents; missing files count
+    as absent, so the hash still changes when one appears."""
+    h = hashlib.sha1()
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        with contextlib.suppress(FileNotFoundError):
+            h.update(f.read_bytes())
+        h.update(b"\0")
+    return "sha1-" + h.hexdigest()[:12]
+
+
+def builtin_client_version(agents_dir: Path | None = None) -> str:
+    """Default `client_version` of the built-in runner: a hash of `client_code_files()`.
+
+    (The SDK's own default hashes `sys.argv[0]`, which for `python -m swarmrl.agents.runner` is the
+    runner alone: an edited task or SDK would not show.)"""
+    root = agents_dir or _agents_dir()
+    return hash_files(client_code_files(root), root)
+
+
+def default_client_version(swarm: Any, task: str) -> str:
+    """`client_version` `up` gives `task`'s clients: the code hash for the built-in runner; "" (the
+    client's own default: `$SWARMRL_CODE_VERSION` unset, the SDK hashes its script) for a `command`."""
+    return builtin_client_version() if swarm.tasks[task].command is None else ""
+
+
+# -- restarts -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskClients:
+    names: list[str]
+    generation: int = 0
+    version: str = ""
+
+
+@dataclass
+class Restarter:
+    """Replaces one task's client processes at a time, generation by generation."""
+
+    sup: Supervisor
+    spawn: Spawn
+    clients: dict[str, TaskClients]
+    default_version: Callable[[str], str] = lambda task: ""
+    """Version of a restart that names none (e.g. the code hash now); "" = the client's own default."""
+    on_change: Callable[[], None] = lambda: None
+    """Called after every restart (`up` rewrites `pids.json`)."""
+    drain_s: float = DRAIN_S
+    grace_s: float = GRACE_S
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def tasks(self) -> list[str]:
+        return sorted(self.clients)
+
+    def check_task(self, task: str) -> TaskClients:
+        if task not in self.clients:
+            raise ControlError(f"unknown task {task!r}; tasks: {self.tasks()}")
+        return self.clients[task]
+
+    def status(self) -> Reply:
+        return {
+            "ok": True,
+            "tasks": {
+                t: {"clients": c.names, "generation": c.generation, "version": c.version}
+                for t, c in sorted(self.clients.items())
+            },
+        }
+
+    async def restart(self, task: str, version: str | None = None) -> Reply:
+        if not self.check_task(task).names:
+            raise ControlError(f"task {task!r} has no client processes to restart (clients = 0)")
+        async with self._lock:  # one restart at a time: generations stay in order
+            current = self.clients[task]
+            old = list(current.names)
+            t0 = time.monotonic()
+            killed = await self.drain(old)
+            drained_s = time.monotonic() - t0
+            new_version = version if version else self.default_version(task)
+            generation = current.generation + 1
+            new = self.spawn(task, generation, new_version)
+            self.clients[task] = TaskClients(new, generation, new_version)
+            self.on_change()
+        log.info(
+            "restarted %s clients: %s -> %s (generation %d, version %r, drained in %.1fs, killed %s)",
+            task, old, new, generation, new_version, drained_s, killed,
+        )  # fmt: skip
+        return {
+            "ok": True, "task": task, "old": old, "new": new, "generation": generation,
+            "version": new_version, "drained_s": round(drained_s, 2), "killed": killed,
+        }  # fmt: skip
+
+    async def drain(self, names: list[str]) -> list[str]:
+        """SIGTERM `names`, wait for them to exit (SIGKILL after drain + grace); returns the killed."""
+        procs = self.sup.retire(names)
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        await _wait_exit(procs, self.drain_s + self.grace_s)
+        killed = [n for n, p in procs.items() if p.poll() is None]
+        for n in killed:
+            log.warning("%s did not stop in %.0fs; killing it", n, self.drain_s + self.grace_s)
+            procs[n].kill()
+        await _wait_exit(procs, None)
+        return killed
+
+    async def close(self, timeout: float = 15.0) -> None:
+        """Stop retired clients still draining when the run ends (as `up` stops the current ones)."""
+        left = {n: p for n, p in self.sup.retired.items() if p.poll() is None}
+        await _wait_exit(left, timeout)
+        for p in left.values():
+            if p.poll() is None:
+                p.kill()
+        await _wait_exit(left, None)
+
+
+async def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout: float | None) -> None:
+    """Until every process has exited or `timeout` is spent, without blocking the event loop (which
+    keeps supervising the swarm meanwhile). Polled: a Popen has no awaitable exit."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while any(p.poll() is None for p in procs.values()):
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.1)  # noqa: ASYNC110
+
+
+# -- requests -------------------------------------------------------------------------------------------
+
+
+async def handle_request(line: bytes, restarter: Restarter) -> Reply:
+    """One request line -> its reply. Never raises: every failure is an `{"ok": false}` reply."""
+    try:
+        req = json.loads(line)
+        if not isinstance(req, dict):
+            raise ControlError(f"a request is a JSON object, got {type(req).__name__}")
+        verb = req.get("verb")
+        if verb == "list":
+            return restarter.status()
+        if verb == "restart":
+            task, version = req.get("task"), req.get("version")
+            if not isinstance(task, str) or not task:
+                raise ControlError(f"restart needs a task name (tasks: {restarter.tasks()}), got {task!r}")
+            if version is not None and not isinstance(version, str):
+                raise ControlError(f"version must be a string, got {version!r}")
+            return await restarter.restart(task, version or None)
+        raise ControlError(f"unknown verb {verb!r}; verbs: ['list', 'restart']")
+    except json.JSONDecodeError as exc:
+        return {"ok": False, "error": f"request is not JSON ({exc}): {line[:200]!r}"}
+    except ControlError as exc:
+        return {"ok": False, "error": str(exc)}
+    except Exception as exc:  # a failed restart must not take the swarm down; the caller hears why
+        log.exception("control request failed: %r", line[:200])
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+class ControlServer:
+    """The Unix-socket server of `handle_request` at `<run_dir>/control.sock`."""
+
+    def __init__(self, path: Path, handle: Callable[[bytes], Awaitable[Reply]]) -> None:
+        self.path = path
+        self.handle = handle
+        self.server: asyncio.AbstractServer | None = None
+        self.requests: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> ControlServer:
+        # Owner-only from the first moment: the umask covers the bind, the chmod any odd filesystem.
+        old = os.umask(0o177)
+        try:
+            self.server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=MAX_REQUEST)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.requests.add(task)
+        try:
+            while line := await reader.readline():
+                writer.write(json.dumps(await self.handle(line)).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, ValueError) as exc:  # ValueError: a line over the limit
+            log.warning("control connection dropped: %s", exc)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                writer.write(json.dumps({"ok": False, "error": "swarmrl up is stopping"}).encode() + b"\n")
+            raise
+        finally:
+            self.requests.discard(task)
+            writer.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            for t in list(self.requests):
+                t.cancel()
+            await asyncio.gather(*self.requests, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), timeout=5)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+# -- `swarmrl up` wiring --------------------------------------------------------------------------------
+
+
+@dataclass
+class Control:
+    server: ControlServer | None
+    restarter: Restarter
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+        await self.restarter.close()
+
+
+async def start_control(sup: Supervisor, swarm: Any, run_dir: Path, clients: dict[str, list[str]]) -> Control:
+    """What `up.supervise` starts: restarts of `swarm`'s clients (`clients`: task -> the names
+    started by `up`) over `<run_dir>/control.sock`. A socket that cannot be made (a path over the
+    108-byte limit of Unix sockets) is logged and the run goes on without live restarts."""
+    from swarmrl.launch import CONNECT_FILE, spawn_clients
+
+    def spawn(task: str, generation: int, version: str) -> list[str]:
+        return spawn_clients(sup, swarm, task, run_dir / CONNECT_FILE, generation=generation, version=version)
+
+    def write_pids() -> None:
+        (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
+
+    def default_version(task: str) -> str:
+        return default_client_version(swarm, task)
+
+    restarter = Restarter(
+        sup,
+        spawn,
+        {t: TaskClients(clients.get(t, []), 0, default_version(t)) for t in swarm.tasks},
+        default_version=default_version,
+        on_change=write_pids,
+    )
+    server = ControlServer(socket_path(run_dir), lambda line: handle_request(line, restarter))
+    try:
+        await server.start()
+    except OSError as exc:
+        log.warning("no control socket at %s (%s): `swarmrl clients` will not reach this run", run_dir, exc)
+        return Control(None, restarter)
+    return Control(server, restarter)

@@ -1,0 +1,269 @@
+"""The JavaScript example agent (`agents/examples/js`, written from `schemas/README.md` alone) against a
+real swarm: nats-server, embedded engine + gateway, and merger. Its events must pass the contract (no
+dead letters), its calls must be captured token-exact by the gateway, and its groups must come out
+of the merger as samples of `policy` carrying the agent's own code version."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js import JetStreamContext
+
+from swarmrl.agents.tasks.calculator import TOOLS, Calculator, CalculatorEnv, eval_tasks, train_tasks
+from swarmrl.infra.nats_server import NatsServer
+from swarmrl.localstack import generation_stack
+from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
+from swarmrl.schemas import subjects as S
+from swarmrl.services.merger.config import MergerConfig
+from swarmrl.services.merger.handlers import Merger
+from tests.conftest import wait_for
+from tests.integration.merger_support import read_stream, samples, stream_count
+
+JS_DIR = Path(__file__).resolve().parents[2] / "agents" / "examples" / "js"
+
+
+def _missing() -> str:
+    node = shutil.which("node")
+    if node is None:
+        return "node not found on PATH (the JS example agent needs Node.js >= 20.3)"
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if tuple(int(x) for x in version.lstrip("v").split(".")[:2]) < (20, 3):
+        return f"node {version} is too old: the JS example agent needs Node.js >= 20.3"
+    if not (JS_DIR / "node_modules").is_dir():
+        return "agents/examples/js/node_modules missing: run `npm ci --prefix agents/examples/js`"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_missing()), reason=_missing())
+
+
+def agent_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any SWARMRL_* setting of the developer's shell, plus `extra`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SWARMRL_")} | extra
+
+
+async def start_agent(env: dict[str, str], *flags: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        "node",
+        str(JS_DIR / "agent.mjs"),
+        "--max-tokens",
+        "8",
+        *flags,
+        cwd=JS_DIR,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@pytest.fixture
+async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(swarm_nats.service_url)
+    yield nc.jetstream()
+    await nc.close()
+
+
+@pytest.fixture
+async def merger(swarm_nats: NatsServer) -> AsyncIterator[Merger]:
+    service = Merger(MergerConfig(nats=swarm_nats.service_url, episode_timeout_s=30.0, ack_wait_s=4.0))
+    task = asyncio.create_task(service.run())
+    yield service
+    service.request_stop()
+    await asyncio.wait_for(task, timeout=10)
+
+
+async def episode_events(js: JetStreamContext) -> dict[str, list]:
+    """Every event in EPISODES, decoded, grouped by kind."""
+    out: dict[str, list] = defaultdict(list)
+    for m in await read_stream(js, S.EPISODES_STREAM):
+        ev = decode_event(m.data)
+        out[ev.kind].append(ev)
+    return out
+
+
+def test_js_calculator_is_the_python_task() -> None:
+    """Same held-out set, same seeded question stream, same tool answers and rewards."""
+    replies = [
+        {"role": "assistant", "content": "The answer is 1,044."},
+        {"role": "assistant", "content": "44"},
+        {"role": "assistant", "content": None},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "7 * 4 + 8"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 * (3 - 9)"}'}},
+                {"id": "c3", "type": "function", "function": {"name": "calculator", "arguments": "not json"}},
+                {"type": "function", "function": {"name": "search", "arguments": "{}"}},
+            ],
+        },
+    ]  # fmt: skip
+    script = """
+import * as c from "./calculator.mjs";
+const replies = JSON.parse(process.argv[1]);
+const g = c.trainTasks(1000);
+const steps = replies.map((r) => { const e = new c.CalculatorEnv("4 * 9 + 8"); const s = e.step(r); return [s.messages, s.done, e.reward]; });
+process.stdout.write(JSON.stringify({ eval: c.evalTasks(), train: Array.from({ length: 50 }, () => g.next().value), steps }));
+"""
+    done = subprocess.run(
+        ["node", "--input-type=module", "-e", script, json.dumps(replies)],
+        cwd=JS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+    assert got["eval"] == [t.expression for t in eval_tasks()]
+    stream = train_tasks(1000)
+    assert got["train"] == [next(stream).expression for _ in range(50)]
+    for reply, (messages, is_done, reward) in zip(replies, got["steps"], strict=True):
+        env = CalculatorEnv(Calculator("4 * 9 + 8"))
+        env.reset()
+        step = env.step(reply)
+        assert (is_done, reward) == (step.done, env.reward)
+        want = [m["content"] for m in step.messages]
+        have = [m["content"] for m in messages]
+        # Error texts differ between the two evaluators; results and which calls fail must not.
+        assert [h if not h.startswith("error") else "error" for h in have] == [
+            w if not w.startswith("error") else "error" for w in want
+        ]
+        assert [m["tool_call_id"] for m in messages] == [m["tool_call_id"] for m in step.messages]
+
+
+async def test_js_agent_groups_become_merged_samples(
+    swarm_nats: NatsServer, tiny_model_dir: Path, js: JetStreamContext, merger: Merger
+) -> None:
+    env = agent_env(
+        SWARMRL_NATS_URL=f"nats://127.0.0.1:{swarm_nats.port}",
+        SWARMRL_NATS_USER="agent",
+        SWARMRL_NATS_PASSWORD=swarm_nats.passwords["agent"],
+    )
+    async with generation_stack(swarm_nats, tiny_model_dir):
+        proc = await start_agent(env, "--episodes", "4", "--num-repeat", "2", "--concurrency", "2")
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        events = await episode_events(js)
+
+    begins: list[BeginEvent] = events["begin"]
+    ends: list[EndEvent] = events["end"]
+    assert len(begins) == 4 and not events["abort"], err.decode()[-3000:]
+    ids = {b.episode_id for b in begins}
+    assert {e.episode_id for e in ends} == ids
+    [version] = {e.client_version for kind in ("begin", "reward", "end") for e in events[kind]}
+    assert version.startswith("js-")
+    groups = defaultdict(list)
+    for b in begins:
+        assert (b.seq, b.models, b.agents, b.eval, b.task) == (
+            0,
+            ["policy"],
+            ["agent"],
+            False,
+            {"name": "calculator"},
+        )
+        assert b.task_id.startswith("calculator/") and b.group_key.startswith(b.task_id + "@")
+        groups[b.group_key].append(b)
+    assert sorted(len(g) for g in groups.values()) == [2, 2]  # two GRPO groups of two
+    rewards: dict[str, float] = {}
+    for r in events["reward"]:
+        assert isinstance(r, RewardEvent) and r.value in (0.0, 1.0)
+        rewards[r.episode_id] = r.value
+    assert {e.episode_id: e.metrics["reward"] for e in ends} == rewards
+
+    begin_of = {b.episode_id: b for b in begins}
+    calls: dict[str, list[LlmEvent]] = defaultdict(list)
+    for ev in events["llm"]:
+        calls[ev.episode_id].append(ev)
+    assert set(calls) == ids
+    for ev in events["llm"]:
+        assert (ev.agent, ev.model, ev.client_version) == ("agent", "policy", version)
+        assert ev.prompt_ids and ev.output_ids and len(ev.output_logprobs) == len(ev.output_ids)
+        # The prompts the model was warm-started on: the Python task's, word for word.
+        expression = " ".join(begin_of[ev.episode_id].task_id.removeprefix("calculator/"))
+        assert ev.messages[:2] == CalculatorEnv(Calculator(expression)).reset() and ev.tools == TOOLS
+    for e in ends:
+        assert e.metrics["turns"] == len(calls[e.episode_id])
+
+    await wait_for(
+        lambda: _sampled(js, ids),
+        timeout=20,
+        what="merged samples of every JS episode on swarm.samples.policy",
+    )
+    for s in await samples(js):
+        assert (s.model, s.client_version, s.client_id) == (
+            "policy",
+            version,
+            begin_of[s.episode_id].client_id,
+        )
+        assert (s.task_id, s.group_key) == (
+            begin_of[s.episode_id].task_id,
+            begin_of[s.episode_id].group_key,
+        )
+        assert s.reward == rewards[s.episode_id] and sum(s.loss_mask) > 0
+    assert all(m.subject == S.samples_subject("policy") for m in await read_stream(js, S.SAMPLES_STREAM))
+    assert await stream_count(js, S.DLQ_STREAM) == 0
+
+
+async def _sampled(js: JetStreamContext, ids: set[str]) -> bool:
+    return {s.episode_id for s in await samples(js)} == ids
+
+
+async def test_js_agent_drains_or_aborts_on_sigterm(
+    swarm_nats: NatsServer, tiny_model_dir: Path, js: JetStreamContext, merger: Merger, tmp_path: Path
+) -> None:
+    """Connection from a connect file. On SIGTERM the groups in flight finish (default drain) or are
+    aborted (`--drain-s 0`); either way every begun episode is closed and the agent exits 0."""
+    connect_file = tmp_path / "connect.json"
+    connect_file.write_text(
+        json.dumps(
+            {
+                "nats_url": f"nats://127.0.0.1:{swarm_nats.port}",
+                "user": "agent",
+                "password": swarm_nats.passwords["agent"],
+                "models": ["policy"],
+            }
+        )
+    )
+    connect_file.chmod(0o600)
+    env = agent_env(SWARMRL_CONNECT_FILE=str(connect_file), SWARMRL_CODE_VERSION="js-test-7")
+    closed: dict[str, dict[str, list]] = {}
+    async with generation_stack(swarm_nats, tiny_model_dir):
+        for client_id, drain in (("js-abort", "0"), ("js-drain", "30")):
+            proc = await start_agent(
+                env, "--num-repeat", "2", "--concurrency", "2", "--client-id", client_id, "--drain-s", drain
+            )
+
+            async def two_ended(client_id: str = client_id, proc: asyncio.subprocess.Process = proc) -> bool:
+                assert proc.returncode is None, "the agent exited before SIGTERM"
+                ends = (await episode_events(js))["end"]
+                return sum(e.client_id == client_id for e in ends) >= 2
+
+            await wait_for(two_ended, timeout=30, interval=0.2, what=f"{client_id} to finish two episodes")
+            proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+            assert proc.returncode == 0, err.decode()[-3000:]
+            events = await episode_events(js)
+            closed[client_id] = {
+                kind: [e for e in events[kind] if e.client_id == client_id]
+                for kind in ("begin", "end", "abort")
+            }
+
+    for client_id, events in closed.items():
+        begun = sorted(b.episode_id for b in events["begin"])
+        assert sorted(e.episode_id for e in [*events["end"], *events["abort"]]) == begun, client_id
+        assert {e.client_version for e in events["begin"]} == {"js-test-7"}
+    # The test's model answers at once: a 30 s drain ends every group, no drain aborts what is in flight.
+    assert closed["js-drain"]["abort"] == [] and closed["js-abort"]["abort"]
+    for ab in closed["js-abort"]["abort"]:
+        assert isinstance(ab, AbortEvent) and "SIGTERM" in ab.reason
+    assert await stream_count(js, S.DLQ_STREAM) == 0

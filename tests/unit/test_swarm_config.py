@@ -1,0 +1,107 @@
+"""The swarm description: validation names the offending entry; flags override the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swarmrl.swarm import SwarmConfigError, build, load, parse_task_weights
+from swarmrl.up import parse_args
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def team(**overrides: object) -> dict:
+    data: dict = {
+        "models": {"caller": {"base": "tiny"}, "reporter": {"base": "tiny-llama"}},
+        "tasks": {"team_calculator": {"roles": {"caller": "caller", "reporter": "reporter"}}},
+    }
+    data.update(overrides)
+    return data
+
+
+def test_a_team_swarm_maps_roles_to_models_and_the_first_role_leads() -> None:
+    swarm = build(team(), "t")
+    assert swarm.task_models("team_calculator") == ["caller", "reporter"]
+    assert swarm.num_repeat("team_calculator") == 8 and swarm.weights() == {"team_calculator": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (team(tasks={"team_calculator": {"roles": {"caller": "caller", "reporter": "nobody"}}}), "nobody"),
+        (team(tasks={"team_calculator": {"roles": {"caller": "caller"}}}), "reporter"),
+        (
+            team(
+                tasks={
+                    "team_calculator": {"weight": 0, "roles": {"caller": "caller", "reporter": "reporter"}}
+                }
+            ),
+            "weight",
+        ),
+        (team(tasks={"nope": {}}), "nope"),
+        ({"models": {"a": {}, "b": {}}, "tasks": {"calculator": {}}}, "calculator"),
+        ({"models": {"a.b": {}}, "tasks": {"calculator": {}}}, "a.b"),
+        ({"models": {"a": {"lr": 0}}, "tasks": {"calculator": {}}}, "models.a.lr"),
+        ({"models": {"a": {"color": 1}}, "tasks": {"calculator": {}}}, "color"),
+        ({"models": {"a": {}, "b": {}}, "tasks": {"calculator": {"roles": {"agent": "a"}}}}, "'b'"),
+        (
+            team(models={"caller": {"num_repeat": 4}, "reporter": {"base": "tiny-llama"}}),
+            "num_repeat",
+        ),
+    ],
+)
+def test_a_bad_description_is_refused_with_the_offending_entry_named(data: dict, named: str) -> None:
+    with pytest.raises(SwarmConfigError, match="invalid swarm description") as err:
+        build(data, "t")
+    assert named in str(err.value)
+
+
+def test_duplicate_tables_and_missing_files_are_named(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text("[models.a]\nlr = 1e-4\n[models.a]\nlr = 2e-4\n")
+    with pytest.raises(SwarmConfigError, match="not valid TOML.*line 3"):
+        load(f)
+    with pytest.raises(SwarmConfigError, match="does not exist"):
+        load(tmp_path / "missing.toml")
+
+
+def test_task_weights() -> None:
+    assert parse_task_weights("calculator=0.7,guess_number=0.3") == {"calculator": 0.7, "guess_number": 0.3}
+    assert parse_task_weights("calculator") == {"calculator": 1.0}
+    with pytest.raises(SwarmConfigError, match="twice"):
+        parse_task_weights("a,a")
+    with pytest.raises(SwarmConfigError, match="not a number"):
+        parse_task_weights("a=x")
+
+
+def test_flags_override_the_file_and_a_missing_base_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = parse_args(
+        ["--config", str(EXAMPLES / "team.toml"), "--minutes", "3", "--lr", "5e-5", "--clients", "0"]
+    )
+    swarm = args.swarm
+    assert (
+        swarm.run.minutes == 3 and swarm.models["reporter"].lr == 5e-5 and swarm.models["caller"].lr == 5e-5
+    )
+    assert swarm.tasks["team_calculator"].clients == 0
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--model", str(tmp_path / "no-such-model")])
+    assert exit_.value.code == 2 and "no-such-model" in capsys.readouterr().err
+
+
+def test_the_short_form_is_one_model_policy_with_weighted_tasks() -> None:
+    swarm = parse_args(["--task", "calculator=0.7,guess_number=0.3", "--clients", "1"]).swarm
+    assert list(swarm.models) == ["policy"]
+    assert {n: t.roles for n, t in swarm.tasks.items()} == {
+        "calculator": {"agent": "policy"},
+        "guess_number": {"agent": "policy"},
+    }
+    assert swarm.weights() == pytest.approx({"calculator": 0.7, "guess_number": 0.3})
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.toml")))
+def test_every_shipped_example_is_valid(name: str) -> None:
+    assert parse_args(["--config", str(EXAMPLES / name)]).swarm.tasks
