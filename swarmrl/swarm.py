@@ -51,6 +51,8 @@ class ModelConf(_Strict):
     """Bootstrap preset name (`tiny`, `tiny-llama`; built offline on first use) or an HF model directory."""
     warm_start: list[str] | None = None
     """SFT sources of a preset's warm start (`calculator`, `team_calculator.caller`); None = the preset's own."""
+    warm_start_steps: int | None = Field(default=None, ge=0)
+    """SFT steps of a preset's warm start; None = the preset's default for its sources."""
     lr: float = Field(default=1e-4, gt=0)
     """Trainer learning rate."""
     num_repeat: int = Field(default=8, ge=2)
@@ -196,8 +198,10 @@ def check_bases(swarm: Swarm) -> None:
             except ValueError as exc:
                 raise SwarmConfigError(f"[models.{name}]: {exc}") from None
         elif path.is_dir() and (path / "config.json").exists():
-            if m.warm_start is not None:
-                raise SwarmConfigError(f"[models.{name}]: warm_start applies to presets only, base is {path}")
+            if m.warm_start is not None or m.warm_start_steps is not None:
+                raise SwarmConfigError(
+                    f"[models.{name}]: warm_start and warm_start_steps apply to presets only, base is {path}"
+                )
         else:
             raise SwarmConfigError(
                 f"[models.{name}].base: {m.base!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
@@ -210,7 +214,7 @@ def resolve_base(m: ModelConf) -> Path:
     from swarmrl.bootstrap.presets import PRESETS, ensure_model
 
     if m.base in PRESETS:
-        return ensure_model(m.base, m.warm_start)
+        return ensure_model(m.base, m.warm_start, m.warm_start_steps)
     return Path(m.base).expanduser().resolve()
 
 

@@ -119,7 +119,7 @@ def swarm_from_args(args: argparse.Namespace) -> Swarm:
             if getattr(args, flag) is not None:
                 m[key] = getattr(args, flag)
         if args.model:
-            m["base"], m["warm_start"] = args.model, None
+            m["base"], m["warm_start"], m["warm_start_steps"] = args.model, None, None
         m["trainer_args"] = [*m.get("trainer_args", []), *args.trainer_arg]
     for t in tasks.values():
         if not isinstance(t, dict):

@@ -43,8 +43,9 @@ def _ended(run_dir: Path, version: str | None = None) -> int:
     return int(connect(run_dir).execute(sql + " AND client_version = ?", [version]).fetchone()[0])  # type: ignore[index]
 
 
+# ~50 s on 2 shared cores, and the restart alone may take up to 45 s by design: `slow`.
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_restart_replaces_clients_and_every_episode_is_accounted_exactly_once(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

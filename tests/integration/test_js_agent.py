@@ -12,8 +12,9 @@ import shutil
 import signal
 import subprocess
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -52,18 +53,31 @@ def agent_env(**extra: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SWARMRL_")} | extra
 
 
-async def start_agent(env: dict[str, str], *flags: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        "node",
-        str(JS_DIR / "agent.mjs"),
-        "--max-tokens",
-        "8",
-        *flags,
-        cwd=JS_DIR,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+@pytest.fixture
+async def start_agent() -> AsyncIterator[Callable[..., Awaitable[asyncio.subprocess.Process]]]:
+    """Start `node agent.mjs --max-tokens 8 FLAGS...`; an agent still running at teardown is killed."""
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(env: dict[str, str], *flags: str) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            "node",
+            str(JS_DIR / "agent.mjs"),
+            "--max-tokens",
+            "8",
+            *flags,
+            cwd=JS_DIR,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 @pytest.fixture
@@ -142,8 +156,16 @@ process.stdout.write(JSON.stringify({ eval: c.evalTasks(), train: Array.from({ l
 
 
 async def test_js_agent_groups_become_merged_samples(
-    swarm_nats: NatsServer, tiny_model_dir: Path, js: JetStreamContext, merger: Merger
+    swarm_nats: NatsServer,
+    tiny_model_dir: Path,
+    js: JetStreamContext,
+    merger: Merger,
+    start_agent: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A gateway that mixes tasks (as `swarmrl up` with several tasks runs it) refuses a token request
+    # without the task's name: the agent must send it.
+    monkeypatch.setenv("SWARMRL_TASK_WEIGHT", "calculator=0.7,guess_number=0.3")
     env = agent_env(
         SWARMRL_NATS_URL=f"nats://127.0.0.1:{swarm_nats.port}",
         SWARMRL_NATS_USER="agent",
@@ -151,7 +173,7 @@ async def test_js_agent_groups_become_merged_samples(
     )
     async with generation_stack(swarm_nats, tiny_model_dir):
         proc = await start_agent(env, "--episodes", "4", "--num-repeat", "2", "--concurrency", "2")
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
         assert proc.returncode == 0, err.decode()[-3000:]
         events = await episode_events(js)
 
@@ -219,7 +241,12 @@ async def _sampled(js: JetStreamContext, ids: set[str]) -> bool:
 
 
 async def test_js_agent_drains_or_aborts_on_sigterm(
-    swarm_nats: NatsServer, tiny_model_dir: Path, js: JetStreamContext, merger: Merger, tmp_path: Path
+    swarm_nats: NatsServer,
+    tiny_model_dir: Path,
+    js: JetStreamContext,
+    merger: Merger,
+    start_agent: Any,
+    tmp_path: Path,
 ) -> None:
     """Connection from a connect file. On SIGTERM the groups in flight finish (default drain) or are
     aborted (`--drain-s 0`); either way every begun episode is closed and the agent exits 0."""

@@ -139,6 +139,9 @@ async def test_socket_is_owner_only_and_serves_the_cli(
         assert (
             "replaced calc clients client-calc-0" in out and "client-calc-0-g1" in out and "version v2" in out
         )
+        assert await asyncio.to_thread(clients_cli.main, ["list", "--run-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert "calc: generation 1, version v2: client-calc-0-g1" in out and "guess: generation 0" in out
     finally:
         await server.close()
     assert not path.exists()

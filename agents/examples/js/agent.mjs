@@ -232,7 +232,7 @@ async function main() {
         } else {
           counts.failed++;
           failed = true;
-          log("WARNING", `episode failed (aborted): ${r.reason?.stack ?? r.reason}`);
+          log("WARNING", `episode failed: ${r.reason?.stack ?? r.reason}`);
         }
       }
       if (failed) await sleep(1000, stop.signal).catch(() => {}); // back off while the swarm is not answering

@@ -13,6 +13,7 @@ const SCHEMA_VERSION = 1;
 const TRANSIENT = new Set([ErrorCode.Timeout, ErrorCode.NoResponders, ErrorCode.Disconnect]);
 
 export class SwarmError extends Error {}
+SwarmError.prototype.name = "SwarmError";
 
 /** Resolve after `ms`, or reject with the signal's reason when it is aborted first. */
 export function sleep(ms, signal) {
@@ -158,6 +159,8 @@ export class Episode {
         client_version: this.client.clientVersion,
         group_key: this.groupKey || this.taskId,
         eval: this.evalEpisode,
+        // The task's name: a gateway that mixes tasks by weight refuses training episodes without it.
+        ...(typeof this.task.name === "string" ? { task: this.task.name } : {}),
       },
       signal,
     );
