@@ -224,6 +224,10 @@ class MergeStats(Record):
     episode out of its group instead of waiting for it until the group timeout."""
     models: list[str] = Field(default_factory=list)
     """The episode's trainable models (from begin)."""
+    sample_models: list[str] | None = None
+    """Models that got samples from this episode; None from a merger that predates the field. A
+    team episode can leave a model without samples (its role never acted): that model's trainer
+    counts the episode out of its group, as for a dropped one."""
     eval: bool = False
     """An evaluation episode (never trained on)."""
     ts: float = Field(default_factory=time.time)

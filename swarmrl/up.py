@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
         reason = asyncio.run(supervise(args, sup, service_url, run_dir, clients))
     finally:
-        sup.stop([n for n in sup.procs if n.startswith("client")])
+        sup.stop([n for n in sup.procs if n.startswith("client")], timeout=45)  # > the clients' 30 s drain
         sup.stop([n for n in sup.procs if n.split("-")[0] in ("gateway", "trainer", "merger", "engine")], 30)
         sup.stop(["ledger"], timeout=30)  # last, so it flushes everything the others produced
         if server is not None:

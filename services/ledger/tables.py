@@ -150,6 +150,7 @@ TABLES: dict[str, pa.Schema] = {
             ("reason", STR),
             ("group_key", STR),
             ("models", STRS),
+            ("sample_models", STRS),
             ("eval", BOOL),
             ("ts", F64),
         ]

@@ -130,5 +130,6 @@ def assemble(
         trained_tokens_before=sum(t.trained_tokens for t in initial),
         trained_tokens_after=sum(sum(s.loss_mask) for s in samples),
         reason=EVAL_REASON if begin.eval else "",
+        sample_models=sorted({s.model for s in samples}),
     )
     return samples, stats

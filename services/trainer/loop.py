@@ -130,7 +130,11 @@ class Trainer:
             stats = decode(msg.data, MergeStats)
         except WireError:  # the ledger dead-letters bad metrics; here one only costs a group timeout
             return
-        if stats.status != "merged" and not stats.eval and self.cfg.model in stats.models:
+        if stats.eval or self.cfg.model not in stats.models:
+            return
+        # A merged team episode whose role of this model never acted sends this model nothing either.
+        no_samples = stats.sample_models is not None and self.cfg.model not in stats.sample_models
+        if stats.status != "merged" or no_samples:
             self.buffer.note_lost(stats.group_key)
             self.counts["lost_episodes"] += 1
 

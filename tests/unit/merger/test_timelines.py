@@ -136,6 +136,14 @@ def test_two_agents_on_two_models_count_their_samples_per_model() -> None:
     # Deterministic: the same events (a replay) give the same ids in the same order.
     again, _ = assemble(begin(agents=["a", "b"]), [a1, b_beta, a2, a_beta, a_retry], rewards)
     assert [s.sample_id for s in again] == [s.sample_id for s in samples]
+    assert stats.sample_models == ["alpha", "beta"]
+
+
+def test_stats_name_only_the_models_that_got_samples() -> None:
+    # A team episode whose second role never acted: beta's trainer must hear it gets nothing.
+    (a1,) = chain(1, model="alpha")
+    _, stats = assemble(begin(agents=["a", "b"], models=["alpha", "beta"]), [a1], [])
+    assert stats.models == ["alpha", "beta"] and stats.sample_models == ["alpha"]
 
 
 @pytest.mark.parametrize(
