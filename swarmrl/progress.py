@@ -61,7 +61,8 @@ class Progress:
         return min(self.step_of.values())
 
     def done(self) -> bool:
-        return self.step >= self.steps
+        """Some model reached the step budget (`up` ends the run then)."""
+        return max(self.step_of.values()) >= self.steps
 
     def steps_line(self) -> str:
         return ", ".join(f"{m} step {s}" for m, s in self.step_of.items())

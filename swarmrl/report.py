@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,26 @@ def _series(row: tuple[Any, ...]) -> str:
     return task if metric == "success" else f"{task}: {model} {metric}"
 
 
-def plot_curves(train: list[tuple[Any, ...]], evals: list[tuple[Any, ...]], out: Path) -> None:
-    """Left: train reward per model (model, step, reward). Right: eval curves (task, model, metric,
-    step, success_rate, ...), one per task outcome and one per team role's own metric."""
+def task_rewards(con: Any) -> list[tuple[str, int, float]]:
+    """(model task, step, reward mean of that task's samples) from `train_steps.extra`, for steps of
+    cocktail runs (the trainer records `reward_mean.<task>` for every task in a step)."""
+    out = []
+    for model, step, extra in _rows(con, "SELECT model, step, extra FROM train_steps ORDER BY model, step"):
+        for key, value in (json.loads(extra) if extra else {}).items():
+            if key.startswith("reward_mean."):
+                out.append((f"{model} {key.removeprefix('reward_mean.')}", step, float(value)))
+    return out
+
+
+def plot_curves(
+    train: list[tuple[Any, ...]],
+    evals: list[tuple[Any, ...]],
+    out: Path,
+    per_task: list[tuple[str, int, float]] | None = None,
+) -> None:
+    """Left: train reward per model (model, step, reward), and per task when there are several
+    (`task_rewards`). Right: eval curves (task, model, metric, step, success_rate, ...), one per task
+    outcome and one per team role's own metric."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,6 +49,10 @@ def plot_curves(train: list[tuple[Any, ...]], evals: list[tuple[Any, ...]], out:
     for model in sorted({r[0] for r in train}):
         pts = [(r[1], r[2]) for r in train if r[0] == model]
         ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{model} reward (mean)")
+    labels = sorted({r[0] for r in per_task or []})
+    for label in labels if len({lab.split(" ", 1)[1] for lab in labels}) > 1 else []:
+        pts = [(r[1], r[2]) for r in per_task or [] if r[0] == label]
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", alpha=0.7, label=f"{label} reward")
     ax1.set(xlabel="trainer step", ylabel="reward", title="training reward")
     ax1.grid(alpha=0.3)
     if train:
@@ -109,7 +131,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "FROM merges WHERE status = 'merged'",
     )
     dead = _rows(con, "SELECT service, count(*) FROM dead_letters GROUP BY service")
-    plot_curves([(r[0], r[1], r[2]) for r in train], evals, run_dir / "curves.png")
+    plot_curves([(r[0], r[1], r[2]) for r in train], evals, run_dir / "curves.png", task_rewards(con))
     models = sorted({r[0] for r in train})
 
     lines = [

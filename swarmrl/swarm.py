@@ -102,7 +102,8 @@ class RunConf(_Strict):
     """Budget, evaluation and client settings of the whole run."""
 
     steps: int = Field(default=300, ge=1)
-    """Trainer steps per model (the run ends when every trainer is done or the budget is spent)."""
+    """Trainer steps per model. The run ends when the first trainer reaches it (a team's other model
+    could not go on training alone) or when the budget is spent."""
     minutes: float = Field(default=15.0, gt=0)
     """Wall-clock budget."""
     eval_every: int = Field(default=10, ge=1)

@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--steps",
         type=int,
-        help="trainer steps per model (default 300; the run also stops when --minutes is spent)",
+        help="trainer steps per model (default 300); the run ends when the first trainer reaches them or when --minutes is spent",
     )
     add("--minutes", type=float, help="wall-clock budget (default 15)")
     add("--task", default=None,
@@ -173,11 +173,18 @@ async def supervise(
             if dead:
                 reason = f"process exited unexpectedly: {dead} (logs in {run_dir / 'logs'})"
                 break
+            # The first trainer to finish ends the run: in a team its partner could not go on alone
+            # (the finished model's samples would pile up and admission control would hold the team).
             if progress.done() or any(t in sup.dead() for t in trainers):
-                reason = f"trainers finished: {progress.steps_line()}"
-                # one last eval of the final version, unless it is already running or done
+                reason = f"a trainer finished: {progress.steps_line()}"
+                # one last eval of each final version, unless it is already running or done
+                final = [
+                    t
+                    for t, roles in evaluated.items()
+                    if progress.step_of[next(iter(roles.values()))] >= run.steps
+                ]
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(progress.eval_seen(run.steps, len(evaluated)), timeout=300)
+                    await asyncio.wait_for(progress.eval_seen(run.steps, len(final)), timeout=300)
                 break
             if time.monotonic() > deadline:
                 reason = f"time budget of {run.minutes:g} min spent at {progress.steps_line()}"

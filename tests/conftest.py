@@ -6,7 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import pytest
+from nats.js import JetStreamContext
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.services.common import bus
@@ -26,6 +28,14 @@ async def swarm_nats(nats_server: NatsServer) -> AsyncIterator[NatsServer]:
     await bus.ensure_streams(nc.jetstream())
     await nc.close()
     yield nats_server
+
+
+@pytest.fixture
+async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
+    """A JetStream context with service credentials on the swarm's server."""
+    nc = await nats.connect(swarm_nats.service_url)
+    yield nc.jetstream()
+    await nc.close()
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from nats.js import JetStreamContext
 
@@ -78,13 +77,6 @@ async def start_agent() -> AsyncIterator[Callable[..., Awaitable[asyncio.subproc
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-
-
-@pytest.fixture
-async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
-    nc = await nats.connect(swarm_nats.service_url)
-    yield nc.jetstream()
-    await nc.close()
 
 
 @pytest.fixture

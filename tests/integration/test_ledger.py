@@ -42,13 +42,6 @@ def count(run_dir: Path, sql: str) -> int:
 
 
 @pytest.fixture
-async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
-    nc = await nats.connect(swarm_nats.service_url)
-    yield nc.jetstream()
-    await nc.close()
-
-
-@pytest.fixture
 async def ledger(swarm_nats: NatsServer, tmp_path: Path) -> AsyncIterator[Ledger]:
     cfg = LedgerConfig(
         nats=swarm_nats.service_url, run_dir=tmp_path / "run", flush_interval_s=0.05, poll_interval_s=0.05

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import msgpack
-import nats
 import pytest
 from nats.js import JetStreamContext
 
@@ -27,13 +26,6 @@ from tests.integration.merger_support import (
     stream_count,
 )
 from tests.unit.merger.factories import begin, chain, llm
-
-
-@pytest.fixture
-async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
-    nc = await nats.connect(swarm_nats.service_url)
-    yield nc.jetstream()
-    await nc.close()
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import nats
 import pytest
 from nats.js import JetStreamContext
 
@@ -103,13 +102,6 @@ async def samples_by_model(js: JetStreamContext) -> dict[str, list[Sample]]:
 
 def ids(by_model: dict[str, list[Sample]]) -> dict[str, list[str]]:
     return {model: sorted(s.sample_id for s in samples) for model, samples in by_model.items()}
-
-
-@pytest.fixture
-async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
-    nc = await nats.connect(swarm_nats.service_url)
-    yield nc.jetstream()
-    await nc.close()
 
 
 @pytest.fixture

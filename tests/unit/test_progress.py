@@ -41,4 +41,4 @@ async def test_two_models_show_each_models_step_and_a_roles_own_metric() -> None
     line = p.line()
     assert "caller step 7/50" in line and "reporter step 3/50" in line
     assert "team_calculator reporter:reporter_correct 50%" in line
-    assert p.step == 3 and not p.done()
+    assert p.step == 3 and not p.done()  # neither model is at 50 yet

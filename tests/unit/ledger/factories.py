@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, Event, LlmEvent, RewardEvent, TrainStep
+from swarmrl.services.ledger.columns import to_arrow
+from swarmrl.services.ledger.store import PartWriter
+from swarmrl.services.ledger.tables import dead_letter_row
 
 
 def episode(
@@ -65,3 +69,21 @@ def train_step(**fields: Any) -> TrainStep:
         "wall_s": 1.0,
     }
     return TrainStep(**(base | fields))
+
+
+def dead_letter_run(run_dir: Path) -> Path:
+    """One dead letter in `run_dir`'s ledger, as the ledger service writes it."""
+    writer = PartWriter(run_dir)
+    writer.prepare()
+    row = dead_letter_row(
+        subject="swarm.dlq.merger",
+        data=b"\xc1\x00",
+        service="merger",
+        original_subject="swarm.ep.e1.env",
+        reason="malformed: not msgpack",
+        ts=1.0,
+        stream="DLQ",
+        seq=1,
+    )
+    writer.write_group({"dead_letters": to_arrow("dead_letters", [row])})
+    return run_dir

@@ -3,28 +3,13 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.services.ledger.columns import to_arrow
 from swarmrl.services.ledger.query import main
-from swarmrl.services.ledger.store import PartWriter
-from swarmrl.services.ledger.tables import dead_letter_row
+from tests.unit.ledger.factories import dead_letter_run
 
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
-    writer = PartWriter(tmp_path)
-    writer.prepare()
-    row = dead_letter_row(
-        subject="swarm.dlq.merger",
-        data=b"\xc1\x00",
-        service="merger",
-        original_subject="swarm.ep.e1.env",
-        reason="malformed: not msgpack",
-        ts=1.0,
-        stream="DLQ",
-        seq=1,
-    )
-    writer.write_group({"dead_letters": to_arrow("dead_letters", [row])})
-    return tmp_path
+    return dead_letter_run(tmp_path)
 
 
 def test_json_and_csv_output(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,28 +9,8 @@ from pathlib import Path
 import pytest
 
 from swarmrl import rundir
-from swarmrl.services.ledger.columns import to_arrow
 from swarmrl.services.ledger.query import main
-from swarmrl.services.ledger.store import PartWriter
-from swarmrl.services.ledger.tables import dead_letter_row
-
-
-def _write_ledger(run_dir: Path) -> Path:
-    """One dead letter in `run_dir`'s ledger, as the ledger service writes it."""
-    writer = PartWriter(run_dir)
-    writer.prepare()
-    row = dead_letter_row(
-        subject="swarm.dlq.merger",
-        data=b"\xc1\x00",
-        service="merger",
-        original_subject="swarm.ep.e1.env",
-        reason="malformed: not msgpack",
-        ts=1.0,
-        stream="DLQ",
-        seq=1,
-    )
-    writer.write_group({"dead_letters": to_arrow("dead_letters", [row])})
-    return run_dir
+from tests.unit.ledger.factories import dead_letter_run
 
 
 @pytest.fixture
@@ -49,13 +29,13 @@ COUNT = ["SELECT count(*) AS n FROM dead_letters", "--format", "csv"]
 def test_finds_a_run_started_with_run_dir_from_another_directory(
     tmp_path: Path, somewhere: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _write_ledger(rundir.make_run_dir(tmp_path / "experiments" / "run1"))
+    dead_letter_run(rundir.make_run_dir(tmp_path / "experiments" / "run1"))
     assert main(COUNT) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.splitlines() == ["n", "1"]
 
 
 def test_finds_runs_latest_in_the_cwd(somewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _write_ledger(rundir.make_run_dir(None))
+    dead_letter_run(rundir.make_run_dir(None))
     assert main(COUNT) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.splitlines() == ["n", "1"]
     assert main(["SELECT 1 AS one"]) == 0
@@ -71,7 +51,7 @@ def test_no_run_found_says_where_it_looked(somewhere: Path, capsys: pytest.Captu
 def test_long_cells_are_printed_whole_one_line_per_row(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = _write_ledger(tmp_path / "run")
+    run = dead_letter_run(tmp_path / "run")
     sql = "SELECT 'episode-' || repeat('0123456789', 30) AS id, '[bold]x[/bold]' AS markup, [1, 2] AS l"
     assert main([sql, "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
@@ -91,7 +71,7 @@ def test_long_cells_are_printed_whole_one_line_per_row(
     ],
 )
 def test_a_reader_that_stops_early_ends_it_quietly(tmp_path: Path, fmt: str, sql: str) -> None:
-    run = _write_ledger(tmp_path / "run")
+    run = dead_letter_run(tmp_path / "run")
     cmd = [sys.executable, "-m", "swarmrl.cli", "query", sql, "--run-dir", str(run), "--format", fmt]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
