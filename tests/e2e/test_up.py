@@ -85,7 +85,7 @@ def test_up_trains_and_each_ended_episode_yields_its_samples_exactly_once(
     )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out.decode()[-3000:]
-    assert b"trainer finished 2 steps" in out, out.decode()[-3000:]
+    assert b"a trainer finished: policy step 2" in out, out.decode()[-3000:]
     _assert_no_orphans(run_dir)
     assert (run_dir / "report.md").exists() and (run_dir / "curves.png").stat().st_size > 0
 
