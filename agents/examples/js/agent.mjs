@@ -10,6 +10,7 @@
 // Credentials come from the environment or the connection file, never from the command line.
 
 import { createHash, randomUUID } from "node:crypto";
+import { setMaxListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -190,6 +191,9 @@ async function main() {
   const version = codeVersion();
   const stop = new AbortController(); // no new group starts
   const abortNow = new AbortController(); // episodes in flight are aborted
+  // Every episode in flight (concurrency x num_repeat) listens to both signals: more than Node's
+  // default of 10 listeners is expected here, not a leak.
+  setMaxListeners(0, stop.signal, abortNow.signal);
   for (const sig of ["SIGTERM", "SIGINT"]) {
     process.on(sig, () => {
       if (stop.signal.aborted) {
