@@ -43,15 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swarmrl: unknown command {verb!r}; try `swarmrl --help`", file=sys.stderr)
         return 2
     name, entry = VERBS[verb]
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise  # a missing dependency inside the verb's module: show it whole
-        print(
-            f"swarmrl: command {verb!r} is not available in this install ({name} is missing)", file=sys.stderr
-        )
-        return 2
+    module = importlib.import_module(name)
     return int(getattr(module, entry)(rest) or 0)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -176,10 +175,3 @@ def test_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert cli.VERBS["down"] == ("swarmrl.rundir", "down")
     assert cli.VERBS["clients"] == ("swarmrl.clients", "main")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("swarmrl.clients") is not None, reason="swarmrl.clients exists")
-def test_a_verb_whose_module_is_not_there_yet_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["clients", "restart", "calculator"]) == 2
-    err = capsys.readouterr().err
-    assert "'clients' is not available" in err and "swarmrl.clients" in err
