@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
@@ -106,8 +106,9 @@ class EnvEvent(EventBase):
 
 class RewardEvent(EventBase):
     kind: Literal["reward"] = "reward"
-    value: float
-    """Reward; several reward events in one episode add up (per agent)."""
+    value: FiniteFloat
+    """Reward; several reward events in one episode add up (per agent). NaN and ±inf are refused
+    (dead-lettered as `schema`): one would make every advantage of its GRPO group NaN."""
     agent: str = ""
     """Agent the reward is for; empty means every agent of the episode."""
     name: str = "reward"
@@ -157,7 +158,7 @@ class Sample(Record):
     """Behaviour logprob per token (0.0 where loss_mask is 0)."""
     policy_versions: list[int]
     """Weight version that generated each token (-1 where loss_mask is 0)."""
-    reward: float
+    reward: FiniteFloat
     index: int = 0
     """Position (call order) of this sample among the episode's samples for this (agent, model)."""
     n_samples: int = 1

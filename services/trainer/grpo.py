@@ -60,7 +60,8 @@ def staleness(sample: Sample, version: int) -> int:
 @dataclass
 class GroupScore:
     status: str
-    """`ok`, `zero_adv` (all rewards equal) or `too_small` (fewer than min_group_size fresh episodes)."""
+    """`ok`, `zero_adv` (all rewards equal), `too_small` (fewer than min_group_size fresh episodes) or
+    `nonfinite` (a NaN or infinite reward: the group is dropped, never trained on NaN advantages)."""
     advantages: list[float]
     """Per sample, in input order; 0.0 for stale samples."""
     stale: list[bool]
@@ -87,6 +88,10 @@ def score_group(
     for s in fresh:
         units.setdefault((s.episode_id, s.agent), []).append(s.reward)
     unit_reward = {k: sum(v) / len(v) for k, v in units.items()}
+    if not all(
+        math.isfinite(r) for r in unit_reward.values()
+    ):  # the schema refuses them; never trust it alone
+        return GroupScore("nonfinite", zeros, stale)
     if per_episode_norm:
         pool = list(unit_reward.values())
     else:

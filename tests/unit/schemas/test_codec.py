@@ -111,3 +111,12 @@ def test_subject_names_reject_unsafe_tokens() -> None:
         S.samples_subject("Qwen2.5")
     with pytest.raises(ValueError):
         S.parse_episode_subject("swarm.ep.abc.nope")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_nonfinite_reward_is_a_schema_error(value: float) -> None:
+    raw = {"v": 1, "kind": "reward", "episode_id": "e1", "seq": 1, "ts": 1.0, "client_id": "c",
+           "client_version": "v", "value": value, "agent": "", "name": "reward"}  # fmt: skip
+    with pytest.raises(WireError) as err:
+        decode_event(msgpack.packb(raw))
+    assert err.value.code == "schema"

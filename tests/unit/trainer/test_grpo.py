@@ -109,3 +109,12 @@ def test_check_sample_reasons() -> None:
     no_gen = make_sample("e2", 1.0, gen=0)
     assert check_sample(no_gen, "tiny", 50).startswith("empty:")
     assert check_sample(make_sample("e3", 1.0, index=2, n_samples=2), "tiny", 50).startswith("schema:")
+
+
+def test_a_nonfinite_reward_drops_the_group_instead_of_training_on_nan() -> None:
+    # Rewards [1, 0, nan, 1] used to give every sample a NaN advantage with status `ok`.
+    group = [make_sample(f"e{i}", r) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+    # the schema refuses it; a sample built past validation must still not train
+    group[2] = group[2].model_copy(update={"reward": math.nan})
+    score = score_group(group, 0, **KW)
+    assert score.status == "nonfinite" and score.advantages == [0.0] * 4
