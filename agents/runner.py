@@ -17,11 +17,13 @@ import logging
 import os
 import random
 import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from swarmrl.agents.sdk import Episode, SwarmClient
 from swarmrl.agents.tasks import TaskSpec, get_task
+from swarmrl.config import password_on_command_line
 
 log = logging.getLogger("swarmrl.client")
 
@@ -245,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--nats",
-        default="",
-        help="NATS URL with agent credentials; default: the connection file in $SWARMRL_CONNECT_FILE "
-        "(written by `swarmrl up` into its run dir), which keeps the password off the command line",
+        default=os.environ.get("SWARMRL_AGENT_NATS", ""),
+        help="NATS URL of the swarm (default $SWARMRL_AGENT_NATS, which may carry the agent credentials); "
+        "else the connection file in $SWARMRL_CONNECT_FILE (written by `swarmrl up` into its run dir). "
+        "A password is never taken on the command line",
     )
     p.add_argument(
         "--task",
@@ -281,11 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         help="on SIGTERM: seconds the groups in flight get to finish before they are aborted",
     )
     args = p.parse_args(argv)
+    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+        p.error(reason)
     nats_url = args.nats
     if not nats_url:
         connect_file = os.environ.get("SWARMRL_CONNECT_FILE")
         if not connect_file:
-            p.error("no --nats URL and no $SWARMRL_CONNECT_FILE: say where the swarm is")
+            p.error("no --nats URL, $SWARMRL_AGENT_NATS or $SWARMRL_CONNECT_FILE: say where the swarm is")
         from swarmrl.launch import agent_url_from_file
 
         nats_url = agent_url_from_file(connect_file)

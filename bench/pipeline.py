@@ -180,15 +180,14 @@ async def ledger_phase(
         "swarmrl.cli",
         "serve",
         "ledger",
-        "--nats",
-        server.service_url,
         "--run-dir",
         str(run_dir),
         "--stats-interval-s",
         "600",
     ]
     with (tmp / "ledger.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stderr=log)  # noqa: ASYNC220 (started once, before the clock)
+        env = os.environ | {"SWARMRL_NATS": server.service_url}  # credentials never on the command line
+        proc = subprocess.Popen(cmd, stderr=log, env=env)  # noqa: ASYNC220 (started once, before the clock)
     try:
         nc = await bus.connect(server.service_url, "bench-probe")
         deadline = time.monotonic() + 60

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
@@ -26,7 +28,26 @@ class ServiceConfig(BaseSettings):
     """Logging level (DEBUG, INFO, WARNING)."""
 
 
+def password_on_command_line(argv: Sequence[str]) -> str | None:
+    """Why `argv` must be refused, or None: a URL in it that carries a password would be readable
+    by every user of the machine (`ps`, /proc). Credentials go by environment or file."""
+    for arg in argv:
+        value = arg.partition("=")[2] if arg.startswith("--") else arg
+        for url in (urlsplit(part.strip()) for part in value.split(",") if "://" in part):
+            if url.password:
+                return (
+                    f"a URL with a password on the command line ({url.scheme}://{url.username}:***@...) is "
+                    "visible to every user of this machine; pass it in the environment (SWARMRL_NATS, "
+                    "SWARMRL_AGENT_NATS) or a connect file (SWARMRL_CONNECT_FILE) instead"
+                )
+    return None
+
+
 def parse_config(cls: type[C], argv: Sequence[str] | None, prog: str) -> C:
-    """Parse `argv` into `cls`; `--help` prints every field with its docstring."""
+    """Parse `argv` into `cls`; `--help` prints every field with its docstring. A password on the
+    command line is refused (exit 2): set the URL with `SWARMRL_NATS` instead."""
+    if reason := password_on_command_line(list(argv or [])):
+        print(f"{prog}: error: {reason}", file=sys.stderr)
+        raise SystemExit(2)
     cls.model_config["cli_prog_name"] = prog
     return CliApp.run(cls, cli_args=list(argv or []))

@@ -18,11 +18,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from swarmrl.config import password_on_command_line
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
@@ -76,10 +78,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra flag for every trainer, repeatable (e.g. --trainer-arg=--group-timeout-s=30); "
         "see `swarmrl serve trainer --help`")  # fmt: skip
     add("--run-dir", type=Path, default=None, help="run directory (default runs/<timestamp>)")
-    add("--nats", default="", help="join this NATS cluster (service URL) instead of starting one")
-    add("--agent-nats", default="", help="agent-credential URL for clients (with --nats)")
+    add("--nats", default=os.environ.get("SWARMRL_NATS", ""),
+        help="join this NATS cluster (service URL, default $SWARMRL_NATS) instead of starting one; "
+        "a URL with a password goes in the environment, never on the command line")  # fmt: skip
+    add("--agent-nats", default=os.environ.get("SWARMRL_AGENT_NATS", ""),
+        help="agent-credential URL for clients (with --nats; default $SWARMRL_AGENT_NATS)")  # fmt: skip
     add("--no-display", action="store_true", help="plain log lines instead of the live table")
     args = p.parse_args(argv)
+    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+        p.error(reason)
     try:
         args.swarm = swarm_from_args(args)
     except SwarmConfigError as exc:

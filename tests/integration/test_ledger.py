@@ -215,8 +215,6 @@ def start_ledger(server: NatsServer, run_dir: Path, log: Path) -> subprocess.Pop
         "swarmrl.cli",
         "serve",
         "ledger",
-        "--nats",
-        server.service_url,
         "--run-dir",
         str(run_dir),
         "--flush-rows",
@@ -228,7 +226,8 @@ def start_ledger(server: NatsServer, run_dir: Path, log: Path) -> subprocess.Pop
         "--poll-interval-s",
         "0.05",
     ]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=os.environ)
+    env = os.environ | {"SWARMRL_NATS": server.service_url}  # credentials never on the command line
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("ab"), env=env)
 
 
 def recorded(run_dir: Path) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -32,10 +33,11 @@ ABORT_EVERY = 7
 
 
 def spawn_merger(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "swarmrl.cli", "serve", "merger", "--nats", server.service_url,
+    cmd = [sys.executable, "-m", "swarmrl.cli", "serve", "merger",
            "--episode-timeout-s", "60", "--ack-wait-s", "3", "--stats-interval-s", "1"]  # fmt: skip
-    with log.open("ab") as err:
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    with log.open("ab") as err:  # credentials by environment, never on the command line
+        env = os.environ | {"SWARMRL_NATS": server.service_url}
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
 
 
 async def publish_waves(js: JetStreamContext, episodes: list[list[Event]], killed: asyncio.Event) -> None:

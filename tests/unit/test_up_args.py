@@ -28,3 +28,24 @@ def test_bad_flags_exit_with_a_message(argv: list[str], message: str, capsys: py
     with pytest.raises(SystemExit) as exit_:
         parse_args(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--nats", "--agent-nats"])
+def test_a_password_on_the_command_line_is_refused(flag: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([flag, "nats://service:s3cret@127.0.0.1:4222"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "SWARMRL_NATS" in err and "s3cret" not in err
+
+
+def test_services_and_clients_refuse_a_password_on_the_command_line_too(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from swarmrl.agents.runner import main as runner_main
+    from swarmrl.services.merger.main import main as merger_main
+
+    for main in (merger_main, runner_main):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--nats=nats://agent:s3cret@127.0.0.1:4222"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "password on the command line" in err and "s3cret" not in err
