@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
 from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, TurnEnv, message_text
@@ -35,6 +35,14 @@ TOOLS: list[dict[str, Any]] = [
         },
     }
 ]
+
+
+class _Question(Protocol):
+    @property
+    def task_id(self) -> str: ...
+
+
+Q = TypeVar("Q", bound=_Question)
 
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}\b)")
@@ -138,24 +146,35 @@ def _random_expression(rng: random.Random) -> str:
             return expression
 
 
-def eval_tasks() -> list[Calculator]:
-    """The fixed held-out set: 64 distinct questions from a constant seed."""
-    rng = random.Random("calculator-eval-v1")
-    seen: dict[str, Calculator] = {}
-    while len(seen) < 64:
-        task = Calculator(_random_expression(rng))
+def held_out_questions(make: Callable[[str], Q], seed: str, n: int = 64) -> list[Q]:
+    """`n` distinct questions (`make(expression)`, distinct by `task_id`) from the constant `seed`:
+    a fixed held-out set, the same on every call and every machine."""
+    rng = random.Random(seed)
+    seen: dict[str, Q] = {}
+    while len(seen) < n:
+        task = make(_random_expression(rng))
         seen.setdefault(task.task_id, task)
     return list(seen.values())
 
 
-def train_tasks(seed: int) -> Iterator[Calculator]:
-    """Endless seeded stream of training questions, skipping every eval question."""
-    held_out = {task.task_id for task in eval_tasks()}
+def training_questions(make: Callable[[str], Q], seed: int, held_out: list[Q]) -> Iterator[Q]:
+    """Endless seeded stream of questions `make(expression)`, skipping every held-out one."""
+    skip = {task.task_id for task in held_out}
     rng = random.Random(seed)
     while True:
-        task = Calculator(_random_expression(rng))
-        if task.task_id not in held_out:
+        task = make(_random_expression(rng))
+        if task.task_id not in skip:
             yield task
+
+
+def eval_tasks() -> list[Calculator]:
+    """The fixed held-out set: 64 distinct questions from a constant seed."""
+    return held_out_questions(Calculator, "calculator-eval-v1")
+
+
+def train_tasks(seed: int) -> Iterator[Calculator]:
+    """Endless seeded stream of training questions, skipping every eval question."""
+    return training_questions(Calculator, seed, eval_tasks())
 
 
 def _mistype(text: str, rng: random.Random) -> str:

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
 from swarmrl.agents.tasks.base import Message, TaskSpec, Turn
-from swarmrl.agents.tasks.calculator import TOOLS, _mistype, _random_expression, parse_reply
+from swarmrl.agents.tasks.calculator import (
+    TOOLS,
+    _mistype,
+    held_out_questions,
+    parse_reply,
+    training_questions,
+)
 
 CALLER, REPORTER = "caller", "reporter"
 ROLES = (CALLER, REPORTER)
@@ -116,22 +122,12 @@ class TeamCalculatorEnv:
 
 def eval_tasks() -> list[TeamCalculator]:
     """The fixed held-out set: 64 distinct questions from a constant seed."""
-    rng = random.Random("team_calculator-eval-v1")
-    seen: dict[str, TeamCalculator] = {}
-    while len(seen) < 64:
-        task = TeamCalculator(_random_expression(rng))
-        seen.setdefault(task.task_id, task)
-    return list(seen.values())
+    return held_out_questions(TeamCalculator, "team_calculator-eval-v1")
 
 
 def train_tasks(seed: int) -> Iterator[TeamCalculator]:
     """Endless seeded stream of training questions, skipping every eval question."""
-    held_out = {task.task_id for task in eval_tasks()}
-    rng = random.Random(seed)
-    while True:
-        task = TeamCalculator(_random_expression(rng))
-        if task.task_id not in held_out:
-            yield task
+    return training_questions(TeamCalculator, seed, eval_tasks())
 
 
 def tool_call(expression: str) -> Message:
