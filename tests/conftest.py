@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import nats
@@ -12,6 +12,8 @@ from nats.js import JetStreamContext
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.services.common import bus
+from swarmrl.services.merger.config import MergerConfig
+from swarmrl.services.merger.handlers import Merger
 
 
 @pytest.fixture
@@ -36,6 +38,23 @@ async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
     nc = await nats.connect(swarm_nats.service_url)
     yield nc.jetstream()
     await nc.close()
+
+
+@pytest.fixture
+async def start_merger(swarm_nats: NatsServer) -> AsyncIterator[Callable[..., Merger]]:
+    """Start in-process mergers on the swarm's server (`MergerConfig` fields as keywords); all are
+    stopped at teardown."""
+    running: list[tuple[Merger, asyncio.Task[None]]] = []
+
+    def start(**fields: float) -> Merger:
+        service = Merger(MergerConfig(nats=swarm_nats.service_url, **fields))
+        running.append((service, asyncio.create_task(service.run())))
+        return service
+
+    yield start
+    for service, task in running:
+        service.request_stop()
+        await asyncio.wait_for(task, timeout=10)
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):

@@ -24,7 +24,6 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.localstack import generation_stack
 from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S
-from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.handlers import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import read_stream, samples, stream_count
@@ -80,12 +79,8 @@ async def start_agent() -> AsyncIterator[Callable[..., Awaitable[asyncio.subproc
 
 
 @pytest.fixture
-async def merger(swarm_nats: NatsServer) -> AsyncIterator[Merger]:
-    service = Merger(MergerConfig(nats=swarm_nats.service_url, episode_timeout_s=30.0, ack_wait_s=4.0))
-    task = asyncio.create_task(service.run())
-    yield service
-    service.request_stop()
-    await asyncio.wait_for(task, timeout=10)
+async def merger(start_merger: Callable[..., Merger]) -> Merger:
+    return start_merger(episode_timeout_s=30.0, ack_wait_s=4.0)
 
 
 async def episode_events(js: JetStreamContext) -> dict[str, list]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -27,29 +27,13 @@ from tests.integration.merger_support import (
 )
 from tests.unit.merger.factories import begin, chain, llm
 
-
-@pytest.fixture
-async def start_merger(swarm_nats: NatsServer) -> AsyncIterator[Callable[..., Merger]]:
-    """Start a merger task with config overrides; all are stopped at teardown."""
-    running: list[tuple[Merger, asyncio.Task[None]]] = []
-
-    def start(**overrides: float) -> Merger:
-        cfg = MergerConfig(
-            nats=swarm_nats.service_url, **({"episode_timeout_s": 1.5, "ack_wait_s": 4.0} | overrides)
-        )
-        service = Merger(cfg)
-        running.append((service, asyncio.create_task(service.run())))
-        return service
-
-    yield start
-    for service, task in running:
-        service.request_stop()
-        await asyncio.wait_for(task, timeout=10)
+MERGER = {"episode_timeout_s": 1.5, "ack_wait_s": 4.0}
+"""Short timeouts, so the tests see timeouts and redeliveries within seconds."""
 
 
 @pytest.fixture
 async def merger(start_merger: Callable[..., Merger]) -> Merger:
-    return start_merger()
+    return start_merger(**MERGER)
 
 
 async def test_episodes_become_samples_exactly_once(js: JetStreamContext, merger: Merger) -> None:
@@ -203,7 +187,7 @@ async def test_stopped_merger_hands_open_episodes_to_its_successor(
 async def test_heartbeats_keep_an_episode_alive(
     js: JetStreamContext, start_merger: Callable[..., Merger]
 ) -> None:
-    merger = start_merger(episode_timeout_s=1.0)
+    merger = start_merger(**MERGER | {"episode_timeout_s": 1.0})
     await publish(js, begin("quiet"))
     await publish(js, begin("beating"))
 

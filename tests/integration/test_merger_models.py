@@ -11,7 +11,7 @@ import asyncio
 import os
 import sys
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,8 +60,11 @@ class DiesBetweenModels(Merger):
             self.alpha_confirmed.set()
 
 
-def config(url: str, **overrides: float) -> MergerConfig:
-    return MergerConfig(nats=url, **({"episode_timeout_s": 1.5, "ack_wait_s": 2.0} | overrides))
+MERGER = {"episode_timeout_s": 1.5, "ack_wait_s": 2.0}
+
+
+def config(url: str) -> MergerConfig:
+    return MergerConfig(nats=url, **MERGER)
 
 
 def two_model_episode(episode_id: str, outcome: str = "end") -> list[Event]:
@@ -104,22 +107,6 @@ def ids(by_model: dict[str, list[Sample]]) -> dict[str, list[str]]:
     return {model: sorted(s.sample_id for s in samples) for model, samples in by_model.items()}
 
 
-@pytest.fixture
-async def start_merger(swarm_nats: NatsServer) -> AsyncIterator[Callable[..., Merger]]:
-    """Start a merger task with config overrides; all are stopped at teardown."""
-    running: list[tuple[Merger, asyncio.Task[None]]] = []
-
-    def start(**overrides: float) -> Merger:
-        service = Merger(config(swarm_nats.service_url, **overrides))
-        running.append((service, asyncio.create_task(service.run())))
-        return service
-
-    yield start
-    for service, task in running:
-        service.request_stop()
-        await asyncio.wait_for(task, timeout=10)
-
-
 async def crash_between_models(how: str, url: str, js: JetStreamContext, tmp_path: Path) -> None:
     if how == "kill":
         log = tmp_path / "killed-merger.log"
@@ -158,7 +145,7 @@ async def test_a_merger_dying_between_two_models_publishes_is_healed_by_the_repl
     assert ids(await samples_by_model(js)) == {"alpha": ["duo.a.alpha.0"]}
     assert not await merger_settled(js)
 
-    successor = start_merger()
+    successor = start_merger(**MERGER)
     await wait_for(
         lambda: merger_settled(js), timeout=30, what="the successor replayed and acked the episode"
     )
@@ -179,7 +166,7 @@ async def test_a_merger_dying_between_two_models_publishes_is_healed_by_the_repl
 async def test_an_aborted_or_timed_out_two_model_episode_yields_no_sample_for_either_model(
     js: JetStreamContext, start_merger: Callable[..., Merger]
 ) -> None:
-    merger = start_merger()
+    merger = start_merger(**MERGER)
     for ev in two_model_episode("ended") + two_model_episode("gave-up", outcome="abort"):
         await publish(js, ev)
     for ev in two_model_episode("silent")[:-1]:  # both models called, then the team went silent

@@ -4,7 +4,7 @@ agent's own reward. Two different architectures (Qwen2 and Llama presets, random
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,6 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.localstack import generation_stack, llm_events
 from swarmrl.schemas import Sample, decode
 from swarmrl.schemas import subjects as S
-from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.handlers import Merger
 from tests.conftest import wait_for
 
@@ -76,17 +75,6 @@ def llama_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture
-async def merger(swarm_nats: NatsServer) -> AsyncIterator[Merger]:
-    import asyncio
-
-    service = Merger(MergerConfig(nats=swarm_nats.service_url, episode_timeout_s=30))
-    task = asyncio.create_task(service.run())
-    yield service
-    service.request_stop()
-    await task
-
-
 async def _samples(server: NatsServer, model: str) -> list[Sample]:
     nc = await nats.connect(server.service_url)
     sub = await nc.jetstream().subscribe(S.samples_subject(model), ordered_consumer=True)
@@ -101,8 +89,9 @@ async def _samples(server: NatsServer, model: str) -> list[Sample]:
 
 
 async def test_a_team_episode_trains_both_models_with_each_agents_reward(
-    swarm_nats: NatsServer, tiny_model_dir: Path, llama_model_dir: Path, merger: Merger
+    swarm_nats: NatsServer, tiny_model_dir: Path, llama_model_dir: Path, start_merger: Callable[..., Merger]
 ) -> None:
+    start_merger(episode_timeout_s=30)
     async with generation_stack(swarm_nats, tiny_model_dir, "alpha", more={"beta": llama_model_dir}) as stack:
         swarm = await SwarmClient.connect(swarm_nats.agent_url, code_version="team-v1")
         out = await play_episode(
