@@ -45,8 +45,8 @@ LEGACY_PID_FILE = RUNS / ".up.pid"
 
 
 def swarmrl_home() -> Path:
-    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`: the same rule as `swarmrl.bootstrap`'s
-    `swarmrl_home`, not imported from there because importing `swarmrl.bootstrap` loads torch."""
+    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`: where models are cached and the latest run is
+    recorded (this module imports only the standard library, so `down` and `query` start fast)."""
     return Path(os.environ.get("SWARMRL_HOME") or Path.home() / ".cache" / "swarmrl")
 
 

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmrl.rundir import swarmrl_home
+
 # Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
 BUILDER_VERSION = "2"
 DEFAULT_PRESET = "tiny"
@@ -190,11 +192,6 @@ def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
     if resolved == get_preset(preset).sources:
         return get_preset(preset).steps
     return SFT_ROUNDS * batches_per_round(resolved)
-
-
-def swarmrl_home() -> Path:
-    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`."""
-    return Path(os.environ.get("SWARMRL_HOME") or Path.home() / ".cache" / "swarmrl")
 
 
 def source_digest() -> str:
