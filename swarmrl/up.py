@@ -33,12 +33,12 @@ log = logging.getLogger("swarmrl.up")
 MODEL = "policy"
 """The model name of the short form (flags only, no --config)."""
 
-# flag -> (section, key) in the swarm description; None default = "not given, keep the file's value"
+# Flags that override a field of the same name in the description's [run], every [models.*] and
+# every [tasks.*]; a flag left at None was not given and keeps the file's value.
 RUN_FLAGS = ("steps", "minutes", "eval_every", "eval_limit", "eval_samples", "eval_temperature",
              "max_tokens", "abort_rate")  # fmt: skip
-MODEL_FLAGS = {"lr": "lr", "num_repeat": "num_repeat", "batch_groups": "batch_groups",
-               "micro_batch_tokens": "micro_batch_tokens", "max_backlog": "max_backlog"}  # fmt: skip
-TASK_FLAGS = {"clients": "clients", "concurrency": "concurrency"}
+MODEL_FLAGS = ("lr", "num_repeat", "batch_groups", "micro_batch_tokens", "max_backlog")
+TASK_FLAGS = ("clients", "concurrency")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,27 +116,28 @@ def swarm_from_args(args: argparse.Namespace) -> Swarm:
                 raise SwarmConfigError(f"--task {unknown} not in {args.config} (tasks: {sorted(tasks)})")
             for name, w in weights.items():
                 tasks[name]["weight"] = w
-    for flag in RUN_FLAGS:
-        if getattr(args, flag) is not None:
-            data["run"][flag] = getattr(args, flag)
+    _override(data["run"], args, RUN_FLAGS)
     for m in models.values():
         if not isinstance(m, dict):
             raise SwarmConfigError(f"{source}: every [models.<name>] must be a table")
-        for flag, key in MODEL_FLAGS.items():
-            if getattr(args, flag) is not None:
-                m[key] = getattr(args, flag)
+        _override(m, args, MODEL_FLAGS)
         if args.model:
             m["base"], m["warm_start"], m["warm_start_steps"] = args.model, None, None
         m["trainer_args"] = [*m.get("trainer_args", []), *args.trainer_arg]
     for t in tasks.values():
         if not isinstance(t, dict):
             raise SwarmConfigError(f"{source}: every [tasks.<name>] must be a table")
-        for flag, key in TASK_FLAGS.items():
-            if getattr(args, flag) is not None:
-                t[key] = getattr(args, flag)
+        _override(t, args, TASK_FLAGS)
     swarm = build(data, source)
     check_bases(swarm)
     return swarm
+
+
+def _override(section: dict[str, Any], args: argparse.Namespace, flags: tuple[str, ...]) -> None:
+    """Set each of `flags` given on the command line as the same-named field of `section`."""
+    for flag in flags:
+        if getattr(args, flag) is not None:
+            section[flag] = getattr(args, flag)
 
 
 async def supervise(
