@@ -218,7 +218,7 @@ def _builtin(task: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from swarmrl.control import default_client_version
+    from swarmrl.control import DRAIN_S, GRACE_S, default_client_version
     from swarmrl.launch import spawn_clients, spawn_services, write_connect_file
     from swarmrl.log import setup_logging
     from swarmrl.rundir import clear_pid, make_run_dir, write_pid
@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
         reason = asyncio.run(supervise(args, sup, service_url, run_dir, clients))
     finally:
-        sup.stop([n for n in sup.procs if n.startswith("client")], timeout=45)  # > the clients' 30 s drain
+        # the clients drain (finish or abort their groups) as a restart lets them
+        sup.stop([n for n in sup.procs if n.startswith("client")], timeout=DRAIN_S + GRACE_S)
         sup.stop([n for n in sup.procs if n.split("-")[0] in ("gateway", "trainer", "merger", "engine")], 30)
         sup.stop(["ledger"], timeout=30)  # last, so it flushes everything the others produced
         if server is not None:
