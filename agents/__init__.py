@@ -2,5 +2,14 @@
 
 from swarmrl.agents.sdk import Episode, SwarmClient, SwarmError, default_code_version
 from swarmrl.agents.sync import SyncEpisode, SyncSwarmClient
+from swarmrl.infra.credentials import AgentCredential
 
-__all__ = ["Episode", "SwarmClient", "SwarmError", "SyncEpisode", "SyncSwarmClient", "default_code_version"]
+__all__ = [
+    "AgentCredential",
+    "Episode",
+    "SwarmClient",
+    "SwarmError",
+    "SyncEpisode",
+    "SyncSwarmClient",
+    "default_code_version",
+]

@@ -24,6 +24,7 @@ from typing import Any
 from swarmrl.agents.sdk import Episode, SwarmClient
 from swarmrl.agents.tasks import TaskSpec, get_task
 from swarmrl.config import password_on_command_line
+from swarmrl.infra.credentials import AgentCredential
 
 log = logging.getLogger("swarmrl.client")
 
@@ -158,7 +159,7 @@ def roles_of(spec: TaskSpec, roles: dict[str, str], model: str) -> dict[str, str
 
 
 async def run_client(
-    nats_url: str,
+    nats_url: AgentCredential | str,
     task: str,
     model: str,
     *,
@@ -248,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nats",
         default=os.environ.get("SWARMRL_AGENT_NATS", ""),
-        help="NATS URL of the swarm (default $SWARMRL_AGENT_NATS, which may carry the agent credentials); "
-        "else the connection file in $SWARMRL_CONNECT_FILE (written by `swarmrl up` into its run dir). "
-        "A password is never taken on the command line",
+        help="the client's connect file (its own NATS identity) is read from $SWARMRL_CONNECT_FILE "
+        "(written by `swarmrl up` or `swarmrl credentials mint`); --nats URL (default $SWARMRL_AGENT_NATS) "
+        "is for servers without agent identities. A password is never taken on the command line",
     )
     p.add_argument(
         "--task",
@@ -286,14 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
         p.error(reason)
-    nats_url = args.nats
-    if not nats_url:
+    where: AgentCredential | str = args.nats
+    if not where:
         connect_file = os.environ.get("SWARMRL_CONNECT_FILE")
         if not connect_file:
-            p.error("no --nats URL, $SWARMRL_AGENT_NATS or $SWARMRL_CONNECT_FILE: say where the swarm is")
-        from swarmrl.launch import agent_url_from_file
-
-        nats_url = agent_url_from_file(connect_file)
+            p.error("no $SWARMRL_CONNECT_FILE (or --nats URL): say where the swarm is")
+        where = AgentCredential.read(connect_file)
     from swarmrl.log import setup_logging
 
     setup_logging("client")
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await run_client(
-            nats_url,
+            where,
             args.task,
             args.model,
             num_repeat=args.num_repeat,

@@ -1,10 +1,13 @@
 """Client SDK: an agent process joins the swarm, runs episodes, and talks to the models.
 
-Publishes `begin`, `env`, `reward`, `end`, `abort` and `heartbeat` events to `swarm.ep.<id>.<kind>`;
-asks the gateway (request/reply on `swarm.auth.token`) for a signed episode token, which is the
-`api_key` of the OpenAI client it hands out. The SDK never holds the signing secret.
+Publishes `begin`, `env`, `reward`, `end`, `abort` and `heartbeat` events to
+`swarm.ep.<owner>.<id>.<kind>`; asks the gateway (request/reply on `swarm.auth.token.<owner>`) for a
+signed episode token, which is the `api_key` of the OpenAI client it hands out. The SDK never holds
+the signing secret. `<owner>` is the client's NATS identity (its credential's name); its episode ids
+are `<owner>_<random>`.
 
-    async with await SwarmClient.connect(nats_url) as swarm:
+    credential = AgentCredential.read(os.environ["SWARMRL_CONNECT_FILE"])
+    async with await SwarmClient.connect(credential) as swarm:
         async with swarm.episode("task-7", models=["policy"]) as ep:
             llm = ep.openai()                      # openai.AsyncOpenAI bound to this episode
             reply = await llm.chat.completions.create(model="policy", messages=[...])
@@ -29,7 +32,9 @@ import nats
 from nats.aio.client import Client as NATS
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import (
+    MAX_EVENT_BYTES,
     AbortEvent,
     BeginEvent,
     EndEvent,
@@ -80,17 +85,22 @@ async def _retrying(fn: Any, *args: Any, retry_s: float, **kwargs: Any) -> Any:
 class SwarmClient:
     """One agent process's connection to the swarm (NATS, agent credentials)."""
 
-    def __init__(self, nc: NATS, client_id: str, code_version: str, retry_s: float = 30.0) -> None:
+    def __init__(
+        self, nc: NATS, client_id: str, code_version: str, retry_s: float = 30.0, owner: str = ""
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.client_id = client_id
+        self.owner = owner
+        """The identity this client's episodes belong to (its credential's name); "" on a URL
+        connection, whose explicit episode ids may name any owner."""
         self.code_version = code_version
         self.retry_s = retry_s
 
     @classmethod
     async def connect(
         cls,
-        nats_url: str,
+        where: AgentCredential | str,
         *,
         client_id: str | None = None,
         code_version: str | None = None,
@@ -99,26 +109,26 @@ class SwarmClient:
         """Connect to the swarm.
 
         Args:
-            nats_url: NATS URL(s), comma-separated, with agent credentials (nats://agent:PW@host:port).
-            client_id: Stable name of this client process; a random one by default.
+            where: The client's credential (`AgentCredential.read(connect_file)`), or NATS URL(s),
+                comma-separated, for a service-role or unauthenticated server.
+            client_id: Name of this client process recorded on events; default: the credential's
+                name, else a random one.
             code_version: Version of the agent's code recorded on every event; see `default_code_version`.
             retry_s: How long transient NATS errors are retried before an operation fails.
 
         Returns:
             A connected client; close it with `await client.close()` or `async with`.
         """
+        if isinstance(where, AgentCredential):
+            options: dict[str, Any] = where.nats_options()
+            client_id, owner = client_id or where.name, where.name
+        else:
+            options = {"servers": [u.strip() for u in where.split(",")]}
+            client_id, owner = client_id or f"client-{uuid.uuid4().hex[:12]}", ""
         nc = await nats.connect(
-            servers=[u.strip() for u in nats_url.split(",")],
-            name="swarmrl-agent",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            **options, name="swarmrl-agent", max_reconnect_attempts=-1, reconnect_time_wait=0.5
         )
-        return cls(
-            nc,
-            client_id or f"client-{uuid.uuid4().hex[:12]}",
-            code_version or default_code_version(),
-            retry_s,
-        )
+        return cls(nc, client_id, code_version or default_code_version(), retry_s, owner)
 
     def episode(
         self,
@@ -148,7 +158,8 @@ class SwarmClient:
             task: Free-form task description recorded by the ledger; its `"name"`, when present, is
                 the task the gateway's task mixing weighs (`--task-weight`).
             eval: Evaluation episode: recorded, never trained on.
-            episode_id: Explicit id (subject-safe); a random one by default.
+            episode_id: Explicit id, `<owner>` or `<owner>_<suffix>` (subject-safe); default:
+                `<owner>_<random>`.
             heartbeat_s: Heartbeat period while the episode is open (0 disables).
             token_ttl_s: Lifetime of the episode's API tokens.
 
@@ -165,18 +176,25 @@ class SwarmClient:
             group_key=group_key,
             task=dict(task or {}),
             eval=eval,
-            episode_id=episode_id or uuid.uuid4().hex,
+            episode_id=episode_id
+            or S.new_episode_id(self.owner or S.owner_name(self.client_id), uuid.uuid4().hex),
             heartbeat_s=heartbeat_s,
             token_ttl_s=token_ttl_s,
         )
 
     async def publish(self, event: EventBase) -> None:
-        """Publish one event idempotently (Nats-Msg-Id), retrying transient errors."""
+        """Publish one event idempotently (Nats-Msg-Id), retrying transient errors. An event over the
+        contract's size limit is refused here: the server would close the connection for it."""
         subject = S.episode_subject(event.episode_id, event.kind)  # type: ignore[attr-defined]
+        data = encode(event)
+        if len(data) > MAX_EVENT_BYTES:
+            raise SwarmError(
+                f"{event.kind} event of {len(data)} bytes is over the {MAX_EVENT_BYTES}-byte limit"
+            )  # type: ignore[attr-defined]
         await _retrying(
             self.js.publish,
             subject,
-            encode(event),
+            data,
             headers={"Nats-Msg-Id": event.msg_id},
             retry_s=self.retry_s,
         )
@@ -211,7 +229,11 @@ class Episode:
         heartbeat_s: float,
         token_ttl_s: float,
     ) -> None:
-        S.check_token(episode_id, "episode id")
+        if client.owner and S.episode_owner(episode_id) != client.owner:
+            raise SwarmError(
+                f"episode id {episode_id!r} is not this client's: its ids are {client.owner!r} or "
+                f"'{client.owner}_<suffix>' (the server refuses events for any other)"
+            )
         self.client = client
         self.episode_id = episode_id
         self.task_id, self.models, self.agents, self.agent_models = task_id, models, agents, agent_models
@@ -258,7 +280,7 @@ class Episode:
         while True:
             reply = await _retrying(
                 self.client.nc.request,
-                S.TOKEN_SUBJECT,
+                S.token_subject(S.episode_owner(self.episode_id)),
                 msgpack.packb(request),
                 timeout=10.0,
                 retry_s=self.client.retry_s,

@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from swarmrl.agents.sdk import Episode, SwarmClient
+from swarmrl.infra.credentials import AgentCredential
 
 T = TypeVar("T")
 
@@ -24,11 +25,11 @@ T = TypeVar("T")
 class SyncSwarmClient:
     """Blocking counterpart of `SwarmClient`; same arguments as `SwarmClient.connect`."""
 
-    def __init__(self, nats_url: str, **kwargs: Any) -> None:
+    def __init__(self, nats_url: AgentCredential | str, **kwargs: Any) -> None:
         """Connect to the swarm.
 
         Args:
-            nats_url: NATS URL(s) with agent credentials.
+            nats_url: The client's credential, or NATS URL(s) (see `SwarmClient.connect`).
             **kwargs: Passed to `SwarmClient.connect` (client_id, code_version, retry_s).
         """
         self._loop = asyncio.new_event_loop()

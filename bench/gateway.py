@@ -48,7 +48,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             handle = stack.gateway.gateway.models[MODEL]
             prompt_ids = handle.builder.encode(handle.builder.render(MESSAGES, [], gen_prompt=True))
             engine = EngineClient(stack.engine_url)
-            swarm = await SwarmClient.connect(server.agent_url)
+            swarm = await SwarmClient.connect(server.agent)
             ep = await swarm.episode("bench", models=[MODEL], heartbeat_s=0).begin()
             llm = ep.openai(max_retries=0)
             params = {"temperature": 0.0, "max_new_tokens": args.max_tokens, "stop_token_ids": handle.stops}

@@ -16,7 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-dir", type=Path, default=Path("runs/nats"), help="JetStream store directory")
     args = parser.parse_args(argv)
     server = NatsServer(store_dir=args.store_dir, port=args.port).start()
-    print(f"service URL: {server.service_url}\nagent URL:   {server.agent_url}", flush=True)
+    agent_file = server.agent.write(args.store_dir / "agent.json")
+    print(
+        f"service URL: {server.service_url}\nagent connect file: {agent_file}\n"
+        f"more agents: swarmrl credentials mint NAME --conf-dir {server.conf_dir}",
+        flush=True,
+    )
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

@@ -1,7 +1,12 @@
 """Every NATS subject, stream, consumer and bucket name swarmrl uses. No other module spells one out.
 
 Names are fixed by the wire contract (`schemas/README.md`): an agent in any language publishes to
-`swarm.ep.<episode_id>.<kind>`, so these strings are part of the public API.
+`swarm.ep.<owner>.<episode_id>.<kind>`, so these strings are part of the public API.
+
+Ownership: every agent client has its own NATS identity, a name (`owner`) of [A-Za-z0-9-]. Its
+episode ids are `<owner>` or `<owner>_<anything>`, and the server lets it publish only under
+`swarm.ep.<owner>.>` (see `agent_permissions`). Consumers check that the owner token and the episode
+id agree (`NotOwnerError`), so no client can write into an episode it did not begin.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
 }
 
 # Request/reply (core NATS, not stored) -----------------------------------------------------------
-TOKEN_SUBJECT = "swarm.auth.token"  # SDK asks the gateway to mint a signed episode token
+TOKEN_PREFIX = "swarm.auth.token"  # swarm.auth.token.<owner>: the gateway mints episode tokens
+TOKEN_REQUESTS = f"{TOKEN_PREFIX}.*"
 LLM_PREFIX = "swarm.llm"  # swarm.llm.<model>: chat completion over NATS request/reply
 CONTROL_PREFIX = "swarm.ctl"  # swarm.ctl.<verb>: operator control; never open to agents
 
@@ -40,6 +46,12 @@ EPISODE_KINDS = ("begin", "llm", "env", "reward", "end", "abort", "heartbeat")
 AGENT_EPISODE_KINDS = ("begin", "env", "reward", "end", "abort", "heartbeat")
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_OWNER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+INBOX_PREFIX = "_INBOX"
+
+
+class NotOwnerError(ValueError):
+    """An episode subject whose owner token is not the owner of its episode id."""
 
 
 def check_token(value: str, what: str) -> str:
@@ -51,18 +63,66 @@ def check_token(value: str, what: str) -> str:
     return value
 
 
+def check_owner(name: str) -> str:
+    """Return `name` if it can name an agent client (1-64 of [A-Za-z0-9-]), else raise ValueError."""
+    if not _OWNER_RE.match(name):
+        raise ValueError(f"client name {name!r} is not valid: use 1-64 of [A-Za-z0-9-] (no '_', no dots)")
+    return name
+
+
+def owner_name(text: str) -> str:
+    """A valid client name made from any text (other characters become `-`)."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", text)[:64] or "client"
+
+
+def episode_owner(episode_id: str) -> str:
+    """The client that owns `episode_id`: the part before the first `_` (the whole id if none)."""
+    return check_owner(check_token(episode_id, "episode id").split("_", 1)[0])
+
+
+def new_episode_id(owner: str, unique: str) -> str:
+    return f"{check_owner(owner)}_{unique}"
+
+
 def episode_subject(episode_id: str, kind: str) -> str:
     if kind not in EPISODE_KINDS:
         raise ValueError(f"unknown episode event kind {kind!r}; expected one of {EPISODE_KINDS}")
-    return f"{EPISODE_PREFIX}.{check_token(episode_id, 'episode id')}.{kind}"
+    return f"{EPISODE_PREFIX}.{episode_owner(episode_id)}.{episode_id}.{kind}"
+
+
+def episode_filter(episode_id: str = "*", kind: str = "*") -> str:
+    """A subscription filter: one episode's events (or every episode's), of one kind (or all)."""
+    owner = "*" if episode_id == "*" else episode_owner(episode_id)
+    return f"{EPISODE_PREFIX}.{owner}.{episode_id}.{kind}"
 
 
 def parse_episode_subject(subject: str) -> tuple[str, str]:
-    """Split `swarm.ep.<id>.<kind>` into (episode_id, kind); ValueError if it is not one."""
+    """Split `swarm.ep.<owner>.<id>.<kind>` into (episode_id, kind); ValueError if it is not one,
+    NotOwnerError if `<owner>` does not own `<id>`."""
     parts = subject.split(".")
-    if len(parts) != 4 or f"{parts[0]}.{parts[1]}" != EPISODE_PREFIX or parts[3] not in EPISODE_KINDS:
+    if len(parts) != 5 or f"{parts[0]}.{parts[1]}" != EPISODE_PREFIX or parts[4] not in EPISODE_KINDS:
         raise ValueError(f"not an episode subject: {subject!r}")
-    return parts[2], parts[3]
+    owner, episode_id, kind = parts[2:]
+    if episode_owner(episode_id) != owner:
+        raise NotOwnerError(f"client {owner!r} does not own episode {episode_id!r} ({subject})")
+    return episode_id, kind
+
+
+def token_subject(owner: str) -> str:
+    return f"{TOKEN_PREFIX}.{check_owner(owner)}"
+
+
+def inbox_prefix(owner: str) -> str:
+    """The only inbox prefix `owner` may subscribe under (its NATS client's `inbox_prefix`)."""
+    return f"{INBOX_PREFIX}.{check_owner(owner)}"
+
+
+def agent_permissions(owner: str) -> dict[str, dict[str, list[str]]]:
+    """NATS permissions of agent client `owner`: its own episodes' agent kinds, its token subject,
+    completions of any model (the episode token decides which), and its own inbox."""
+    publish = [f"{EPISODE_PREFIX}.{check_owner(owner)}.*.{kind}" for kind in AGENT_EPISODE_KINDS]
+    publish += [token_subject(owner), f"{LLM_PREFIX}.*"]
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{inbox_prefix(owner)}.>"]}}
 
 
 def samples_subject(model: str) -> str:

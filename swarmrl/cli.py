@@ -4,10 +4,11 @@ swarmrl up                 run the whole swarm on this machine (NATS, engine, ga
                            trainer, ledger, example clients) and train the default task
 swarmrl down               stop a running `swarmrl up` (the latest run, or --run-dir), from any directory
 swarmrl clients restart TASK   replace a task's client processes in a running swarm (live code iteration)
+swarmrl credentials mint NAME  give an agent client its own NATS identity (revoke, list: also live)
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger)
 swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
 swarmrl bootstrap-model    build the tiny offline model used on CPU
-swarmrl nats               run the embedded NATS server alone (prints its URLs)
+swarmrl nats               run the embedded NATS server alone (prints its URL and an agent connect file)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ VERBS = {
     "up": ("swarmrl.up", "main"),
     "down": ("swarmrl.rundir", "down"),
     "clients": ("swarmrl.clients", "main"),
+    "credentials": ("swarmrl.credentials", "main"),
     "query": ("swarmrl.services.ledger.query", "main"),
     "bootstrap-model": ("swarmrl.bootstrap.cli", "main"),
     "nats": ("swarmrl.infra.nats_cli", "main"),

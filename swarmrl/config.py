@@ -38,7 +38,7 @@ def password_on_command_line(argv: Sequence[str]) -> str | None:
                 return (
                     f"a URL with a password on the command line ({url.scheme}://{url.username}:***@...) is "
                     "visible to every user of this machine; pass it in the environment (SWARMRL_NATS, "
-                    "SWARMRL_AGENT_NATS) or a connect file (SWARMRL_CONNECT_FILE) instead"
+                    "SWARMRL_AGENT_NATS) or a connect file (SWARMRL_CONNECT_FILE, `swarmrl credentials mint`) instead"
                 )
     return None
 

@@ -37,9 +37,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from swarmrl.launch import AgentIds
 
 log = logging.getLogger("swarmrl.up")
 
@@ -127,6 +130,8 @@ class Restarter:
     """Version of a restart that names none (e.g. the code hash now); "" = the client's own default."""
     on_change: Callable[[], None] = lambda: None
     """Called after every restart (`up` rewrites `pids.json`)."""
+    on_retired: Callable[[list[str]], None] = lambda names: None
+    """Called with a drained generation's names (`up` revokes their NATS identities)."""
     drain_s: float = DRAIN_S
     grace_s: float = GRACE_S
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -157,6 +162,7 @@ class Restarter:
             t0 = time.monotonic()
             killed = await self.drain(old)
             drained_s = time.monotonic() - t0
+            self.on_retired(old)
             new_version = version if version else self.default_version(task)
             generation = current.generation + 1
             new = self.spawn(task, generation, new_version)
@@ -297,14 +303,17 @@ class Control:
         await self.restarter.close()
 
 
-async def start_control(sup: Supervisor, swarm: Any, run_dir: Path, clients: dict[str, list[str]]) -> Control:
+async def start_control(
+    sup: Supervisor, swarm: Any, run_dir: Path, clients: dict[str, list[str]], ids: AgentIds
+) -> Control:
     """What `up.supervise` starts: restarts of `swarm`'s clients (`clients`: task -> the names
-    started by `up`) over `<run_dir>/control.sock`. A socket that cannot be made (a path over the
-    108-byte limit of Unix sockets) is logged and the run goes on without live restarts."""
-    from swarmrl.launch import CONNECT_FILE, spawn_clients
+    started by `up`; each generation gets new identities from `ids`, the old ones are revoked) over
+    `<run_dir>/control.sock`. A socket that cannot be made (a path over the 108-byte limit of Unix
+    sockets) is logged and the run goes on without live restarts."""
+    from swarmrl.launch import spawn_clients
 
     def spawn(task: str, generation: int, version: str) -> list[str]:
-        return spawn_clients(sup, swarm, task, run_dir / CONNECT_FILE, generation=generation, version=version)
+        return spawn_clients(sup, swarm, task, ids, generation=generation, version=version)
 
     def write_pids() -> None:
         (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
@@ -318,6 +327,7 @@ async def start_control(sup: Supervisor, swarm: Any, run_dir: Path, clients: dic
         {t: TaskClients(clients.get(t, []), 0, default_version(t)) for t in swarm.tasks},
         default_version=default_version,
         on_change=write_pids,
+        on_retired=ids.revoke,
     )
     server = ControlServer(socket_path(run_dir), lambda line: handle_request(line, restarter))
     try:

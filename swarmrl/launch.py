@@ -1,53 +1,72 @@
 """Process layout of a swarm on one machine: what `swarmrl up` starts for a `Swarm` description.
 
 Per model: one engine and one trainer. Once: ledger, merger, gateway (routing every model by name).
-Per task: `clients` client processes, the built-in Python runner or the task's own `command`. Clients
-get the agent connection details through a file (`connect.json` in the run dir, mode 0600) named by
-`$SWARMRL_CONNECT_FILE`, never on their command line.
+Per task: `clients` client processes, the built-in Python runner or the task's own `command`. Every
+client gets its own NATS identity (`AgentIds`): a connect file (mode 0600) named by
+`$SWARMRL_CONNECT_FILE`, never on its command line. Outside agents get `connect.json` in the run dir.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import free_port
+from swarmrl.schemas import subjects as S
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm
 
 SERVE = ["-m", "swarmrl.cli", "serve"]
 CONNECT_FILE = "connect.json"
+OUTSIDE = "outside"
+"""The identity `connect.json` carries, for agents started outside `up`."""
 
 
-def write_connect_file(run_dir: Path, agent_url: str, swarm: Swarm) -> Path:
-    """The agent-role connection details for clients and outside agents, readable by the owner only."""
-    parts = [urlsplit(u.strip()) for u in agent_url.split(",")]
-    servers = [f"{p.scheme}://{p.hostname}:{p.port}" for p in parts]
-    info = {
-        "nats_url": ",".join(servers),
-        "user": parts[0].username or "",
-        "password": parts[0].password or "",
-        "models": list(swarm.models),
-        "tasks": {
-            name: {"roles": t.roles, "num_repeat": swarm.num_repeat(name)} for name, t in swarm.tasks.items()
-        },
-    }
-    path = run_dir / CONNECT_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f, indent=2)
-    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
-    return path
+@dataclass
+class AgentIds:
+    """Mints the NATS identities of a run's clients into the servers' agent registry (conf dir) and
+    writes their connect files under `<run dir>/clients/`."""
+
+    registry: AgentRegistry
+    nats_url: str
+    """Where agents connect (credentials in it, if any, are dropped: agents log in by nkey)."""
+    swarm: Swarm
+    run_dir: Path
+
+    def mint(self, names: list[str]) -> dict[str, Path]:
+        """A fresh identity per name (client process names are turned into valid client names), one
+        config reload for all; returns name -> connect file."""
+        servers = [f"{u.scheme}://{u.hostname}:{u.port}" for u in map(urlsplit, self.nats_url.split(","))]
+        extra = {
+            "models": list(self.swarm.models),
+            "tasks": {
+                name: {"roles": t.roles, "num_repeat": self.swarm.num_repeat(name)}
+                for name, t in self.swarm.tasks.items()
+            },
+        }
+        out = {}
+        for name in names:
+            cred = self.registry.mint(client_name(name), servers, reload=False)
+            path = (
+                self.run_dir / CONNECT_FILE if name == OUTSIDE else self.run_dir / "clients" / f"{name}.json"
+            )
+            out[name] = AgentCredential(cred.name, cred.seed, servers, extra).write(path)
+        reload_servers(self.registry.conf_dir)
+        return out
+
+    def revoke(self, names: list[str]) -> None:
+        for name in names:
+            self.registry.revoke(client_name(name), reload=False)
+        reload_servers(self.registry.conf_dir)
 
 
-def agent_url_from_file(path: str | Path) -> str:
-    """`nats://user:password@host:port[,...]` from a connect file (for clients built on nats-py)."""
-    info = json.loads(Path(path).read_text())
-    creds = f"{info['user']}:{info['password']}@" if info.get("user") else ""
-    return ",".join(u.replace("://", f"://{creds}", 1) for u in info["nats_url"].split(","))
+def client_name(process: str) -> str:
+    """The NATS identity of client process `process` (`client-team_calculator-0` -> `team-calculator-0`)."""
+    return S.owner_name(process.removeprefix("client-"))
 
 
 def spawn_services(
@@ -106,17 +125,17 @@ def client_argv(swarm: Swarm, task: str) -> list[str]:
 
 
 def spawn_clients(
-    sup: Supervisor, swarm: Swarm, task: str, connect_file: Path, generation: int = 0, version: str = ""
+    sup: Supervisor, swarm: Swarm, task: str, ids: AgentIds, generation: int = 0, version: str = ""
 ) -> list[str]:
     """Start `task`'s client processes; returns their process names. `generation` counts restarts
-    (`swarmrl clients restart`), so every generation has its own names, seeds and logs."""
+    (`swarmrl clients restart`), so every generation has its own names, identities, seeds and logs."""
     t = swarm.tasks[task]
-    names = []
-    for i in range(t.clients):
-        name = f"client-{task}-{i}" + (f"-g{generation}" if generation else "")
+    names = [f"client-{task}-{i}" + (f"-g{generation}" if generation else "") for i in range(t.clients)]
+    files = ids.mint(names)
+    for i, name in enumerate(names):
         env = {
             "PYTHONUNBUFFERED": "1",
-            "SWARMRL_CONNECT_FILE": str(connect_file),
+            "SWARMRL_CONNECT_FILE": str(files[name]),
             "SWARMRL_TASK": task,
             "SWARMRL_ROLES": json.dumps(t.roles),
             "SWARMRL_NUM_REPEAT": str(swarm.num_repeat(task)),
@@ -130,5 +149,4 @@ def spawn_clients(
             sup.spawn(name, argv, env)
         else:
             sup.spawn(name, argv, env, python=False)
-        names.append(name)
     return names

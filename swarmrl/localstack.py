@@ -79,7 +79,7 @@ async def llm_events(server: NatsServer, episode_id: str = "*") -> list[LlmEvent
     """Every llm event on the EPISODES stream (of one episode, or all), in stream order."""
     nc = await nats.connect(server.service_url)
     sub = await nc.jetstream().subscribe(
-        S.episode_subject(episode_id, "llm") if episode_id != "*" else f"{S.EPISODE_PREFIX}.*.llm",
+        S.episode_filter(episode_id, "llm"),
         ordered_consumer=True,
     )
     out: list[LlmEvent] = []

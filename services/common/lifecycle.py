@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from swarmrl.schemas import Event
+from swarmrl.schemas import Event, WireError
+from swarmrl.schemas import subjects as S
 
 DEAD_LETTER_CODES = (
     "malformed",
@@ -19,11 +20,32 @@ DEAD_LETTER_CODES = (
     "schema",
     "oversized",
     "subject",
+    "not_owner",
     "unknown_episode",
     "duplicate",
     "out_of_order",
     "after_end",
+    "poison",
 )
+
+
+def episode_of(subject: str) -> tuple[str, str]:
+    """(episode_id, kind) of an episode subject, else WireError: `not_owner` when the subject's client
+    does not own the episode (it wrote into someone else's), `subject` when it is no episode subject."""
+    try:
+        return S.parse_episode_subject(subject)
+    except S.NotOwnerError as exc:
+        raise WireError("not_owner", str(exc)) from exc
+    except ValueError as exc:
+        raise WireError("subject", str(exc)) from exc
+
+
+def check_subject(subject: str, ev: Event) -> None:
+    """Raise WireError unless `ev` belongs on `subject` (see `episode_of`)."""
+    if episode_of(subject) != (ev.episode_id, ev.kind):
+        raise WireError(
+            "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject}"
+        )
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Gateway service: HTTP server + NATS responders in one asyncio loop.
 
-Consumes: requests on `swarm.auth.token` (mint episode tokens, one per agent naming its models, after
-admission control and task mixing; msgpack) and `swarm.llm.<model>`
+Consumes: requests on `swarm.auth.token.<client>` (mint episode tokens, one per agent naming its
+models, for an episode the client owns, after admission control and task mixing; msgpack) and
+`swarm.llm.<model>`
 (chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
 `{"error": ..., "status": ...}`), both in queue group `gateway` so several gateways share the load.
-Publishes: one `llm` event per completion to `swarm.ep.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
+Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
-from swarmrl.services.gateway.errors import ApiError
+from swarmrl.services.gateway.errors import ApiError, too_large
 from swarmrl.services.gateway.grants import parse_token_request
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
-from swarmrl.services.gateway.tokens import Claims, mint
+from swarmrl.services.gateway.tokens import Claims, check_ttl, mint
 
 log = logging.getLogger("swarmrl.gateway")
 
@@ -97,6 +98,12 @@ class GatewayService:
     async def on_token(self, msg: Msg) -> None:
         try:
             req = parse_token_request(msgpack.unpackb(msg.data, raw=False), self.gateway.models)
+            owner = msg.subject.rsplit(".", 1)[-1]  # the server lets a client ask only on its own
+            if S.episode_owner(req.episode_id) != owner:
+                raise ValueError(
+                    f"not_owner: client {owner!r} may not get tokens for episode {req.episode_id!r}"
+                )
+            ttl_s = check_ttl(req.ttl_s, self.cfg.token_ttl_max_s)  # before admission counts the group
             mixer = self.admission.mixer
             if mixer is not None and not req.eval:
                 mixer.check(req.task)  # an unweighted task would slip past the mix
@@ -104,7 +111,7 @@ class GatewayService:
             if wait > 0:
                 await msg.respond(msgpack.packb({"retry_after_s": wait}))
                 return
-            expires = time.time() + min(req.ttl_s, self.cfg.token_ttl_max_s)
+            expires = time.time() + ttl_s
             tokens = {
                 agent: mint(
                     self.gateway.secret,
@@ -120,7 +127,11 @@ class GatewayService:
 
     async def on_llm(self, msg: Msg) -> None:
         try:
-            req = json.loads(msg.data)
+            if len(msg.data) > self.cfg.max_request_bytes:
+                raise too_large(
+                    f"request of {len(msg.data)} bytes exceeds the gateway's limit of {self.cfg.max_request_bytes}"
+                )
+            req = await asyncio.to_thread(json.loads, msg.data)  # up to max_request_bytes: off the loop
             done = await self.gateway.complete(req.get("request"), req.get("api_key"))
             answer: dict[str, Any] = {"response": done.response}
         except ApiError as exc:
@@ -133,13 +144,15 @@ class GatewayService:
     async def start_nats(self) -> None:
         """Create streams if needed and answer token and completion requests."""
         await bus.ensure_streams(self.js)
-        await self.nc.subscribe(S.TOKEN_SUBJECT, queue="gateway", cb=self.on_token)
+        await self.nc.subscribe(S.TOKEN_REQUESTS, queue="gateway", cb=self.on_token)
         for name in self.gateway.models:
             await self.nc.subscribe(S.llm_subject(name), queue="gateway", cb=self.on_llm)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start_nats()
-        server, task = await serve_in_loop(create_app(self.gateway), self.cfg.host, self.cfg.port)
+        server, task = await serve_in_loop(
+            create_app(self.gateway, self.cfg.max_request_bytes), self.cfg.host, self.cfg.port
+        )
         log.info("gateway ready url=%s models=%s", self.base_url, sorted(self.gateway.models))
         await stop.wait()
         server.should_exit = True

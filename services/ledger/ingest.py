@@ -20,7 +20,7 @@ from swarmrl.schemas import (
 )
 from swarmrl.schemas import subjects as S
 from swarmrl.schemas.events import Record
-from swarmrl.services.common.lifecycle import EpisodeTracker
+from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject, episode_of
 from swarmrl.services.ledger.tables import Row, event_row, metric_row, sample_row
 
 
@@ -56,15 +56,9 @@ class Ingest:
 
     def episode(self, subject: str, data: bytes, stream: str, seq: int, received: float) -> tuple[str, Row]:
         """An episode event -> a row of `events` or `llm_calls`; updates the ordering state."""
-        try:
-            episode_id, kind = S.parse_episode_subject(subject)
-        except ValueError as exc:
-            raise WireError("subject", str(exc)) from exc
+        episode_of(subject)  # the subject's own faults first, before the payload's
         ev = decode_event(data, self.max_event_bytes)
-        if ev.episode_id != episode_id or ev.kind != kind:
-            raise WireError(
-                "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject!r}"
-            )
+        check_subject(subject, ev)
         table, row = event_row(ev, stream, seq)
         # The ordering check comes last: it mutates the state, so only a row we will keep may pass it.
         if self.tracker.late_call(ev):  # a call that finished after its client gave up: still a real call

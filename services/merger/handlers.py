@@ -51,7 +51,6 @@ from nats.js import JetStreamContext
 
 from swarmrl.schemas import (
     BeginEvent,
-    Event,
     LlmEvent,
     MergeStats,
     RewardEvent,
@@ -61,7 +60,7 @@ from swarmrl.schemas import (
 )
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.lifecycle import EpisodeTracker
+from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject
 from swarmrl.services.merger.assembler import assemble, dropped_stats
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
@@ -72,17 +71,6 @@ log = logging.getLogger("swarmrl.merger")
 SERVICE = "merger"
 HEADER_MARGIN = 64
 """Bytes of a sample's headers besides its msg id (`NATS/1.0`, `Nats-Msg-Id: `, line ends)."""
-
-
-def check_subject(subject: str, ev: Event) -> None:
-    try:
-        episode_id, kind = S.parse_episode_subject(subject)
-    except ValueError as exc:
-        raise WireError("subject", str(exc)) from exc
-    if (episode_id, kind) != (ev.episode_id, ev.kind):
-        raise WireError(
-            "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject}"
-        )
 
 
 class Merger:
@@ -136,7 +124,7 @@ class Merger:
                 self._acked.keep_s = 2 * self.ack_wait_s
             recovery = Recovery.after_start(info, self.ack_wait_s)
             log.info("consuming %s (merge=%s mode=%s)", S.EPISODES_STREAM, self.opts.merge, self.opts.mode)
-            async for msgs in bus.batches(sub, self._stop, self.cfg.fetch_batch):
+            async for msgs in bus.batches(sub, self._stop, self.cfg.fetch_batch, dead_letters=self._dlq()):
                 caught_up = not msgs or msgs[-1].metadata.num_pending == 0
                 if recovery is not None:
                     recovery.add(msgs)

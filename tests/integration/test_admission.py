@@ -44,7 +44,7 @@ async def _trainer_backlog(server: NatsServer, n: int):
 
 
 async def test_new_groups_wait_while_the_trainer_is_behind(swarm_nats: NatsServer, gateway: GatewayService):
-    swarm = await SwarmClient.connect(swarm_nats.agent_url, client_id="c", code_version="v")
+    swarm = await SwarmClient.connect(swarm_nats.agent, client_id="c", code_version="v")
     # Under the bound: admitted at once, and the group is remembered.
     first = await asyncio.wait_for(
         swarm.episode("t", models=[MODEL], group_key="g1", heartbeat_s=0).begin(), 5
@@ -75,7 +75,7 @@ async def test_new_groups_wait_while_the_trainer_is_behind(swarm_nats: NatsServe
 
 
 async def test_admission_off_and_no_trainer_never_hold(swarm_nats: NatsServer, gateway: GatewayService):
-    swarm = await SwarmClient.connect(swarm_nats.agent_url, client_id="c", code_version="v")
+    swarm = await SwarmClient.connect(swarm_nats.agent, client_id="c", code_version="v")
     # No trainer consumer yet: nothing waits on it.
     ep = await asyncio.wait_for(swarm.episode("t", models=[MODEL], group_key="a", heartbeat_s=0).begin(), 5)
     nc, _ = await _trainer_backlog(swarm_nats, 10)

@@ -37,7 +37,7 @@ async def test_sdk_episode_is_queryable_with_token_exact_llm_calls(
     swarm_nats: NatsServer, tiny_model_dir: Path, ledger: Path
 ) -> None:
     async with generation_stack(swarm_nats, tiny_model_dir) as stack:
-        swarm = await SwarmClient.connect(swarm_nats.agent_url, code_version="agent-v3")
+        swarm = await SwarmClient.connect(swarm_nats.agent, code_version="agent-v3")
         task = GuessNumber(secret=40, n=64, max_turns=3)
         out = await play_episode(swarm, get_task("guess_number"), task, "policy", max_tokens=6)
         await swarm.close()

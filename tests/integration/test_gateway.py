@@ -30,7 +30,7 @@ async def stack(swarm_nats: NatsServer, tiny_model_dir):
 
 @pytest.fixture
 async def swarm(swarm_nats: NatsServer):
-    client = await SwarmClient.connect(swarm_nats.agent_url, code_version="test-v1")
+    client = await SwarmClient.connect(swarm_nats.agent, code_version="test-v1")
     yield client
     await client.close()
 
@@ -214,7 +214,7 @@ async def test_concurrent_calls_from_many_episodes(stack, swarm) -> None:
 
 async def test_completions_over_nats_request_reply(stack, swarm, swarm_nats: NatsServer) -> None:
     ep = await swarm.episode("t8", models=["policy"], heartbeat_s=0).begin()
-    nc = await nats.connect(swarm_nats.agent_url)
+    nc = await nats.connect(**swarm_nats.agent.nats_options())
     body = {"api_key": ep.token(), "request": {"model": "policy", "messages": MSGS, "max_tokens": 6}}
     reply = json.loads(
         (await nc.request(S.llm_subject("policy"), json.dumps(body).encode(), timeout=30)).data

@@ -20,6 +20,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from swarmrl.agents.tasks.calculator import TOOLS, Calculator, CalculatorEnv, eval_tasks, train_tasks
+from swarmrl.infra.credentials import AgentCredential
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.localstack import generation_stack
 from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
@@ -149,15 +150,13 @@ async def test_js_agent_groups_become_merged_samples(
     merger: Merger,
     start_agent: Any,
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     # A gateway that mixes tasks (as `swarmrl up` with several tasks runs it) refuses a token request
     # without the task's name: the agent must send it.
     monkeypatch.setenv("SWARMRL_TASK_WEIGHT", "calculator=0.7,guess_number=0.3")
-    env = agent_env(
-        SWARMRL_NATS_URL=f"nats://127.0.0.1:{swarm_nats.port}",
-        SWARMRL_NATS_USER="agent",
-        SWARMRL_NATS_PASSWORD=swarm_nats.passwords["agent"],
-    )
+    cred = swarm_nats.mint_agent("js-calc")
+    env = agent_env(SWARMRL_CONNECT_FILE=str(cred.write(tmp_path / "js-calc.json")))
     async with generation_stack(swarm_nats, tiny_model_dir):
         proc = await start_agent(env, "--episodes", "4", "--num-repeat", "2", "--concurrency", "2")
         _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
@@ -168,6 +167,7 @@ async def test_js_agent_groups_become_merged_samples(
     ends: list[EndEvent] = events["end"]
     assert len(begins) == 4 and not events["abort"], err.decode()[-3000:]
     ids = {b.episode_id for b in begins}
+    assert all(i.startswith("js-calc_") for i in ids)  # its own identity owns its episodes
     assert {e.episode_id for e in ends} == ids
     [version] = {e.client_version for kind in ("begin", "reward", "end") for e in events[kind]}
     assert version.startswith("js-")
@@ -237,18 +237,10 @@ async def test_js_agent_drains_or_aborts_on_sigterm(
 ) -> None:
     """Connection from a connect file. On SIGTERM the groups in flight finish (default drain) or are
     aborted (`--drain-s 0`); either way every begun episode is closed and the agent exits 0."""
-    connect_file = tmp_path / "connect.json"
-    connect_file.write_text(
-        json.dumps(
-            {
-                "nats_url": f"nats://127.0.0.1:{swarm_nats.port}",
-                "user": "agent",
-                "password": swarm_nats.passwords["agent"],
-                "models": ["policy"],
-            }
-        )
+    cred = swarm_nats.mint_agent("js-drainer")
+    connect_file = AgentCredential(cred.name, cred.seed, cred.servers, {"models": ["policy"]}).write(
+        tmp_path / "connect.json"
     )
-    connect_file.chmod(0o600)
     env = agent_env(SWARMRL_CONNECT_FILE=str(connect_file), SWARMRL_CODE_VERSION="js-test-7")
     closed: dict[str, dict[str, list]] = {}
     async with generation_stack(swarm_nats, tiny_model_dir):

@@ -130,11 +130,12 @@ async def test_bad_input_is_dead_lettered_and_the_ledger_keeps_going(
     await publish(js, reward)
     raw = lambda ev, **kw: msgpack.packb({**ev.model_dump(), **kw})  # noqa: E731
     bad: list[tuple[str, bytes, str]] = [
-        ("swarm.ep.e1.env", b"\xc1\x00garbage", "malformed"),
-        ("swarm.ep.e1.env", raw(env, v=99), "version"),
-        ("swarm.ep.e1.env", raw(env, unknown_field=1), "schema"),
-        ("swarm.ep.e1.env", b"\x80" + b"\x00" * MAX_EVENT_BYTES, "oversized"),
+        (S.episode_subject("e1", "env"), b"\xc1\x00garbage", "malformed"),
+        (S.episode_subject("e1", "env"), raw(env, v=99), "version"),
+        (S.episode_subject("e1", "env"), raw(env, unknown_field=1), "schema"),
+        (S.episode_subject("e1", "env"), b"\x80" + b"\x00" * MAX_EVENT_BYTES, "oversized"),
         (S.episode_subject("e2", "env"), encode(env), "subject"),  # episode id differs from the payload's
+        ("swarm.ep.e2.e1.env", encode(env), "not_owner"),  # client e2 writing into e1's episode
         (S.episode_subject("e1", "reward"), encode(env), "subject"),  # kind differs
         (
             S.episode_subject("nobody", "env"),

@@ -25,7 +25,7 @@ from tests.integration.merger_support import (
     samples,
     stream_count,
 )
-from tests.unit.merger.factories import begin, chain, llm
+from tests.unit.merger.factories import begin, chain, llm, reward
 
 MERGER = {"episode_timeout_s": 1.5, "ack_wait_s": 4.0}
 """Short timeouts, so the tests see timeouts and redeliveries within seconds."""
@@ -114,13 +114,17 @@ async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, mer
     good = chain_episode("good", turns=2)
     await publish(js, good[0])
     bad: list[tuple[str, bytes]] = [
-        ("swarm.ep.x1.begin", b"\xc1 not msgpack"),  # malformed
-        ("swarm.ep.x2.begin", msgpack.packb({"v": 99, "kind": "begin"})),  # version
-        ("swarm.ep.x3.begin", msgpack.packb({"v": 1, "kind": "begin", "episode_id": "x3"})),  # schema
-        ("swarm.ep.x4.begin", msgpack.packb({"v": 1, "pad": b"\0" * (5 << 20)})),  # oversized
-        ("swarm.ep.other.begin", encode(begin("x5"))),  # subject
-        ("swarm.ep.x6.llm", encode(llm([1], [2], episode_id="x6"))),  # unknown_episode
-        ("swarm.ep.good.begin", encode(begin("good", seq=5))),  # duplicate
+        (S.episode_subject("x1", "begin"), b"\xc1 not msgpack"),  # malformed
+        (S.episode_subject("x2", "begin"), msgpack.packb({"v": 99, "kind": "begin"})),  # version
+        (
+            S.episode_subject("x3", "begin"),
+            msgpack.packb({"v": 1, "kind": "begin", "episode_id": "x3"}),
+        ),  # schema
+        (S.episode_subject("x4", "begin"), msgpack.packb({"v": 1, "pad": b"\0" * (4 << 20)})),  # oversized
+        (S.episode_subject("other", "begin"), encode(begin("x5"))),  # subject
+        ("swarm.ep.x7.good.reward", encode(reward(9.0, episode_id="good", seq=3))),  # not_owner
+        (S.episode_subject("x6", "llm"), encode(llm([1], [2], episode_id="x6"))),  # unknown_episode
+        (S.episode_subject("good", "begin"), encode(begin("good", seq=5))),  # duplicate
     ]
     for subject, data in bad:
         await js.publish(subject, data)
@@ -135,8 +139,8 @@ async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, mer
     await wait_for(lambda: merger_settled(js), what="merger acked every event")
     dead = await read_stream(js, S.DLQ_STREAM)
     codes = [m.headers[bus.REASON_HEADER].split(":")[0] for m in dead]
-    assert codes == ["malformed", "version", "schema", "oversized", "subject", "unknown_episode", "duplicate",
-                     "out_of_order", "after_end"]  # fmt: skip
+    assert codes == ["malformed", "version", "schema", "oversized", "subject", "not_owner", "unknown_episode",
+                     "duplicate", "out_of_order", "after_end"]  # fmt: skip
     assert [m.data for m in dead[:3]] == [data for _, data in bad[:3]]
     assert [s.sample_id for s in await samples(js)] == ["good.a.m.0"]
     assert merger.dlq is not None and sum(merger.dlq.counts.values()) == len(codes)

@@ -33,7 +33,7 @@ async def gateway(swarm_nats: NatsServer):
 
 async def task_client(server: NatsServer, task: str, stop: asyncio.Event, done: list[str], *, workers: int):
     """One client process of one task: plays groups of 2 episodes with fresh group keys until `stop`."""
-    swarm = await SwarmClient.connect(server.agent_url, client_id=f"{task}-client")
+    swarm = await SwarmClient.connect(server.agent, client_id=f"{task}-client")
     keys = itertools.count()
 
     async def worker() -> None:
@@ -79,7 +79,7 @@ async def test_separate_task_clients_follow_the_weights(swarm_nats: NatsServer, 
 async def test_unknown_tasks_are_refused_and_eval_and_admitted_groups_never_wait(
     swarm_nats: NatsServer, gateway: GatewayService
 ):
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     with pytest.raises(SwarmError, match=r"'chess'.*\['calculator', 'guess_number'\]"):
         await swarm.episode("t", models=[MODEL], task={"name": "chess"}, heartbeat_s=0).begin()
     with pytest.raises(SwarmError, match="names no task"):
@@ -115,7 +115,7 @@ async def test_a_task_whose_clients_are_gone_does_not_block_the_others(
     mixer = gateway.admission.mixer
     assert mixer is not None
     mixer.window_s = 0.5
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     gone = await swarm.episode("g", models=[MODEL], task={"name": "guess_number"}, heartbeat_s=0).begin()
     await gone.end()  # guess_number's only client leaves after one group
 

@@ -29,7 +29,7 @@ async def token_service(swarm_nats: NatsServer):
 
 async def episode_events(server: NatsServer, episode_id: str) -> list:
     nc = await nats.connect(server.service_url)
-    sub = await nc.jetstream().subscribe(f"{S.EPISODE_PREFIX}.{episode_id}.>", ordered_consumer=True)
+    sub = await nc.jetstream().subscribe(S.episode_filter(episode_id), ordered_consumer=True)
     events = []
     while True:
         try:
@@ -42,7 +42,7 @@ async def episode_events(server: NatsServer, episode_id: str) -> list:
 
 
 async def test_episode_lifecycle_publishes_ordered_events(swarm_nats: NatsServer, token_service) -> None:
-    swarm = await SwarmClient.connect(swarm_nats.agent_url, client_id="agent-1", code_version="v42")
+    swarm = await SwarmClient.connect(swarm_nats.agent, client_id="agent-1", code_version="v42")
     async with swarm.episode(
         "task-1", models=["policy"], agents=["solver", "critic"], heartbeat_s=0.05
     ) as ep:
@@ -62,7 +62,7 @@ async def test_episode_lifecycle_publishes_ordered_events(swarm_nats: NatsServer
 
 
 async def test_exception_inside_episode_publishes_abort(swarm_nats: NatsServer, token_service) -> None:
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     with pytest.raises(ZeroDivisionError):
         async with swarm.episode("task-2", models=["policy"], heartbeat_s=0) as ep:
             1 / 0  # noqa: B018
@@ -73,7 +73,7 @@ async def test_exception_inside_episode_publishes_abort(swarm_nats: NatsServer, 
 
 
 async def test_republished_event_is_deduplicated(swarm_nats: NatsServer, token_service) -> None:
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     ep = await swarm.episode("task-3", models=["policy"], heartbeat_s=0).begin()
     from swarmrl.schemas import RewardEvent
 
@@ -86,14 +86,14 @@ async def test_republished_event_is_deduplicated(swarm_nats: NatsServer, token_s
 
 
 async def test_unknown_model_token_request_is_refused(swarm_nats: NatsServer, token_service) -> None:
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     with pytest.raises(SwarmError, match="unknown models"):
         await swarm.episode("task-4", models=["nope"], heartbeat_s=0).begin()
     await swarm.close()
 
 
 async def test_each_agent_token_names_only_its_models(swarm_nats: NatsServer, token_service) -> None:
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     ep = await swarm.episode(
         "task-6",
         agent_models={"caller": ["alpha"], "reporter": ["beta"]},
@@ -123,7 +123,7 @@ async def test_each_agent_token_names_only_its_models(swarm_nats: NatsServer, to
     ],
 )
 async def test_bad_model_grants_are_refused(swarm_nats: NatsServer, token_service, kwargs, error) -> None:
-    swarm = await SwarmClient.connect(swarm_nats.agent_url)
+    swarm = await SwarmClient.connect(swarm_nats.agent)
     with pytest.raises(SwarmError, match=error):
         await swarm.episode("task-7", heartbeat_s=0, **kwargs).begin()
     await swarm.close()
@@ -132,7 +132,7 @@ async def test_bad_model_grants_are_refused(swarm_nats: NatsServer, token_servic
 async def test_sync_wrapper_runs_an_episode(swarm_nats: NatsServer, token_service) -> None:
     def agent() -> str:
         with (
-            SyncSwarmClient(swarm_nats.agent_url) as swarm,
+            SyncSwarmClient(swarm_nats.agent) as swarm,
             swarm.episode("task-5", models=["policy"], heartbeat_s=0) as ep,
         ):
             ep.reward(1.0)

@@ -93,7 +93,7 @@ async def test_a_team_episode_trains_both_models_with_each_agents_reward(
 ) -> None:
     start_merger(episode_timeout_s=30)
     async with generation_stack(swarm_nats, tiny_model_dir, "alpha", more={"beta": llama_model_dir}) as stack:
-        swarm = await SwarmClient.connect(swarm_nats.agent_url, code_version="team-v1")
+        swarm = await SwarmClient.connect(swarm_nats.agent, code_version="team-v1")
         out = await play_episode(
             swarm, RELAY, Relay(), {"a": "alpha", "b": "beta"}, max_tokens=5, group_key="g1"
         )

@@ -1,4 +1,4 @@
-"""What `up` hands to clients: the owner-only connect file, and each task's client command line."""
+"""What `up` hands to clients: an owner-only identity file each, and each task's client command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 import stat
 from pathlib import Path
 
-from swarmrl.launch import agent_url_from_file, client_argv, write_connect_file
+from swarmrl.infra.credentials import AgentCredential, AgentRegistry
+from swarmrl.launch import OUTSIDE, AgentIds, client_argv
 from swarmrl.swarm import build
 
 
@@ -23,23 +24,33 @@ def team():
     )
 
 
-def test_the_connect_file_is_owner_only_and_gives_back_the_agent_url(tmp_path: Path) -> None:
+def test_each_client_gets_its_own_owner_only_identity_file(tmp_path: Path) -> None:
+    registry = AgentRegistry(tmp_path / "conf")
+    ids = AgentIds(registry, "nats://service:pw123@127.0.0.1:4222,nats://127.0.0.1:4223", team(), tmp_path)
     (tmp_path / "connect.json").write_text("{}")
     (tmp_path / "connect.json").chmod(0o644)  # an old file must not keep a readable mode
-    path = write_connect_file(
-        tmp_path, "nats://agent:pw123@127.0.0.1:4222,nats://agent:pw123@127.0.0.1:4223", team()
-    )
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    info = json.loads(path.read_text())
-    assert (
-        info["nats_url"] == "nats://127.0.0.1:4222,nats://127.0.0.1:4223" and "pw123" not in info["nats_url"]
-    )
-    assert (info["user"], info["password"], info["models"]) == ("agent", "pw123", ["caller", "reporter"])
+    files = ids.mint([OUTSIDE, "client-team_calculator-0", "client-team_calculator-1"])
+    assert files[OUTSIDE] == tmp_path / "connect.json"
+    creds = {name: AgentCredential.read(path) for name, path in files.items()}
+    for path in files.values():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert "pw123" not in path.read_text()  # the service password never reaches an agent
+    assert [c.name for c in creds.values()] == ["outside", "team-calculator-0", "team-calculator-1"]
+    assert len({c.seed for c in creds.values()}) == 3  # one key each
+    info = json.loads(files[OUTSIDE].read_text())
+    assert info["nats_url"] == "nats://127.0.0.1:4222,nats://127.0.0.1:4223"
+    assert info["inbox_prefix"] == "_INBOX.outside" and info["models"] == ["caller", "reporter"]
     assert info["tasks"]["team_calculator"] == {
         "roles": {"caller": "caller", "reporter": "reporter"},
         "num_repeat": 8,
     }
-    assert agent_url_from_file(path) == "nats://agent:pw123@127.0.0.1:4222,nats://agent:pw123@127.0.0.1:4223"
+    # the server config lists exactly these public keys, each limited to its own subjects
+    assert registry.load() == {c.name: c.public_key for c in creds.values()}
+    users = (tmp_path / "conf" / "agents.conf").read_text()
+    assert "swarm.ep.team-calculator-1.*.reward" in users and "_INBOX.outside.>" in users
+    assert all(c.seed not in users for c in creds.values())  # public keys only
+    ids.revoke(["client-team_calculator-0"])
+    assert set(registry.load()) == {"outside", "team-calculator-1"}
 
 
 def test_client_command_lines_carry_roles_and_never_credentials() -> None:

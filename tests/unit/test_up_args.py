@@ -30,7 +30,7 @@ def test_bad_flags_exit_with_a_message(argv: list[str], message: str, capsys: py
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--nats", "--agent-nats"])
+@pytest.mark.parametrize("flag", ["--nats", "--nats-conf"])
 def test_a_password_on_the_command_line_is_refused(flag: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_:
         parse_args([flag, "nats://service:s3cret@127.0.0.1:4222"])

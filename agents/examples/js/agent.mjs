@@ -9,7 +9,7 @@
 // `--drain-s` to finish (a second signal cuts that short), what is left is aborted, and it exits 0.
 // Credentials come from the environment or the connection file, never from the command line.
 
-import { createHash, randomUUID } from "node:crypto";
+import { createHash } from "node:crypto";
 import { setMaxListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
@@ -24,9 +24,9 @@ const env = process.env;
 
 const USAGE = `usage: node agent.mjs [flags]
 
-Connection (environment only, never flags): SWARMRL_NATS_URL (no credentials in it),
-SWARMRL_NATS_USER, SWARMRL_NATS_PASSWORD, or a JSON file named by SWARMRL_CONNECT_FILE
-({"nats_url", "user", "password", "models"}); the variables override the file.
+Connection (environment only, never flags): the JSON connect file named by SWARMRL_CONNECT_FILE
+({"nats_url", "name", "seed", "inbox_prefix", "models", "tasks"}: this client's own NATS identity,
+from \`swarmrl up\` or \`swarmrl credentials mint NAME\`); SWARMRL_NATS_URL overrides its servers.
 
   --model NAME          model to call (default: $SWARMRL_ROLES' model, the file's first model, or policy)
   --episodes N          stop after N episodes, rounded up to whole groups (default 0: until SIGTERM)
@@ -37,7 +37,7 @@ SWARMRL_NATS_USER, SWARMRL_NATS_PASSWORD, or a JSON file named by SWARMRL_CONNEC
   --max-tokens N        max tokens per reply (default 48)
   --seed N              seed of the question stream (default $SWARMRL_CLIENT_SEED or 0)
   --task NAME           task name recorded on episodes (default $SWARMRL_TASK or calculator)
-  --client-id ID        stable id of this process (default js-<random>)
+  --client-id ID        stable id of this process (default: the identity's name)
   --timeout-s S         per model call (default 120)
   --drain-s S           on SIGTERM: seconds the groups in flight get to finish before they are
                         aborted (default 30)
@@ -55,26 +55,20 @@ function codeVersion() {
   return `js-${hash.digest("hex").slice(0, 12)}`;
 }
 
-/** Servers, user, password and models from the environment and the optional connection file. */
+/** Servers, identity and the swarm's models and tasks from the connect file (and SWARMRL_NATS_URL). */
 function connection() {
-  const file = env.SWARMRL_CONNECT_FILE ? JSON.parse(readFileSync(env.SWARMRL_CONNECT_FILE, "utf8")) : {};
-  let user = env.SWARMRL_NATS_USER ?? file.user ?? "";
-  let password = env.SWARMRL_NATS_PASSWORD ?? file.password ?? "";
-  const url = env.SWARMRL_NATS_URL ?? file.nats_url ?? "nats://127.0.0.1:4222";
+  if (!env.SWARMRL_CONNECT_FILE) throw new Error("SWARMRL_CONNECT_FILE is not set: say where the connect file is");
+  const file = JSON.parse(readFileSync(env.SWARMRL_CONNECT_FILE, "utf8"));
+  for (const key of ["nats_url", "name", "seed"]) {
+    if (!file[key]) throw new Error(`${env.SWARMRL_CONNECT_FILE} has no "${key}": mint one with swarmrl credentials`);
+  }
+  const url = env.SWARMRL_NATS_URL ?? file.nats_url;
   const servers = url
     .split(",")
     .map((u) => u.trim())
-    .filter(Boolean)
-    .map((u) => {
-      // The JS client ignores credentials inside a URL: lift them out (and keep them out of logs).
-      const m = /^([a-z]+:\/\/)([^@/]*)@(.*)$/i.exec(u);
-      if (!m) return u;
-      const [name, pass = ""] = m[2].split(":");
-      user ||= decodeURIComponent(name);
-      password ||= decodeURIComponent(pass);
-      return m[1] + m[3];
-    });
-  return { servers, user, password, models: file.models ?? [], tasks: file.tasks ?? {} };
+    .filter(Boolean);
+  const inboxPrefix = file.inbox_prefix ?? `_INBOX.${file.name}`;
+  return { servers, name: file.name, seed: file.seed, inboxPrefix, models: file.models ?? [], tasks: file.tasks ?? {} };
 }
 
 function wholeNumber(name, value) {
@@ -94,7 +88,7 @@ function options(conn) {
       "max-tokens": { type: "string", default: "48" },
       seed: { type: "string", default: env.SWARMRL_CLIENT_SEED ?? "0" },
       task: { type: "string", default: env.SWARMRL_TASK || "calculator" },
-      "client-id": { type: "string", default: `js-${randomUUID().slice(0, 12)}` },
+      "client-id": { type: "string", default: conn.name },
       "timeout-s": { type: "string", default: "120" },
       "drain-s": { type: "string", default: "30" },
       help: { type: "boolean", short: "h" },
@@ -186,6 +180,10 @@ async function playEpisode(swarm, o, expression, groupKey, signal) {
 }
 
 async function main() {
+  if (process.argv.includes("--help") || process.argv.includes("-h")) {
+    process.stdout.write(USAGE);
+    process.exit(0);
+  }
   const conn = connection();
   const o = options(conn);
   const version = codeVersion();

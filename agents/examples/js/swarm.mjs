@@ -1,12 +1,15 @@
 // A minimal swarm client written from `schemas/README.md` alone: NATS with the agent credentials,
-// episode tokens by msgpack request/reply on `swarm.auth.token`, episode events as msgpack maps
-// published to JetStream on `swarm.ep.<episode_id>.<kind>` with a `Nats-Msg-Id` header.
+// episode tokens by msgpack request/reply on `swarm.auth.token.<client>`, episode events as msgpack
+// maps published to JetStream on `swarm.ep.<client>.<episode_id>.<kind>` with a `Nats-Msg-Id`
+// header. `<client>` is this client's NATS identity (an nkey user): its episode ids are
+// `<client>_<random>`, and the server lets it publish nowhere else.
 
 import { randomUUID } from "node:crypto";
 import { decode, encode } from "@msgpack/msgpack";
-import { ErrorCode, connect } from "nats";
+import { ErrorCode, connect, nkeyAuthenticator } from "nats";
 
-export const TOKEN_SUBJECT = "swarm.auth.token";
+/** The client that owns an episode: its id up to the first `_`. */
+export const ownerOf = (episodeId) => episodeId.split("_")[0];
 const SCHEMA_VERSION = 1;
 // Errors that mean "the server or gateway is not answering right now": retried with backoff
 // (re-publishing is safe, JetStream drops a repeated Nats-Msg-Id).
@@ -48,26 +51,28 @@ export class SwarmClient {
   /**
    * @param {object} o
    * @param {string[]} o.servers NATS URLs without credentials
-   * @param {string} o.user agent user name
-   * @param {string} o.password agent password
+   * @param {string} o.name this client's identity (the connect file's `name`)
+   * @param {string} o.seed its nkey seed (the connect file's `seed`; the secret: never log it)
+   * @param {string} o.inboxPrefix `_INBOX.<name>`: the only inboxes it may subscribe to
    * @param {string} o.clientId stable id of this process (recorded on every event)
    * @param {string} o.clientVersion code version (recorded on every event)
    */
-  static async connect({ servers, user, password, clientId, clientVersion, retryS = 30 }) {
+  static async connect({ servers, name, seed, inboxPrefix, clientId, clientVersion, retryS = 30 }) {
     const nc = await connect({
       servers,
-      user,
-      pass: password,
+      authenticator: nkeyAuthenticator(new TextEncoder().encode(seed)),
+      inboxPrefix,
       name: "swarmrl-js-agent",
       maxReconnectAttempts: -1,
       reconnectTimeWait: 500,
     });
-    return new SwarmClient(nc, clientId, clientVersion, retryS);
+    return new SwarmClient(nc, name, clientId, clientVersion, retryS);
   }
 
-  constructor(nc, clientId, clientVersion, retryS) {
+  constructor(nc, name, clientId, clientVersion, retryS) {
     this.nc = nc;
     this.js = nc.jetstream(); // publishing only: agents may not touch the JetStream API
+    this.name = name;
     this.clientId = clientId;
     this.clientVersion = clientVersion;
     this.retryS = retryS;
@@ -75,7 +80,7 @@ export class SwarmClient {
 
   /** Publish one event map idempotently; resolves once JetStream stored it. */
   async publish(event) {
-    const subject = `swarm.ep.${event.episode_id}.${event.kind}`;
+    const subject = `swarm.ep.${ownerOf(event.episode_id)}.${event.episode_id}.${event.kind}`;
     const msgID = `${event.episode_id}.${event.client_id}.${event.seq}`;
     const data = encode(event);
     await retrying(() => this.js.publish(subject, data, { msgID, timeout: 10_000 }), this.retryS);
@@ -85,7 +90,7 @@ export class SwarmClient {
   async requestTokens(request, signal) {
     for (;;) {
       const msg = await retrying(
-        () => this.nc.request(TOKEN_SUBJECT, encode(request), { timeout: 10_000 }),
+        () => this.nc.request(`swarm.auth.token.${this.name}`, encode(request), { timeout: 10_000 }),
         this.retryS,
         signal,
       );
@@ -115,7 +120,7 @@ export class SwarmClient {
 export class Episode {
   constructor(client, { taskId, models, groupKey, task, agents, evalEpisode }) {
     this.client = client;
-    this.episodeId = randomUUID().replaceAll("-", "");
+    this.episodeId = `${client.name}_${randomUUID().replaceAll("-", "")}`;
     Object.assign(this, { taskId, models, groupKey, task, agents, evalEpisode });
     this.seq = 0;
     this.closed = false;

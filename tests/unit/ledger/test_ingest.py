@@ -17,18 +17,30 @@ def test_bad_episode_input_is_rejected_with_its_code() -> None:
     ingest = Ingest(max_event_bytes=10_000)
     begin, llm, env, reward, end = episode("e1")
     ep = ingest.episode
-    assert _code(ep, "swarm.ep.e1.begin", b"\xc1", "EPISODES", 1, 0.0) == "malformed"
+    assert _code(ep, S.episode_subject("e1", "begin"), b"\xc1", "EPISODES", 1, 0.0) == "malformed"
     assert (
-        _code(ep, "swarm.ep.e1.begin", msgpack.packb({**begin.model_dump(), "v": 99}), "EPISODES", 1, 0.0)
+        _code(
+            ep,
+            S.episode_subject("e1", "begin"),
+            msgpack.packb({**begin.model_dump(), "v": 99}),
+            "EPISODES",
+            1,
+            0.0,
+        )
         == "version"
     )
     assert (
-        _code(ep, "swarm.ep.e1.begin", msgpack.packb({"v": 1, "kind": "begin"}), "EPISODES", 1, 0.0)
+        _code(
+            ep, S.episode_subject("e1", "begin"), msgpack.packb({"v": 1, "kind": "begin"}), "EPISODES", 1, 0.0
+        )
         == "schema"
     )
-    assert _code(ep, "swarm.ep.e1.begin", b"\x00" * 10_001, "EPISODES", 1, 0.0) == "oversized"
+    assert _code(ep, S.episode_subject("e1", "begin"), b"\x00" * 10_001, "EPISODES", 1, 0.0) == "oversized"
     assert _code(ep, S.episode_subject("other", "begin"), encode(begin), "EPISODES", 1, 0.0) == "subject"
     assert _code(ep, S.episode_subject("e1", "end"), encode(begin), "EPISODES", 1, 0.0) == "subject"
+    assert _code(ep, "swarm.ep.e1.begin", encode(begin), "EPISODES", 1, 0.0) == "subject"  # no owner token
+    # a client writing into an episode it does not own (the server let it: the subject is its own)
+    assert _code(ep, "swarm.ep.mallory.e1.begin", encode(begin), "EPISODES", 1, 0.0) == "not_owner"
     assert _code(ep, S.episode_subject("e1", "env"), encode(env), "EPISODES", 1, 0.0) == "unknown_episode"
     ep(S.episode_subject("e1", "begin"), encode(begin), "EPISODES", 2, 0.0)
     ep(S.episode_subject("e1", "reward"), encode(reward), "EPISODES", 3, 0.0)

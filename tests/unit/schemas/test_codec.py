@@ -105,12 +105,30 @@ def test_sample_lengths_must_agree() -> None:
 
 
 def test_subject_names_reject_unsafe_tokens() -> None:
-    assert S.episode_subject("abc", "end") == "swarm.ep.abc.end"
-    assert S.parse_episode_subject("swarm.ep.abc.end") == ("abc", "end")
+    assert S.episode_subject("abc", "end") == "swarm.ep.abc.abc.end"
+    assert S.parse_episode_subject("swarm.ep.abc.abc.end") == ("abc", "end")
     with pytest.raises(ValueError, match="not a valid subject token"):
         S.samples_subject("Qwen2.5")
     with pytest.raises(ValueError):
-        S.parse_episode_subject("swarm.ep.abc.nope")
+        S.parse_episode_subject("swarm.ep.abc.abc.nope")
+    with pytest.raises(ValueError):
+        S.parse_episode_subject("swarm.ep.abc.end")  # no owner token
+
+
+def test_an_episode_belongs_to_the_client_named_before_its_first_underscore() -> None:
+    assert S.episode_owner("calc-0_9f3a") == "calc-0" and S.episode_owner("calc-0") == "calc-0"
+    assert S.episode_subject("calc-0_9f3a", "reward") == "swarm.ep.calc-0.calc-0_9f3a.reward"
+    # `calc` may not write into `calc-0`'s episodes, nor `calc-0` into `calc`'s: names end at `_`
+    for subject in ("swarm.ep.calc.calc-0_9f3a.reward", "swarm.ep.calc-0.calc_9f3a.reward"):
+        with pytest.raises(S.NotOwnerError):
+            S.parse_episode_subject(subject)
+    with pytest.raises(ValueError, match="client name"):
+        S.new_episode_id("team_calc", "x")  # `_` would make the owner ambiguous
+    assert S.owner_name("client-team_calculator-0") == "client-team-calculator-0"
+    perms = S.agent_permissions("calc-0")
+    assert "swarm.ep.calc-0.*.reward" in perms["publish"]["allow"]
+    assert not any(".llm" in p and p.startswith("swarm.ep") for p in perms["publish"]["allow"])
+    assert perms["subscribe"]["allow"] == ["_INBOX.calc-0.>"]
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])

@@ -1,0 +1,178 @@
+"""Per-client NATS identities for agents: nkey users in the AGENTS account, minted and revoked here.
+
+Each agent client gets its own nkey (an ed25519 key pair; the server keeps only the public key and
+the client proves it holds the seed by signing the server's nonce) and a name, its `owner` in the
+subject layout (`schemas/subjects.py`): the server lets it publish only into its own episodes and
+subscribe only under its own inbox prefix, and no service traffic is visible from its account.
+
+A *conf dir* holds the server config (`single.conf` or a cluster node's, `accounts.conf`) and the two
+files kept here: `agents.json` (the registry: name -> public key) and `agents.conf` (the AGENTS
+account's user list, rendered from the registry and included by `accounts.conf`). Minting or revoking
+rewrites both and asks every nats-server with a pid file in the conf dir to reload its config; a
+revoked client is disconnected at once and cannot log in again. A client's secret lives only in its
+credential file (mode 0600), handed over by path (`$SWARMRL_CONNECT_FILE`), never on a command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nkeys
+
+from swarmrl.schemas import subjects as S
+
+REGISTRY = "agents.json"
+USERS_CONF = "agents.conf"
+PID_SUFFIX = ".pid"
+
+
+@dataclass(frozen=True)
+class AgentCredential:
+    """What one agent client needs to connect: servers, its name and its nkey seed (the secret)."""
+
+    name: str
+    seed: str
+    servers: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Swarm facts for the client (`models`, `tasks`), written alongside in the connect file."""
+
+    @property
+    def public_key(self) -> str:
+        return str(nkeys.from_seed(self.seed.encode()).public_key.decode())
+
+    @property
+    def inbox_prefix(self) -> str:
+        return S.inbox_prefix(self.name)
+
+    def nats_options(self) -> dict[str, Any]:
+        """Keyword arguments for `nats.connect` (nats-py)."""
+        return {"servers": self.servers, "nkeys_seed_str": self.seed, "inbox_prefix": self.inbox_prefix}
+
+    def with_servers(self, servers: list[str]) -> AgentCredential:
+        return AgentCredential(self.name, self.seed, servers, self.extra)
+
+    def write(self, path: Path) -> Path:
+        """The connect file: JSON readable by its owner only (see schemas/README.md, Connecting)."""
+        info = {
+            "nats_url": ",".join(self.servers),
+            "name": self.name,
+            "seed": self.seed,
+            "inbox_prefix": self.inbox_prefix,
+            **self.extra,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f, indent=2)
+        os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> AgentCredential:
+        info = json.loads(Path(path).read_text())
+        missing = [k for k in ("nats_url", "name", "seed") if not info.get(k)]
+        if missing:
+            raise ValueError(f"connect file {path} lacks {missing}; mint one with `swarmrl credentials mint`")
+        extra = {k: v for k, v in info.items() if k not in ("nats_url", "name", "seed", "inbox_prefix")}
+        servers = [u.strip() for u in str(info["nats_url"]).split(",")]
+        return cls(str(info["name"]), str(info["seed"]), servers, extra)
+
+
+def new_seed() -> str:
+    return str(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+
+
+@dataclass
+class AgentRegistry:
+    """The agent identities one set of NATS servers accepts (a conf dir; see the module docstring)."""
+
+    conf_dir: Path
+
+    def __post_init__(self) -> None:
+        self.conf_dir = Path(self.conf_dir)
+
+    @property
+    def registry_path(self) -> Path:
+        return self.conf_dir / REGISTRY
+
+    def load(self) -> dict[str, str]:
+        """name -> public key of every client allowed in."""
+        if not self.registry_path.exists():
+            return {}
+        return dict(json.loads(self.registry_path.read_text()))
+
+    def mint(self, name: str, servers: list[str] | None = None, reload: bool = True) -> AgentCredential:
+        """A new identity `name` (a fresh key if it already existed: the old key stops working)."""
+        cred = AgentCredential(S.check_owner(name), new_seed(), servers or [])
+        agents = self.load() | {name: cred.public_key}
+        self._save(agents, reload)
+        return cred
+
+    def revoke(self, name: str, reload: bool = True) -> bool:
+        """Remove `name`; its connections are closed by the reload. False if it was not there."""
+        agents = self.load()
+        if agents.pop(name, None) is None:
+            return False
+        self._save(agents, reload)
+        return True
+
+    def render(self, agents: dict[str, str] | None = None) -> str:
+        """The AGENTS account's `users` list (NATS config; JSON is valid NATS config syntax)."""
+        agents = self.load() if agents is None else agents
+        users = [
+            {"nkey": key, "permissions": S.agent_permissions(name)} for name, key in sorted(agents.items())
+        ]
+        return "# Written by swarmrl (infra/credentials.py) from agents.json; do not edit.\n" + (
+            f"users: {json.dumps(users, indent=1)}\n"
+        )
+
+    def write_users(self) -> None:
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.conf_dir / USERS_CONF, self.render())
+
+    def _save(self, agents: dict[str, str], reload: bool) -> None:
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.registry_path, json.dumps(agents, indent=1, sort_keys=True))
+        self.write_users()
+        if reload:
+            reload_servers(self.conf_dir)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.replace(path)
+
+
+def server_pids(conf_dir: Path) -> list[int]:
+    """Pids of the live nats-servers using `conf_dir` (each writes `<name>.pid` there with -P)."""
+    pids = []
+    for path in sorted(Path(conf_dir).glob(f"*{PID_SUFFIX}")):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(path.read_text().strip())
+            os.kill(pid, 0)
+            pids.append(pid)
+    return pids
+
+
+def reload_servers(conf_dir: Path, wait_s: float = 0.5) -> int:
+    """SIGHUP (config reload) every nats-server of `conf_dir`; returns how many were signalled.
+
+    A reload applies within milliseconds; `wait_s` gives it that time, so a client minted and
+    started at once is not refused (`NatsServer.reload` waits for the server's own log line instead).
+    """
+    pids = server_pids(conf_dir)
+    for pid in pids:
+        os.kill(pid, signal.SIGHUP)
+    if pids and wait_s > 0:
+        time.sleep(wait_s)
+    return len(pids)
