@@ -47,7 +47,33 @@ def _unpack(data: bytes, max_bytes: int) -> dict[str, Any]:
         raise WireError(
             "version", f"schema version {v!r} not supported (supported: {sorted(SUPPORTED_VERSIONS)})"
         )
+    where = _binary_at(obj)
+    if where is not None:
+        raise WireError("schema", f"{where}: msgpack bin where a string is expected (send str)")
     return obj
+
+
+_FLAT_TYPES = frozenset({int, float, str, bool, type(None)})
+"""Element types of a list with nothing to look into (token ids, logprobs): skipped in one C loop."""
+
+
+def _binary_at(obj: Any) -> str | None:
+    """Path of a msgpack `bin` (bytes) in `obj`, if any: the contract has no binary fields, and
+    validation would silently turn bytes into a str. Iterative: msgpack nests deeper than Python recurses."""
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, bytes):
+            return path
+        if isinstance(value, dict):
+            for key, item in value.items():
+                here = f"{path}.{key}" if path else str(key)
+                if isinstance(key, bytes):
+                    return f"{here} (a key)"
+                stack.append((item, here))
+        elif isinstance(value, list) and not _FLAT_TYPES.issuperset(map(type, value)):
+            stack.extend((item, f"{path}.{i}") for i, item in enumerate(value))
+    return None
 
 
 def _errors(exc: ValidationError) -> str:

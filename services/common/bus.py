@@ -6,6 +6,7 @@ The stream layout comes from `swarmrl.schemas.subjects`; nothing here invents a 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections import Counter
@@ -20,6 +21,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, S
 from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 
+from swarmrl.schemas import MAX_EVENT_BYTES, WireError
 from swarmrl.schemas import subjects as S
 
 log = logging.getLogger("swarmrl.bus")
@@ -30,9 +32,30 @@ SERVICE_DUPLICATE_WINDOW_S = 1800.0
 """Window for streams written by services: a service restarted after a long outage replays what it
 had published but not yet acked upstream, and must still be de-duplicated."""
 
+MAX_MSG_BYTES = 8 * 1024 * 1024
+"""Largest message (headers included) a stream stores: the bundled server's max_payload."""
+EPISODE_MSG_BYTES = MAX_EVENT_BYTES + 4096
+"""Largest EPISODES message: the contract's event limit plus room for headers (the msg id), so the
+broker refuses an agent's oversized event at publish time, and every stored one can be dead-lettered
+whole."""
+DEAD_LETTER_MAX_BYTES = 6 * 1024 * 1024
+"""A dead letter (payload and headers) above this, or above the server's max_payload, carries only
+the first `DEAD_LETTER_KEEP_BYTES` of the original and its size and SHA-256 (headers below): a
+publish the server refuses for size would close the service's connection and lose the dead letter."""
+DEAD_LETTER_KEEP_BYTES = 64 * 1024
+MAX_DELIVERIES = 5
+"""A message delivered more often than this has crashed or stalled its consumer that often: it is
+dead-lettered as `poison` and acked instead of being handed to the handler again (`drop_poison`).
+Every restart counts (a graceful stop naks what a service holds), and so do the messages that were in
+flight beside the one that crashed it: they share its count and are dead-lettered with it."""
+
 REASON_HEADER = "Swarm-Reason"
 SUBJECT_HEADER = "Swarm-Subject"
 SERVICE_HEADER = "Swarm-Service"
+ORIGINAL_SIZE_HEADER = "Swarm-Original-Size"
+"""On a truncated dead letter: the original payload's length in bytes."""
+ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
+"""On a truncated dead letter: the hex SHA-256 of the original payload."""
 
 
 async def connect(url: str, name: str) -> NATS:
@@ -64,7 +87,7 @@ async def ensure_streams(js: JetStreamContext) -> None:
             storage=StorageType.FILE,
             duplicate_window=DUPLICATE_WINDOW_S if name == S.EPISODES_STREAM else SERVICE_DUPLICATE_WINDOW_S,
             num_replicas=replicas,
-            max_msg_size=8 * 1024 * 1024,
+            max_msg_size=EPISODE_MSG_BYTES if name == S.EPISODES_STREAM else MAX_MSG_BYTES,
         )
         try:
             await js.add_stream(cfg)
@@ -84,7 +107,11 @@ async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
 
 @dataclass
 class DeadLetters:
-    """Publishes bad input to `swarm.dlq.<service>` with the original bytes and the reason; counts it."""
+    """Publishes bad input to `swarm.dlq.<service>` with the original bytes and the reason; counts it.
+
+    A dead letter never fails for size: one too large for the DLQ keeps a prefix of the original
+    plus its size and digest (`DEAD_LETTER_MAX_BYTES`).
+    """
 
     js: JetStreamContext
     service: str
@@ -102,9 +129,56 @@ class DeadLetters:
             # is de-duplicated by its stream position.
             meta = msg.metadata
             headers["Nats-Msg-Id"] = f"dlq.{self.service}.{meta.stream}.{meta.sequence.stream}"
+        payload = self._fit(payload, headers)
         log.warning("dead-letter service=%s subject=%s reason=%s", self.service, subject, reason[:300])
         await self.js.publish(S.dlq_subject(self.service), payload, headers=headers)
         self.counts[code] += 1  # after the publish: a caller retrying a failed send counts it once
+
+    def _fit(self, payload: bytes, headers: dict[str, str]) -> bytes:
+        """`payload`, or its prefix (with size and digest added to `headers`) if it would not fit."""
+        # nats.py keeps its connection private; its max_payload is what the server accepts.
+        limit = min(DEAD_LETTER_MAX_BYTES, self.js._nc.max_payload)
+        if len(payload) + _headers_size(headers) + 200 <= limit:  # 200: the two headers below
+            return payload
+        headers[ORIGINAL_SIZE_HEADER] = str(len(payload))
+        headers[ORIGINAL_SHA256_HEADER] = hashlib.sha256(payload).hexdigest()
+        return payload[:DEAD_LETTER_KEEP_BYTES]
+
+
+def _headers_size(headers: dict[str, str]) -> int:
+    """Bytes of the NATS header block: `NATS/1.0\\r\\n`, `key: value\\r\\n` each, a blank line."""
+    return 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+
+
+def check_deliveries(msg: Msg, max_deliveries: int = MAX_DELIVERIES) -> None:
+    """Raise `WireError("poison")` if JetStream has delivered `msg` more than `max_deliveries` times."""
+    delivered = msg.metadata.num_delivered or 0
+    if delivered > max_deliveries:
+        raise WireError(
+            "poison", f"delivered {delivered} times (more than {max_deliveries}); it may crash its consumer"
+        )
+
+
+async def drop_poison(msgs: list[Msg], dead_letters: DeadLetters, max_deliveries: int) -> list[Msg]:
+    """`msgs` less the poison ones (`check_deliveries`), each dead-lettered and acked; one the DLQ
+    does not take now stays unacked (it comes back after the ack wait) and is not handed on either."""
+    kept = []
+    for msg in msgs:
+        try:
+            check_deliveries(msg, max_deliveries)
+        except WireError as exc:
+            await _dead_letter_poison(msg, dead_letters, str(exc))
+        else:
+            kept.append(msg)
+    return kept
+
+
+async def _dead_letter_poison(msg: Msg, dead_letters: DeadLetters, reason: str) -> None:
+    try:
+        await dead_letters.send(msg, reason)
+        await msg.ack()
+    except Exception as exc:  # the broker is unreachable: the message returns after its ack wait
+        log.warning("subject=%s could not dead-letter a poison message: %r", msg.subject, exc)
 
 
 async def durable_pull(
@@ -139,9 +213,19 @@ async def durable_pull(
 
 
 async def batches(
-    sub: JetStreamContext.PullSubscription, stop: asyncio.Event, batch: int = 256, timeout: float = 0.5
+    sub: JetStreamContext.PullSubscription,
+    stop: asyncio.Event,
+    batch: int = 256,
+    timeout: float = 0.5,
+    *,
+    dead_letters: DeadLetters,
+    max_deliveries: int = MAX_DELIVERIES,
 ) -> AsyncIterator[list[Msg]]:
-    """Yield fetched batches until `stop` is set; an empty fetch yields [] so callers can flush on time."""
+    """Yield fetched batches until `stop` is set; an empty fetch yields [] so callers can flush on time.
+
+    A message delivered more than `max_deliveries` times is dead-lettered as `poison` and acked
+    instead of yielded (`drop_poison`): a message that crashes its service cannot crash-loop it.
+    """
     while not stop.is_set():
         try:
             msgs = await sub.fetch(batch, timeout=timeout)
@@ -150,4 +234,4 @@ async def batches(
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
             await asyncio.sleep(0.2)
             continue
-        yield msgs
+        yield await drop_poison(msgs, dead_letters, max_deliveries)

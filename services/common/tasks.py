@@ -14,8 +14,10 @@ async def until_stopped(stop: asyncio.Event, tasks: Iterable[asyncio.Task[object
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopper.cancel()
+    stopping = stop.is_set()  # a loop may end in the same instant as the stop: that is no failure
     for task in done:
         if task is not stopper:
             stop.set()
             task.result()  # raises the failure
-            raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+            if not stopping:
+                raise RuntimeError(f"{task.get_name()} ended unexpectedly")

@@ -1,7 +1,12 @@
-"""HTTP front end: OpenAI-compatible `/v1/chat/completions` (plain and SSE streaming) and `/v1/models`."""
+"""HTTP front end: OpenAI-compatible `/v1/chat/completions` (plain and SSE streaming) and `/v1/models`.
+
+Request bodies are capped (`max_request_bytes`, 413 past it) and parsed off the event loop, like the
+tokenizing in `core.py`: one client's huge request never stalls the others or `/health`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -10,8 +15,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from swarmrl.services.gateway.config import MAX_REQUEST_BYTES
 from swarmrl.services.gateway.core import Gateway, stream_chunks
-from swarmrl.services.gateway.errors import ApiError, bad_request
+from swarmrl.services.gateway.errors import ApiError, bad_request, too_large
 
 log = logging.getLogger("swarmrl.gateway.http")
 
@@ -23,7 +29,24 @@ def _api_key(request: Request) -> str | None:
     return request.headers.get("api-key") or None
 
 
-def create_app(gateway: Gateway) -> FastAPI:
+async def read_json(request: Request, limit: int) -> Any:
+    """The request's JSON body, refused (413) once it is known to pass `limit` bytes: by its
+    Content-Length before anything is read, else (chunked) as soon as what arrived passes it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(f"request body of {int(declared)} bytes exceeds the gateway's limit of {limit}")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise too_large(f"request body exceeds the gateway's limit of {limit} bytes")
+    try:
+        return await asyncio.to_thread(json.loads, raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise bad_request(f"request body is not JSON: {exc}") from exc
+
+
+def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     app = FastAPI(title="swarmrl gateway", version="1")
 
     @app.exception_handler(ApiError)
@@ -46,11 +69,14 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
+        body = await read_json(request, max_request_bytes)
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise bad_request(f"request body is not JSON: {exc}") from exc
-        done = await gateway.complete(body, _api_key(request))
+            done = await gateway.complete(body, _api_key(request))
+        except ApiError:
+            raise
+        except Exception as exc:  # an OpenAI-style 500, as over NATS; uncaught, uvicorn drops the connection
+            log.exception("completion failed")
+            raise ApiError(500, f"{type(exc).__name__}: {exc}", "server_error") from exc
         log.debug("episode=%s call=%s reused=%s", done.event.episode_id, done.event.call_id, done.reused_call)
         if not (isinstance(body, dict) and body.get("stream")):
             return JSONResponse(done.response)

@@ -11,6 +11,10 @@ from pydantic_settings import NoDecode
 from swarmrl.config import ServiceConfig
 from swarmrl.services.gateway.mixing import parse_weights
 
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""Default cap on an HTTP request body: an llm event (prompt ids and messages) must fit the 4 MiB
+episode-event limit anyway."""
+
 
 class GatewayConfig(ServiceConfig):
     host: str = "127.0.0.1"
@@ -33,6 +37,9 @@ class GatewayConfig(ServiceConfig):
     """Episodes whose calls are remembered for exact token reuse (least recently used are forgotten)."""
     request_timeout_s: float = 300.0
     """Engine request timeout."""
+    max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024)
+    """Largest HTTP request body: a larger one gets 413, by its Content-Length before it is read, or
+    as soon as a chunked body passes the limit."""
     max_backlog: int = Field(default=0, ge=0)
     """Admission control: while a model's trainer has this many untrained samples (queued or held),
     token requests for new GRPO groups get `retry_after_s` and the client waits. 0 = off. See

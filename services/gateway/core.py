@@ -7,6 +7,7 @@ the caller answers the agent, so an agent's later `end` always lands after its `
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import OrderedDict
@@ -14,10 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarmrl.schemas import LlmEvent
-from swarmrl.services.gateway.errors import bad_request, forbidden, not_found, unauthorized
+from swarmrl.services.engine.client import EngineError
+from swarmrl.services.gateway.errors import bad_request, engine_failed, forbidden, not_found, unauthorized
 from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, parse_reply, stop_token_ids, text_of
 from swarmrl.services.gateway.tokens import Claims, TokenError, verify
 
@@ -31,22 +34,32 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatRequest(BaseModel):
-    """The subset of OpenAI's chat completion request the gateway honours (other fields are ignored)."""
+MAX_INT32 = 2**31 - 1
+MAX_SEED = 2**63 - 1
+"""Seeds are int64 in the engines (a torch generator, SGLang's seeded sampling); negative ones too
+are refused rather than wrapped."""
 
-    model_config = ConfigDict(extra="ignore")
+
+class ChatRequest(BaseModel):
+    """The subset of OpenAI's chat completion request the gateway honours (other fields are ignored).
+
+    Every number is bounded here (JSON also allows NaN and Infinity): a value the engine cannot take
+    is the client's 400, never the engine's 500.
+    """
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = -1
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_k: int = Field(default=-1, ge=-1, le=MAX_INT32)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     stop: str | list[str] | None = None
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
 
@@ -135,6 +148,8 @@ class Gateway:
             raise bad_request(f"invalid request: {loc}: {first['msg']}", param=loc) from exc
         if req.n != 1:
             raise bad_request(f"n={req.n} is not supported; send one request per sample", param="n")
+        if req.top_k == 0:
+            raise bad_request("top_k=0 is not supported: use -1 (whole vocabulary) or >= 1", param="top_k")
         return req
 
     async def complete(self, body: Any, api_key: str | None) -> Completion:
@@ -149,7 +164,9 @@ class Gateway:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [] if req.tool_choice == "none" else list(req.tools or [])
         history = self.memory.history(claims.episode_id, req.model)
-        prompt_ids, reused = handle.builder.build(messages, tools, history)
+        # Rendering and tokenizing a long prompt takes a while: off the event loop, so other calls
+        # and /health go on meanwhile. A copy of history: the loop may append to it meanwhile.
+        prompt_ids, reused = await asyncio.to_thread(handle.builder.build, messages, tools, list(history))
         room = handle.context_len - len(prompt_ids)
         if room < 1:
             raise bad_request(
@@ -169,11 +186,16 @@ class Gateway:
             sampling["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.seed is not None:
             sampling["sampling_seed"] = req.seed
-        result = await handle.engine.generate(prompt_ids, sampling, return_logprob=True)
+        try:
+            result = await handle.engine.generate(prompt_ids, sampling, return_logprob=True)
+        except EngineError as exc:
+            raise engine_failed(req.model, exc.status, exc.message) from exc
+        except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
+            raise engine_failed(req.model, 0, repr(exc)) from exc
 
         out_ids = list(result.output_ids)
-        text = handle.tokenizer.decode(
-            [t for t in out_ids if t not in handle.stops], skip_special_tokens=False
+        text = await asyncio.to_thread(
+            handle.tokenizer.decode, [t for t in out_ids if t not in handle.stops], skip_special_tokens=False
         )
         content, tool_calls = parse_reply(text, with_tools=bool(tools))
         finish = "tool_calls" if tool_calls else ("length" if result.finish_reason == "length" else "stop")

@@ -35,3 +35,14 @@ def forbidden(message: str) -> ApiError:
 
 def not_found(message: str) -> ApiError:
     return ApiError(404, message, "invalid_request_error", "model_not_found", "model")
+
+
+def too_large(message: str) -> ApiError:
+    return ApiError(413, message, "invalid_request_error", "request_too_large")
+
+
+def engine_failed(model: str, status: int, message: str) -> ApiError:
+    """The engine refused the request (its 4xx: 400 here) or failed or was unreachable (502)."""
+    if 400 <= status < 500:
+        return ApiError(400, f"engine of model {model!r} refused the request: {message}", code="engine_error")
+    return ApiError(502, f"engine of model {model!r} failed: {message}", "server_error", "engine_error")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
@@ -52,7 +54,19 @@ def _sign(secret: bytes, signed_part: str) -> str:
     return _b64(hmac.new(secret, signed_part.encode(), hashlib.sha256).digest())
 
 
+def check_ttl(ttl_s: Any, max_s: float) -> float:
+    """A token lifetime asked for by a client, as seconds; ValueError unless a finite number in
+    (0, max_s]. NaN would make a token that never expires (every comparison with it is false)."""
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float):
+        raise ValueError(f"ttl_s must be a number of seconds, got {ttl_s!r}")
+    if not (math.isfinite(ttl_s) and 0 < ttl_s <= max_s):
+        raise ValueError(f"ttl_s must be finite, > 0 and <= {max_s:g} s, got {ttl_s!r}")
+    return float(ttl_s)
+
+
 def mint(secret: bytes, claims: Claims) -> str:
+    if not math.isfinite(claims.expires_at):  # NaN: never expires; refuse what no lifetime gives
+        raise ValueError(f"token expiry must be a finite time, got {claims.expires_at!r}")
     body = msgpack.packb(
         {
             "e": claims.episode_id,
@@ -87,6 +101,6 @@ def verify(secret: bytes, token: str, now: float | None = None) -> Claims:
         )
     except Exception as exc:  # signed but unreadable: only a secret holder could make this
         raise TokenError("invalid", f"episode token claims unreadable: {exc}") from exc
-    if (time.time() if now is None else now) > claims.expires_at:
+    if not (time.time() if now is None else now) <= claims.expires_at:  # NaN too: never valid
         raise TokenError("expired", f"episode token for {claims.episode_id} expired")
     return claims

@@ -2,20 +2,23 @@
 
 Consumes: `swarm.samples.<model>` (durable pull consumer `trainer-samples-<model>`).
 Publishes: KV `swarm-models[<model>]` = ModelVersion after every checkpoint (engines reload it),
-`swarm.metrics.train.<model>` TrainStep (msg id `train-<model>-<step>`), dead letters via handlers.
+`swarm.metrics.train.<model>` TrainStep (msg id `train-<model>-<step>`), dead letters via handlers
+(bad messages, and the samples of an optimizer update the learner refused as non-finite).
 
 The update runs in a worker thread (`asyncio.to_thread`) while this loop keeps fetching, grouping and
 keeping held samples alive. Order after a step: checkpoint on disk → KV version → metrics → ack the
 step's samples; a crash anywhere before the ack replays them and the resumed trainer skips the ones
 its last checkpoint already trained. On start: resume from the newest checkpoint and re-put its
-version, or put version 0 = the base model.
+version, or put version 0 = the base model. A step none of whose updates was applied (non-finite loss
+or gradients) changed nothing: its samples are dead-lettered and it gets no checkpoint, version or
+metrics. Non-finite weights are never saved nor served: the trainer stops instead (`_step`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import statistics
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -32,8 +35,8 @@ from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, l
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held
 from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
-from swarmrl.services.trainer.handlers import SampleIntake, ack_all, keep_alive, nak_all
-from swarmrl.services.trainer.learner import Learner
+from swarmrl.services.trainer.handlers import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
+from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -51,6 +54,7 @@ class Trainer:
         self.state = TrainerState(model=cfg.model, step=0, version=0)
         self.learner: Learner | None = None
         self.kv: KeyValue | None = None
+        self.dead_letters: bus.DeadLetters | None = None
 
     @property
     def version(self) -> int:
@@ -92,8 +96,9 @@ class Trainer:
         subject = S.samples_subject(cfg.model)
         durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
         sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subject, ack_wait_s=cfg.ack_wait_s)
+        self.dead_letters = bus.DeadLetters(js, "trainer")
         intake = SampleIntake(
-            cfg.model, self.buffer, bus.DeadLetters(js, "trainer"),
+            cfg.model, self.buffer, self.dead_letters,
             vocab_size=learner.vocab_size, max_tokens=cfg.max_tokens_per_micro_batch,
             max_staleness=cfg.max_staleness, counts=self.counts, already_trained=self.state.sample_ids,
         )  # fmt: skip
@@ -101,7 +106,7 @@ class Trainer:
         last_keep_alive = time.monotonic()
         if self._done():
             self.stop()
-        async for msgs in bus.batches(sub, self.stopping, batch=cfg.fetch_batch):
+        async for msgs in bus.batches(sub, self.stopping, cfg.fetch_batch, dead_letters=intake.dead_letters):
             now = time.monotonic()
             for msg in msgs:
                 await intake.handle(msg, self.version, now)
@@ -188,10 +193,24 @@ class Trainer:
             self.cfg.model, step, step, [it.sample.sample_id for it in items], dict(self.counts)
         )
         path = step_dir(self.root, step)
-        stats = await asyncio.to_thread(self._train_and_save, step, version, items, state)
+        try:
+            result = await asyncio.to_thread(self._train_and_save, step, version, items, state)
+        except NonFiniteWeights as exc:
+            # Stop rather than reload in place: the restarted trainer resumes from its newest
+            # checkpoint (never written from non-finite weights) through the resume path that works on
+            # one process or N, where an in-place reload would need its own FSDP-aware code. The
+            # step's samples are nak'ed on the way out and retried from the good weights; a batch that
+            # keeps doing this is dead-lettered as `poison` after `bus.MAX_DELIVERIES`.
+            log.error("model=%s step %d not saved, no new version; stopping: %s", self.cfg.model, step, exc)
+            raise
+        await self._dead_letter_skipped(result.skipped)
+        if not result.learned:
+            log.warning("model=%s step %d skipped: no update applied (non-finite)", self.cfg.model, step)
+            return
         self.state = state
         await self._put_version(path)
-        await self._publish_metrics(js, items, version, stats, time.perf_counter() - started)
+        trained = [it for it in items if it.sample.sample_id not in result.skipped]
+        await self._publish_metrics(js, trained, version, result.stats, time.perf_counter() - started)
         await ack_all(self.inflight)
         self.inflight = []
         await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints)
@@ -199,27 +218,38 @@ class Trainer:
             log.info("model=%s reached max_steps=%d", self.cfg.model, self.cfg.max_steps)
             self.stop()
 
+    async def _dead_letter_skipped(self, skipped: dict[str, str]) -> None:
+        """Dead-letter (and ack) the samples of updates the learner did not apply; they leave `inflight`."""
+        bad = [h for h in self.inflight if h.sample.sample_id in skipped]
+        self.inflight = [h for h in self.inflight if h.sample.sample_id not in skipped]
+        assert self.dead_letters is not None
+        await dead_letter_all(bad, self.dead_letters, skipped)
+        self.counts["skipped_nonfinite"] += len(bad)
+
     def _train_and_save(
         self, step: int, version: int, items: list[Scored], state: TrainerState
-    ) -> dict[str, float]:
+    ) -> StepResult:
         learner = self.learner
         assert learner is not None
         learner.broadcast((step, version, items, state))
-        stats = learner.train_step(learner.shard(items), version)
-        t0 = time.perf_counter()
-        learner.save(step_dir(self.root, step), state)
-        stats["save_s"] = time.perf_counter() - t0
-        return stats
+        result = learner.train_step(learner.shard(items), version)
+        if result.learned:  # the same on every process: the learner's skip decisions are collective
+            t0 = time.perf_counter()
+            learner.save(step_dir(self.root, step), state)
+            result.stats["save_s"] = time.perf_counter() - t0
+        return result
 
     def _follow(self) -> None:
         learner = self.learner
         assert learner is not None
         while (work := learner.broadcast(None)) is not None:
             step, version, items, state = work
-            learner.train_step(learner.shard(items), version)
-            learner.save(step_dir(self.root, step), state)
+            if learner.train_step(learner.shard(items), version).learned:
+                learner.save(step_dir(self.root, step), state)
 
     async def _put_version(self, path: Path) -> None:
+        """Point engines at `path`: only ever weights `Learner.check_weights` passed (on load or in
+        `save`), so no KV version names non-finite weights."""
         assert self.kv is not None
         mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
         await self.kv.put(self.cfg.model, encode(mv))
@@ -237,7 +267,7 @@ class Trainer:
                 by_task.setdefault(s.task, []).append(s.reward)
         out: dict[str, float] = {}
         for task, rewards in sorted(by_task.items()):
-            out[f"reward_mean.{task}"] = sum(rewards) / len(rewards)
+            out[f"reward_mean.{task}"] = statistics.mean(rewards)
             out[f"samples.{task}"] = float(len(rewards))
         return out
 
@@ -245,7 +275,8 @@ class Trainer:
         self, js: JetStreamContext, items: list[Scored], version: int, stats: dict[str, float], wall_s: float
     ) -> None:
         rewards = [it.sample.reward for it in items]
-        mean = sum(rewards) / len(rewards)
+        # Exact arithmetic: a float sum of huge finite rewards overflows, and a TrainStep refuses inf.
+        mean, std = statistics.mean(rewards), statistics.pstdev(rewards)
         stale = [staleness(it.sample, version) for it in items]
         extra = {k: float(v) for k, v in stats.items() if k not in ("loss", "tokens", "trained_tokens")}
         extra.update({k: float(v) for k, v in self.counts.items()})
@@ -253,7 +284,7 @@ class Trainer:
         extra.update(self.task_metrics([it.sample for it in items]))
         msg = TrainStep(
             model=self.cfg.model, step=self.state.step, policy_version=self.state.version, loss=stats["loss"],
-            reward_mean=mean, reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+            reward_mean=mean, reward_std=std,
             samples=len(items), tokens=int(stats["tokens"]), trained_tokens=int(stats["trained_tokens"]),
             tokens_per_s=stats["tokens"] / max(stats["update_s"], 1e-9),
             staleness_mean=sum(stale) / len(stale), staleness_max=max(stale), wall_s=wall_s, extra=extra,

@@ -33,3 +33,16 @@ async def test_a_loop_that_returns_early_is_a_failure_too() -> None:
     quiet = asyncio.create_task(asyncio.sleep(0), name="watcher")
     with pytest.raises(RuntimeError, match="watcher ended unexpectedly"):
         await asyncio.wait_for(until_stopped(stop, [quiet]), 5)
+
+
+async def test_a_loop_that_returns_because_of_the_stop_is_no_failure() -> None:
+    """The race the ledger lost under load: a loop sees the stop and returns in the same instant."""
+    stop = asyncio.Event()
+
+    async def loop() -> None:
+        await stop.wait()
+
+    task = asyncio.create_task(loop(), name="ledger-METRICS")
+    await asyncio.sleep(0)  # the loop waits on the event, as the stopper will
+    stop.set()
+    await asyncio.wait_for(until_stopped(stop, [task]), 5)
