@@ -143,7 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await bus.ensure_streams(nc.jetstream())
         await nc.close()
         async with generation_stack(server, model_dir, MODEL):
-            swarm = await SwarmClient.connect(server.agent_url)
+            swarm = await SwarmClient.connect(server.agent)
             for name, (play_fn, turns) in workloads.items():
                 t0 = time.perf_counter()
                 ids = await asyncio.gather(

@@ -2,7 +2,9 @@
 
 Every record is a flat msgpack map; field meanings are documented for other languages in
 `schemas/README.md`. Validation is strict (`extra="forbid"`): a field we do not know is a contract
-violation and goes to the dead-letter queue rather than being silently dropped.
+violation and goes to the dead-letter queue rather than being silently dropped. Every float field
+(list and map elements included) must be finite (`allow_inf_nan=False`): one NaN reward or logprob
+would make a whole GRPO group's advantages, or a step's loss, NaN.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
@@ -20,7 +22,9 @@ SubjectToken = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Refused floats are `schema` errors naming the field: `llm.output_logprobs.3: Input should be a
+    # finite number`. Records built in-process are checked too, so no service can publish one.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     """Schema version of this record."""
@@ -106,9 +110,8 @@ class EnvEvent(EventBase):
 
 class RewardEvent(EventBase):
     kind: Literal["reward"] = "reward"
-    value: FiniteFloat
-    """Reward; several reward events in one episode add up (per agent). NaN and ±inf are refused
-    (dead-lettered as `schema`): one would make every advantage of its GRPO group NaN."""
+    value: float
+    """Reward; several reward events in one episode add up (per agent). Finite, like every float."""
     agent: str = ""
     """Agent the reward is for; empty means every agent of the episode."""
     name: str = "reward"
@@ -155,10 +158,10 @@ class Sample(Record):
     loss_mask: list[int]
     """1 exactly on tokens the model generated, 0 on prompt/environment tokens."""
     logprobs: list[float]
-    """Behaviour logprob per token (0.0 where loss_mask is 0)."""
+    """Behaviour logprob per token (0.0 where loss_mask is 0); finite, like every float."""
     policy_versions: list[int]
     """Weight version that generated each token (-1 where loss_mask is 0)."""
-    reward: FiniteFloat
+    reward: float
     index: int = 0
     """Position (call order) of this sample among the episode's samples for this (agent, model)."""
     n_samples: int = 1

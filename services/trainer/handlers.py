@@ -7,7 +7,8 @@ A sample is either
 - held (unacked) in the `GroupBuffer` until the step that trains it is checkpointed (`ack_all`),
 - acked at once and counted when dropped: stale, already trained by the last checkpointed step,
   or later when its group is dropped (timeout, zero advantage, too small after staleness),
-- dead-lettered (malformed, wrong model, untrainable) and acked.
+- dead-lettered (malformed, wrong model, untrainable) and acked; so are, after their step, the
+  samples of an optimizer update the learner did not apply for a non-finite loss or gradient.
 On a graceful stop every held sample is nak'ed so the next trainer gets it at once (`nak_all`).
 """
 
@@ -97,6 +98,14 @@ class SampleIntake:
 
 async def ack_all(held: Iterable[Held]) -> None:
     for h in held:
+        await h.handle.ack()
+
+
+async def dead_letter_all(held: Iterable[Held], dead_letters: DeadLetters, reasons: dict[str, str]) -> None:
+    """Dead-letter held samples, each with its reason (by sample id), acking each once its dead letter
+    is out; a failure propagates and leaves the rest unacked for redelivery."""
+    for h in held:
+        await dead_letters.send(h.handle, reasons[h.sample.sample_id])
         await h.handle.ack()
 
 

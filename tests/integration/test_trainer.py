@@ -1,13 +1,16 @@
 """The trainer against a real nats-server and the real tiny model: steps, KV versions, metrics, acks,
-dead letters, resume."""
+dead letters, resume, and non-finite values kept away from the weights."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
+import msgpack
 import nats
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from swarmrl.infra.nats_server import NatsServer
@@ -15,8 +18,10 @@ from swarmrl.schemas import ModelVersion, Sample, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.learner import NonFiniteWeights
 from swarmrl.services.trainer.loop import Trainer
-from tests.unit.trainer.samples import make_sample
+from tests.conftest import wait_for
+from tests.unit.trainer.samples import OVERFLOWING_ADAMW, make_sample
 
 MODEL = "tiny"
 VOCAB = 500  # token ids drawn below the tiny model's vocabulary (about 800)
@@ -148,4 +153,86 @@ async def test_a_group_with_a_dropped_episode_is_trained_without_waiting_for_the
         decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
     ]
     assert step.samples == 3 and step.extra["short_groups"] == 1
+    await nc.close()
+
+
+def assert_finite_checkpoint(path: str | Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(path)
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    assert not bad, f"{path}: non-finite {bad}"
+
+
+@pytest.mark.timeout(90)
+async def test_nonfinite_values_are_dead_lettered_and_training_goes_on(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    trainer = Trainer(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1))
+    run = asyncio.create_task(trainer.run())
+    # At the edge: a NaN logprob, as a merger in another language could send it.
+    nan_logprob = msgpack.unpackb(encode(group("edge")[0]))
+    nan_logprob["logprobs"][25] = math.nan
+    await js.publish(S.samples_subject(MODEL), msgpack.packb(nan_logprob))
+    # In depth: finite rewards, so the schema takes them, whose sum overflows: every advantage of the
+    # group is NaN, and so is the loss of the step that trains it.
+    huge = [
+        make_sample(f"huge-ep{i}", r, group="huge", prompt=20, gen=30, vocab=VOCAB)
+        for i, r in enumerate([1.7e308, 1.7e308, 0.0, 0.0])
+    ]
+    await publish(js, huge)
+    await wait_for(lambda: trainer.counts["skipped_nonfinite"] == 4 or run.done(), what="the refused step")
+    await publish(js, group("good"))
+    await asyncio.wait_for(run, timeout=45)  # returns at max_steps: the good group made step 1
+
+    kv = await bus.models_kv(js)
+    assert [(v.version, v.step) for v in await versions(kv)] == [(0, 0), (1, 1)]  # none for the refusal
+    assert_finite_checkpoint((await versions(kv))[-1].path)
+    assert trainer.learner is not None
+    trainer.learner.check_weights("after the run")
+
+    (step,) = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert step.step == 1 and step.samples == 4 and step.reward_mean == pytest.approx(0.375)
+    assert step.extra["skipped_nonfinite"] == 4 and step.extra["dead_letters"] == 1
+
+    dead = await fetch_all(js, S.dlq_subject("trainer"), "DLQ")
+    reasons = [m.headers[bus.REASON_HEADER] for m in dead]
+    assert reasons[0].startswith("schema: logprobs.25: Input should be a finite number"), reasons
+    assert all(r.startswith("nonfinite: loss nan in optimizer update 1/1") for r in reasons[1:]), reasons
+    assert sorted(decode(m.data, Sample).sample_id for m in dead[1:]) == sorted(s.sample_id for s in huge)
+    durable = S.durable_name("trainer", S.SAMPLES_STREAM, MODEL)
+    info = await js.consumer_info(S.SAMPLES_STREAM, durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0  # dead-lettered ones acked, not redelivered
+    await nc.close()
+
+
+@pytest.mark.timeout(120)
+async def test_nonfinite_weights_are_never_saved_nor_served_and_a_restart_recovers(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1)
+    await publish(js, group("g0"))
+    # Finite loss and gradients, but one AdamW step takes the weights to ±inf: the trainer stops.
+    with pytest.raises(NonFiniteWeights, match="for step-1"):
+        await asyncio.wait_for(Trainer(cfg.model_copy(update=OVERFLOWING_ADAMW)).run(), timeout=45)
+    kv = await bus.models_kv(js)
+    assert [(v.version, v.step) for v in await versions(kv)] == [(0, 0)]
+    assert not (tmp_path / "run" / "checkpoints" / MODEL).exists()  # not even a .tmp directory
+    assert not await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+
+    # Its samples were handed back: the restarted trainer resumes from the last good state (here the
+    # base model) and trains them.
+    await asyncio.wait_for(Trainer(cfg).run(), timeout=45)
+    history = await versions(kv)
+    assert [(v.version, v.step) for v in history] == [(0, 0), (0, 0), (1, 1)]
+    assert_finite_checkpoint(history[-1].path)
+    (step,) = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert step.step == 1 and step.samples == 4
+    assert not await fetch_all(js, S.dlq_subject("trainer"), "DLQ")
     await nc.close()

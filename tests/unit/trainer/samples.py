@@ -1,4 +1,5 @@
-"""Synthetic `Sample` records for trainer tests (unit and integration)."""
+"""Synthetic `Sample` records for trainer tests (unit and integration), and a setting that breaks
+the weights."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import random
 import zlib
 
 from swarmrl.schemas import Sample
+
+OVERFLOWING_ADAMW = {"lr": 1e37, "weight_decay": 34.0}
+"""Trainer settings whose first AdamW step leaves weights at ±inf from a finite loss and gradients:
+decay multiplies the norm weights (1.0) by 1 - lr * wd = -3.4e38, and the update pushes some of them
+past float32's max."""
 
 
 def make_sample(

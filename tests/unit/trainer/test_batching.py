@@ -47,7 +47,9 @@ def test_packing_preserves_tokens_masks_and_shifts_targets() -> None:
 
 
 def test_nan_behaviour_survives_packing() -> None:
-    s = make_sample("e1", 0.0, logprob=float("nan"))
+    # The wire refuses NaN logprobs; one built in-process (past validation) stays "unknown" = on-policy.
+    s = make_sample("e1", 0.0)
+    s = s.model_copy(update={"logprobs": s.logprobs[:4] + [float("nan")] * 4})
     (mb,) = pack([Scored(s, 1.0)], max_tokens=64)
     assert torch.isnan(mb.behaviour[mb.mask]).all()
     assert math.isnan(s.logprobs[-1])
