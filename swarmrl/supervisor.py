@@ -2,22 +2,37 @@
 
 Children get their own session (Ctrl-C reaches only `up`, which stops them in order) and a
 parent-death signal, so even a SIGKILLed `up` leaves no orphans behind.
+
+Self-healing: the supervisor keeps how each child was started, so `heal()` (called by `up` every
+tick) starts a child that exited again under the same name, after a backoff (`RestartPolicy`). Every
+service resumes from its durable state (consumers, checkpoints, KV), so a restart loses nothing. A
+child that keeps crashing (a crash loop) is given up on: `heal()` returns the reason, with the last
+lines of its log, and `up` ends the run. Each exit and restart is logged and appended to
+`<log_dir>/restarts.jsonl` (the run report counts them).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("swarmrl.up")
 PR_SET_PDEATHSIG = 1
+RESTARTS_FILE = "restarts.jsonl"
+"""Journal of exits and restarts in the log dir, one JSON object a line."""
+TAIL_LINES = 20
+
+Start = Callable[[], "subprocess.Popen[bytes]"]
 
 
 def _die_with_parent() -> None:
@@ -27,36 +42,107 @@ def _die_with_parent() -> None:
         pass
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to start an exited child again (pure: exit times in, a delay or "give up" out).
+
+    The k-th exit within `window_s` is restarted after `backoff_s * 2**(k-1)` seconds (at most
+    `max_backoff_s`); the `max_exits`-th exit within `window_s` is a crash loop. A child that stays
+    up for `window_s` starts again from the shortest backoff.
+    """
+
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    max_exits: int = 5
+    window_s: float = 120.0
+
+    def recent(self, exits: list[float], now: float) -> list[float]:
+        """The exit times that still count at `now`."""
+        return [t for t in exits if now - t < self.window_s]
+
+    def delay(self, exits: list[float], now: float) -> float | None:
+        """Seconds to wait before the restart that follows the last of `exits` (times of this child's
+        exits, the newest included), or None: a crash loop, give up."""
+        n = len(self.recent(exits, now))
+        if n >= self.max_exits:
+            return None
+        return min(self.max_backoff_s, self.backoff_s * 2 ** max(n - 1, 0))
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
+    """The last `lines` lines of a log file ("" if there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
 @dataclass
 class Supervisor:
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     retired: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     """Processes taken out of `procs` on purpose (replaced clients): their exit is expected."""
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    starts: dict[str, Start] = field(default_factory=dict)
+    """How to start each child in `procs` again (same command, same environment)."""
+    restarts: Counter[str] = field(default_factory=Counter)
+    """Restarts done, by child name."""
+    logs: dict[str, Path] = field(default_factory=dict)
+    """Log files of adopted children that do not log to `log_path(name)`'s default."""
+    _exits: dict[str, list[float]] = field(default_factory=dict)
+    _due: dict[str, float] = field(default_factory=dict)  # name -> monotonic time of its restart
 
     def spawn(
         self, name: str, argv: list[str], env: dict[str, str] | None = None, python: bool = True
     ) -> subprocess.Popen[bytes]:
         """Start `argv` (arguments of this Python interpreter, or a whole command if not `python`)."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        proc = subprocess.Popen(
-            [sys.executable, *argv] if python else argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=os.environ | (env or {}),
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        out.close()
-        self.procs[name] = proc
+        cmd = [sys.executable, *argv] if python else list(argv)
+        full_env = os.environ | (env or {})
+        log_file = self.log_path(name)
+
+        def start() -> subprocess.Popen[bytes]:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(log_file, "ab") as out:  # the child keeps its own copy of the descriptor
+                return subprocess.Popen(
+                    cmd,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+
+        proc = self.adopt(name, start(), start)
         log.info("started %s pid=%d", name, proc.pid)
         return proc
 
+    def adopt(
+        self, name: str, proc: subprocess.Popen[bytes], start: Start, log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Supervise `proc` under `name`; `start()` starts it again (raising OSError or RuntimeError
+        when it cannot). For a process started elsewhere (the embedded nats-server) `log` names its
+        log file (default `log_path(name)`), whose last lines a crash-loop reason quotes."""
+        self.procs[name] = proc
+        self.starts[name] = start
+        if log is not None:
+            self.logs[name] = log
+        self._due.pop(name, None)
+        return proc
+
+    def log_path(self, name: str) -> Path:
+        return self.logs.get(name, self.log_dir / f"{name}.log")
+
     def retire(self, names: list[str]) -> dict[str, subprocess.Popen[bytes]]:
         """Move `names` from `procs` to `retired` (unknown names are skipped): from now on their exit
-        is not reported by `dead()` and `stop()` leaves them alone; the caller stops them."""
+        is not reported by `dead()`, `heal()` does not restart them and `stop()` leaves them alone;
+        the caller stops them."""
         out = {n: self.procs.pop(n) for n in names if n in self.procs}
+        for n in out:
+            self._due.pop(n, None)
         self.retired.update(out)
         return out
 
@@ -64,10 +150,79 @@ class Supervisor:
         """Children that exited, with their exit codes."""
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in self.procs.items()}
+
+    def next_due(self) -> float | None:
+        """Monotonic time of the next restart waiting for its backoff, if any."""
+        return min(self._due.values(), default=None)
+
+    def heal(
+        self, finished: Callable[[str, int], bool] = lambda name, rc: False, now: float | None = None
+    ) -> str | None:
+        """Schedule a restart of every child that exited (unless `finished(name, exit code)`: a
+        trainer done with its steps) and start those whose backoff is over. Returns None, or why the
+        run must stop: a child in a crash loop (its name, exit codes and last log lines)."""
+        now = time.monotonic() if now is None else now
+        for name, rc in self.dead().items():
+            if name not in self._due and not finished(name, rc):
+                if reason := self._exited(name, f"exit code {rc}", now):
+                    return reason
+        for name, due in sorted(self._due.items(), key=lambda kv: kv[1]):
+            if due > now:
+                continue
+            del self._due[name]
+            self._mark(name, f"--- swarmrl up: restarting {name} (restart {self.restarts[name] + 1}) ---")
+            try:
+                proc = self.starts[name]()
+            except (OSError, RuntimeError) as exc:  # cannot start: counts as one more exit
+                if reason := self._exited(name, f"restart failed: {exc}", now):
+                    return reason
+                continue
+            self.procs[name] = proc
+            self.restarts[name] += 1
+            log.warning("restarted %s pid=%d (restart %d)", name, proc.pid, self.restarts[name])
+            self._journal(
+                {"event": "restart", "name": name, "pid": proc.pid, "restarts": self.restarts[name]}
+            )
+        return None
+
+    def _exited(self, name: str, how: str, now: float) -> str | None:
+        exits = self.policy.recent([*self._exits.get(name, []), now], now)
+        self._exits[name] = exits
+        delay = self.policy.delay(exits, now)
+        record = {"event": "exit", "name": name, "how": how, "attempt": len(exits), "backoff_s": delay}
+        self._journal(record)
+        if delay is None:
+            path = self.log_path(name)
+            log.error(
+                "%s exited (%s) %d times in %gs: giving up", name, how, len(exits), self.policy.window_s
+            )
+            return (
+                f"{name} exited unexpectedly {len(exits)} times in {self.policy.window_s:g}s (crash loop; "
+                f"last: {how}); last lines of {path}:\n{log_tail(path)}"
+            )
+        log.warning("%s exited (%s); restart attempt %d in %gs", name, how, len(exits), delay)
+        self._due[name] = now + delay
+        return None
+
+    def _mark(self, name: str, line: str) -> None:
+        """A line in the child's own log, so its tail shows which run each line belongs to."""
+        path = self.log_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+    def _journal(self, record: dict[str, object]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / RESTARTS_FILE, "a") as f:
+            f.write(json.dumps({"ts": time.time(), **record}) + "\n")
+
     def stop(self, names: list[str] | None = None, timeout: float = 15.0) -> None:
         """SIGTERM (newest first), wait up to `timeout`, then SIGKILL what is left."""
         targets = [n for n in reversed(list(self.procs)) if names is None or n in names]
         for n in targets:
+            self._due.pop(n, None)
             if self.procs[n].poll() is None:
                 self.procs[n].send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout

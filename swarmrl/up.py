@@ -19,15 +19,19 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.config import password_on_command_line
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
+
+if TYPE_CHECKING:
+    from swarmrl.launch import AgentIds
 
 log = logging.getLogger("swarmrl.up")
 MODEL = "policy"
@@ -81,12 +85,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--nats", default=os.environ.get("SWARMRL_NATS", ""),
         help="join this NATS cluster (service URL, default $SWARMRL_NATS) instead of starting one; "
         "a URL with a password goes in the environment, never on the command line")  # fmt: skip
-    add("--agent-nats", default=os.environ.get("SWARMRL_AGENT_NATS", ""),
-        help="agent-credential URL for clients (with --nats; default $SWARMRL_AGENT_NATS)")  # fmt: skip
+    add("--nats-conf", type=Path, default=None,
+        help="with --nats: the conf dir of those servers (their accounts.conf includes agents.conf from "
+        "it), where up mints one NATS identity per client; see `swarmrl credentials --help`")  # fmt: skip
     add("--no-display", action="store_true", help="plain log lines instead of the live table")
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
         p.error(reason)
+    if args.nats and args.nats_conf is None:
+        p.error("--nats needs --nats-conf DIR: the conf dir where up mints its clients' NATS identities")
     try:
         args.swarm = swarm_from_args(args)
     except SwarmConfigError as exc:
@@ -145,7 +152,8 @@ async def supervise(
     sup: Supervisor,
     service_url: str,
     run_dir: Path,
-    clients: dict[str, list[str]] | None = None,
+    clients: dict[str, list[str]],
+    ids: AgentIds,
 ) -> str:
     """Run the evaluator and the progress display until the budget is spent; return why it ended.
     `clients` (task -> client process names) can be replaced meanwhile: `swarmrl clients restart`."""
@@ -172,18 +180,27 @@ async def supervise(
         )
     )  # fmt: skip
     trainers = trainer_procs(swarm)
+
+    def finished(name: str, rc: int) -> bool:
+        """A trainer that exits 0 has reached its steps: the run ends (below), it is not restarted."""
+        return name in trainers and rc == 0
+
     deadline = time.monotonic() + run.minutes * 60
     reason = "interrupted"
-    control = await start_control(sup, swarm, run_dir, clients or {})
+    control = await start_control(sup, swarm, run_dir, clients, ids)
     try:
         while not stop.is_set():
-            dead = {n: rc for n, rc in sup.dead().items() if n not in trainers}
-            if dead:
-                reason = f"process exited unexpectedly: {dead} (logs in {run_dir / 'logs'})"
+            # Any other exit is a crash: the child is restarted after a backoff and resumes from its
+            # durable state; only a crash loop ends the run (the reason carries its last log lines).
+            restarts = sum(sup.restarts.values())
+            if crash_loop := sup.heal(finished):
+                reason = crash_loop
                 break
+            if sum(sup.restarts.values()) != restarts:  # restarted children have new pids
+                (run_dir / "pids.json").write_text(json.dumps(sup.pids()))
             # The first trainer to finish ends the run: in a team its partner could not go on alone
             # (the finished model's samples would pile up and admission control would hold the team).
-            if progress.done() or any(t in sup.dead() for t in trainers):
+            if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
                 reason = f"a trainer finished: {progress.steps_line()}"
                 # one last eval of each final version, unless it is already running or done
                 final = [
@@ -197,8 +214,10 @@ async def supervise(
             if time.monotonic() > deadline:
                 reason = f"time budget of {run.minutes:g} min spent at {progress.steps_line()}"
                 break
+            due = sup.next_due()
+            tick = 1.0 if due is None else min(1.0, max(0.05, due - time.monotonic()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+                await asyncio.wait_for(stop.wait(), timeout=tick)
             progress.render()
     finally:
         stop.set()
@@ -210,6 +229,19 @@ async def supervise(
     return reason
 
 
+def _watch_nats(sup: Supervisor, server: NatsServer) -> None:
+    """Supervise the embedded nats-server like a service: if it dies it is restarted on its own
+    store and port, and the services (`bus.connect` reconnects forever) carry on."""
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = server.restart().proc
+        assert proc is not None
+        return proc
+
+    assert server.proc is not None
+    sup.adopt("nats", server.proc, start, log=server.log_file)
+
+
 def _builtin(task: str) -> bool:
     from swarmrl.agents.tasks import TASKS
 
@@ -219,7 +251,8 @@ def _builtin(task: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from swarmrl.control import DRAIN_S, GRACE_S, default_client_version
-    from swarmrl.launch import spawn_clients, spawn_services, write_connect_file
+    from swarmrl.infra.credentials import AgentRegistry
+    from swarmrl.launch import OUTSIDE, AgentIds, spawn_clients, spawn_services
     from swarmrl.log import setup_logging
     from swarmrl.rundir import clear_pid, make_run_dir, write_pid
     from swarmrl.swarm import resolve_base
@@ -232,12 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     model_dirs = {name: resolve_base(m) for name, m in swarm.models.items()}
     server = None
     if args.nats:
-        service_url, agent_url = args.nats, args.agent_nats or args.nats
+        service_url, conf_dir = args.nats, args.nats_conf
     else:
         server = NatsServer(store_dir=run_dir / "nats", log_file=run_dir / "logs" / "nats.log").start()
-        service_url, agent_url = server.service_url, server.agent_url
-    connect_file = write_connect_file(run_dir, agent_url, swarm)
+        service_url, conf_dir = server.service_url, server.conf_dir
+    ids = AgentIds(AgentRegistry(conf_dir), service_url, swarm, run_dir)
+    connect_file = ids.mint([OUTSIDE])[OUTSIDE]
     sup = Supervisor(run_dir / "logs")
+    if server is not None:
+        _watch_nats(sup, server)
     print(
         f"swarmrl up: run dir {run_dir}  (logs in {run_dir / 'logs'}; stop with Ctrl-C or `swarmrl down`)\n"
         f"swarmrl up: outside agents connect with {connect_file} (models: {', '.join(swarm.models)})",
@@ -248,11 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_bootstrap_streams(service_url))
         spawn_services(sup, swarm, model_dirs, run_dir, service_url)
         clients = {
-            task: spawn_clients(sup, swarm, task, connect_file, version=default_client_version(swarm, task))
+            task: spawn_clients(sup, swarm, task, ids, version=default_client_version(swarm, task))
             for task in swarm.tasks
         }
         (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
-        reason = asyncio.run(supervise(args, sup, service_url, run_dir, clients))
+        reason = asyncio.run(supervise(args, sup, service_url, run_dir, clients, ids))
     finally:
         # the clients drain (finish or abort their groups) as a restart lets them
         sup.stop([n for n in sup.procs if n.startswith("client")], timeout=DRAIN_S + GRACE_S)
