@@ -195,6 +195,12 @@ class TrainStep(Record):
     staleness_max: int
     wall_s: float
     extra: dict[str, float] = Field(default_factory=dict)
+    sample_ids: list[str] = Field(default_factory=list)
+    """The samples this step trained. A sample is trained at most once in a run."""
+    dropped: dict[str, str] = Field(default_factory=dict)
+    """Samples dropped untrained since the previous step, with the reason (`stale`, `dropped_group`,
+    `timed_out`, a group status such as `zero_adv`, `nonfinite`); the trainer acks them only once
+    reported here, so every sample is either trained, dropped with a reason, or still pending."""
     ts: float = Field(default_factory=time.time)
 
 

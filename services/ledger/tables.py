@@ -117,6 +117,8 @@ TABLES: dict[str, pa.Schema] = {
             ("staleness_max", I64),
             ("wall_s", F64),
             ("extra", STR),
+            ("sample_ids", STR),
+            ("dropped", STR),
             ("ts", F64),
         ]
     ),
@@ -192,7 +194,7 @@ so the flush converts them without touching each value in Python (`columns.Table
 _JSON_FIELDS = {
     "events": ("task", "data", "metrics"),
     "llm_calls": ("messages", "tools"),
-    "train_steps": ("extra",),
+    "train_steps": ("extra", "sample_ids", "dropped"),
 }
 
 

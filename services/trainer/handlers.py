@@ -5,8 +5,9 @@ Publishes: bad messages to `swarm.dlq.trainer` (original bytes + reason), then a
 
 A sample is either
 - held (unacked) in the `GroupBuffer` until the step that trains it is checkpointed (`ack_all`),
-- acked at once and counted when dropped: stale, already trained by the last checkpointed step,
-  or later when its group is dropped (timeout, zero advantage, too small after staleness),
+- dropped with a reason and counted: stale on arrival, or later when its group is dropped (timeout,
+  zero advantage, too small after staleness); acked once a TrainStep reports it (`drop` callback),
+- acked at once when its last checkpointed step already trained it (a redelivery),
 - dead-lettered (malformed, wrong model, untrainable) and acked; so are, after their step, the
   samples of an optimizer update the learner did not apply for a non-finite loss or gradient.
 On a graceful stop every held sample is nak'ed so the next trainer gets it at once (`nak_all`).
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from nats.aio.msg import Msg
 
@@ -40,6 +41,7 @@ class SampleIntake:
         max_tokens: int,
         max_staleness: int,
         counts: Counter[str],
+        drop: Callable[[list[Held], str], None],
         already_trained: Iterable[str] = (),
     ) -> None:
         self.model = model
@@ -49,11 +51,13 @@ class SampleIntake:
         self.max_tokens = max_tokens
         self.max_staleness = max_staleness
         self.counts = counts
+        self.drop = drop
+        """Takes samples that will not be trained, with the reason (the trainer acks them once reported)."""
         # Sample ids of the last checkpointed step: redelivered if we died between saving and acking.
         self.already_trained = set(already_trained)
 
     def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | str | None]:
-        """("hold", sample) | ("drop", counter) | ("dead", reason). Raises WireError on bad bytes."""
+        """("hold"|"stale", sample) | ("drop", counter) | ("dead", reason). Raises WireError on bad bytes."""
         sample = decode_sample(msg.data)
         reason = check_sample(sample, self.model, self.vocab_size)
         if reason is not None:
@@ -61,7 +65,7 @@ class SampleIntake:
         if sample.sample_id in self.already_trained:
             return "drop", "already_trained"
         if staleness(sample, version) > self.max_staleness:
-            return "drop", "dropped_stale"
+            return "stale", sample
         if len(sample.token_ids) > self.max_tokens:
             self.counts["truncated"] += 1
             sample = truncate(sample, self.max_tokens)
@@ -85,6 +89,10 @@ class SampleIntake:
                 log.debug(
                     "subject=%s episode=%s held sample %s", msg.subject, detail.episode_id, detail.sample_id
                 )
+            elif action == "stale":
+                assert isinstance(detail, Sample)
+                self.counts["dropped_stale"] += 1
+                self.drop([Held(detail, msg, now)], "stale")
             elif action == "drop":
                 self.counts[str(detail)] += 1
                 await msg.ack()

@@ -51,6 +51,8 @@ class Trainer:
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
         self.ready: deque[Group] = deque()
         self.inflight: list[Held] = []
+        self.dropped: list[tuple[Held, str]] = []
+        """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
         self.state = TrainerState(model=cfg.model, step=0, version=0)
         self.learner: Learner | None = None
         self.kv: KeyValue | None = None
@@ -100,7 +102,8 @@ class Trainer:
         intake = SampleIntake(
             cfg.model, self.buffer, self.dead_letters,
             vocab_size=learner.vocab_size, max_tokens=cfg.max_tokens_per_micro_batch,
-            max_staleness=cfg.max_staleness, counts=self.counts, already_trained=self.state.sample_ids,
+            max_staleness=cfg.max_staleness, counts=self.counts, drop=self._drop,
+            already_trained=self.state.sample_ids,
         )  # fmt: skip
         step_task: asyncio.Task[None] | None = None
         last_keep_alive = time.monotonic()
@@ -111,7 +114,7 @@ class Trainer:
             for msg in msgs:
                 await intake.handle(msg, self.version, now)
             ready, dropped = self.buffer.pop_ready(now)
-            await ack_all(dropped)
+            self._drop(dropped, "dropped_group")
             for group in ready:
                 if await self._score(group) is not None:
                     self.ready.append(group)
@@ -145,7 +148,13 @@ class Trainer:
 
     def _held(self) -> list[Held]:
         """Every unacked sample this trainer holds: waiting for a group, queued, or being trained."""
-        return [*self.buffer.all_held(), *(h for g in self.ready for h in g.items), *self.inflight]
+        return [
+            *self.buffer.all_held(), *(h for g in self.ready for h in g.items), *self.inflight,
+            *(h for h, _ in self.dropped),
+        ]  # fmt: skip
+
+    def _drop(self, held: list[Held], reason: str) -> None:
+        self.dropped += [(h, reason) for h in held]
 
     def _done(self) -> bool:
         return self.cfg.max_steps > 0 and self.state.step >= self.cfg.max_steps
@@ -156,13 +165,13 @@ class Trainer:
         stale = [h for h, st in zip(group.items, score.stale, strict=True) if st]
         if stale:
             self.counts["dropped_stale"] += len(stale)
-            await ack_all(stale)
+            self._drop(stale, "stale")
             group.items = [h for h, st in zip(group.items, score.stale, strict=True) if not st]
             score = self._score_samples([h.sample for h in group.items])
         if score.status == "ok":
             return score
         self.counts[f"{score.status}_groups"] += 1
-        await ack_all(group.items)
+        self._drop(group.items, score.status)
         return None
 
     def _score_samples(self, samples: list[Sample]) -> GroupScore:
@@ -210,8 +219,13 @@ class Trainer:
         self.state = state
         await self._put_version(path)
         trained = [it for it in items if it.sample.sample_id not in result.skipped]
-        await self._publish_metrics(js, trained, version, result.stats, time.perf_counter() - started)
+        reported, self.dropped = self.dropped, []
+        dropped = {h.sample.sample_id: reason for h, reason in reported}
+        await self._publish_metrics(
+            js, trained, version, result.stats, time.perf_counter() - started, dropped
+        )
         await ack_all(self.inflight)
+        await ack_all(h for h, _ in reported)
         self.inflight = []
         await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints)
         if self._done():
@@ -272,7 +286,13 @@ class Trainer:
         return out
 
     async def _publish_metrics(
-        self, js: JetStreamContext, items: list[Scored], version: int, stats: dict[str, float], wall_s: float
+        self,
+        js: JetStreamContext,
+        items: list[Scored],
+        version: int,
+        stats: dict[str, float],
+        wall_s: float,
+        dropped: dict[str, str],
     ) -> None:
         rewards = [it.sample.reward for it in items]
         # Exact arithmetic: a float sum of huge finite rewards overflows, and a TrainStep refuses inf.
@@ -288,6 +308,7 @@ class Trainer:
             samples=len(items), tokens=int(stats["tokens"]), trained_tokens=int(stats["trained_tokens"]),
             tokens_per_s=stats["tokens"] / max(stats["update_s"], 1e-9),
             staleness_mean=sum(stale) / len(stale), staleness_max=max(stale), wall_s=wall_s, extra=extra,
+            sample_ids=[it.sample.sample_id for it in items], dropped=dropped,
         )  # fmt: skip
         subject = S.train_metrics_subject(self.cfg.model)
         await js.publish(subject, encode(msg), headers={"Nats-Msg-Id": f"train-{self.cfg.model}-{msg.step}"})

@@ -94,6 +94,11 @@ async def test_trainer_steps_publishes_versions_and_resumes(
     assert first.reward_mean == pytest.approx(0.375) and first.staleness_max == 0
     assert steps[1].staleness_max == 1 and steps[1].extra["off_policy_frac"] == 1.0
     assert steps[1].extra["zero_adv_groups"] == 1 and steps[1].extra["dead_letters"] == 1
+    # every sample is reported once: trained by a step, or dropped with its reason
+    assert sorted(first.sample_ids + steps[1].sample_ids) == sorted(
+        x.sample_id for g in ("g0", "g1", "g2", "g3") for x in group(g)
+    )
+    assert first.dropped | steps[1].dropped == {f"same-ep{i}.a.{MODEL}.0": "zero_adv" for i in range(4)}
 
     durable = S.durable_name("trainer", S.SAMPLES_STREAM, MODEL)
     info = await js.consumer_info(S.SAMPLES_STREAM, durable)
@@ -119,6 +124,7 @@ async def test_trainer_steps_publishes_versions_and_resumes(
     assert steps[2].extra["dead_letters"] == 1  # counters survive the restart
     assert steps[2].extra["already_trained"] == 1 and steps[2].extra["dropped_stale"] == 1
     assert steps[2].staleness_max == 0
+    assert list(steps[2].dropped.values()) == ["stale"] and "old-ep0" in next(iter(steps[2].dropped))
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / MODEL).iterdir()) == [
         "step-1",
         "step-2",
