@@ -82,6 +82,10 @@ async def _retrying(fn: Any, *args: Any, retry_s: float, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
+async def _log_nats_error(exc: Exception) -> None:
+    log.warning("nats: %s", exc or type(exc).__name__)
+
+
 class SwarmClient:
     """One agent process's connection to the swarm (NATS, agent credentials)."""
 
@@ -126,7 +130,11 @@ class SwarmClient:
             options = {"servers": [u.strip() for u in where.split(",")]}
             client_id, owner = client_id or f"client-{uuid.uuid4().hex[:12]}", ""
         nc = await nats.connect(
-            **options, name="swarmrl-agent", max_reconnect_attempts=-1, reconnect_time_wait=0.5
+            **options,
+            name="swarmrl-agent",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=_log_nats_error,  # one line per error: nats-py's default prints a traceback
         )
         return cls(nc, client_id, code_version or default_code_version(), retry_s, owner)
 
