@@ -1,4 +1,4 @@
-"""Token requests (`swarm.auth.token`): check one and resolve which models each agent may call.
+"""Token requests (`swarm.auth.token.<client>`): check one and resolve which models each agent may call.
 
 An episode names its models; by default every agent may call all of them. `agent_models` narrows
 that per agent (a team where the caller runs on one model and the reporter on another): each agent's
@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmrl.schemas import subjects as S
+
+MAX_AGENTS = 64
+"""Agents per episode: the gateway signs one token each, so a request may not ask for thousands."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ def parse_token_request(req: Any, served: Collection[str]) -> TokenRequest:
     if unknown:
         raise ValueError(f"unknown models {unknown}; this swarm serves {sorted(served)}")
     agents = _names(req.get("agents"), "agents") or list(per_agent) or ["agent"]
+    if len(agents) > MAX_AGENTS or len(per_agent) > MAX_AGENTS:
+        raise ValueError(f"token request for episode {episode_id} names over {MAX_AGENTS} agents")
     for agent, ms in per_agent.items():
         if agent not in agents:
             raise ValueError(

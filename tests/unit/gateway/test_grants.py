@@ -51,6 +51,7 @@ def test_task_group_and_eval_pass_through() -> None:
         ({"models": "alpha"}, "models must be a list"),
         ({"models": ["alpha"], "task": 3}, "task must be"),
         ({"models": ["alpha"], "episode_id": "a.b"}, "episode id"),
+        ({"models": ["alpha"], "agents": [f"a{i}" for i in range(65)]}, "over 64 agents"),
     ],
 )
 def test_bad_requests_name_the_offending_entry(over, error) -> None:
