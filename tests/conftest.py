@@ -10,7 +10,9 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 
+from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
+from swarmrl.localstack import Stack, generation_stack
 from swarmrl.services.common import bus
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.handlers import Merger
@@ -79,3 +81,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     build_model(out, seed=0, warm_start_steps=0)
     return out
+
+
+@pytest.fixture
+async def stack(swarm_nats: NatsServer, tiny_model_dir: Path) -> AsyncIterator[Stack]:
+    """Engine + gateway (HTTP and NATS) serving the tiny model as `policy`."""
+    async with generation_stack(swarm_nats, tiny_model_dir) as s:
+        yield s
+
+
+@pytest.fixture
+async def swarm(swarm_nats: NatsServer) -> AsyncIterator[SwarmClient]:
+    """An agent client with the server's first identity (`agent`)."""
+    client = await SwarmClient.connect(swarm_nats.agent, code_version="test-v1")
+    yield client
+    await client.close()

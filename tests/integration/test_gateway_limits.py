@@ -15,26 +15,13 @@ import nats
 import openai
 import pytest
 
-from swarmrl.agents import SwarmClient, SwarmError
+from swarmrl.agents import SwarmError
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import generation_stack, llm_events
+from swarmrl.localstack import llm_events
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.tokens import TokenError, verify
 
 MSGS = [{"role": "user", "content": "Guess a number between 1 and 64."}]
-
-
-@pytest.fixture
-async def stack(swarm_nats: NatsServer, tiny_model_dir):
-    async with generation_stack(swarm_nats, tiny_model_dir) as s:
-        yield s
-
-
-@pytest.fixture
-async def swarm(swarm_nats: NatsServer):
-    client = await SwarmClient.connect(swarm_nats.agent, code_version="test-v1")
-    yield client
-    await client.close()
 
 
 async def _raw_post(url: str, head: dict[str, str], body: bytes = b"") -> tuple[int, dict[str, Any]]:
