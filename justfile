@@ -28,6 +28,10 @@ bench:
     python bench/gateway.py
     python bench/merging.py
 
+# Chaos benchmark (~17 min): the default swarm on a local 3-node NATS cluster under SIGKILLs; bench/results/chaos.{json,md}.
+chaos *ARGS:
+    python bench/chaos.py "$@"
+
 # ruff (format check + lint) and mypy.
 lint:
     ruff format --check .

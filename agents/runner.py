@@ -186,6 +186,10 @@ async def run_client(
     rng = random.Random(seed)
     streams = {spec.name: spec.train_tasks(seed) for spec in tasks}
     done = rounds = 0
+    # Rounds restart at 1 (and the seeded instances repeat) when this process is restarted: the key
+    # also names this process's lifetime, or a restarted client's groups would merge with the groups
+    # its predecessor left open (and inherit the trainer's count of their lost episodes).
+    life = os.urandom(4).hex()
 
     async def group_loop(worker: int) -> None:
         nonlocal done, rounds
@@ -194,7 +198,7 @@ async def run_client(
             instance = next(streams[spec.name])
             rounds += 1
             # One GRPO group per round: a unique key keeps groups of different clients apart.
-            key = f"{instance.task_id}@{swarm.client_id}-{rounds}"
+            key = f"{instance.task_id}@{swarm.client_id}-{life}-{rounds}"
             results = await asyncio.gather(
                 *(
                     play_episode(

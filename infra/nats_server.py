@@ -46,6 +46,11 @@ class NatsServer:
     passwords: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     first_agent: AgentCredential | None = None
+    shared_conf_dir: Path | None = None
+    """A conf dir shared with other servers (a cluster's nodes: one agent registry reaches them all);
+    default: `<store>/conf`."""
+    extra_args: list[str] = field(default_factory=list)
+    """More nats-server flags, which override the config file (a cluster node's ports and routes)."""
 
     def __post_init__(self) -> None:
         self.store_dir = Path(self.store_dir)
@@ -77,7 +82,12 @@ class NatsServer:
 
     @property
     def conf_dir(self) -> Path:
-        return self.store_dir / "conf"
+        return Path(self.shared_conf_dir) if self.shared_conf_dir else self.store_dir / "conf"
+
+    @property
+    def pid_file(self) -> Path:
+        """`<conf dir>/<config name>.pid`: one per node of a shared conf dir, so every node reloads."""
+        return self.conf_dir / f"{Path(self.config).stem}.pid"
 
     @property
     def registry(self) -> AgentRegistry:
@@ -151,7 +161,7 @@ class NatsServer:
             "-c",
             str(conf),
             "-P",
-            str(self.conf_dir / "nats-server.pid"),
+            str(self.pid_file),
             "-p",
             str(self.port),
             "-a",
@@ -160,6 +170,7 @@ class NatsServer:
             str(self.store_dir),
             "-l",
             str(log),
+            *self.extra_args,
         ]
         offset = log.stat().st_size if log.exists() else 0
         with open(self.store_dir / "nats-server.stderr", "ab") as err:

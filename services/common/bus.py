@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import MAX_EVENT_BYTES, WireError
@@ -233,5 +233,10 @@ async def batches(
             msgs = []
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
             await asyncio.sleep(0.2)
+            continue
+        except ServiceUnavailableError:
+            # 503 to a pull request: the consumer's leader is gone (a cluster node died) and its
+            # replicas have not elected another yet; the consumer and its messages are safe.
+            await asyncio.sleep(0.5)
             continue
         yield await drop_poison(msgs, dead_letters, max_deliveries)

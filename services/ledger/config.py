@@ -22,6 +22,9 @@ class LedgerConfig(ServiceConfig):
     poll_interval_s: float = 0.25
     """Once caught up, look for new messages this often (seconds): they then arrive in one burst,
     which costs far less CPU than taking them one by one. Also bounds how late a timed flush is."""
+    stop_drain_s: float = 10.0
+    """On a stop (SIGTERM), go on reading for up to this many seconds, until caught up with what each
+    stream held: `swarmrl up` stops the ledger last, so it records what the other services published."""
     ack_wait_s: float = 60.0
     """JetStream redelivers a message not acked within this many seconds (must exceed a flush)."""
     max_event_bytes: int = MAX_EVENT_BYTES

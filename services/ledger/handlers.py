@@ -148,7 +148,10 @@ class Ledger:
         )
 
     async def _consume(self, sink: StreamSink, puller: BatchPuller) -> None:
-        async for msgs in pull_batches(puller, self._stop, self.cfg.fetch_batch, self.cfg.poll_interval_s):
+        batches = pull_batches(
+            puller, self._stop, self.cfg.fetch_batch, self.cfg.poll_interval_s, self.cfg.stop_drain_s
+        )
+        async for msgs in batches:
             for msg in msgs:
                 if not await self._handle(sink, msg):
                     break  # stopping while the DLQ is unreachable: the rest is redelivered later

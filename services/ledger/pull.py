@@ -88,13 +88,16 @@ class BatchPuller:
 
 
 async def pull_batches(
-    puller: BatchPuller, stop: asyncio.Event, batch: int, poll_s: float
+    puller: BatchPuller, stop: asyncio.Event, batch: int, poll_s: float, drain_s: float = 0.0
 ) -> AsyncIterator[list[Msg]]:
     """Like `bus.batches`: yield batches until `stop` is set, [] when there is nothing new.
 
     Caught up (a short batch), it waits `poll_s` before asking again rather than keeping a request
     open: what is published meanwhile then arrives in one burst, where an open request would take
     messages one by one as they come, at several times the CPU per message.
+
+    Once `stop` is set it goes on for up to `drain_s` seconds, until a batch comes back short: what
+    the stream held when the stop came is still taken (the last poll interval's messages included).
     """
     while not stop.is_set():
         try:
@@ -107,3 +110,12 @@ async def pull_batches(
                 await asyncio.wait_for(stop.wait(), poll_s)
             except TimeoutError:
                 pass
+    deadline = asyncio.get_running_loop().time() + drain_s
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            msgs = await puller.fetch(batch)
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+            return
+        yield msgs
+        if len(msgs) < batch:
+            return

@@ -9,7 +9,7 @@
 // `--drain-s` to finish (a second signal cuts that short), what is left is aborted, and it exits 0.
 // Credentials come from the environment or the connection file, never from the command line.
 
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { setMaxListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
@@ -214,13 +214,16 @@ async function main() {
   const maxGroups = o.episodes ? Math.ceil(o.episodes / o.numRepeat) : Infinity;
   const counts = { ok: 0, success: 0, failed: 0, stopped: 0 };
   let groups = 0;
+  // Group numbers (and the seeded questions) start over when this process is restarted: the key
+  // also names this process's lifetime, so a restarted client never joins its predecessor's groups.
+  const life = randomBytes(4).toString("hex");
 
   async function groupLoop() {
     while (!stop.signal.aborted && groups < maxGroups) {
       const expression = questions.next().value;
       groups++;
       // One GRPO group per round: a unique key keeps groups of different clients apart.
-      const key = `${taskId(expression, o.task)}@${o.clientId}-${groups}`;
+      const key = `${taskId(expression, o.task)}@${o.clientId}-${life}-${groups}`;
       const results = await Promise.allSettled(
         Array.from({ length: o.numRepeat }, () => playEpisode(swarm, o, expression, key, abortNow.signal)),
       );

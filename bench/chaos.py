@@ -1,0 +1,390 @@
+"""Chaos benchmark: the default swarm trains on a 3-node JetStream cluster while its processes are killed.
+
+    python bench/chaos.py [--minutes 15] [--seed 0] [--service-kills 2] [--node-kills 1] [...] [-- UP ARGS]
+    just chaos --minutes 15
+
+1. Starts a local 3-node cluster (`infra/nats_cluster.py`; streams with 3 replicas) and `swarmrl up`
+   on it (`--nats-conf` = the cluster's shared conf dir; the service URL of all three nodes in
+   `$SWARMRL_NATS`), with the default swarm (calculator, the `tiny` preset) but 3 clients playing 8
+   groups each at once (see below). Arguments after `--` go to `up` as they are.
+2. Injects faults (`chaos_faults.py`): clients SIGKILLed at random until at least `--touch-target`
+   of the training episodes were open at their client's kill (their episodes never end; the merger
+   times them out after `--episode-timeout-s`); each of merger, trainer, ledger, gateway and engine
+   SIGKILLed `--service-kills` times and one cluster node `--node-kills` times (down `--node-down-s`,
+   then restarted on its store), at random times at least `--min-gap-s` apart. `up`'s supervisor
+   restarts every killed process.
+3. When `up` has stopped, accounts exactly from the streams and the ledger (`chaos_accounting.py`):
+   lost and doubled samples, train steps and ledger rows, dead letters, time to recover per fault
+   kind, and the held-out eval curve. Writes `<out>/<name>.json` and `<out>/<name>.md`; exits 1 if
+   anything was lost or doubled, the ledger disagrees with the streams, or a dead letter appeared.
+
+Why `--clients 3 --concurrency 8` (default 2 and 2): a client is killed at most 3 times in any 120 s
+(`up` gives up on a child that exits 5 times in 120 s), so the share of episodes the kills touch is
+about (kills per second) x (episodes open per client at a kill) / (episodes begun per second). On 2
+cores the default swarm keeps ~13 episodes open per client for ~4 s each, which bounds it near 15%;
+8 groups per client keep up to 64 open (the gateway's admission control still paces new groups to
+the trainer), a third client adds kill budget, and kills are aimed at busy moments (`--busy-frac`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchutil import RESULTS, machine, write_json
+from chaos_accounting import account
+from chaos_faults import SERVICES, FaultConfig, Injector, plan, read_journal
+
+from swarmrl.infra.nats_cluster import NatsCluster
+from swarmrl.report import restart_counts
+
+KINDS = ("client", *SERVICES, "nats-node")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench/chaos.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = p.add_argument
+    add("--minutes", type=float, default=15.0, help="wall-clock budget of the swarm (up --minutes)")
+    add("--seed", type=int, default=0, help="seeds the fault schedule and the victims")
+    add("--clients", type=int, default=3, help="client processes (up --clients)")
+    add("--concurrency", type=int, default=8, help="GRPO groups each client plays at once (up --concurrency)")
+    add("--client-every-s", type=float, default=4.0, help="mean seconds between client-kill attempts")
+    add("--touch-target", type=float, default=0.4,
+        help="kill clients while fewer than this share of training episodes were open at their client's kill")  # fmt: skip
+    add("--busy-frac", type=float, default=0.75,
+        help="kill a client only while it has at least this share of the most episodes it had open in the last minute")  # fmt: skip
+    add(
+        "--kills-per-window",
+        type=int,
+        default=3,
+        help="most kills of one client in any 120 s (up gives up at 5 exits)",
+    )
+    add(
+        "--min-alive-s",
+        type=float,
+        default=15.0,
+        help="kill a (restarted) client only after it has run this long",
+    )
+    add(
+        "--service-kills",
+        type=int,
+        default=2,
+        help="SIGKILLs of each of merger, trainer, ledger, gateway, engine",
+    )
+    add("--node-kills", type=int, default=1, help="cluster node faults (SIGKILL, then restart)")
+    add("--node-down-s", type=float, default=20.0, help="seconds a killed node stays down")
+    add("--min-gap-s", type=float, default=40.0,
+        help="least seconds between two service/node faults (after a node fault: after its restart)")  # fmt: skip
+    add("--episode-timeout-s", type=float, default=45.0,
+        help="merger's timeout of a silent episode (a killed client's; default 300 s in up)")  # fmt: skip
+    add("--warmup-s", type=float, default=10.0, help="no fault before this long after the first trainer step")
+    add(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="cluster stores, up's run dir and logs (default runs/chaos-<time>)",
+    )
+    add("--out", type=Path, default=RESULTS, help="where <name>.json and <name>.md go")
+    add("--name", default="chaos", help="results file name")
+    add("up_args", nargs="*", help="after --: more `swarmrl up` flags (e.g. --model DIR --task guess_number)")
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = args.work_dir or Path("runs") / f"chaos-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir = work / "run"
+    cluster = NatsCluster(work / "nats").start()
+    cfg = FaultConfig(
+        client_every_s=args.client_every_s, touch_target=args.touch_target, busy_frac=args.busy_frac,
+        kills_per_window=args.kills_per_window, min_alive_s=args.min_alive_s, service_kills=args.service_kills,
+        node_kills=args.node_kills, node_down_s=args.node_down_s, min_gap_s=args.min_gap_s, seed=args.seed,
+    )  # fmt: skip
+    up_cmd = [
+        sys.executable, "-m", "swarmrl.cli", "up", "--nats-conf", str(cluster.conf_dir), "--run-dir", str(run_dir),
+        "--no-display", "--minutes", f"{args.minutes:g}", "--steps", "100000", "--clients", str(args.clients),
+        "--concurrency", str(args.concurrency), *args.up_args,
+    ]  # fmt: skip
+    env = os.environ | {
+        "SWARMRL_NATS": cluster.service_url,  # never on a command line
+        "SWARMRL_STREAM_REPLICAS": "3",
+        "SWARMRL_EPISODE_TIMEOUT_S": f"{args.episode_timeout_s:g}",
+    }
+    injector = Injector(cfg, run_dir, cluster)
+    up = None
+    try:
+        log = await asyncio.to_thread(open, work / "up.log", "ab")
+        with log:  # the child keeps its own copy of the descriptor
+            up = await asyncio.create_subprocess_exec(*up_cmd, stdout=log, stderr=log, env=env)
+        injector.t0 = t0 = time.time()
+        print(f"chaos: up pid {up.pid}, run dir {run_dir}, log {work / 'up.log'}", flush=True)
+        await injector.watch()
+        faults = asyncio.create_task(_inject(injector, args, t0))
+        rc = await up.wait()
+        faults.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await faults
+        await injector.close()
+        ended = time.time()
+        print(f"chaos: up exited with {rc} after {ended - t0:.0f} s; accounting", flush=True)
+        (work / "faults.json").write_text(json.dumps(injector.faults, indent=1))
+        restarts = read_journal(run_dir)
+        acct = await account(cluster.service_url, run_dir, injector.faults, restarts)
+    finally:
+        if up is not None and up.returncode is None:  # we failed: stop the swarm as Ctrl-C would
+            up.send_signal(signal.SIGINT)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(up.wait(), 120)
+            if up.returncode is None:
+                up.kill()
+        cluster.stop()
+    return summarize(args, up_cmd, rc, ended - t0, run_dir, injector, acct)
+
+
+async def _inject(injector: Injector, args: argparse.Namespace, t0: float) -> None:
+    """Faults from `--warmup-s` after the first trainer step until the episodes a killed client left
+    open have time to time out and every fault has time to show its recovery before the budget ends."""
+    end = t0 + args.minutes * 60 - args.episode_timeout_s - 45
+    with contextlib.suppress(TimeoutError):  # a trainer that never steps is no reason to spare the rest
+        await asyncio.wait_for(injector.first_step.wait(), timeout=args.minutes * 60 / 3)
+    start = time.time() + args.warmup_s
+    await asyncio.sleep(args.warmup_s)
+    try:
+        schedule = plan(injector.cfg, injector.rng, end - start)
+    except ValueError as exc:  # no room for it: the run goes on; the results show what is missing
+        print(f"chaos: {exc}", flush=True)
+        schedule = []
+    await asyncio.gather(injector.clients(until=end), injector.scheduled(start, schedule))
+
+
+def summarize(
+    args: argparse.Namespace,
+    up_cmd: list[str],
+    rc: int,
+    wall_s: float,
+    run_dir: Path,
+    injector: Injector,
+    acct: dict[str, Any],
+) -> dict[str, Any]:
+    faults = acct.pop("recovery")
+    recovery: dict[str, dict[str, Any]] = {}
+    for kind in KINDS:
+        times = [
+            f["recovered_after_s"]
+            for f in faults
+            if f["kind"] == kind and f.get("recovered_after_s") is not None
+        ]
+        restarted = [
+            f["restarted_after_s"]
+            for f in faults
+            if f["kind"] == kind and f.get("restarted_after_s") is not None
+        ]
+        recovery[kind] = {
+            "faults": sum(f["kind"] == kind for f in faults),
+            "recovered": len(times),
+            "recover_median_s": round(statistics.median(times), 1) if times else None,
+            "recover_max_s": round(max(times), 1) if times else None,
+            "restart_median_s": round(statistics.median(restarted), 1) if restarted else None,
+        }
+    doubled = sum(acct["doubled"].values())
+    ledger_missing = sum(s["missing"] for s in acct["ledger"].values())
+    ledger_extra = sum(s["duplicate_rows"] + s["rows_not_in_stream"] for s in acct["ledger"].values())
+    doubled += ledger_extra
+    curve = [p for p in acct["eval_curve"] if p["metric"] == "success"]
+    rose = len(curve) >= 2 and curve[-1]["success"] > curve[0]["success"]
+    ep = acct["episodes"]
+    # Stretches without a train step (a stalled swarm shows here), the last one up to the stop.
+    steps = acct.pop("train_step_ts")
+    stop = injector.t0 + wall_s
+    gaps = sorted(
+        ((b - a, a - injector.t0) for a, b in zip(steps, [*steps[1:], stop], strict=False)), reverse=True
+    )
+    report = (run_dir / "report.md").read_text() if (run_dir / "report.md").exists() else ""
+    stopped = next((ln for ln in report.splitlines() if ln.startswith("Written")), "")
+    checks = {
+        "up exited 0": rc == 0,
+        "lost = 0": not acct["lost"],
+        "doubled = 0": doubled == 0,
+        "aborted / never-ended episodes without samples": not (acct["aborted_with_samples"] or acct["never_ended_with_samples"]),
+        "eval episodes without samples": not acct["eval_with_samples"],
+        "generated tokens = trainable tokens of the samples": not acct["token_mismatch"],
+        "ledger rows = stream messages": ledger_missing == 0 and ledger_extra == 0,
+        "no dead letters": not acct["dead_letters"],
+        "every never-ended episode explained by a client kill": ep["never_ended_untouched_count"] == 0,
+        "every fault recovered": all(r["recovered"] == r["faults"] for r in recovery.values()),
+        "trained at most once": acct["training"].get("trained_twice", 0) == 0 if acct["training"]["measured"] else None,
+        "every untrained sample accounted for": acct["training"].get("unaccounted", 0) == 0 if acct["training"]["measured"] else None,
+        "touched >= 30% of training episodes (client kills)": ep["touched_fraction"] >= 0.3,
+        "eval curve rose": rose,
+    }  # fmt: skip
+    return {
+        "benchmark": "chaos",
+        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "up_command": shlex.join(up_cmd[1:]),
+        "machine": machine(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "run_dir": str(run_dir),
+        "up_returncode": rc,
+        "up_stopped": stopped,
+        "wall_s": round(wall_s, 1),
+        "faults_per_kind": dict(Counter(f["kind"] for f in faults)),
+        "restarts": restart_counts(run_dir),
+        "lost": len(acct["lost"]),
+        "doubled": doubled,
+        "ledger_missing_rows": ledger_missing,
+        "recovery": recovery,
+        "eval_rose": rose,
+        "longest_without_train_step": [{"s": round(g, 1), "from_t": round(t, 1)} for g, t in gaps[:3]],
+        "checks": checks,
+        "ok": all(v is not False for k, v in checks.items() if not k.startswith(("touched", "eval curve"))),
+        "accounting": acct,
+        "faults": faults,
+        "live": {"begun": injector.begun, "touched": injector.touched},
+    }
+
+
+def write_md(r: dict[str, Any], path: Path) -> None:
+    m, a, ep = r["machine"], r["accounting"], r["accounting"]["episodes"]
+    tr = a["training"]
+    lines = [
+        "# Chaos benchmark: the default swarm on a 3-node JetStream cluster, under SIGKILL",
+        "",
+        f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, torch {m['torch']}, {m['nats_server']}, "
+        f"{m['date']} (load average {m['load_average']} at the end). Command: `{r['command']}` "
+        f"({r['wall_s']:.0f} s; `up` exit code {r['up_returncode']}; {r['up_stopped'] or 'no report'}).",
+        "",
+        f"`swarmrl {r['up_command']}` with `SWARMRL_STREAM_REPLICAS=3` and the merger's episode timeout at "
+        f"{r['config']['episode_timeout_s']:g} s. Faults: clients SIGKILLed at random (busy ones, at most "
+        f"{r['config']['kills_per_window']} kills per client per 120 s), each service SIGKILLed "
+        f"{r['config']['service_kills']}x and {r['config']['node_kills']} node fault(s) (SIGKILL, "
+        f"{r['config']['node_down_s']:g} s down, restart), seed {r['config']['seed']}.",
+        "",
+        "## Checks",
+        "",
+        "| check | result |",
+        "| --- | --- |",
+        *[
+            f"| {k} | {'yes' if v else ('not measured' if v is None else '**NO**')} |"
+            for k, v in r["checks"].items()
+        ],
+        "",
+        f"**lost = {r['lost']}, doubled = {r['doubled']}.**",
+        "",
+        "## Faults and recovery",
+        "",
+        "Time to recover = from the SIGKILL to the restarted process's next observable output: merger a merge "
+        "stat, trainer a train step, ledger a new Parquet part, gateway and engine an `llm` event, client its "
+        "next `begin`; node: back in the cluster with every stream's replica on it current (`/healthz` ok).",
+        "",
+        "| fault | injected | restarts by up | restarted after (median s) | recovered | recover median s | recover max s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    restarts = r["restarts"]
+    for kind, rec in r["recovery"].items():
+        n_restarts = sum(v for k, v in restarts.items() if k == kind or k.startswith(f"{kind}-"))
+        n_restarts = n_restarts if kind != "nats-node" else rec["faults"]
+        lines.append(
+            f"| {kind} | {rec['faults']} | {n_restarts} | {_f(rec['restart_median_s'])} | {rec['recovered']} | "
+            f"{_f(rec['recover_median_s'])} | {_f(rec['recover_max_s'])} |"
+        )
+    gaps = r["longest_without_train_step"]
+    lines += [
+        "",
+        "Longest stretches without a train step: "
+        + ", ".join(f"{g['s']:.0f} s from t={g['from_t']:.0f} s" for g in gaps)
+        + " (the stretch after the last step runs to the stop).",
+        "",
+        f"Client kills touched {ep['touched_by_client_kills']} of {ep['training']} training episodes "
+        f"(**{100 * ep['touched_fraction']:.1f}%**): open when their client was killed, they never ended.",
+        "",
+        "## Accounting (streams and ledger)",
+        "",
+        "| what | count |",
+        "| --- | ---: |",
+        f"| training episodes begun | {ep['training']} |",
+        f"| ended (`end`) | {ep['ended']} |",
+        f"| ended, samples present exactly once (= merge stats' timelines, ids unique) | {a['ended_samples_exactly_once']} |",
+        *[f"| ended, no samples: {k} | {v} |" for k, v in a["ended_without_samples_with_reason"].items()],
+        f"| ended, lost (no samples and no reason) | {len(a['lost'])} |",
+        f"| aborted (`abort`) | {ep['aborted']} (with samples: {len(a['aborted_with_samples'])}) |",
+        f"| never ended | {ep['never_ended']} (with samples: {len(a['never_ended_with_samples'])}; "
+        f"merge status {ep['never_ended_by_merge_status']}) |",
+        f"| never ended and not touched by a client kill | {ep['never_ended_untouched_count']} |",
+        f"| eval episodes | {ep['eval']} (with samples: {len(a['eval_with_samples'])}) |",
+        f"| samples | {a['samples']} |",
+        *[f"| doubled {k} | {v} |" for k, v in a["doubled"].items()],
+        f"| ended episodes whose generated tokens != trainable tokens of their samples | {len(a['token_mismatch'])} |",
+    ]
+    if tr["measured"]:
+        lines += [
+            f"| samples trained | {tr['trained']} (twice: {tr['trained_twice']}) |",
+            *[f"| samples not trained: {k} | {v} |" for k, v in tr["dropped_by_reason"].items()],
+            f"| samples pending in the trainer's consumer at stop | {tr['pending_at_stop']} |",
+            f"| samples neither trained, dropped nor pending | {tr['unaccounted']} |",
+        ]
+    else:
+        lines.append(f"| trained at most once / untrained accounted | not measured ({tr['why']}) |")
+    lines += [
+        f"| dead letters | {sum(a['dead_letters'].values())} {a['dead_letters'] or ''} |",
+        "",
+        "| stream | messages | ledger rows | ledger's own dead letters | missing | duplicate rows |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        *[
+            f"| {s} | {v['stream_messages']} | {v['ledger_rows']} | {v['ledger_dead_letters']} | {v['missing']} | "
+            f"{v['duplicate_rows'] + v['rows_not_in_stream']} |"
+            for s, v in a["ledger"].items()
+        ],
+        "",
+        "## Eval curve (held-out success, temperature 1)",
+        "",
+        f"Rose: **{'yes' if r['eval_rose'] else 'no'}**.",
+        "",
+        "| model | task | version | success | n | minutes into the run |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    t0 = min((f["ts"] - f["t"] for f in r["faults"]), default=None)
+    for p in a["eval_curve"]:
+        minutes = f"{(p['ts'] - t0) / 60:.1f}" if t0 is not None else "-"
+        lines.append(
+            f"| {p['model']} | {p['task']} {p['metric']} | {p['step']} | {100 * p['success']:.1f}% | {p['n']} | {minutes} |"
+        )
+    lines += ["", "## Every fault", "", "| t (s) | kind | target | open episodes | restarted after s | recovered after s |",
+              "| ---: | --- | --- | ---: | ---: | ---: |"]  # fmt: skip
+    for f in r["faults"]:
+        lines.append(
+            f"| {f['t']:.0f} | {f['kind']} | {f['target']} | {f.get('open_episodes', '')} | "
+            f"{_f(f.get('restarted_after_s'))} | {_f(f.get('recovered_after_s'))} |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = asyncio.run(run(args))
+    path = write_json(args.name, result, args.out)
+    write_md(result, args.out / f"{args.name}.md")
+    failed = [k for k, v in result["checks"].items() if v is False]
+    print(f"chaos: wrote {path} and {args.name}.md; failed checks: {failed or 'none'}", flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Chaos, short: `bench/chaos.py` for a few minutes. The swarm trains on a local 3-node JetStream
+cluster while clients, each service and one node are SIGKILLed (`up` restarts them; the node comes
+back on its store); then the streams and the ledger are accounted exactly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_up import _assert_no_orphans
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_chaos_loses_and_doubles_nothing(tmp_path: Path, tiny_model_dir: Path) -> None:
+    faults = ["--service-kills", "1", "--node-kills", "1", "--node-down-s", "8", "--min-gap-s", "8",
+              "--episode-timeout-s", "30", "--warmup-s", "3", "--client-every-s", "3", "--concurrency", "2"]  # fmt: skip
+    # guess_number on the random-init tiny model: some games are won by luck, so the trainer steps.
+    # Most of its groups have zero advantage (all lost): without admission control (--max-backlog 0)
+    # clients go on playing until enough groups with a reward spread make a step.
+    up = ["--model", str(tiny_model_dir), "--task", "guess_number", "--clients", "2", "--num-repeat", "4",
+          "--batch-groups", "1", "--max-tokens", "6", "--eval-limit", "2", "--eval-samples", "1", "--eval-every", "100",
+          "--max-backlog", "0"]  # fmt: skip
+    cmd = [sys.executable, "bench/chaos.py", "--minutes", "3.5", *faults, "--work-dir", str(tmp_path / "work"),
+           "--out", str(tmp_path), "--name", "chaos", "--", *up]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=840)
+    out = proc.stdout.decode(errors="replace")
+    assert (tmp_path / "chaos.json").exists(), out[-3000:]
+    r = json.loads((tmp_path / "chaos.json").read_text())
+    _assert_no_orphans(tmp_path / "work" / "run")
+    assert r["up_returncode"] == 0, out[-3000:]
+    for kind in ("client", "merger", "trainer", "ledger", "gateway", "engine", "nats-node"):
+        assert r["faults_per_kind"].get(kind, 0) >= 1, (kind, r["faults_per_kind"], out[-2000:])
+    acct = r["accounting"]
+    assert r["lost"] == 0, acct["lost"]
+    assert r["doubled"] == 0, acct["doubled"]
+    assert acct["ended_samples_exactly_once"] > 0
+    assert r["checks"]["aborted / never-ended episodes without samples"], acct
+    assert r["checks"]["ledger rows = stream messages"], acct["ledger"]
+    assert r["checks"]["no dead letters"], acct["dead_letter_list"]
+    assert r["checks"]["every fault recovered"], r["recovery"]
+    assert acct["episodes"]["touched_by_client_kills"] > 0
+    assert r["restarts"].get("merger", 0) >= 1 and r["restarts"].get("trainer", 0) >= 1, r["restarts"]
+    assert proc.returncode == 0, out[-3000:]
