@@ -65,7 +65,7 @@ from swarmrl.services.merger.assembler import assemble, dropped_stats
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
 from swarmrl.services.merger.recovery import Recovery
-from swarmrl.services.merger.retry import Stopping, retry
+from swarmrl.services.common.retry import Stopping, retry
 
 log = logging.getLogger("swarmrl.merger")
 SERVICE = "merger"

@@ -76,8 +76,13 @@ class TrainerConfig(ServiceConfig):
     # NATS --------------------------------------------------------------------------------------
     fetch_batch: int = Field(default=256, ge=1)
     """Messages per pull-consumer fetch."""
-    ack_wait_s: float = Field(default=120.0, gt=0)
-    """Ack wait of the durable consumer; held samples get an in-progress signal well within it."""
+    ack_wait_s: float = Field(default=30.0, gt=0)
+    """Ack wait of the durable consumer; held samples get an in-progress signal every third of it.
+    After a crash, the samples the dead trainer held come back this long after its death."""
+    merge_replay_s: float = Field(default=900.0, ge=0)
+    """On start, replay this much merge-stats history: episodes lost while no trainer listened still
+    count out of their groups (`GroupBuffer.note_lost`), so a restart does not wait out the group
+    timeout for them. Older ones only cost a group timeout."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

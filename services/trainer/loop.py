@@ -21,15 +21,18 @@ import logging
 import statistics
 import time
 from collections import Counter, deque
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import MergeStats, ModelVersion, Sample, TrainStep, WireError, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.retry import retry
 from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
 from swarmrl.services.trainer.config import TrainerConfig
@@ -79,10 +82,14 @@ class Trainer:
             return
         log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, weights)
         nc = await bus.connect(self.cfg.nats, f"trainer-{self.cfg.model}")
-        # Core subscription, not durable: merge stats missed while down only cost a group timeout.
-        await nc.subscribe(S.MERGE_METRICS_SUBJECT, cb=self._on_merge)
+        # Lost episodes must be counted out of groups whose samples a restarted trainer gets again:
+        # replay recent merge stats (an ordered consumer, no durable state), then follow live ones.
+        since = datetime.now(UTC) - timedelta(seconds=self.cfg.merge_replay_s)
+        replay = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+        js = nc.jetstream()
+        await js.subscribe(S.MERGE_METRICS_SUBJECT, cb=self._on_merge, ordered_consumer=True, config=replay)
         try:
-            await self._serve(nc.jetstream(), found[1] if found else self.base)
+            await self._serve(js, found[1] if found else self.base)
         finally:
             await nak_all(self._held())
             await nc.flush()  # acks and naks are fire-and-forget publishes: make sure they left
@@ -266,7 +273,7 @@ class Trainer:
         `save`), so no KV version names non-finite weights."""
         assert self.kv is not None
         mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
-        await self.kv.put(self.cfg.model, encode(mv))
+        await retry(self.stopping, self.kv.put, self.cfg.model, encode(mv))
         log.info(
             "model=%s version=%d path=%s put in KV %s", self.cfg.model, mv.version, mv.path, S.MODELS_BUCKET
         )
@@ -311,7 +318,8 @@ class Trainer:
             sample_ids=[it.sample.sample_id for it in items], dropped=dropped,
         )  # fmt: skip
         subject = S.train_metrics_subject(self.cfg.model)
-        await js.publish(subject, encode(msg), headers={"Nats-Msg-Id": f"train-{self.cfg.model}-{msg.step}"})
+        headers = {"Nats-Msg-Id": f"train-{self.cfg.model}-{msg.step}"}
+        await retry(self.stopping, js.publish, subject, encode(msg), headers=headers)
         log.info(
             "model=%s step=%d loss=%.4f reward=%.3f samples=%d tokens=%d update=%.2fs save=%.2fs clip=%.3f",
             self.cfg.model, msg.step, msg.loss, mean, msg.samples, msg.tokens, stats["update_s"],

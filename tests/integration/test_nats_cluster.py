@@ -14,6 +14,7 @@ from swarmrl.infra.credentials import AgentRegistry
 from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.retry import retry
 from tests.conftest import wait_for
 
 
@@ -36,8 +37,10 @@ async def test_a_killed_node_loses_nothing_and_comes_back_current(
         await js.publish(S.MERGE_METRICS_SUBJECT, b"x", headers={"Nats-Msg-Id": f"m{i}"})
     cluster.kill(1)
     assert not cluster.healthy(1)
-    for i in range(10, 20):  # two of three replicas: still a quorum
-        await js.publish(S.MERGE_METRICS_SUBJECT, b"x", headers={"Nats-Msg-Id": f"m{i}"})
+    never = asyncio.Event()
+    for i in range(10, 20):  # two of three replicas: still a quorum, once a leader is re-elected
+        headers = {"Nats-Msg-Id": f"m{i}"}
+        await asyncio.wait_for(retry(never, js.publish, S.MERGE_METRICS_SUBJECT, b"x", headers=headers), 30)
     cluster.restart(1)
     await asyncio.to_thread(cluster.wait_ready, 60)
 
@@ -78,8 +81,10 @@ async def test_a_consumer_outlives_its_leader_node(
     leader = (await js.consumer_info(S.METRICS_STREAM, "test-durable")).cluster
     assert leader is not None
     cluster.kill(cluster.names().index(leader.leader))
-    for i in range(5):
-        await js.publish(S.MERGE_METRICS_SUBJECT, b"x", headers={"Nats-Msg-Id": f"after-{i}"})
+    never = asyncio.Event()
+    for i in range(5):  # the stream's leader may have been on that node too
+        headers = {"Nats-Msg-Id": f"after-{i}"}
+        await asyncio.wait_for(retry(never, js.publish, S.MERGE_METRICS_SUBJECT, b"x", headers=headers), 30)
     stop = asyncio.Event()
     got: list[bytes] = []
     dead_letters = bus.DeadLetters(js, "test")

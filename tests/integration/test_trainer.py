@@ -162,6 +162,30 @@ async def test_a_group_with_a_dropped_episode_is_trained_without_waiting_for_the
     await nc.close()
 
 
+@pytest.mark.timeout(90)
+async def test_a_restarted_trainer_counts_episodes_lost_while_it_was_down(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The merger said so before any trainer listened (a trainer crashed meanwhile): the replayed merge
+    stats still release the group. Before, this group waited out the group timeout, and with
+    admission holding new groups on the backlog it held, the chaos run stalled for 7 minutes."""
+    from swarmrl.schemas import MergeStats
+
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    dropped = MergeStats(episode_id="gone-ep3", status="timeout", group_key="gone", models=[MODEL])
+    await js.publish(S.MERGE_METRICS_SUBJECT, encode(dropped))
+    await publish(js, group("gone")[:3])
+    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1, group_timeout_s=3600)
+    await asyncio.wait_for(Trainer(cfg).run(), timeout=45)
+    (step,) = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert step.samples == 3 and step.extra["short_groups"] == 1 and step.extra["lost_episodes"] == 1
+    await nc.close()
+
+
 def assert_finite_checkpoint(path: str | Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(path)
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]

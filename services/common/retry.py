@@ -15,7 +15,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
-log = logging.getLogger("swarmrl.merger")
+log = logging.getLogger("swarmrl.retry")
 
 TRANSIENT = (
     nats.errors.TimeoutError,
