@@ -12,7 +12,7 @@ Parquet files, and checks:
 - each sample id, train step (model, step) and merge stats record once (*doubled* otherwise);
 - each sample trained at most once, and every untrained one accounted for: dropped by the trainer
   with a reason, or still pending in the trainer's consumer when the run stopped (needs
-  `TrainStep.sample_ids` / `TrainStep.dropped`; without them the check is "not measured");
+  `TrainStep.sample_ids` / `TrainStep.dropped` / `SampleDrops`; without them the check is "not measured");
 - the ledger holds one row per stream message (or the ledger's own dead letter of it), no more;
 - dead letters, by service and reason.
 """
@@ -30,7 +30,16 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from swarmrl.launch import client_name
-from swarmrl.schemas import EvalResult, LlmEvent, MergeStats, TrainStep, decode, decode_event, decode_sample
+from swarmrl.schemas import (
+    EvalResult,
+    LlmEvent,
+    MergeStats,
+    SampleDrops,
+    TrainStep,
+    decode,
+    decode_event,
+    decode_sample,
+)
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.ledger.query import connect
@@ -90,6 +99,7 @@ class Streams:
     """sample id -> [(SAMPLES seq, episode id, model, trained tokens)], one entry per copy."""
     merges: dict[str, list[MergeStats]] = field(default_factory=dict)
     steps: list[TrainStep] = field(default_factory=list)
+    drops: list[SampleDrops] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     seqs: dict[str, list[int]] = field(default_factory=dict)
@@ -147,6 +157,8 @@ def _add(out: Streams, stream: str, m: Msg) -> None:
             out.steps.append(decode(m.data, TrainStep))
         elif kind == "eval":
             out.evals.append(decode(m.data, EvalResult))
+        elif kind == "drops":
+            out.drops.append(decode(m.data, SampleDrops))
     else:
         reason = m.headers.get(bus.REASON_HEADER, "")
         out.dead_letters.append(
@@ -268,6 +280,8 @@ def _trained(st: Streams, consumers: dict[str, Any]) -> dict[str, Any]:
     for t in st.steps:
         trained.update(getattr(t, "sample_ids", []) or [])
         dropped.update(getattr(t, "dropped", {}) or {})
+    for d in st.drops:  # reported between steps (`SampleDrops`)
+        dropped.update(d.dropped)
     reasons = Counter(r.split(":", 1)[0] for sid, r in dropped.items() if sid not in trained)
     pending, unaccounted = 0, []
     for sid, copies in st.samples.items():

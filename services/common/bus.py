@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
@@ -89,11 +91,41 @@ async def ensure_streams(js: JetStreamContext) -> None:
             num_replicas=replicas,
             max_msg_size=EPISODE_MSG_BYTES if name == S.EPISODES_STREAM else MAX_MSG_BYTES,
         )
-        try:
-            await js.add_stream(cfg)
-        except BadRequestError:  # exists with another config: bring it to ours
-            await js.update_stream(cfg)
+        await _add_or_update(js, cfg)
+    for name, subjects in S.WORK_STREAM_SUBJECTS.items():
+        cfg = StreamConfig(
+            name=name, subjects=subjects, storage=StorageType.FILE, retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=SERVICE_DUPLICATE_WINDOW_S, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
+        )  # fmt: skip
+        await _add_or_update(js, cfg)
     await models_kv(js, create=True)
+
+
+async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:
+    try:
+        await js.add_stream(cfg)
+    except BadRequestError:  # exists with another config: bring it to ours
+        await js.update_stream(cfg)
+
+
+async def first_seq_since(nc: NATS, stream: str, subject: str, since: datetime) -> int | None:
+    """Stream sequence of the first `subject` message stored at or after `since`; None if none yet.
+
+    A consumer that should start at a time is started at this sequence instead: nats-py's ordered
+    consumer, when it recreates itself after a reconnect, keeps `opt_start_time` next to the start
+    sequence it resumes from, which the server refuses (10094), and the subscription then stays dead.
+    """
+    request = {
+        "start_time": since.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "next_by_subj": subject,
+    }
+    reply = await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps(request).encode(), timeout=10)
+    answer = json.loads(reply.data)
+    if "error" in answer:
+        if answer["error"].get("code") == 404:
+            return None
+        raise RuntimeError(f"stream {stream}: first {subject} message since {since}: {answer['error']}")
+    return int(answer["message"]["seq"])
 
 
 async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:

@@ -79,6 +79,9 @@ class TrainerConfig(ServiceConfig):
     ack_wait_s: float = Field(default=30.0, gt=0)
     """Ack wait of the durable consumer; held samples get an in-progress signal every third of it.
     After a crash, the samples the dead trainer held come back this long after its death."""
+    drop_report_s: float = Field(default=5.0, gt=0)
+    """Samples dropped untrained (stale, zero advantage, ...) are reported on `swarm.metrics.drops`
+    and acked this long after the first of them, if no step reported them sooner."""
     merge_replay_s: float = Field(default=900.0, ge=0)
     """On start, replay this much merge-stats history: episodes lost while no trainer listened still
     count out of their groups (`GroupBuffer.note_lost`), so a restart does not wait out the group

@@ -17,6 +17,7 @@ metrics. Non-finite weights are never saved nor served: the trainer stops instea
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import statistics
 import time
@@ -29,7 +30,16 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 
-from swarmrl.schemas import MergeStats, ModelVersion, Sample, TrainStep, WireError, decode, encode
+from swarmrl.schemas import (
+    MergeStats,
+    ModelVersion,
+    Sample,
+    SampleDrops,
+    TrainStep,
+    WireError,
+    decode,
+    encode,
+)
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.retry import retry
@@ -55,6 +65,7 @@ class Trainer:
         self.ready: deque[Group] = deque()
         self.inflight: list[Held] = []
         self.dropped: list[tuple[Held, str]] = []
+        self._dropped_since = 0.0
         """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
         self.state = TrainerState(model=cfg.model, step=0, version=0)
         self.learner: Learner | None = None
@@ -85,7 +96,12 @@ class Trainer:
         # Lost episodes must be counted out of groups whose samples a restarted trainer gets again:
         # replay recent merge stats (an ordered consumer, no durable state), then follow live ones.
         since = datetime.now(UTC) - timedelta(seconds=self.cfg.merge_replay_s)
-        replay = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+        first = await bus.first_seq_since(nc, S.METRICS_STREAM, S.MERGE_METRICS_SUBJECT, since)
+        replay = (
+            ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
+            if first is None
+            else ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first)
+        )
         js = nc.jetstream()
         await js.subscribe(S.MERGE_METRICS_SUBJECT, cb=self._on_merge, ordered_consumer=True, config=replay)
         try:
@@ -132,6 +148,8 @@ class Trainer:
                 batch = await self._take_batch()
                 if batch is not None:
                     step_task = asyncio.create_task(self._step(js, batch))
+            if self.dropped and now - self._dropped_since > cfg.drop_report_s:
+                await self._report_drops(js)
             if now - last_keep_alive > cfg.ack_wait_s / 3:
                 last_keep_alive = now
                 await keep_alive(self._held())
@@ -161,7 +179,24 @@ class Trainer:
         ]  # fmt: skip
 
     def _drop(self, held: list[Held], reason: str) -> None:
+        if held and not self.dropped:
+            self._dropped_since = time.monotonic()
         self.dropped += [(h, reason) for h in held]
+
+    async def _report_drops(self, js: JetStreamContext) -> None:
+        """Report (then ack) the samples dropped since the last step without waiting for the next one:
+        held, they count as backlog for admission control, which then holds the very groups the next
+        step needs (a trainer whose ready groups all went stale waited forever)."""
+        reported, self.dropped = self.dropped, []
+        dropped = {h.sample.sample_id: reason for h, reason in reported}
+        msg = SampleDrops(model=self.cfg.model, step=self.state.step, dropped=dropped)
+        digest = hashlib.sha1("\n".join(sorted(dropped)).encode()).hexdigest()[:16]
+        headers = {"Nats-Msg-Id": f"drops-{self.cfg.model}-{digest}"}
+        await retry(
+            self.stopping, js.publish, S.drops_metrics_subject(self.cfg.model), encode(msg), headers=headers
+        )
+        await ack_all(h for h, _ in reported)
+        log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(dropped))
 
     def _done(self) -> bool:
         return self.cfg.max_steps > 0 and self.state.step >= self.cfg.max_steps

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.schemas import ModelVersion, Sample, TrainStep, decode, encode
+from swarmrl.schemas import ModelVersion, Sample, SampleDrops, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.trainer.config import TrainerConfig
@@ -183,6 +183,40 @@ async def test_a_restarted_trainer_counts_episodes_lost_while_it_was_down(
         decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
     ]
     assert step.samples == 3 and step.extra["short_groups"] == 1 and step.extra["lost_episodes"] == 1
+    await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_dropped_samples_are_reported_and_acked_without_waiting_for_a_step(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A group dropped untrained (here: zero advantage) is reported on `swarm.metrics.drops` and acked
+    although no step follows. Held until a step, its samples counted as backlog for admission control,
+    which then held the groups that step needed: the chaos run's second stall."""
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    same = [make_sample(f"flat-ep{i}", 1.0, group="flat", vocab=VOCAB, model=MODEL) for i in range(4)]
+    await publish(js, same)
+    trainer = Trainer(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, drop_report_s=0.5))
+    run = asyncio.create_task(trainer.run())
+    durable = S.durable_name("trainer", S.SAMPLES_STREAM, MODEL)
+
+    async def acked() -> bool:
+        try:
+            info = await js.consumer_info(S.SAMPLES_STREAM, durable)
+        except nats.js.errors.NotFoundError:  # the trainer has not bound its consumer yet
+            return False
+        return info.num_ack_pending == 0 and info.num_pending == 0 and info.delivered.stream_seq >= 4
+
+    await wait_for(acked, timeout=30, what="the dropped group to be acked without a step")
+    (report,) = [
+        decode(m.data, SampleDrops) for m in await fetch_all(js, S.drops_metrics_subject(MODEL), "METRICS")
+    ]
+    assert report.dropped == {s.sample_id: "zero_adv" for s in same} and report.step == 0
+    assert await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS") == []
+    trainer.stop()
+    await asyncio.wait_for(run, timeout=30)
     await nc.close()
 
 
