@@ -59,8 +59,10 @@ async def play(
     temperature: float,
     max_tokens: int,
     abort_rate: float = 0.0,
+    tool_actions: bool = False,
 ) -> Outcome:
-    """Play one episode of a single-agent task inside an open episode; publishes the reward."""
+    """Play one episode of a single-agent task inside an open episode; publishes the reward. With
+    `tool_actions` (and a task that has them), tool calls run as sandboxed actions (`ep.act`)."""
     llm = ep.openai(max_retries=0)
     env = spec.make_env(instance)
     messages = env.reset()
@@ -72,7 +74,10 @@ async def play(
         )
         reply = reply_message(resp.choices[0].message)
         messages.append(reply)
-        step = env.step(reply)
+        if tool_actions and spec.tool_actions is not None:
+            step = env.step(reply, tool_results=await run_tools(ep, spec.tool_actions(reply)))
+        else:
+            step = env.step(reply)
         turns += 1
         messages += step.messages
         if step.done:
@@ -81,6 +86,21 @@ async def play(
             raise ChaosAbort(f"simulated agent failure after turn {turns}")
     await ep.reward(env.reward)
     return Outcome(instance.task_id, env.reward, env.success, turns)
+
+
+async def run_tools(ep: Episode, payloads: list[dict[str, Any] | None]) -> list[str | None]:
+    """Run each tool call's python action in the swarm's sandbox; its stdout is the tool's result.
+    A failed action answers `error: ...`, as a tool that failed would."""
+
+    async def one(payload: dict[str, Any] | None) -> str | None:
+        if payload is None:
+            return None
+        res = await ep.act("python", payload, cpu=1, mem_mb=256, timeout_s=10.0)
+        if res.status == "ok" and res.result.get("exit_code") == 0:
+            return str(res.result.get("stdout", "")).strip()
+        return f"error: {res.error or res.status}"
+
+    return list(await asyncio.gather(*(one(p) for p in payloads)))
 
 
 async def play_team(
@@ -124,6 +144,7 @@ async def play_episode(
     max_tokens: int = 64,
     group_key: str = "",
     abort_rate: float = 0.0,
+    tool_actions: bool = False,
 ) -> Outcome:
     """Run one whole episode (begin ... end) of `instance`; `roles` maps each agent to its model
     (or is the model of a single-agent task)."""
@@ -143,7 +164,7 @@ async def play_episode(
             out = await play_team(ep, spec, instance, roles, temperature, max_tokens, abort_rate)
         else:
             (model,) = roles.values()
-            out = await play(ep, spec, instance, model, temperature, max_tokens, abort_rate)
+            out = await play(ep, spec, instance, model, temperature, max_tokens, abort_rate, tool_actions)
         await ep.end(reward=out.reward, success=float(out.success), turns=float(out.turns), **out.metrics)
     return out
 
@@ -172,6 +193,7 @@ async def run_client(
     abort_rate: float = 0.0,
     roles: dict[str, str] | None = None,
     drain_s: float = 30.0,
+    tool_actions: bool = False,
 ) -> None:
     """Play training groups until `stop` is set, then drain (see below). A failed episode is aborted and the client carries on.
 
@@ -210,6 +232,7 @@ async def run_client(
                         max_tokens=max_tokens,
                         group_key=key,
                         abort_rate=abort_rate,
+                        tool_actions=tool_actions,
                     )
                     for _ in range(num_repeat)
                 ),
@@ -283,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         help="chaos: probability per turn of failing the episode on purpose (it is aborted)",
     )
     p.add_argument(
+        "--tool-actions",
+        action="store_true",
+        help="run the task's tools (calculator) as sandboxed python actions through the swarm's "
+        "actions service (`ep.act`) instead of in this process",
+    )
+    p.add_argument(
         "--drain-s",
         type=float,
         default=30.0,
@@ -318,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             abort_rate=args.abort_rate,
             roles=dict(args.role),
             drain_s=args.drain_s,
+            tool_actions=args.tool_actions,
         )
 
     asyncio.run(run())

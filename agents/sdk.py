@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,15 @@ from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
     AbortEvent,
+    ActionRequest,
+    ActionResult,
     BeginEvent,
     EndEvent,
     EnvEvent,
     EventBase,
     HeartbeatEvent,
     RewardEvent,
+    decode,
     encode,
 )
 from swarmrl.schemas import subjects as S
@@ -54,6 +58,10 @@ TRANSIENT = (
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
 )
+
+
+ACT_ASK_S = 30.0
+"""`Episode.act` repeats its request this often until the result comes (the same action id)."""
 
 
 class SwarmError(RuntimeError):
@@ -251,6 +259,7 @@ class Episode:
         self.base_url = ""
         self.closed = False
         self._seq = 0
+        self._actions = 0
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -352,6 +361,60 @@ class Episode:
         """Add a reward; an empty `agent` gives it to every agent of the episode."""
         await self._publish(RewardEvent, value=float(value), agent=agent, name=name)
 
+    async def act(
+        self,
+        kind: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        cpu: int = 1,
+        mem_mb: int = 256,
+        accel: int = 0,
+        hint_s: float | None = None,
+        timeout_s: float | None = None,
+        wait_s: float = 600.0,
+    ) -> ActionResult:
+        """Run one action on the swarm's external resources (the actions service) and wait for it.
+
+        Args:
+            kind: `python` (payload {"code": str, "stdin": str}) runs code in a sandbox; `judge`
+                (payload {"prompt": str, "text": str}) scores text with a model.
+            payload: The kind's input (msgpack-able).
+            cpu: CPU units the action holds while it runs.
+            mem_mb: Memory it may use (enforced).
+            accel: Accelerator slots it holds (a judge needs 1).
+            hint_s: Your guess of its run time; the scheduler learns its own per kind.
+            timeout_s: Wall-clock limit of the run; default: the service's.
+            wait_s: How long to wait for the result, queueing included.
+
+        Returns:
+            The `ActionResult`: `status` (ok, error, timeout, killed, rejected), `result` (python:
+            stdout, stderr, exit_code; judge: score), `error`, and the timings `queued_s`, `run_s`, `act_s`.
+            A failed action is a result, not an exception; a service that does not answer in `wait_s`
+            raises `nats.errors.TimeoutError`.
+        """
+        if self.closed:
+            raise SwarmError(f"episode {self.episode_id} is already closed")
+        self._actions += 1
+        request = ActionRequest(
+            action_id=f"a{self._actions}", episode_id=self.episode_id, kind=kind, payload=dict(payload or {}),
+            cpu=cpu, mem_mb=mem_mb, accel=accel, hint_s=hint_s, timeout_s=timeout_s,
+        )  # fmt: skip
+        subject = S.act_subject(S.episode_owner(self.episode_id))
+        # Asked again every ACT_ASK_S with the same action id, so a restarted actions service (which
+        # lost the request) gets it again; a running service answers the repeat with the same result.
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = await _retrying(
+                    self.client.nc.request, subject, encode(request), timeout=max(min(ACT_ASK_S, left), 0.1),
+                    retry_s=self.client.retry_s,
+                )  # fmt: skip
+                return decode(reply.data, ActionResult)
+            except nats.errors.TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+
     async def end(self, **metrics: float) -> None:
         """Finish the episode; its samples are built from what was published."""
         await self._publish(EndEvent, final=True, metrics={k: float(v) for k, v in metrics.items()})
@@ -363,6 +426,10 @@ class Episode:
         await self._stop()
 
     async def _stop(self) -> None:
+        if self._actions:  # the trajectory is over: a `static` pool frees the units it held for it
+            end = ActionRequest(op="end", action_id="end", episode_id=self.episode_id)
+            with contextlib.suppress(Exception):  # best effort: the service also frees them on timeout
+                await self.client.nc.publish(S.act_subject(S.episode_owner(self.episode_id)), encode(end))
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

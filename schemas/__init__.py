@@ -4,6 +4,8 @@ from swarmrl.schemas.codec import MAX_EVENT_BYTES, WireError, decode, decode_eve
 from swarmrl.schemas.events import (
     SCHEMA_VERSION,
     AbortEvent,
+    ActionRequest,
+    ActionResult,
     BeginEvent,
     EndEvent,
     EnvEvent,
@@ -16,6 +18,7 @@ from swarmrl.schemas.events import (
     ModelVersion,
     RewardEvent,
     Sample,
+    SampleDrops,
     TrainStep,
 )
 
@@ -23,6 +26,8 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "SCHEMA_VERSION",
     "AbortEvent",
+    "ActionRequest",
+    "ActionResult",
     "BeginEvent",
     "EndEvent",
     "EnvEvent",
@@ -35,6 +40,7 @@ __all__ = [
     "ModelVersion",
     "RewardEvent",
     "Sample",
+    "SampleDrops",
     "TrainStep",
     "WireError",
     "decode",

@@ -204,6 +204,19 @@ class TrainStep(Record):
     ts: float = Field(default_factory=time.time)
 
 
+class SampleDrops(Record):
+    """Samples a trainer dropped untrained and reports without waiting for its next step (on
+    `swarm.metrics.drops.<model>`), then acks. Held until a step, they would count as backlog for
+    admission control, which then holds the new groups the next step needs: a deadlock."""
+
+    model: SubjectToken
+    step: int
+    """The trainer's last step when it dropped them."""
+    dropped: dict[str, str] = Field(default_factory=dict)
+    """Sample id -> reason, as in `TrainStep.dropped`."""
+    ts: float = Field(default_factory=time.time)
+
+
 class EvalResult(Record):
     model: SubjectToken
     step: int
@@ -240,6 +253,65 @@ class MergeStats(Record):
     counts the episode out of its group, as for a dropped one."""
     eval: bool = False
     """An evaluation episode (never trained on)."""
+    ts: float = Field(default_factory=time.time)
+
+
+ActionKind = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+ActionStatus = Literal["ok", "error", "timeout", "killed", "rejected"]
+
+
+class ActionRequest(Record):
+    """An agent asks the actions service to run one action: a request on `swarm.act.<owner>`, answered
+    with an `ActionResult`. `op="end"` tells the service that the episode's trajectory is over (the
+    `static` policy frees the units it held for it); it is answered too."""
+
+    op: Literal["run", "end"] = "run"
+    action_id: SubjectToken
+    """Unique per episode; a retry with the same id is answered with the first run's result."""
+    episode_id: SubjectToken
+    """The episode (trajectory) the action belongs to; it must be the asking client's own."""
+    kind: ActionKind = "python"
+    """Which resource manager runs it: `python` (code sandbox) or `judge` (model judge)."""
+    payload: dict[str, Any] = Field(default_factory=dict)
+    """Kind-specific: python {"code", "stdin"?}; judge {"prompt", "text"}."""
+    cpu: int = Field(default=1, ge=0, le=64)
+    """CPU units held while it runs."""
+    mem_mb: int = Field(default=256, ge=1, le=65536)
+    """Memory reserved, and enforced as its limit."""
+    accel: int = Field(default=0, ge=0, le=64)
+    """Accelerator slots held while it runs."""
+    hint_s: float | None = Field(default=None, ge=0, le=86400)
+    """The caller's guess of the run time; the scheduler learns its own per kind."""
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    """Wall-clock limit of the run (the manager's default when None)."""
+
+
+class ActionResult(Record):
+    """How one action ended, with its timings: the reply to an `ActionRequest`, and (published on
+    `swarm.metrics.action`) the ledger's `actions` row."""
+
+    action_id: str
+    episode_id: str
+    kind: str
+    status: ActionStatus
+    """ok: it ran (python: see `result.exit_code`); error: it could not run or crashed; timeout: past
+    its wall-clock limit; killed: past a resource limit (CPU time, memory, processes); rejected: bad
+    input, never ran."""
+    result: dict[str, Any] = Field(default_factory=dict)
+    """python: stdout, stderr, exit_code; judge: score, tokens."""
+    error: str = ""
+    queued_s: float = 0.0
+    """From arrival to the start of its run (waiting for units)."""
+    run_s: float = 0.0
+    act_s: float = 0.0
+    """Action completion time: arrival to result (queued + run + dispatch overheads)."""
+    cpu: int = 0
+    mem_mb: int = 0
+    accel: int = 0
+    units: int = 0
+    """Units of its resource that were allocated in the pool when it started (elastic pool size)."""
+    policy: str = ""
+    owner: str = ""
     ts: float = Field(default_factory=time.time)
 
 

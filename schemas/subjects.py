@@ -36,6 +36,19 @@ TOKEN_PREFIX = "swarm.auth.token"  # swarm.auth.token.<owner>: the gateway mints
 TOKEN_REQUESTS = f"{TOKEN_PREFIX}.*"
 LLM_PREFIX = "swarm.llm"  # swarm.llm.<model>: chat completion over NATS request/reply
 CONTROL_PREFIX = "swarm.ctl"  # swarm.ctl.<verb>: operator control; never open to agents
+ACT_PREFIX = "swarm.act"  # swarm.act.<owner>: an agent's actions (ActionRequest -> ActionResult)
+ACT_REQUESTS = f"{ACT_PREFIX}.*"
+
+# Action work queue (services only): the scheduler releases an action to `swarm.actions.run.<kind>`
+# once its units are free; workers (in the service or `swarmrl serve action-worker` anywhere) pull
+# it, run it and publish the result to `swarm.actions.done.<action key>`; capacity is announced on
+# `swarm.actions.workers`.
+ACTIONS_STREAM = "ACTIONS"
+ACTION_RUN_PREFIX = "swarm.actions.run"
+ACTION_DONE_PREFIX = "swarm.actions.done"
+ACTION_WORKERS_SUBJECT = "swarm.actions.workers"
+WORK_STREAM_SUBJECTS: dict[str, list[str]] = {ACTIONS_STREAM: [f"{ACTION_RUN_PREFIX}.>"]}
+"""Work-queue streams: each message is removed once a worker acks it; not recorded by the ledger."""
 
 # KV buckets ------------------------------------------------------------------------------------
 MODELS_BUCKET = "swarm-models"  # key: model name, value: ModelVersion (msgpack)
@@ -117,11 +130,23 @@ def inbox_prefix(owner: str) -> str:
     return f"{INBOX_PREFIX}.{check_owner(owner)}"
 
 
+def act_subject(owner: str) -> str:
+    return f"{ACT_PREFIX}.{check_owner(owner)}"
+
+
+def action_run_subject(kind: str) -> str:
+    return f"{ACTION_RUN_PREFIX}.{check_token(kind, 'action kind')}"
+
+
+def action_done_subject(key: str) -> str:
+    return f"{ACTION_DONE_PREFIX}.{check_token(key, 'action key')}"
+
+
 def agent_permissions(owner: str) -> dict[str, dict[str, list[str]]]:
-    """NATS permissions of agent client `owner`: its own episodes' agent kinds, its token subject,
-    completions of any model (the episode token decides which), and its own inbox."""
+    """NATS permissions of agent client `owner`: its own episodes' agent kinds, its token and action
+    subjects, completions of any model (the episode token decides which), and its own inbox."""
     publish = [f"{EPISODE_PREFIX}.{check_owner(owner)}.*.{kind}" for kind in AGENT_EPISODE_KINDS]
-    publish += [token_subject(owner), f"{LLM_PREFIX}.*"]
+    publish += [token_subject(owner), act_subject(owner), f"{LLM_PREFIX}.*"]
     return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{inbox_prefix(owner)}.>"]}}
 
 
@@ -133,11 +158,16 @@ def train_metrics_subject(model: str) -> str:
     return f"{METRICS_PREFIX}.train.{check_token(model, 'model name')}"
 
 
+def drops_metrics_subject(model: str) -> str:
+    return f"{METRICS_PREFIX}.drops.{check_token(model, 'model name')}"
+
+
 def eval_metrics_subject(model: str) -> str:
     return f"{METRICS_PREFIX}.eval.{check_token(model, 'model name')}"
 
 
 MERGE_METRICS_SUBJECT = f"{METRICS_PREFIX}.merge"
+ACTION_METRICS_SUBJECT = f"{METRICS_PREFIX}.action"  # ActionResult: one per action, the ledger's `actions`
 
 
 def dlq_subject(service: str) -> str:

@@ -5,7 +5,8 @@ swarmrl up                 run the whole swarm on this machine (NATS, engine, ga
 swarmrl down               stop a running `swarmrl up` (the latest run, or --run-dir), from any directory
 swarmrl clients restart TASK   replace a task's client processes in a running swarm (live code iteration)
 swarmrl credentials mint NAME  give an agent client its own NATS identity (revoke, list: also live)
-swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger)
+swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, actions,
+                           action-worker)
 swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
 swarmrl bootstrap-model    build the tiny offline model used on CPU
 swarmrl nats               run the embedded NATS server alone (prints its URL and an agent connect file)
@@ -16,7 +17,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-SERVICES = ("gateway", "engine", "merger", "trainer", "ledger")
+SERVICES = ("gateway", "engine", "merger", "trainer", "ledger", "actions", "action-worker")
+# service -> (module, entry); by default swarmrl.services.<name>.main:main
+SERVE_ENTRIES = {"action-worker": ("swarmrl.services.actions.main", "worker_main")}
 # verb -> (module, entry function called with the remaining arguments)
 VERBS = {
     "up": ("swarmrl.up", "main"),
@@ -39,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         if not rest or rest[0] not in SERVICES:
             print(f"usage: swarmrl serve {{{','.join(SERVICES)}}} [--help]", file=sys.stderr)
             return 2
-        module = importlib.import_module(f"swarmrl.services.{rest[0]}.main")
-        return int(module.main(rest[1:]) or 0)
+        name, entry = SERVE_ENTRIES.get(rest[0], (f"swarmrl.services.{rest[0]}.main", "main"))
+        return int(getattr(importlib.import_module(name), entry)(rest[1:]) or 0)
     if verb not in VERBS:
         print(f"swarmrl: unknown command {verb!r}; try `swarmrl --help`", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from swarmrl.agents.tasks import get_task
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import free_port
 from swarmrl.schemas import subjects as S
@@ -100,6 +101,15 @@ def spawn_services(
     if len(swarm.tasks) > 1:
         gateway += [arg for t, w in swarm.weights().items() for arg in ("--task-weight", f"{t}={w:.6g}")]
     sup.spawn("gateway", gateway, env)
+    if uses_actions(swarm):
+        sup.spawn("actions", [*SERVE, "actions", "--policy", swarm.run.actions], env)
+
+
+def uses_actions(swarm: Swarm) -> bool:
+    """Whether the swarm runs an actions service: some built-in client's task has tool actions."""
+    return swarm.run.actions != "off" and any(
+        t.command is None and get_task(name).tool_actions is not None for name, t in swarm.tasks.items()
+    )
 
 
 def _proc(kind: str, model: str, swarm: Swarm) -> str:
@@ -121,6 +131,7 @@ def client_argv(swarm: Swarm, task: str) -> list[str]:
         "-m", "swarmrl.agents.runner", "--task", task, *roles,
         "--num-repeat", str(swarm.num_repeat(task)), "--concurrency", str(t.concurrency),
         "--max-tokens", str(swarm.run.max_tokens), "--abort-rate", str(swarm.run.abort_rate),
+        *(["--tool-actions"] if uses_actions(swarm) and get_task(task).tool_actions else []),
     ]  # fmt: skip
 
 

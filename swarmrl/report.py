@@ -109,6 +109,40 @@ def client_versions_section(con: Any, started: float) -> list[str]:
     return lines
 
 
+ACTIONS_BY_MINUTE = """
+SELECT kind, floor((ts - ?) / 60)::BIGINT AS minute, count(*), count(*) FILTER (WHERE status = 'ok'),
+       avg(act_s), quantile_cont(act_s, 0.5), quantile_cont(act_s, 0.99), avg(queued_s), max(units)
+FROM actions GROUP BY ALL ORDER BY kind, minute
+"""
+"""Per action kind and minute of the run: count, ok, mean / p50 / p99 ACT, mean queueing, most units."""
+
+
+def actions_section(con: Any, started: float) -> list[str]:
+    """Report lines: the actions service's ACT and pool units over the run (none without actions)."""
+    rows = _rows(con, ACTIONS_BY_MINUTE.replace("?", repr(float(started))))
+    if not rows:
+        return []
+    statuses = _rows(con, "SELECT status, count(*) FROM actions GROUP BY status ORDER BY status")
+    policy = _rows(con, "SELECT any_value(policy) FROM actions")[0][0]
+    lines = [
+        "",
+        "## Actions",
+        "",
+        f"Tool calls run as sandboxed actions (`services/actions/`, policy `{policy}`): "
+        + ", ".join(f"{s}: {n}" for s, n in statuses)
+        + ". ACT = action completion time (arrival to result); units = the pool's size when one started.",
+        "",
+        "| kind | minute | actions | ok | mean ACT ms | p50 ms | p99 ms | mean queued ms | most units |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, minute, n, ok, mean, p50, p99, queued, units in rows:
+        lines.append(
+            f"| {kind} | {minute} | {n} | {ok} | {1000 * mean:.1f} | {1000 * p50:.1f} | {1000 * p99:.1f} "
+            f"| {1000 * queued:.1f} | {units} |"
+        )
+    return lines
+
+
 def restart_counts(run_dir: Path) -> dict[str, int]:
     """Restarts `swarmrl up` made, by process name, from the supervisor's journal in the logs."""
     from swarmrl.supervisor import RESTARTS_FILE
@@ -208,6 +242,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         for r in train
     ]
     lines += client_versions_section(con, started)
+    lines += actions_section(con, started)
     lines += [
         "",
         f'Query the ledger: `swarmrl query "SELECT * FROM episodes LIMIT 5" --run-dir {run_dir}`',

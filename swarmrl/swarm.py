@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -118,6 +118,9 @@ class RunConf(_Strict):
     """Max tokens per model reply."""
     abort_rate: float = Field(default=0.0, ge=0, lt=1)
     """Chaos: per-turn probability that a built-in client fails an episode on purpose."""
+    actions: Literal["elastic", "fifo", "static", "off"] = "elastic"
+    """Tools of the tasks that have them (calculator) run as sandboxed python actions through the
+    actions service, scheduled with this policy; `off` runs them inside the client processes."""
 
 
 class Swarm(_Strict):

@@ -40,7 +40,7 @@ MODEL = "policy"
 # Flags that override a field of the same name in the description's [run], every [models.*] and
 # every [tasks.*]; a flag left at None was not given and keeps the file's value.
 RUN_FLAGS = ("steps", "minutes", "eval_every", "eval_limit", "eval_samples", "eval_temperature",
-             "max_tokens", "abort_rate")  # fmt: skip
+             "max_tokens", "abort_rate", "actions")  # fmt: skip
 MODEL_FLAGS = ("lr", "num_repeat", "batch_groups", "micro_batch_tokens", "max_backlog")
 TASK_FLAGS = ("clients", "concurrency")
 
@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="eval sampling temperature (default 1.0 measures the policy being trained; 0 is greedy)")  # fmt: skip
     add("--max-tokens", type=int, help="max tokens per model reply (default 48)")
     add("--abort-rate", type=float, help="chaos: per-turn probability a client fails an episode (default 0)")
+    add("--actions", choices=["elastic", "fifo", "static", "off"],
+        help="run the tasks' tools (calculator) as sandboxed python actions through the actions service, "
+        "scheduled by this policy (default elastic); off: in the client processes")  # fmt: skip
     add("--trainer-arg", action="append", default=[], metavar="ARG",
         help="extra flag for every trainer, repeatable (e.g. --trainer-arg=--group-timeout-s=30); "
         "see `swarmrl serve trainer --help`")  # fmt: skip

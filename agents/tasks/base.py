@@ -124,6 +124,10 @@ class TaskSpec:
     """Assistant message -> the parsed action (None when invalid)."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool specs to pass with every chat call, or None (single-agent tasks; see `role_tools`)."""
+    tool_actions: Callable[[Message], list[dict[str, Any] | None]] | None = None
+    """Reply -> per tool call, the `python` action (payload {"code", "stdin"}) that computes its result
+    in the actions service's sandbox, or None where the environment answers itself. With it, the
+    runner's `--tool-actions` passes the results to `env.step(reply, tool_results=...)`."""
     sft_weight: int = 1
     """Relative share of the bootstrap SFT warm-start batches (a task whose skills take longer to
     learn gets more)."""

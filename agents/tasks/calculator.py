@@ -14,8 +14,10 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from swarmrl.agents.tasks import arith
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
 from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, TurnEnv, message_text
 
@@ -101,17 +103,47 @@ def parse_reply(reply: Message) -> CalculatorReply:
     return CalculatorReply(answer=float(numbers[-1]) if numbers else None)
 
 
+# The tool as a program for the actions service's Python sandbox: the evaluator's own source (stdlib
+# only) and a main that reads the expression from stdin, so the sandbox answers exactly what
+# `_run_tool` answers in process. The expression is data, never spliced into the code.
+TOOL_PROGRAM = (
+    Path(arith.__file__).read_text()
+    + """
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        print(format_number(safe_eval(sys.stdin.read())))
+    except ExpressionError as e:
+        print(f"error: {e}")
+"""
+)
+
+
+def tool_actions(reply: Message) -> list[dict[str, Any] | None]:
+    """Per tool call of `reply`, the python action computing its result (None: a malformed call,
+    answered by the environment itself)."""
+    return [None if e is None else {"code": TOOL_PROGRAM, "stdin": e} for e in parse_reply(reply).expressions]
+
+
 class CalculatorEnv(TurnEnv):
     """One episode. `reward` is final once a step returns done."""
 
     system_prompt = SYSTEM_PROMPT
     task: Calculator
 
-    def step(self, reply: Message) -> StepResult:
+    def step(self, reply: Message, tool_results: list[str | None] | None = None) -> StepResult:
+        """`tool_results`: the results of the reply's tool calls computed elsewhere (the sandbox,
+        see `tool_actions`), None where this environment computes it."""
         self._next_turn()
         parsed = parse_reply(reply)
         if parsed.expressions:
-            results = [self._run_tool(e) for e in parsed.expressions]
+            given = tool_results or [None] * len(parsed.expressions)
+            results = [
+                r if r is not None else self._run_tool(e)
+                for e, r in zip(parsed.expressions, given, strict=True)
+            ]
             calls = reply.get("tool_calls") or []
             messages: list[Message] = [
                 {"role": "tool", "tool_call_id": call.get("id") or f"call_{i}", "content": result}
@@ -236,5 +268,6 @@ SPEC = TaskSpec(
     demonstration=demonstration,
     parse_reply=parse_reply,
     tools=TOOLS,
+    tool_actions=tool_actions,
     sft_weight=2,  # copying the question into the call and the result into the answer is slow to learn
 )

@@ -26,6 +26,8 @@ DEAD_LETTER_CODES = (
     "out_of_order",
     "after_end",
     "poison",
+    "unknown_kind",
+    "demand",
 )
 
 

@@ -46,6 +46,8 @@ class GenerateResult:
     prompt_tokens: int
     weight_version: int | None  # None when the server's version is not a number (SGLang's "default")
     matched: int | str | None = None  # the stop token id or stop string that ended it, if any
+    input_logprobs: list[float | None] = field(default_factory=list)
+    """`meta_info.input_token_logprobs` values: one per prompt token from `logprob_start_len`, first None."""
     meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -68,6 +70,10 @@ class GenerateResult:
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             weight_version=parse_weight_version(meta.get("weight_version")),
             matched=finish.get("matched"),
+            input_logprobs=[
+                None if entry[0] is None else float(entry[0])
+                for entry in meta.get("input_token_logprobs") or []
+            ],
             meta_info=meta,
         )
 
@@ -113,13 +119,20 @@ class EngineClient:
         input_ids: list[list[int]],
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         return_logprob: bool = True,
+        logprob_start_len: int | list[int] | None = None,
     ) -> list[GenerateResult]:
-        """Generate from several prompts in one request (the server batches them)."""
-        body = {
+        """Generate from several prompts in one request (the server batches them).
+
+        `logprob_start_len` (one, or one per prompt) also asks for the prompt's input logprobs from
+        that position (`GenerateResult.input_logprobs`); with `max_new_tokens: 0` nothing is generated.
+        """
+        body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
         }
+        if logprob_start_len is not None:
+            body["logprob_start_len"] = logprob_start_len
         data = await self._call("POST", "/generate", body)
         if not isinstance(data, list) or len(data) != len(input_ids):
             raise EngineError(0, f"batch of {len(input_ids)} prompts got a {type(data).__name__} back")

@@ -12,7 +12,11 @@ strings, `max_new_tokens`, or the model's context length) and leaves the batch a
 is then cut down to the rows and columns still in use.
 
 Logprobs: `log_softmax(logits / T)` of the sampled token, before top-k/top-p (greedy: T = 1), which
-is SGLang's default; `sampling.py` says where that was checked.
+is SGLang's default; `sampling.py` says where that was checked. Input logprobs (`logprob_start_len`
+>= 0, SGLang's prompt logprobs): the prefill keeps the logits of the prompt's tail and returns, for
+each prompt token from `logprob_start_len` on, `log_softmax(logits)` (no temperature, SGLang's
+default) at that token given the tokens before it; the first entry is None, as SGLang pads it. A
+request with `max_new_tokens=0` and input logprobs is scored by one forward and never decodes.
 
 Weights change only when no request is running: a reload waits for the running rows to finish,
 holds back requests queued after it, swaps tensors in place, then lets them in. Every output was
@@ -54,6 +58,10 @@ class GenerationOutput:
     finish_reason: dict[str, Any]
     prompt_tokens: int
     weight_version: str
+    input_logprobs: list[float | None] = field(default_factory=list)
+    """SGLang's `input_token_logprobs` values for `prompt[logprob_start_len:]`; first None; empty if not asked."""
+    input_logprob_ids: list[int] = field(default_factory=list)
+    """The prompt tokens `input_logprobs` belong to (`prompt[logprob_start_len:]`)."""
 
 
 @dataclass
@@ -69,6 +77,8 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     stop_at: int | None = None  # character offset of a matched stop string in the text
+    logprob_start: int = -1  # SGLang's logprob_start_len: -1 = no input logprobs
+    input_logprobs: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -121,6 +131,7 @@ class EngineCore:
         self._closed = False
         # Counters read by tests and benchmarks (`stats()`); written by the scheduler thread only.
         self.batch_sizes: Counter[int] = Counter()  # decode steps by batch size
+        self.score_batch_sizes: Counter[int] = Counter()  # score-only forwards (max_new_tokens=0) by size
         self._stats_lock = threading.Lock()  # stats() copies batch_sizes while the scheduler adds keys
         self.tokens_generated = 0
         self.requests_finished = 0
@@ -133,16 +144,26 @@ class EngineCore:
     # -- entry points (any thread) --------------------------------------------------------------
 
     def submit(
-        self, input_ids: list[int], params: SamplingParams, rid: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        logprob_start_len: int = -1,
     ) -> cf.Future[GenerationOutput]:
-        """Queue one request; ValueError at once if the prompt is unusable."""
+        """Queue one request; ValueError at once if the prompt or `logprob_start_len` is unusable.
+
+        `logprob_start_len` >= 0 also returns the input logprobs of `input_ids[logprob_start_len:]`.
+        """
         if self._closed:
             raise RuntimeError("engine is closed")
         self.check_prompt(input_ids)
+        self.check_logprob_start(logprob_start_len, len(input_ids))
         fut: cf.Future[GenerationOutput] = cf.Future()
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        row = _Row(rid or uuid.uuid4().hex, list(input_ids), params, fut, gen)
-        if params.max_new_tokens == 0:  # SGLang allows it: nothing to generate
+        row = _Row(
+            rid or uuid.uuid4().hex, list(input_ids), params, fut, gen, logprob_start=logprob_start_len
+        )
+        if params.max_new_tokens == 0 and logprob_start_len < 0:  # SGLang allows it: nothing to generate
             row.finish = {"type": "length", "length": 0}
             fut.set_result(self._output(row))
         else:
@@ -150,9 +171,13 @@ class EngineCore:
         return fut
 
     async def generate(
-        self, input_ids: list[int], params: SamplingParams, rid: str | None = None
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        logprob_start_len: int = -1,
     ) -> GenerationOutput:
-        return await asyncio.wrap_future(self.submit(input_ids, params, rid))
+        return await asyncio.wrap_future(self.submit(input_ids, params, rid, logprob_start_len))
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -184,10 +209,12 @@ class EngineCore:
     def stats(self) -> dict[str, Any]:
         with self._stats_lock:
             sizes = dict(self.batch_sizes)
+            score_sizes = dict(self.score_batch_sizes)
         return {
             "max_batch_seen": max(sizes, default=0),
             "decode_steps": sum(sizes.values()),
             "batch_sizes": sizes,
+            "score_batch_sizes": score_sizes,
             "tokens_generated": self.tokens_generated,
             "requests_finished": self.requests_finished,
             "running": len(self._batch),
@@ -214,6 +241,14 @@ class EngineCore:
         if len(ids) >= self.context_length:
             raise ValueError(
                 f"input has {len(ids)} tokens; the context length is {self.context_length}, leaving no room to generate"
+            )
+
+    @staticmethod
+    def check_logprob_start(start: int, n_prompt: int) -> None:
+        """ValueError unless `start` is -1 (no input logprobs) or a position in the prompt (SGLang's rule)."""
+        if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start < n_prompt:
+            raise ValueError(
+                f"logprob_start_len={start!r} must be -1 or in [0, {n_prompt}): the prompt has {n_prompt} tokens"
             )
 
     # -- scheduler thread -----------------------------------------------------------------------
@@ -260,6 +295,12 @@ class EngineCore:
 
     @torch.inference_mode()
     def _prefill(self, new: list[_Row]) -> None:
+        scored = [r for r in new if r.params.max_new_tokens == 0]  # score-only: one forward, no cache
+        if scored:
+            self._score(scored)
+            new = [r for r in new if r.params.max_new_tokens > 0]
+            if not new:
+                return
         ids, mask, positions = left_padded([r.prompt for r in new], self.device)
         cache = DynamicCache()  # no config: plain full-attention layers, which KVBatch can pad and cut
         out = self.model(
@@ -268,10 +309,42 @@ class EngineCore:
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=_tail(new),
         )
+        self._input_logprobs(new, out.logits)
         self._batch.join(new, cache, mask)
         self._advance(new, out.logits[:, -1, :])
+
+    def _score(self, rows: list[_Row]) -> None:
+        """Input logprobs for `max_new_tokens=0` rows, batched in one forward; they finish at once."""
+        with self._stats_lock:
+            self.score_batch_sizes[len(rows)] += 1
+        ids, mask, positions = left_padded([r.prompt for r in rows], self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=_tail(rows),
+        )
+        self._input_logprobs(rows, out.logits)
+        for row in rows:
+            row.finish = {"type": "length", "length": 0}
+            self.requests_finished += 1
+            row.future.set_result(self._output(row))
+
+    def _input_logprobs(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Fill `input_logprobs` of rows that asked; `logits` holds each (left-padded) row's last k positions."""
+        k = logits.shape[1]
+        for i, row in enumerate(rows):
+            if row.logprob_start < 0:
+                continue
+            n = len(row.prompt) - row.logprob_start
+            # position j predicts token j + 1: the first token of the range has no position in it
+            steps = logits[i, k - n : k - 1].float()
+            targets = torch.tensor(row.prompt[row.logprob_start + 1 :], device=steps.device)
+            lp = torch.log_softmax(steps, dim=-1).gather(-1, targets[:, None])[:, 0]
+            row.input_logprobs = [None, *lp.tolist()]
 
     @torch.inference_mode()
     def _decode(self) -> None:
@@ -329,7 +402,15 @@ class EngineCore:
             if row.stop_at is not None and not row.params.no_stop_trim:
                 text = text[: row.stop_at]
         return GenerationOutput(
-            row.rid, row.output_ids, row.logprobs, text, row.finish, len(row.prompt), self.weight_version
+            row.rid,
+            row.output_ids,
+            row.logprobs,
+            text,
+            row.finish,
+            len(row.prompt),
+            self.weight_version,
+            input_logprobs=row.input_logprobs,
+            input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
         )
 
     def _apply_swap(self, swap: _Swap) -> None:
@@ -364,3 +445,8 @@ class EngineCore:
             if not row.future.done():
                 row.future.set_result(self._output(row))
         self._batch.clear()
+
+
+def _tail(rows: list[_Row]) -> int:
+    """How many last positions' logits a prefill keeps: 1 for sampling, more for input logprobs."""
+    return max([1] + [len(r.prompt) - r.logprob_start for r in rows if r.logprob_start >= 0])

@@ -10,6 +10,14 @@ UpdateWeightFromDiskReqInput @001067ff, `entrypoints/http_server.py`, `managers/
 meta_info): `meta_info.output_token_logprobs` is `[[logprob, token_id, text_or_null], ...]`,
 `finish_reason` is `{"type": "stop"|"length"|"abort", "matched"|"length"|"message": ...}`,
 `weight_version` is a string. Errors are HTTP 400 with `{"error": {"message": ...}}`, as SGLang's.
+
+Input logprobs (`return_logprob` with `logprob_start_len` >= 0, an int or one per prompt) follow
+SGLang's scheduler (`managers/scheduler.py` handle_generate_request and
+`scheduler_output_processor_mixin.py` `_process_input_token_logprobs` @004ec010):
+`meta_info.input_token_logprobs` has one `[logprob, token_id, text_or_null]` per token of
+`input_ids[logprob_start_len:]`, the first logprob always None; entry i is log p(token i | tokens
+before it). A start past the prompt is refused (SGLang aborts it). `-1`, the default, returns none
+(`[]`). With `max_new_tokens: 0` the prompt is only scored: one batched forward, no decoding.
 """
 
 from __future__ import annotations
@@ -45,8 +53,11 @@ def create_app(engine: EngineCore) -> FastAPI:
     async def generate(request: Request) -> Response:
         try:
             body = await request.json()
-            prompts, params, want_logprob, rids, single = _parse_generate(engine, body)
-            futures = [engine.submit(p, sp, rid) for p, sp, rid in zip(prompts, params, rids, strict=True)]
+            prompts, params, want_logprob, rids, single, starts = _parse_generate(engine, body)
+            futures = [
+                engine.submit(p, sp, rid, start)
+                for p, sp, rid, start in zip(prompts, params, rids, starts, strict=True)
+            ]
         except ValueError as exc:  # includes malformed JSON
             return _error(str(exc))
         except RuntimeError as exc:  # the engine is shutting down
@@ -114,8 +125,9 @@ def create_app(engine: EngineCore) -> FastAPI:
 
 def _parse_generate(
     engine: EngineCore, body: Any
-) -> tuple[list[list[int]], list[SamplingParams], list[bool], list[str | None], bool]:
-    """Validate a /generate body: prompts, params, return_logprob and rids per item, and whether single."""
+) -> tuple[list[list[int]], list[SamplingParams], list[bool], list[str | None], bool, list[int]]:
+    """Validate a /generate body: prompts, params, return_logprob and rids per item, whether single,
+    and each item's logprob_start_len (-1 where no input logprobs are asked for)."""
     if not isinstance(body, dict):
         raise ValueError(f"request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - _GENERATE_KEYS)
@@ -167,7 +179,17 @@ def _parse_generate(
             engine.check_prompt(p)
         except ValueError as exc:  # checked before any is queued: a bad item must not cost compute
             raise ValueError(f"prompt {i}: {exc}" if n > 1 else str(exc)) from None
-    return prompts, params, [bool(w) for w in want], rids, single
+    raw_start = body.get("logprob_start_len")
+    starts = raw_start if isinstance(raw_start, list) else [-1 if raw_start is None else raw_start] * n
+    if len(starts) != n:
+        raise ValueError(f"logprob_start_len has {len(starts)} entries for {n} prompts")
+    starts = [s if w else -1 for s, w in zip(starts, want, strict=True)]  # SGLang: only with return_logprob
+    for i, (s, p) in enumerate(zip(starts, prompts, strict=True)):
+        try:
+            engine.check_logprob_start(s, len(p))
+        except ValueError as exc:
+            raise ValueError(f"prompt {i}: {exc}" if n > 1 else str(exc)) from None
+    return prompts, params, [bool(w) for w in want], rids, single, starts
 
 
 def _to_sglang(
@@ -187,5 +209,9 @@ def _to_sglang(
             [lp, tid, tok.decode([tid]) if tok is not None else None]
             for lp, tid in zip(out.output_logprobs, out.output_ids, strict=True)
         ]
-        meta["input_token_logprobs"] = []  # logprob_start_len=-1 (SGLang's default): none asked for
+        # empty when logprob_start_len=-1 (SGLang's default): none asked for
+        meta["input_token_logprobs"] = [
+            [lp, tid, tok.decode([tid]) if tok is not None else None]
+            for lp, tid in zip(out.input_logprobs, out.input_logprob_ids, strict=True)
+        ]
     return {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
+    ActionResult,
     EvalResult,
     MergeStats,
     Sample,
+    SampleDrops,
     TrainStep,
     WireError,
     decode,
@@ -36,12 +38,16 @@ def _metric_type(subject: str) -> type[Record]:
     """Which record a METRICS subject carries; compares against the names `schemas.subjects` builds."""
     if subject == S.MERGE_METRICS_SUBJECT:
         return MergeStats
+    if subject == S.ACTION_METRICS_SUBJECT:
+        return ActionResult
     model = _last_token(subject)
     try:
         if subject == S.train_metrics_subject(model):
             return TrainStep
         if subject == S.eval_metrics_subject(model):
             return EvalResult
+        if subject == S.drops_metrics_subject(model):
+            return SampleDrops
     except ValueError:  # last token is not a valid model name
         pass
     raise WireError("subject", f"{subject!r} is not a metrics subject the ledger knows")

@@ -34,8 +34,10 @@ VIEW_HELP = {
     "llm_calls": "every LLM call: exact prompt/output token ids, logprobs, policy version, messages",
     "samples": "training samples from the merger (token ids, loss mask, logprobs, reward)",
     "train_steps": "one row per trainer step (loss, reward mean/std, staleness, throughput)",
+    "sample_drops": "samples a trainer dropped untrained between steps, with the reason (JSON map)",
     "evals": "evaluation results (success rate per model, step and task)",
     "merges": "merge statistics per episode (timelines kept, tokens before/after)",
+    "actions": "every action of the actions service: episode, kind, demand, queued/run/ACT seconds, status",
     "dead_letters": "rejected messages of every service: reason, original subject and bytes",
 }
 

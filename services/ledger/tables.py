@@ -13,7 +13,16 @@ from typing import Any
 import pyarrow as pa
 import pydantic_core
 
-from swarmrl.schemas import EvalResult, Event, MergeStats, Sample, TrainStep, WireError
+from swarmrl.schemas import (
+    ActionResult,
+    EvalResult,
+    Event,
+    MergeStats,
+    Sample,
+    SampleDrops,
+    TrainStep,
+    WireError,
+)
 from swarmrl.schemas import subjects as S
 
 STR, I64, F64, BOOL, BLOB = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.binary()
@@ -122,6 +131,16 @@ TABLES: dict[str, pa.Schema] = {
             ("ts", F64),
         ]
     ),
+    "sample_drops": pa.schema(
+        _POSITION
+        + [
+            ("v", I64),
+            ("model", STR),
+            ("step", I64),
+            ("dropped", STR),
+            ("ts", F64),
+        ]
+    ),
     "evals": pa.schema(
         _POSITION
         + [
@@ -157,6 +176,28 @@ TABLES: dict[str, pa.Schema] = {
             ("ts", F64),
         ]
     ),
+    "actions": pa.schema(
+        _POSITION
+        + [
+            ("v", I64),
+            ("action_id", STR),
+            ("episode_id", STR),
+            ("kind", STR),
+            ("status", STR),
+            ("result", STR),
+            ("error", STR),
+            ("queued_s", F64),
+            ("run_s", F64),
+            ("act_s", F64),
+            ("cpu", I64),
+            ("mem_mb", I64),
+            ("accel", I64),
+            ("units", I64),
+            ("policy", STR),
+            ("owner", STR),
+            ("ts", F64),
+        ]
+    ),
     "dead_letters": pa.schema(
         _POSITION
         + [
@@ -176,7 +217,7 @@ TABLES: dict[str, pa.Schema] = {
 STREAM_TABLES: dict[str, tuple[str, ...]] = {
     S.EPISODES_STREAM: ("events", "llm_calls"),
     S.SAMPLES_STREAM: ("samples",),
-    S.METRICS_STREAM: ("train_steps", "evals", "merges"),
+    S.METRICS_STREAM: ("train_steps", "sample_drops", "evals", "merges", "actions"),
     S.DLQ_STREAM: ("dead_letters",),
 }
 
@@ -195,6 +236,8 @@ _JSON_FIELDS = {
     "events": ("task", "data", "metrics"),
     "llm_calls": ("messages", "tools"),
     "train_steps": ("extra", "sample_ids", "dropped"),
+    "actions": ("result",),
+    "sample_drops": ("dropped",),
 }
 
 
@@ -250,8 +293,16 @@ def sample_row(sample: Sample, stream: str, seq: int) -> Row:
     return row
 
 
-def metric_row(record: TrainStep | EvalResult | MergeStats, stream: str, seq: int) -> tuple[str, Row]:
-    table = {TrainStep: "train_steps", EvalResult: "evals", MergeStats: "merges"}[type(record)]
+METRIC_TABLES: dict[type, str] = {
+    TrainStep: "train_steps", SampleDrops: "sample_drops", EvalResult: "evals", MergeStats: "merges",
+    ActionResult: "actions",
+}  # fmt: skip
+
+
+def metric_row(
+    record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult, stream: str, seq: int
+) -> tuple[str, Row]:
+    table = METRIC_TABLES[type(record)]
     return table, check_ints(table, _record_row(table, record, stream, seq))
 
 

@@ -61,11 +61,11 @@ from swarmrl.schemas import (
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject
+from swarmrl.services.common.retry import Stopping, retry
 from swarmrl.services.merger.assembler import assemble, dropped_stats
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
 from swarmrl.services.merger.recovery import Recovery
-from swarmrl.services.common.retry import Stopping, retry
 
 log = logging.getLogger("swarmrl.merger")
 SERVICE = "merger"

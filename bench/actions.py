@@ -1,0 +1,313 @@
+"""Action-level scheduling benchmark (issue 9): one RL-shaped action trace against `static`, `fifo`
+and `elastic`, on the real actions service and in the simulator.
+
+    python bench/actions.py                 # both modes -> bench/results/actions.{json,md}
+    python bench/actions.py --help
+
+**Real mode**: a nats-server, the actions service with real sandboxes (bubblewrap where installed)
+and a real judge (the embedded engine on the project's tiny model, batched), and the trace replayed
+by agents through the SDK (`ep.act`): waves of trajectories at step boundaries, LLM think time
+between actions (sleeps: the benchmark measures the external resources, not the LLM). A python
+action's code sleeps for its trace run time: on a 2-core machine, units (warm sandbox workers), not
+cores, are the resource being scheduled; worker start-up, sandboxing and NATS hops are real.
+
+**Simulation mode**: the same scheduler code in virtual time (`services/actions/simulate.py`) at
+10,000 concurrent trajectories and 1,000 units.
+
+Pools, the same for every policy of a mode: `fifo` and `elastic` get `--units` CPU units and
+`--slots` judge slots (their peak); `static` gets what the common practice provisions, one bundle
+per trajectory of a wave (`--trajectories` CPU units and judge slots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchutil import RESULTS, machine
+
+from swarmrl.machine import describe
+from swarmrl.schemas import ActionRequest, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.actions.scheduler import PoolSpec
+from swarmrl.services.actions.simulate import SimResult, percentile, simulate
+from swarmrl.services.actions.trace import TrajectorySpec, make_trace
+
+POLICIES = ("static", "fifo", "elastic")
+MEM_MB = 1 << 20  # memory is not the constraint studied here
+
+
+def pools_for(policy: str, units: int, slots: int, trajectories: int, idle_s: float) -> dict[str, PoolSpec]:
+    if policy == "static":
+        return {"cpu": PoolSpec(0, trajectories), "accel": PoolSpec(0, trajectories)}
+    floor_cpu, floor_accel = (units, slots) if policy == "fifo" else (1, 1)
+    return {
+        "cpu": PoolSpec(floor_cpu, units, idle_s=idle_s, start_s=0.05),
+        "accel": PoolSpec(floor_accel, slots, idle_s=idle_s, start_s=0.0),
+    }
+
+
+# --- real mode ----------------------------------------------------------------------------------
+
+
+def python_code(run_s: float) -> str:
+    return f"import time\nt = time.monotonic()\nsum(range(2000))\ntime.sleep(max({run_s:.4f} - (time.monotonic() - t), 0))\nprint('done')"
+
+
+async def replay(
+    trace: list[TrajectorySpec], policy: str, args: argparse.Namespace, tmp: Path, engine: str
+) -> dict[str, Any]:
+    from swarmrl.agents.sdk import SwarmClient
+    from swarmrl.infra.nats_server import NatsServer
+    from swarmrl.services.actions.config import ActionsConfig
+    from swarmrl.services.actions.service import ActionsService
+    from swarmrl.services.common import bus
+
+    pools = pools_for(policy, args.units, args.slots, args.trajectories, args.idle_s)
+    with NatsServer(store_dir=tmp / f"nats-{policy}") as server:
+        nc = await bus.connect(server.service_url, "bench-actions")
+        js = nc.jetstream()
+        await bus.ensure_streams(js)
+        cfg = ActionsConfig(
+            nats=server.service_url, policy=policy,  # type: ignore[arg-type]
+            cpu_floor=pools["cpu"].floor, cpu_ceiling=pools["cpu"].ceiling,
+            accel_floor=pools["accel"].floor, accel_ceiling=pools["accel"].ceiling,
+            mem_budget_mb=MEM_MB, idle_s=args.idle_s, judge_engine=engine, wall_s=60.0, cpu_s=60.0,
+        )  # fmt: skip
+        service = ActionsService(cfg, nc, js)
+        task = asyncio.create_task(service.run())
+        await asyncio.sleep(0.5)
+        client = await SwarmClient.connect(server.agent, code_version="bench")
+        results: list[Any] = []
+        makespans: list[float] = []
+        t0 = time.monotonic()
+
+        async def trajectory(tr: TrajectorySpec) -> None:
+            ep = client.episode(tr.id, episode_id=f"agent_{tr.id.replace('/', '-')}")
+            for turn in tr.turns:
+                await asyncio.sleep(turn.think_s * args.time_scale)
+                if turn.kind == "python":
+                    payload = {"code": python_code(turn.run_s * args.time_scale)}
+                    res = await ep.act("python", payload, cpu=turn.demand.cpu, mem_mb=turn.demand.mem_mb,
+                                       hint_s=turn.hint_s and turn.hint_s * args.time_scale, timeout_s=120)  # fmt: skip
+                else:
+                    payload = {"prompt": "Is 7 * 4 + 8 = 36? Answer:", "text": " yes, it is 36."}
+                    res = await ep.act("judge", payload, cpu=0, accel=1, mem_mb=1,
+                                       hint_s=turn.hint_s and turn.hint_s * args.time_scale)  # fmt: skip
+                results.append(res)
+            await asyncio.sleep(tr.final_think_s * args.time_scale)
+            end = ActionRequest(op="end", action_id="end", episode_id=ep.episode_id)
+            await client.nc.publish(S.act_subject("agent"), encode(end))
+
+        for step in sorted({tr.step for tr in trace}):
+            began = time.monotonic()
+            await asyncio.gather(*(trajectory(tr) for tr in trace if tr.step == step))
+            makespans.append(time.monotonic() - began)
+            print(f"  {policy}: step {step} took {makespans[-1]:.1f} s", flush=True)
+        stats = service.scheduler.stats(time.monotonic())
+        service.request_stop()
+        await task
+        await client.close()
+        await nc.close()
+    acts = [r.act_s for r in results]
+    bad = [r for r in results if r.status != "ok"]
+    row: dict[str, Any] = {
+        "policy": policy, "actions": len(results), "not_ok": len(bad),
+        "not_ok_examples": [f"{r.kind} {r.status}: {r.error[:120]}" for r in bad[:3]],
+        "mean_act_s": round(sum(acts) / len(acts), 4), "p50_act_s": round(percentile(acts, 0.5), 4),
+        "p99_act_s": round(percentile(acts, 0.99), 4),
+        "mean_wait_s": round(sum(r.queued_s for r in results) / len(results), 4),
+        "makespan_s": round(sum(makespans), 3), "step_makespan_s": [round(m, 3) for m in makespans],
+        "wall_s": round(time.monotonic() - t0, 1),
+    }  # fmt: skip
+    for r in ("cpu", "accel"):
+        row[f"{r}_unit_s"] = round(stats[f"{r}_allocated_unit_s"], 1)
+        row[f"{r}_busy_unit_s"] = round(stats[f"{r}_busy_unit_s"], 1)
+        row[f"{r}_utilisation"] = round(stats[f"{r}_utilisation"], 4)
+        row[f"{r}_peak_units"] = int(stats[f"{r}_peak_units"])
+    return row
+
+
+async def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from swarmrl.bootstrap import build_model
+    from swarmrl.services.common.http import BackgroundServer
+    from swarmrl.services.engine.engine_core import EngineCore
+    from swarmrl.services.engine.server import create_app
+
+    trace = make_trace(args.seed, steps=args.steps, trajectories_per_step=args.trajectories)
+    with tempfile.TemporaryDirectory(prefix="bench-actions-") as d:
+        tmp = Path(d)
+        build_model(tmp / "judge-model", seed=0, warm_start_steps=0)
+        core = EngineCore(tmp / "judge-model", max_batch=max(args.slots, 16))
+        server = BackgroundServer(create_app(core)).start()
+        try:
+            rows = []
+            for policy in POLICIES:
+                print(f"real: {policy} ...", flush=True)
+                rows.append(await replay(trace, policy, args, tmp, server.url))
+            return rows
+        finally:
+            server.stop()
+            core.close()
+
+
+# --- simulation mode ----------------------------------------------------------------------------
+
+
+def run_sim(args: argparse.Namespace) -> list[dict[str, Any]]:
+    trace = make_trace(args.seed, steps=args.sim_steps, trajectories_per_step=args.sim_trajectories)
+    rows = []
+    for policy in POLICIES:
+        pools = pools_for(policy, args.sim_units, args.sim_slots, args.sim_trajectories, args.idle_s)
+        res: SimResult = simulate(trace, policy, pools, mem_budget_mb=MEM_MB)
+        rows.append(res.summary())
+        print(f"sim: {policy} mean ACT {res.mean_act_s:.3f} s, wall {res.wall_s:.1f} s", flush=True)
+    return rows
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    by = {r["policy"]: r for r in rows}
+    e, f, s = by["elastic"], by["fifo"], by["static"]
+    units = lambda r: r["cpu_unit_s"] + r["accel_unit_s"]  # noqa: E731
+    return {
+        "elastic_over_fifo_mean_act": round(e["mean_act_s"] / f["mean_act_s"], 3),
+        "elastic_over_static_unit_s": round(units(e) / units(s), 3),
+        "elastic_over_static_makespan": round(e["makespan_s"] / s["makespan_s"], 3),
+        "elastic_over_static_mean_act": round(e["mean_act_s"] / s["mean_act_s"], 3),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| policy | actions | mean ACT s | p50 s | p99 s | mean queued s | makespan s | CPU unit-s | "
+        "judge slot-s | CPU util | judge util | peak CPU units | peak judge slots |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['policy']} | {r['actions']} | {r['mean_act_s']:.3f} | {r['p50_act_s']:.3f} | "
+            f"{r['p99_act_s']:.3f} | {r['mean_wait_s']:.3f} | {r['makespan_s']:.1f} | {r['cpu_unit_s']:.0f} | "
+            f"{r['accel_unit_s']:.0f} | {r['cpu_utilisation']:.1%} | {r['accel_utilisation']:.1%} | "
+            f"{r['cpu_peak_units']} | {r['accel_peak_units']} |"
+        )
+    return out
+
+
+def targets(q: dict[str, float]) -> list[str]:
+    checks = [
+        ("elastic mean ACT <= 0.5x fifo's (same peak units)", q["elastic_over_fifo_mean_act"] <= 0.5),
+        ("elastic unit-seconds <= 0.4x static's", q["elastic_over_static_unit_s"] <= 0.4),
+        ("elastic makespan no worse than static's", q["elastic_over_static_makespan"] <= 1.0),
+    ]
+    return [f"- {name}: **{'yes' if ok else 'NO'}**" for name, ok in checks]
+
+
+def write(out: dict[str, Any], path: Path) -> None:
+    path.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
+    a = out["args"]
+    lines = [
+        "# Action-level scheduling: static vs fifo vs elastic",
+        "",
+        f"{describe(out['machine'])}. Command: `{out['command']}`; {out['wall_s']:.0f} s.",
+        "",
+        "One RL-shaped trace (`services/actions/trace.py`, seed "
+        f"{a['seed']}): waves of trajectories at step boundaries, each a few turns of LLM think time "
+        "then one action; python actions with lognormal (heavy-tailed) run times, 20% judge calls. "
+        "ACT = action completion time (arrival to result). Unit-seconds = units allocated x time "
+        "(static: the bundles trajectories hold; fifo: the whole pool; elastic: the pool as it "
+        "grows and shrinks); utilisation = busy / allocated.",
+        "",
+    ]
+    if "real" in out:
+        q = out["real_ratios"]
+        lines += [
+            f"## Real service ({a['steps']} steps x {a['trajectories']} trajectories, time scale {a['time_scale']})",
+            "",
+            f"The actions service with {out['sandbox_mode']} sandboxes and the batched judge on the embedded "
+            f"engine; agents through the SDK. fifo and elastic: {a['units']} CPU units and {a['slots']} "
+            f"judge slots at most; static: one bundle per trajectory ({a['trajectories']}).",
+            "",
+            *table(out["real"]),
+            "",
+            f"elastic / fifo mean ACT **{q['elastic_over_fifo_mean_act']}x**; elastic / static unit-seconds "
+            f"**{q['elastic_over_static_unit_s']}x**, makespan {q['elastic_over_static_makespan']}x, "
+            f"mean ACT {q['elastic_over_static_mean_act']}x.",
+            "",
+            *targets(q),
+            "",
+        ]
+    if "sim" in out:
+        q = out["sim_ratios"]
+        lines += [
+            f"## Simulation ({a['sim_steps']} steps x {a['sim_trajectories']} trajectories, "
+            f"{a['sim_units']} CPU units, {a['sim_slots']} judge slots)",
+            "",
+            "The same scheduler code in virtual time (`services/actions/simulate.py`); `wall s` is how "
+            "long the simulation itself took.",
+            "",
+            *table(out["sim"]),
+            "",
+            "| policy | simulation wall s |",
+            "| --- | ---: |",
+            *[f"| {r['policy']} | {r['wall_s']:.1f} |" for r in out["sim"]],
+            "",
+            f"elastic / fifo mean ACT **{q['elastic_over_fifo_mean_act']}x**; elastic / static unit-seconds "
+            f"**{q['elastic_over_static_unit_s']}x**, makespan {q['elastic_over_static_makespan']}x.",
+            "",
+            *targets(q),
+            "",
+        ]
+    path.with_suffix(".md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=0, help="trace seed")
+    p.add_argument("--steps", type=int, default=3, help="real mode: RL steps (waves)")
+    p.add_argument("--trajectories", type=int, default=48, help="real mode: trajectories per step")
+    p.add_argument("--units", type=int, default=4, help="real mode: CPU units of fifo and elastic")
+    p.add_argument("--slots", type=int, default=2, help="real mode: judge slots of fifo and elastic")
+    p.add_argument("--time-scale", type=float, default=1.0, help="real mode: multiply think and run times")
+    p.add_argument("--idle-s", type=float, default=2.0, help="elastic: release a unit idle this long")
+    p.add_argument("--sim-steps", type=int, default=3)
+    p.add_argument("--sim-trajectories", type=int, default=10_000)
+    p.add_argument("--sim-units", type=int, default=1_000)
+    p.add_argument("--sim-slots", type=int, default=250)
+    p.add_argument("--skip-real", action="store_true")
+    p.add_argument("--skip-sim", action="store_true")
+    p.add_argument("--out", type=Path, default=RESULTS / "actions")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    out: dict[str, Any] = {
+        "benchmark": "actions",
+        "command": "python bench/actions.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine(),
+        "args": vars(args) | {"out": str(args.out)},
+    }
+    if not args.skip_real:
+        from swarmrl.services.actions.sandbox import detect_mode
+
+        out["sandbox_mode"] = detect_mode()
+        out["real"] = asyncio.run(run_real(args))
+        out["real_ratios"] = ratios(out["real"])
+    if not args.skip_sim:
+        out["sim"] = run_sim(args)
+        out["sim_ratios"] = ratios(out["sim"])
+    out["wall_s"] = time.monotonic() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write(out, args.out)
+    print(f"wrote {args.out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,402 @@
+"""The scheduling policies (`static`, `fifo`, `elastic`; see `scheduler.py`'s docstring), pure."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from swarmrl.services.actions.model import RESOURCES, Action, Demand
+from swarmrl.services.actions.pools import BACKFILL_DEPTH, PRED_SCALE_S, PoolSpec, Units, cover, queue_of
+
+if TYPE_CHECKING:
+    from swarmrl.services.actions.scheduler import Scheduler
+
+
+class Policy:
+    """How waiting actions are ordered and how many units are held. One subclass per policy; each
+    keeps its own queues and units, and calls `Scheduler.start` for every action it starts."""
+
+    name: ClassVar[str]
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    def check(self, action: Action) -> None:
+        """Raise ValueError if the policy could never run `action` (after the common checks)."""
+
+    def submit(self, action: Action, now: float) -> None:
+        raise NotImplementedError
+
+    def dispatch(self, now: float) -> list[Action]:
+        raise NotImplementedError
+
+    def finish(self, action: Action, now: float) -> None:
+        raise NotImplementedError
+
+    def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
+        """Nothing to do unless units are tied to trajectories (dropped actions are skipped lazily)."""
+
+    def advance(self, now: float) -> None:
+        """Apply the timed changes due by `now`."""
+
+    def next_event(self) -> float | None:
+        return None
+
+    def allocated(self, resource: str) -> int:
+        raise NotImplementedError
+
+
+class SharedUnits(Policy):
+    """Base of `fifo` and `elastic`: every action takes units from one shared pool per resource."""
+
+    shrinks: ClassVar[bool] = False
+
+    def __init__(self, s: Scheduler) -> None:
+        super().__init__(s)
+        self.units = {r: Units(s.pools[r], s.usage[r]) for r in RESOURCES}
+        self.started = False
+
+    def first_size(self, spec: PoolSpec) -> int:
+        """Units allocated at the first submit."""
+        raise NotImplementedError
+
+    def submit(self, action: Action, now: float) -> None:
+        if not self.started:
+            self.started = True
+            for units in self.units.values():
+                units.grow(self.first_size(units.spec), now)
+        self.enqueue(action)
+
+    def enqueue(self, action: Action) -> None:
+        raise NotImplementedError
+
+    def fits(self, d: Demand, reserved: dict[str, int]) -> bool:
+        """Enough free units and memory for `d`, after what `reserved` keeps for others (a
+        reservation may exceed what is free: it then leaves nothing, but blocks nothing else)."""
+        if d.mem_mb > max(0, self.s.mem_free() - reserved["mem"]):
+            return False
+        return all(d.units(r) <= max(0, u.free - reserved[r]) for r, u in self.units.items())
+
+    def run(self, action: Action, now: float) -> None:
+        for r, u in self.units.items():
+            if action.demand.units(r):
+                u.take(action.demand.units(r), now)
+        self.s.start(action)
+
+    def finish(self, action: Action, now: float) -> None:
+        for r, u in self.units.items():
+            if action.demand.units(r):
+                u.give(action.demand.units(r), now)
+
+    def advance(self, now: float) -> None:
+        for u in self.units.values():
+            u.advance(now, self.shrinks)
+
+    def next_event(self) -> float | None:
+        times = [t for u in self.units.values() if (t := u.next_event(self.shrinks)) is not None]
+        return min(times, default=None)
+
+    def allocated(self, resource: str) -> int:
+        return self.units[resource].size
+
+
+NO_RESERVATION = {"mem": 0, **{r: 0 for r in RESOURCES}}
+
+
+class Fifo(SharedUnits):
+    """Fixed pool of `ceiling` units; arrival order, head-of-line blocking."""
+
+    name = "fifo"
+
+    def __init__(self, s: Scheduler) -> None:
+        super().__init__(s)
+        self.queues: dict[str, deque[Action]] = {r: deque() for r in RESOURCES}
+
+    def first_size(self, spec: PoolSpec) -> int:
+        return spec.ceiling
+
+    def enqueue(self, action: Action) -> None:
+        self.queues[queue_of(action.demand)].append(action)
+
+    def dispatch(self, now: float) -> list[Action]:
+        out = []
+        for queue in self.queues.values():
+            while queue:
+                action = queue[0]
+                if not self.s.is_waiting(action):  # dropped by end_trajectory
+                    queue.popleft()
+                    continue
+                if not self.fits(action.demand, NO_RESERVATION):
+                    break  # head-of-line: everything behind it waits too
+                queue.popleft()
+                self.run(action, now)
+                out.append(action)
+        return out
+
+
+class Elastic(SharedUnits):
+    """Pool between floor and ceiling; shortest predicted first with aging; reservation + backfill."""
+
+    name = "elastic"
+    shrinks = True
+
+    def __init__(self, s: Scheduler) -> None:
+        super().__init__(s)
+        self.queues: dict[str, list[tuple[float, int, Action]]] = {r: [] for r in RESOURCES}
+        self.seq = itertools.count()
+        self.wanted = {r: 0 for r in RESOURCES}
+        """Units asked for by waiting actions, per resource."""
+
+    def first_size(self, spec: PoolSpec) -> int:
+        return spec.floor
+
+    def key(self, action: Action) -> float:
+        """Start order, fixed at submit (so a heap keeps it): see the module docstring."""
+        p = self.s.predictor.predict(action.kind, action.hint_s)
+        return action.submitted + self.s.aging_s * p / (p + PRED_SCALE_S)
+
+    def enqueue(self, action: Action) -> None:
+        heapq.heappush(self.queues[queue_of(action.demand)], (self.key(action), next(self.seq), action))
+        for r in RESOURCES:
+            self.wanted[r] += action.demand.units(r)
+
+    def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
+        for action in dropped:
+            for r in RESOURCES:
+                self.wanted[r] -= action.demand.units(r)
+
+    def grow(self, now: float) -> None:
+        for r, u in self.units.items():
+            short = self.wanted[r] - u.free - len(u.starting)
+            n = min(short, u.spec.ceiling - u.size)
+            if n > 0:
+                u.grow(n, now)
+
+    def dispatch(self, now: float) -> list[Action]:
+        self.grow(now)
+        out: list[Action] = []
+        reserved = dict(NO_RESERVATION)
+        for r, queue in self.queues.items():
+            self.drain(r, queue, reserved, now, out)
+        return out
+
+    def drain(
+        self,
+        r: str,
+        queue: list[tuple[float, int, Action]],
+        reserved: dict[str, int],
+        now: float,
+        out: list[Action],
+    ) -> None:
+        """Start what fits, in key order. The first action that does not fit reserves its demand in
+        `reserved`; after it, at most BACKFILL_DEPTH more are tried, in what is left."""
+        skipped: list[tuple[float, int, Action]] = []
+        while queue:
+            # Every action in this queue needs a unit of `r`: none left, none can start.
+            if self.units[r].free - reserved[r] <= 0 or len(skipped) > BACKFILL_DEPTH:
+                break
+            entry = heapq.heappop(queue)
+            action = entry[2]
+            if not self.s.is_waiting(action):  # dropped by end_trajectory
+                continue
+            if self.fits(action.demand, reserved):
+                self.run(action, now)
+                for res in RESOURCES:
+                    self.wanted[res] -= action.demand.units(res)
+                out.append(action)
+                continue
+            if not skipped:  # the first that does not fit keeps what it needs from the ones after it
+                reserved["mem"] += action.demand.mem_mb
+                for res in RESOURCES:
+                    reserved[res] += action.demand.units(res)
+            skipped.append(entry)
+        for entry in skipped:
+            heapq.heappush(queue, entry)
+
+
+@dataclass
+class Trajectory:
+    """A `static` trajectory: its bundle and its actions waiting to run in it."""
+
+    id: str
+    actions: deque[Action]
+    bundle: Demand | None = None
+    """Units held (None while waiting for a bundle)."""
+    want: Demand | None = None
+    """The bundle it waits for in the bundle queue."""
+    ready_at: float = 0.0
+    running: bool = False
+    ended: bool = False
+    poked: bool = False
+    """Already in `Static.runnable`."""
+    blocked: bool = False
+    """Already in `Static.mem_blocked`."""
+
+
+class Static(Policy):
+    """A bundle of units per trajectory, held until the trajectory ends."""
+
+    name = "static"
+
+    def __init__(self, s: Scheduler) -> None:
+        super().__init__(s)
+        self.trajectories: dict[str, Trajectory] = {}
+        self.held = {r: 0 for r in RESOURCES}
+        self.busy = {r: 0 for r in RESOURCES}
+        self.bundle_queue: deque[Trajectory] = deque()
+        self.starting: list[tuple[float, int, Trajectory]] = []
+        self.seq = itertools.count()
+        self.runnable: deque[Trajectory] = deque()
+        """Trajectories that may be able to start their next action."""
+        self.mem_blocked: deque[Trajectory] = deque()
+
+    def first_bundle(self, action: Action) -> Demand:
+        if self.s.static_bundle is not None:
+            return self.s.static_bundle
+        d = action.demand
+        return Demand(cpu=max(1, d.cpu), mem_mb=d.mem_mb, accel=d.accel)
+
+    def check(self, action: Action) -> None:
+        tr = self.trajectories.get(action.trajectory)
+        if tr is None:
+            self.s.check_fits(self.first_bundle(action), f"the static bundle of action {action.id!r}")
+        elif tr.ended:
+            raise ValueError(
+                f"action {action.id!r}: trajectory {tr.id!r} has ended (its last action still runs)"
+            )
+
+    def submit(self, action: Action, now: float) -> None:
+        tr = self.trajectories.get(action.trajectory)
+        if tr is None:
+            tr = self.trajectories[action.trajectory] = Trajectory(action.trajectory, deque())
+            self.ask(tr, self.first_bundle(action))
+        tr.actions.append(action)
+        self.poke(tr)
+
+    def ask(self, tr: Trajectory, bundle: Demand) -> None:
+        tr.want = bundle
+        self.bundle_queue.append(tr)
+
+    def poke(self, tr: Trajectory) -> None:
+        if not tr.poked:
+            tr.poked = True
+            self.runnable.append(tr)
+
+    def record(self, now: float) -> None:
+        for r in RESOURCES:
+            self.s.usage[r].record(now, self.held[r], self.busy[r])
+
+    def hold(self, bundle: Demand, sign: int, now: float) -> None:
+        for r in RESOURCES:
+            self.held[r] += sign * bundle.units(r)
+        self.record(now)
+
+    def dispatch(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        progress = True
+        while progress:
+            progress = self.grant(now)
+            while self.runnable:
+                tr = self.runnable.popleft()
+                tr.poked = False
+                progress |= self.step(tr, now, out)
+        return out
+
+    def grant(self, now: float) -> bool:
+        """Give bundles to waiting trajectories, in arrival order, while they fit."""
+        granted = False
+        while self.bundle_queue:
+            tr = self.bundle_queue[0]
+            want = tr.want
+            if tr.ended or want is None:
+                self.bundle_queue.popleft()
+                continue
+            if any(want.units(r) > self.s.pools[r].ceiling - self.held[r] for r in RESOURCES):
+                break
+            self.bundle_queue.popleft()
+            tr.bundle, tr.want = want, None
+            self.hold(want, +1, now)
+            warmup = max((self.s.pools[r].start_s for r in RESOURCES if want.units(r)), default=0.0)
+            tr.ready_at = now + warmup
+            if warmup > 0:
+                heapq.heappush(self.starting, (tr.ready_at, next(self.seq), tr))
+            else:
+                self.poke(tr)
+            granted = True
+        return granted
+
+    def step(self, tr: Trajectory, now: float, out: list[Action]) -> bool:
+        """Start `tr`'s next action if its bundle is ready; True if units were given back."""
+        if tr.running or not tr.actions or tr.bundle is None or tr.ready_at > now:
+            return False
+        action = tr.actions[0]
+        if any(action.demand.units(r) > tr.bundle.units(r) for r in RESOURCES):
+            self.hold(tr.bundle, -1, now)
+            self.ask(tr, cover(tr.bundle, action.demand))
+            tr.bundle = None
+            return True
+        if action.demand.mem_mb > self.s.mem_free():
+            if not tr.blocked:
+                tr.blocked = True
+                self.mem_blocked.append(tr)
+            return False
+        tr.actions.popleft()
+        tr.running = True
+        for r in RESOURCES:
+            self.busy[r] += action.demand.units(r)
+        self.record(now)
+        self.s.start(action)
+        out.append(action)
+        return False
+
+    def finish(self, action: Action, now: float) -> None:
+        tr = self.trajectories[action.trajectory]
+        tr.running = False
+        for r in RESOURCES:
+            self.busy[r] -= action.demand.units(r)
+        self.record(now)
+        free = self.s.mem_free()
+        while self.mem_blocked:  # wake the memory-blocked ones that now fit, in order
+            head = self.mem_blocked[0]
+            need = head.actions[0].demand.mem_mb if head.actions else 0
+            if need > free:
+                break
+            free -= need
+            self.mem_blocked.popleft().blocked = False
+            self.poke(head)
+        if tr.ended:
+            self.release(tr, now)
+        else:
+            self.poke(tr)
+
+    def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
+        tr = self.trajectories.get(trajectory)
+        if tr is None:
+            return
+        tr.actions.clear()
+        tr.ended = True
+        if not tr.running:
+            self.release(tr, now)
+
+    def release(self, tr: Trajectory, now: float) -> None:
+        if tr.bundle is not None:
+            self.hold(tr.bundle, -1, now)
+            tr.bundle = None
+        del self.trajectories[tr.id]
+
+    def advance(self, now: float) -> None:
+        while self.starting and self.starting[0][0] <= now:
+            self.poke(heapq.heappop(self.starting)[2])
+
+    def next_event(self) -> float | None:
+        return self.starting[0][0] if self.starting else None
+
+    def allocated(self, resource: str) -> int:
+        return self.held[resource]
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Static, Fifo, Elastic)}
+"""The scheduling policies, by name."""

@@ -1,0 +1,195 @@
+"""Action scheduler: which waiting action starts now, and how many units each pool holds (pure, no NATS).
+
+Consumes `Action`s (`submit`), finished runs (`finish`) and ended trajectories (`end_trajectory`);
+produces the actions to start (`dispatch`) and the pool sizes the service should keep (`pool_size`).
+Every call takes the clock as `now`, so the same code runs in the service (monotonic seconds) and in
+the simulator (virtual seconds, `simulate.py`). A `now` earlier than one already seen is clamped.
+
+Policies (`POLICIES`, chosen by name):
+
+- `static`, the common practice: a trajectory takes its own bundle of units (`static_bundle`, by
+  default the demand of its first action with at least one cpu) at its first action and keeps it,
+  idle through the LLM's think time, until `end_trajectory`. Its actions run one at a time in it.
+  Trajectories wait, first come first served, while the pool has no room for a bundle. An action
+  bigger than its bundle makes the trajectory give the bundle back and queue again for a bundle
+  covering both: taking a whole bundle at once (never holding some units while waiting for more)
+  means two trajectories can never wait on each other.
+- `fifo`: one shared pool of `ceiling` units, allocated from the first submit on. Actions start in
+  arrival order; an action that needs k units waits for k free ones and everything behind it waits.
+- `elastic` (action-level orchestration): the pool holds between `floor` and `ceiling` units. It
+  grows when the units waiting actions ask for exceed the free and starting units (a new unit is
+  usable `start_s` after it is added: the warm-up of a sandbox worker) and gives back units idle for
+  `idle_s`. Waiting actions start in order of `key = submitted + aging_s * p / (p + PRED_SCALE_S)`
+  where `p` is the predicted run time (`Predictor`, fixed at submit so the order is a heap). Shorter
+  predictions go first; waiting counts too, since the key adds at most `aging_s` to the arrival
+  time: no action is ever ordered behind one that arrived more than `aging_s` after it, so nothing
+  starves. The first waiting action in that order that does not fit (say it needs 2 cpus and 1 is
+  free) reserves its whole demand; the ones after it may only use what is left over (backfill), so
+  a stream of small actions cannot keep a big one out. Growth counts units only (not memory).
+
+Waiting actions are queued per resource (`accel` if the action asks for any, else `cpu`), so a
+judge call never waits behind a code run. Memory is one budget for the whole scheduler: the
+`mem_mb` of running actions never exceeds `mem_budget_mb` (a `static` bundle holds units, not
+memory). Pools start empty; `fifo` allocates its ceiling and `elastic` its floor at the first
+submit. Every new unit, and every new `static` bundle, pays `start_s` before it is usable.
+
+Invariants: for every resource, busy <= allocated <= ceiling (and, elastic, allocated >= floor once
+started); an action starts only when all its units and its memory are free; units that are starting
+count as allocated (they are paid for) but not as free.
+
+Files: `pools.py` (limits, unit pools, meters, the predictor), `policies.py` (the three policies),
+this one (`Scheduler`, what the service and the simulator call).
+"""
+
+from __future__ import annotations
+
+import math
+
+from swarmrl.services.actions.model import RESOURCES, Action, Demand
+from swarmrl.services.actions.policies import POLICIES, Policy
+from swarmrl.services.actions.pools import PoolSpec, Predictor, Usage
+
+
+class Scheduler:
+    """Admits actions, asks the policy which to start, and meters the units it holds."""
+
+    def __init__(
+        self,
+        policy: str,
+        pools: dict[str, PoolSpec],
+        *,
+        mem_budget_mb: int,
+        aging_s: float = 30.0,
+        static_bundle: Demand | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+        unknown = sorted(set(pools) - set(RESOURCES))
+        if unknown:
+            raise ValueError(f"unknown pool(s) {unknown}; resources are {list(RESOURCES)}")
+        if mem_budget_mb <= 0 or aging_s < 0:
+            raise ValueError(f"need mem_budget_mb > 0 and aging_s >= 0, got {mem_budget_mb} and {aging_s}")
+        self.pools = {r: pools.get(r, PoolSpec(0, 0)) for r in RESOURCES}
+        self.mem_budget_mb, self.aging_s, self.static_bundle = mem_budget_mb, aging_s, static_bundle
+        self.t = -math.inf
+        self.mem_used_mb = 0
+        self.waiting: dict[str, Action] = {}
+        self.running: dict[str, Action] = {}
+        self.waiting_by_trajectory: dict[str, set[str]] = {}
+        self.usage = {r: Usage() for r in RESOURCES}
+        self.predictor = Predictor()
+        self.finished = self.failed = 0
+        self.policy: Policy = POLICIES[policy](self)
+        if static_bundle is not None:
+            self.check_fits(static_bundle, "static_bundle")
+
+    # -- the service's (and the simulator's) calls --
+
+    def submit(self, action: Action, now: float) -> None:
+        """Queue `action`; raises ValueError (naming the values) if it can never run here."""
+        now = self._advance(now)
+        d = action.demand
+        if min(d.cpu, d.accel, d.mem_mb) < 0 or d.cpu + d.accel == 0:
+            raise ValueError(
+                f"action {action.id!r}: demand {d} must ask for a cpu or accel unit, none negative"
+            )
+        self.check_fits(d, f"action {action.id!r}")
+        if action.id in self.waiting or action.id in self.running:
+            raise ValueError(f"action {action.id!r} was already submitted")
+        self.policy.check(action)
+        self.waiting[action.id] = action
+        self.waiting_by_trajectory.setdefault(action.trajectory, set()).add(action.id)
+        self.policy.submit(action, now)
+
+    def dispatch(self, now: float) -> list[Action]:
+        """The actions to start now; their units and memory are taken."""
+        return self.policy.dispatch(self._advance(now))
+
+    def finish(self, action_id: str, now: float, run_s: float, ok: bool = True) -> None:
+        """`action_id` ended after running `run_s` seconds: frees its units; an ok run teaches the
+        predictor (a failed one may have stopped early, or hit its time limit)."""
+        now = self._advance(now)
+        action = self.running.pop(action_id, None)
+        if action is None:
+            raise ValueError(f"finish: action {action_id!r} is not running")
+        self.mem_used_mb -= action.demand.mem_mb
+        self.finished += 1
+        if ok:
+            self.predictor.observe(action.kind, action.hint_s, run_s)
+        else:
+            self.failed += 1
+        self.policy.finish(action, now)
+
+    def end_trajectory(self, trajectory: str, now: float) -> list[Action]:
+        """The trajectory is over: `static` gives its bundle back (once its running action, if
+        any, finishes). Its actions still waiting are dropped and returned."""
+        now = self._advance(now)
+        dropped = [self.waiting.pop(i) for i in sorted(self.waiting_by_trajectory.pop(trajectory, set()))]
+        self.policy.end_trajectory(trajectory, dropped, now)
+        return dropped
+
+    def pool_size(self, resource: str) -> int:
+        """Units allocated now (busy, idle or starting): the workers the service should keep."""
+        return self.policy.allocated(resource)
+
+    def next_event(self, now: float) -> float | None:
+        """The earliest later time at which something changes with no other call (a unit or bundle
+        becomes usable, an idle unit is given back); None if nothing is pending."""
+        self._advance(now)
+        return self.policy.next_event()
+
+    def stats(self, now: float) -> dict[str, float]:
+        """Counters and unit-second integrals since the first allocation, up to `now`."""
+        now = self._advance(now)
+        out: dict[str, float] = {
+            "queued": len(self.waiting),
+            "running": len(self.running),
+            "finished": self.finished,
+            "failed": self.failed,
+            "mem_used_mb": self.mem_used_mb,
+        }
+        for r, usage in self.usage.items():
+            allocated_s, busy_s = usage.totals(now)
+            out[f"{r}_units"] = self.pool_size(r)
+            out[f"{r}_peak_units"] = usage.peak
+            out[f"{r}_allocated_unit_s"] = allocated_s
+            out[f"{r}_busy_unit_s"] = busy_s
+            out[f"{r}_utilisation"] = busy_s / allocated_s if allocated_s > 0 else 0.0
+        return out
+
+    # -- helpers for the policies --
+
+    def check_fits(self, demand: Demand, what: str) -> None:
+        if demand.mem_mb > self.mem_budget_mb:
+            raise ValueError(
+                f"{what} needs {demand.mem_mb} MB, more than the memory budget of {self.mem_budget_mb} MB"
+            )
+        for r in RESOURCES:
+            if demand.units(r) > self.pools[r].ceiling:
+                raise ValueError(
+                    f"{what} needs {demand.units(r)} {r} units, more than the {r} pool's ceiling of {self.pools[r].ceiling}"
+                )
+
+    def is_waiting(self, action: Action) -> bool:
+        """False once the action was dropped (queues forget dropped actions lazily)."""
+        return self.waiting.get(action.id) is action
+
+    def mem_free(self) -> int:
+        return self.mem_budget_mb - self.mem_used_mb
+
+    def start(self, action: Action) -> None:
+        """Book-keeping common to all policies when `action` starts (its units are the policy's)."""
+        del self.waiting[action.id]
+        ids = self.waiting_by_trajectory[action.trajectory]
+        ids.discard(action.id)
+        if not ids:
+            del self.waiting_by_trajectory[action.trajectory]
+        self.running[action.id] = action
+        self.mem_used_mb += action.demand.mem_mb
+        assert self.mem_used_mb <= self.mem_budget_mb, (self.mem_used_mb, self.mem_budget_mb)
+
+    def _advance(self, now: float) -> float:
+        now = max(now, self.t)
+        self.t = now
+        self.policy.advance(now)
+        return now

@@ -1,0 +1,357 @@
+"""The actions service: agents' action requests in (`swarm.act.<owner>`), scheduled on unit pools, run
+by workers, results back to the asker and recorded (`swarm.metrics.action`, the ledger's `actions`).
+
+    request ──► validate ──► Scheduler.submit ──► dispatch (units reserved) ──► ACTIONS work queue
+       ▲                                                                           │ worker pulls
+       └──── reply ◄── record ◄── Scheduler.finish ◄── swarm.actions.done.<id> ◄───┘ runs, publishes
+
+Bad input (undecodable, unknown kind, oversized, a demand no pool can meet, someone else's episode)
+is answered with a `rejected` result and dead-lettered with its original bytes. A retried request
+(same episode and action id) gets the first run's result; a trajectory ends on the agent's `end`
+or after `trajectory_timeout_s` without actions. The elastic pool size the scheduler decides is
+applied to the local workers; remote workers (`swarmrl serve action-worker`) add announced units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from swarmrl.schemas import ActionRequest, ActionResult, WireError, decode, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.actions.config import KIND_RESOURCE, ActionsConfig
+from swarmrl.services.actions.model import Action, Demand
+from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
+from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
+from swarmrl.services.common import bus
+
+log = logging.getLogger("swarmrl.actions")
+
+REMOTE_FORGET_S = 3.0
+"""A remote worker is forgotten after this many of its heartbeat periods without one."""
+
+
+def demand_of(req: ActionRequest) -> Demand:
+    """The units an action holds: CPU units for python, accelerator slots (at least one) for a judge."""
+    if KIND_RESOURCE[req.kind] == "accel":
+        return Demand(cpu=0, mem_mb=req.mem_mb, accel=max(req.accel, 1))
+    return Demand(cpu=max(req.cpu, 1), mem_mb=req.mem_mb, accel=0)
+
+
+def _ids(data: bytes) -> dict[str, str]:
+    """The string ids of a rejected request, where it has them (for the caller's bookkeeping)."""
+    try:
+        raw = msgpack.unpackb(data, raw=False)
+    except Exception:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v[:128] for k in ("action_id", "episode_id", "kind") if isinstance(v := raw.get(k), str)}
+
+
+@dataclass
+class Pending:
+    """One accepted request, from arrival to its result."""
+
+    req: ActionRequest
+    owner: str
+    arrived: float
+    future: asyncio.Future[ActionResult]
+    dispatch_id: str = ""
+    started: float = 0.0
+    units: int = 0
+    deadline: float = 0.0
+
+
+@dataclass
+class Remote:
+    kind: str
+    units: int
+    seen: float
+    period_s: float
+
+
+@dataclass
+class Counts:
+    by_status: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+class ActionsService:
+    def __init__(self, cfg: ActionsConfig, nc: NATS, js: JetStreamContext) -> None:
+        self.cfg, self.nc, self.js = cfg, nc, js
+        pools = {
+            "cpu": PoolSpec(cfg.cpu_floor, cfg.cpu_ceiling, idle_s=cfg.idle_s),
+            "accel": PoolSpec(
+                cfg.accel_floor, cfg.accel_ceiling if cfg.judge_engine else 0, idle_s=cfg.idle_s
+            ),
+        }
+        self.scheduler = Scheduler(cfg.policy, pools, mem_budget_mb=cfg.mem_budget_mb, aging_s=cfg.aging_s)
+        self.dead_letters = bus.DeadLetters(js, "actions")
+        self.pending: dict[str, Pending] = {}  # "<episode>.<action>" -> request in flight
+        self.by_dispatch: dict[str, str] = {}  # dispatch id -> pending key
+        self.recent: OrderedDict[str, ActionResult] = OrderedDict()  # answered, for retries
+        self.last_action: dict[str, float] = {}  # trajectory -> monotonic time of its last action
+        self.remotes: dict[str, Remote] = {}
+        self.workers: dict[str, WorkerLoop] = {}
+        self.counts = Counts()
+        self._answering: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    # lifecycle -------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        if self.cfg.local_workers:
+            for kind, resource in KIND_RESOURCE.items():
+                if kind == "judge" and not self.cfg.judge_engine:
+                    continue
+                runner = Runner(kind, build_manager(kind, self.cfg), self.cfg)
+                loop = WorkerLoop(
+                    self.js, self.nc, runner, self.scheduler.pool_size(resource), f"local-{kind}"
+                )
+                await loop.start()
+                self.workers[kind] = loop
+        subs = [
+            await self.nc.subscribe(S.ACT_REQUESTS, queue="actions", cb=self._on_request),
+            await self.nc.subscribe(f"{S.ACTION_DONE_PREFIX}.*", cb=self._on_done),
+            await self.nc.subscribe(S.ACTION_WORKERS_SUBJECT, cb=self._on_worker),
+        ]
+        log.info(
+            "actions: policy=%s cpu=%d..%d accel=%d..%d local_workers=%s",
+            self.cfg.policy, self.cfg.cpu_floor, self.cfg.cpu_ceiling, self.cfg.accel_floor,
+            self.cfg.accel_ceiling, sorted(self.workers),
+        )  # fmt: skip
+        try:
+            await self._schedule_loop()
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            for loop in self.workers.values():
+                await loop.close()
+            # Actions in flight are not answered: their askers repeat the request (same id) until
+            # a service answers, so the next service (a restart) runs them.
+            for task in self._answering:
+                task.cancel()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    # requests -------------------------------------------------------------------------------------
+    async def _on_request(self, msg: Msg) -> None:
+        owner = msg.subject.rsplit(".", 1)[-1]
+        try:
+            req = self._parse(msg, owner)
+        except WireError as exc:
+            self.counts.rejected[exc.code] += 1
+            await self.dead_letters.send(msg, str(exc))
+            if msg.reply:
+                ids = _ids(msg.data)
+                await self._reply(msg, ActionResult(
+                    action_id=ids.get("action_id", "?"), episode_id=ids.get("episode_id", "?"),
+                    kind=ids.get("kind", "?"), status="rejected", error=str(exc), policy=self.cfg.policy,
+                    owner=owner,
+                ))  # fmt: skip
+            return
+        if req.op == "end":
+            self._end_trajectory(req.episode_id, time.monotonic())
+            return
+        key = f"{req.episode_id}.{req.action_id}"
+        if (done := self.recent.get(key)) is not None:
+            await self._reply(msg, done)
+            return
+        pending = self.pending.get(key)
+        if pending is None:
+            pending = self._submit(req, owner, key)
+        # Answer from a task: nats-py runs a subscription's callbacks one at a time, and this one
+        # would otherwise hold every later request until this action is done.
+        task = asyncio.create_task(self._answer(msg, pending))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer(self, msg: Msg, pending: Pending) -> None:
+        await self._reply(msg, await asyncio.shield(pending.future))
+
+    def _parse(self, msg: Msg, owner: str) -> ActionRequest:
+        if len(msg.data) > self.cfg.max_payload_bytes:
+            raise WireError("oversized", f"action of {len(msg.data)} bytes > {self.cfg.max_payload_bytes}")
+        req = decode(msg.data, ActionRequest)
+        if S.episode_owner(req.episode_id) != owner:
+            raise WireError("not_owner", f"client {owner!r} may not act in episode {req.episode_id!r}")
+        if req.op == "end":
+            return req
+        resource = KIND_RESOURCE.get(req.kind)
+        if resource is None:
+            raise WireError("unknown_kind", f"action kind {req.kind!r}; known: {sorted(KIND_RESOURCE)}")
+        if resource == "accel" and not self.cfg.judge_engine:
+            raise WireError(
+                "unknown_kind", "no judge in this swarm (the actions service has no --judge-engine)"
+            )
+        try:
+            self.scheduler.check_fits(demand_of(req), f"action {req.action_id!r}")
+        except ValueError as exc:
+            raise WireError("demand", str(exc)) from exc
+        return req
+
+    def _submit(self, req: ActionRequest, owner: str, key: str) -> Pending:
+        now = time.monotonic()
+        pending = Pending(req, owner, now, asyncio.get_running_loop().create_future())
+        self.pending[key] = pending
+        self.last_action[req.episode_id] = now
+        self.scheduler.submit(Action(key, req.kind, demand_of(req), req.episode_id, now, req.hint_s), now)
+        self._wake.set()
+        return pending
+
+    async def _reply(self, msg: Msg, result: ActionResult) -> None:
+        if msg.reply:
+            with contextlib.suppress(Exception):  # the asker is gone: nothing to tell
+                await msg.respond(encode(result))
+
+    # scheduling -----------------------------------------------------------------------------------
+    async def _schedule_loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            self._expire(now)
+            for action in self.scheduler.dispatch(now):
+                await self._release(action, now)
+            for kind, loop in self.workers.items():
+                await loop.set_units(
+                    max(self.scheduler.pool_size(KIND_RESOURCE[kind]) - self._remote_units(kind), 0)
+                )
+            nxt = self.scheduler.next_event(now)
+            wait = 1.0 if nxt is None else min(max(nxt - now, 0.0), 1.0)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _release(self, action: Action, now: float) -> None:
+        pending = self.pending[action.id]
+        pending.dispatch_id = uuid.uuid4().hex
+        pending.started = now
+        pending.units = self.scheduler.pool_size(KIND_RESOURCE[action.kind])
+        wall = min(pending.req.timeout_s or self.cfg.wall_s, self.cfg.max_wall_s)
+        pending.deadline = now + wall + 60.0  # a worker that died mid-run has had its redeliveries
+        self.by_dispatch[pending.dispatch_id] = action.id
+        work = pending.req.model_copy(update={"action_id": pending.dispatch_id})
+        subject = S.action_run_subject(action.kind)
+        try:
+            await self.js.publish(subject, encode(work), headers={"Nats-Msg-Id": pending.dispatch_id})
+        except Exception as exc:
+            self._finish(
+                action.id, self._result(pending, "error", error=f"could not queue the action: {exc}")
+            )
+
+    async def _on_done(self, msg: Msg) -> None:
+        try:
+            done = decode(msg.data, ActionResult)
+        except WireError as exc:
+            await self.dead_letters.send(msg, str(exc))
+            return
+        key = self.by_dispatch.get(done.action_id)
+        if key is None:  # a second run of a redelivered action, or one that already timed out
+            return
+        pending = self.pending[key]
+        self._finish(
+            key, self._result(pending, done.status, result=done.result, error=done.error, run_s=done.run_s)
+        )
+
+    def _expire(self, now: float) -> None:
+        for key, p in list(self.pending.items()):
+            if p.dispatch_id and now > p.deadline:
+                self._finish(
+                    key, self._result(p, "error", error="no worker reported a result (workers died?)")
+                )
+        for trajectory, last in list(self.last_action.items()):
+            if now - last > self.cfg.trajectory_timeout_s and not any(
+                p.req.episode_id == trajectory for p in self.pending.values()
+            ):
+                self._end_trajectory(trajectory, now)
+        for name, remote in list(self.remotes.items()):
+            if now - remote.seen > REMOTE_FORGET_S * remote.period_s:
+                log.warning("remote worker %s (%d %s units) is gone", name, remote.units, remote.kind)
+                del self.remotes[name]
+                self._apply_remote(remote.kind)
+
+    def _end_trajectory(self, trajectory: str, now: float) -> None:
+        """The episode is over: `static` frees its units; its actions still waiting are answered."""
+        self.last_action.pop(trajectory, None)
+        for action in self.scheduler.end_trajectory(trajectory, now):
+            pending = self.pending[action.id]
+            self._finish(action.id, self._result(pending, "error", error="the episode ended before it ran"))
+        self._wake.set()
+
+    def _result(
+        self,
+        p: Pending,
+        status: str,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str = "",
+        run_s: float = 0.0,
+    ) -> ActionResult:
+        now = time.monotonic()
+        return ActionResult(
+            action_id=p.req.action_id, episode_id=p.req.episode_id, kind=p.req.kind, status=status,  # type: ignore[arg-type]
+            result=result or {}, error=error, queued_s=(p.started or now) - p.arrived, run_s=run_s,
+            act_s=now - p.arrived, cpu=p.req.cpu, mem_mb=p.req.mem_mb, accel=p.req.accel, units=p.units,
+            policy=self.cfg.policy, owner=p.owner,
+        )  # fmt: skip
+
+    def _finish(self, key: str, result: ActionResult) -> None:
+        pending = self.pending.pop(key)
+        self.by_dispatch.pop(pending.dispatch_id, None)
+        if pending.dispatch_id:
+            self.scheduler.finish(key, time.monotonic(), result.run_s, ok=result.status == "ok")
+        self.counts.by_status[result.status] += 1
+        self.recent[key] = result
+        while len(self.recent) > 10_000:
+            self.recent.popitem(last=False)
+        pending.future.set_result(result)
+        if self.cfg.record:
+            asyncio.get_running_loop().create_task(self._record(result))
+        self._wake.set()
+
+    async def _record(self, result: ActionResult) -> None:
+        msg_id = f"action.{result.episode_id}.{result.action_id}"
+        try:
+            await self.js.publish(S.ACTION_METRICS_SUBJECT, encode(result), headers={"Nats-Msg-Id": msg_id})
+        except Exception as exc:  # the agent has its result; only the ledger row is missing
+            log.warning("could not record action %s: %s", msg_id, exc)
+
+    # remote workers ---------------------------------------------------------------------------------
+    async def _on_worker(self, msg: Msg) -> None:
+        try:
+            beat = msgpack.unpackb(msg.data, raw=False)
+            name, kind, units = str(beat["name"]), str(beat["kind"]), int(beat["units"])
+            period = float(beat.get("period_s", 2.0))
+        except Exception as exc:
+            await self.dead_letters.send(msg, f"malformed: worker heartbeat: {exc}")
+            return
+        if kind not in KIND_RESOURCE or units < 0:
+            await self.dead_letters.send(msg, f"schema: worker heartbeat kind={kind!r} units={units}")
+            return
+        known = self.remotes.get(name)
+        self.remotes[name] = Remote(kind, units, time.monotonic(), period)
+        if known is None or known.units != units:
+            log.info("remote worker %s: %d %s units", name, units, kind)
+            self._apply_remote(kind)
+
+    def _remote_units(self, kind: str) -> int:
+        return sum(r.units for r in self.remotes.values() if r.kind == kind)
+
+    def _apply_remote(self, kind: str) -> None:
+        # The pools' ceilings count every unit, local and remote: remote units are taken off the
+        # local workers (the schedule loop resizes them).
+        self._wake.set()

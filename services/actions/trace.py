@@ -1,0 +1,100 @@
+"""An RL-rollout-shaped action trace for the simulator (pure, seeded, deterministic).
+
+Shape: `steps` RL steps; each step rolls out `trajectories_per_step` trajectories, all starting
+together (a wave: the driver starts step k when the last trajectory of step k-1 has ended). A
+trajectory is a few turns; each turn is LLM "think" time (no external resource), then one action:
+
+- `python` (share 1 - `judge_share`): a code run in a sandbox. Run time lognormal, median
+  `python_median_s` (0.15 s) and sigma `python_sigma` (1.1): about two thirds between 0.05 and 0.5 s,
+  4% over 1 s, a tail to several seconds, capped at `python_max_s`. 1 cpu, 2 cpus with probability
+  `two_cpu_share`; 128, 256 or 512 MB.
+- `judge`: a model judge scoring text. 1 accel slot, no cpu, no host memory; 0.1-0.3 s uniform.
+
+The number of turns is 1 + geometric (mean `turns_mean`, at most `max_turns`), so a few long
+trajectories make each step's tail. Think times are lognormal (median `think_median_s`); after the
+last action the trajectory thinks once more (its final answer) and ends. Each action carries the
+caller's guess of its run time, `hint_s = run_s * exp(N(0, hint_sigma))` (None if `hint_sigma` is
+None); the scheduler never sees `run_s` itself.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from swarmrl.services.actions.model import Demand
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Think, then one action."""
+
+    think_s: float
+    """LLM time before the action is submitted."""
+    kind: str
+    demand: Demand
+    run_s: float
+    """How long the action really runs (the simulator's ground truth)."""
+    hint_s: float | None
+    """What the caller tells the scheduler about `run_s`."""
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    """One rollout: its step (wave), its turns, and the think time after its last action."""
+
+    id: str
+    step: int
+    turns: tuple[Turn, ...]
+    final_think_s: float
+
+
+def make_trace(
+    seed: int,
+    *,
+    steps: int = 3,
+    trajectories_per_step: int = 256,
+    turns_mean: float = 6.0,
+    max_turns: int = 30,
+    think_median_s: float = 2.0,
+    think_sigma: float = 0.6,
+    judge_share: float = 0.2,
+    python_median_s: float = 0.15,
+    python_sigma: float = 1.1,
+    python_max_s: float = 30.0,
+    two_cpu_share: float = 0.1,
+    judge_s: tuple[float, float] = (0.1, 0.3),
+    hint_sigma: float | None = 0.5,
+) -> list[TrajectorySpec]:
+    """Build a trace; the same arguments always give the same trace (see the module docstring)."""
+    if steps < 1 or trajectories_per_step < 1 or turns_mean < 1 or max_turns < 1:
+        raise ValueError(
+            f"need steps, trajectories_per_step, turns_mean, max_turns >= 1, got "
+            f"{steps}, {trajectories_per_step}, {turns_mean}, {max_turns}"
+        )
+    rng = random.Random(seed)
+
+    def think() -> float:
+        return think_median_s * math.exp(rng.gauss(0.0, think_sigma))
+
+    def turn() -> Turn:
+        if rng.random() < judge_share:
+            kind, demand = "judge", Demand(cpu=0, mem_mb=0, accel=1)
+            run_s = rng.uniform(*judge_s)
+        else:
+            cpu = 2 if rng.random() < two_cpu_share else 1
+            kind, demand = "python", Demand(cpu=cpu, mem_mb=rng.choice((128, 256, 256, 512)))
+            run_s = min(python_max_s, python_median_s * math.exp(rng.gauss(0.0, python_sigma)))
+        hint_s = None if hint_sigma is None else run_s * math.exp(rng.gauss(0.0, hint_sigma))
+        return Turn(think(), kind, demand, run_s, hint_s)
+
+    # 1 + geometric(p) has mean 1 + (1 - p) / p = 1 / p.
+    p = 1.0 / turns_mean
+    trace = []
+    for step in range(steps):
+        for i in range(trajectories_per_step):
+            extra = 0 if p >= 1 else int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
+            turns = tuple(turn() for _ in range(min(max_turns, 1 + extra)))
+            trace.append(TrajectorySpec(f"s{step}-t{i}", step, turns, think()))
+    return trace

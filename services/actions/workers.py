@@ -1,0 +1,189 @@
+"""Action workers: pull released actions from the ACTIONS work queue, run them on a resource manager,
+publish each result to `swarm.actions.done.<dispatch id>`, then ack.
+
+The same loop runs inside the actions service (its local, elastic units) and in `swarmrl serve
+action-worker` on any machine (remote units, announced on `swarm.actions.workers`). The scheduler
+releases an action only when it has reserved units for it, so the queue stays short and its order is
+the policy's. Execution is at least once: a worker that dies mid-action leaves the message unacked,
+JetStream hands it to another worker after `ACK_WAIT_S`, and the service keeps the first result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Any, Protocol
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from swarmrl.schemas import ActionRequest, ActionResult, WireError, decode, encode
+from swarmrl.schemas import subjects as S
+from swarmrl.services.actions.config import WorkerLimits
+from swarmrl.services.actions.model import Outcome
+from swarmrl.services.common import bus
+
+log = logging.getLogger("swarmrl.actions")
+
+ACK_WAIT_S = 30.0
+"""A worker keeps its running actions alive with in-progress acks every third of this."""
+MAX_DELIVER = 3
+"""A released action is handed out at most this often (a worker died running it each time)."""
+
+
+class Manager(Protocol):
+    """A resource manager: `units` concurrent actions, grown and shrunk by the scheduler."""
+
+    async def start(self, units: int) -> None: ...
+
+    async def resize(self, units: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Runner:
+    """Runs one work message (an `ActionRequest` whose `action_id` is the dispatch id) on the
+    manager of its kind: a python sandbox or a judge."""
+
+    def __init__(self, kind: str, manager: Any, limits: WorkerLimits) -> None:
+        self.kind, self.manager, self.limits = kind, manager, limits
+
+    async def run(self, req: ActionRequest) -> Outcome:
+        if req.kind != self.kind:
+            return Outcome("rejected", error=f"worker runs {self.kind!r} actions, not {req.kind!r}")
+        wall = min(req.timeout_s or self.limits.wall_s, self.limits.max_wall_s)
+        if self.kind == "python":
+            from swarmrl.services.actions.sandbox import SandboxLimits
+
+            code, stdin = req.payload.get("code"), req.payload.get("stdin", "")
+            if not isinstance(code, str) or not isinstance(stdin, str):
+                return Outcome("rejected", error="python payload needs 'code' (and optional 'stdin') strings")
+            limits = SandboxLimits(cpu_s=self.limits.cpu_s * max(req.cpu, 1), mem_mb=req.mem_mb, wall_s=wall)
+            outcome: Outcome = await self.manager.run(code, limits=limits, stdin=stdin)
+            return outcome
+        result: Outcome = await asyncio.wait_for(self.manager.run(req.payload), wall)
+        return result
+
+
+def build_manager(kind: str, limits: WorkerLimits) -> Any:
+    """The resource manager for `kind` (not started)."""
+    if kind == "python":
+        from swarmrl.services.actions.sandbox import PythonSandbox
+
+        return PythonSandbox(mode=limits.sandbox)
+    if kind == "judge":
+        if not limits.judge_engine:
+            raise ValueError("a judge worker needs --judge-engine URL (the engine that scores text)")
+        from swarmrl.services.actions.judge import JudgeManager
+
+        return JudgeManager(limits.judge_engine, limits.judge_tokenizer or None)
+    raise ValueError(f"unknown action kind {kind!r}; known: python, judge")
+
+
+class WorkerLoop:
+    """Pulls `kind` actions while it has free units; `set_units` follows the scheduler's pool size."""
+
+    def __init__(self, js: JetStreamContext, nc: Any, runner: Runner, units: int, name: str) -> None:
+        self.js, self.nc, self.runner, self.name = js, nc, runner, name
+        self.units = units
+        self.running: set[asyncio.Task[None]] = set()
+        self.counts: Counter[str] = Counter()
+        self._stop = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.runner.manager.start(self.units)
+        kind = self.runner.kind
+        self.sub = await bus.durable_pull(
+            self.js, S.ACTIONS_STREAM, S.durable_name("actions", S.ACTIONS_STREAM, kind),
+            S.action_run_subject(kind), ack_wait_s=ACK_WAIT_S, max_deliver=MAX_DELIVER,
+        )  # fmt: skip
+        self._task = asyncio.create_task(self._pull())
+
+    async def set_units(self, units: int) -> None:
+        if units != self.units:
+            self.units = units
+            await self.runner.manager.resize(max(units, 0))
+            self._freed.set()
+
+    async def _pull(self) -> None:
+        while not self._stop.is_set():
+            free = self.units - len(self.running)
+            if free <= 0:
+                self._freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), 1.0)
+                continue
+            try:
+                msgs = await self.sub.fetch(free, timeout=1.0)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+                await asyncio.sleep(0.2)
+                continue
+            except Exception as exc:  # a 503 while a cluster elects a leader, a broker restart
+                log.warning("worker %s: fetch failed (%s); retrying", self.name, exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                task = asyncio.create_task(self._run(msg))
+                self.running.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self._freed.set()
+
+    async def _run(self, msg: Msg) -> None:
+        try:
+            req = decode(msg.data, ActionRequest)
+        except WireError as exc:  # only services publish here; a bad one is a bug: drop it loudly
+            log.error("worker %s: undecodable work message dropped: %s", self.name, exc)
+            await msg.term()
+            return
+        started = time.monotonic()
+        keep = asyncio.create_task(_keep_alive(msg))
+        try:
+            outcome = await self.runner.run(req)
+        except TimeoutError:
+            outcome = Outcome(
+                "timeout", error=f"no result within {req.timeout_s or self.runner.limits.wall_s} s"
+            )
+        except Exception as exc:  # a manager bug must not take the worker down
+            log.exception("worker %s: action %s failed", self.name, req.action_id)
+            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            keep.cancel()
+        self.counts[outcome.status] += 1
+        done = ActionResult(
+            action_id=req.action_id, episode_id=req.episode_id, kind=req.kind, status=outcome.status,
+            result=outcome.result, error=outcome.error[:4000], run_s=outcome.run_s or time.monotonic() - started,
+        )  # fmt: skip
+        try:
+            await self.nc.publish(S.action_done_subject(req.action_id), encode(done))
+            await msg.ack()
+        except Exception as exc:  # unacked: it runs again elsewhere; the service keeps the first result
+            log.warning("worker %s: could not report action %s: %s", self.name, req.action_id, exc)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self.running):
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+        await self.runner.manager.close()
+
+
+async def _keep_alive(msg: Msg) -> None:
+    while True:
+        await asyncio.sleep(ACK_WAIT_S / 3)
+        with contextlib.suppress(Exception):
+            await msg.in_progress()
