@@ -136,25 +136,18 @@ async def replay(
 
 async def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
     from swarmrl.bootstrap import build_model
-    from swarmrl.services.common.http import BackgroundServer
-    from swarmrl.services.engine.engine_core import EngineCore
-    from swarmrl.services.engine.server import create_app
+    from swarmrl.localstack import embedded_engine
 
     trace = make_trace(args.seed, steps=args.steps, trajectories_per_step=args.trajectories)
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as d:
         tmp = Path(d)
         build_model(tmp / "judge-model", seed=0, warm_start_steps=0)
-        core = EngineCore(tmp / "judge-model", max_batch=max(args.slots, 16))
-        server = BackgroundServer(create_app(core)).start()
-        try:
+        with embedded_engine(tmp / "judge-model", max_batch=max(args.slots, 16)) as (_, url):
             rows = []
             for policy in POLICIES:
                 print(f"real: {policy} ...", flush=True)
-                rows.append(await replay(trace, policy, args, tmp, server.url))
+                rows.append(await replay(trace, policy, args, tmp, url))
             return rows
-        finally:
-            server.stop()
-            core.close()
 
 
 # --- simulation mode ----------------------------------------------------------------------------

@@ -6,8 +6,8 @@ For tests and benchmarks, which need the real components without the process sup
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,18 @@ class Stack:
     @property
     def base_url(self) -> str:
         return self.gateway.base_url
+
+
+@contextmanager
+def embedded_engine(model_dir: Path, **engine_args: object) -> Iterator[tuple[EngineCore, str]]:
+    """The embedded engine on `model_dir` served over HTTP on a random port: (core, base URL)."""
+    core = EngineCore(model_dir, **engine_args)  # type: ignore[arg-type]
+    server = BackgroundServer(create_app(core)).start()
+    try:
+        yield core, server.url
+    finally:
+        server.stop()
+        core.close()
 
 
 @asynccontextmanager

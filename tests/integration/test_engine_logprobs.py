@@ -11,10 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from swarmrl.services.common.http import BackgroundServer
+from swarmrl.localstack import embedded_engine
 from swarmrl.services.engine.client import EngineClient
 from swarmrl.services.engine.engine_core import EngineCore
-from swarmrl.services.engine.server import create_app
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 SCORE = {"max_new_tokens": 0, "temperature": 0}
@@ -22,11 +21,8 @@ SCORE = {"max_new_tokens": 0, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[tuple[EngineCore, str]]:
-    core = EngineCore(tiny_model_dir, max_batch=8)
-    server = BackgroundServer(create_app(core)).start()
-    yield core, server.url
-    server.stop()
-    core.close()
+    with embedded_engine(tiny_model_dir, max_batch=8) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

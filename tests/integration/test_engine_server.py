@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from swarmrl.infra.nats_server import NatsServer, free_port
+from swarmrl.localstack import embedded_engine
 from swarmrl.schemas import ModelVersion, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
@@ -41,11 +42,8 @@ def perturbed_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[tuple[EngineCore, str]]:
     """An embedded engine on a random port, shared by the tests that do not change its weights."""
-    core = EngineCore(tiny_model_dir, max_batch=8)
-    server = BackgroundServer(create_app(core)).start()
-    yield core, server.url
-    server.stop()
-    core.close()
+    with embedded_engine(tiny_model_dir, max_batch=8) as served:
+        yield served
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmrl.infra.nats_server import free_port
+from swarmrl.localstack import embedded_engine
 from swarmrl.services.actions.judge import JudgeManager
 from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.engine_core import EngineCore
@@ -27,11 +28,8 @@ PAYLOADS = [
 
 @pytest.fixture(scope="module")
 def engine_url(tiny_model_dir: Path) -> Iterator[str]:
-    core = EngineCore(tiny_model_dir, max_batch=16)
-    server = BackgroundServer(create_app(core)).start()
-    yield server.url
-    server.stop()
-    core.close()
+    with embedded_engine(tiny_model_dir, max_batch=16) as (_, url):
+        yield url
 
 
 @pytest.fixture(scope="module")
