@@ -273,11 +273,14 @@ class ActionsService:
                 self._finish(
                     key, self._result(p, "error", error="no worker reported a result (workers died?)")
                 )
-        for trajectory, last in list(self.last_action.items()):
-            if now - last > self.cfg.trajectory_timeout_s and not any(
-                p.req.episode_id == trajectory for p in self.pending.values()
-            ):
-                self._end_trajectory(trajectory, now)
+        # Runs on every wake of the schedule loop: one pass over the pending actions, not one per
+        # trajectory.
+        silent = [t for t, last in self.last_action.items() if now - last > self.cfg.trajectory_timeout_s]
+        if silent:
+            busy = {p.req.episode_id for p in self.pending.values()}
+            for trajectory in silent:
+                if trajectory not in busy:
+                    self._end_trajectory(trajectory, now)
         for name, remote in list(self.remotes.items()):
             if now - remote.seen > REMOTE_FORGET_S * remote.period_s:
                 log.warning("remote worker %s (%d %s units) is gone", name, remote.units, remote.kind)
