@@ -134,6 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model=MODEL,
         model_path=str(model_dir),
         max_tokens_per_micro_batch=args.micro_tokens,
+        prefix_sharing=False,  # measure merging alone; bench/trainer.py measures prefix sharing
         run_dir=tempfile.mkdtemp(),
     )
     learner = Learner(cfg, model_dir)

@@ -180,6 +180,11 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "SELECT count(*), sum(calls), sum(timelines_kept), sum(tokens_before), sum(tokens_after) "
         "FROM merges WHERE status = 'merged'",
     )
+    shared = _rows(
+        con,
+        "SELECT sum(tokens), sum(CAST(json_extract(extra, '$.computed_tokens') AS DOUBLE)) FROM train_steps "
+        "WHERE json_extract(extra, '$.computed_tokens') IS NOT NULL",
+    )
     dead = _rows(con, "SELECT service, count(*) FROM dead_letters GROUP BY service")
     plot_curves([(r[0], r[1], r[2]) for r in train], evals, run_dir / "curves.png", task_rewards(con))
     models = sorted({r[0] for r in train})
@@ -208,6 +213,12 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         lines.append(
             f"- timeline merging: {calls} LLM calls → {kept} samples; tokens {before} → {after} "
             f"({before / max(after, 1):.2f}x fewer)"
+        )
+    if shared and shared[0][1]:
+        sample_tokens, computed = shared[0]
+        lines.append(
+            f"- prefix sharing: the trainer computed {int(computed)} tokens for {sample_tokens} sample tokens "
+            f"({sample_tokens / max(computed, 1):.2f}x fewer)"
         )
     for label in sorted({_series(r) for r in evals}):
         pts = [r for r in evals if _series(r) == label]

@@ -65,6 +65,10 @@ class TrainerConfig(ServiceConfig):
     """Tokens per packed micro-batch row; longer samples are truncated to it (and counted). Attention over
     a packed row costs (row length)^2 with sdpa (the block-diagonal mask is dense), so on CPU rows of a
     few samples are fastest; on GPU raise it to fill memory."""
+    prefix_sharing: bool = True
+    """Lay each micro-batch out as a prefix tree: samples sharing a prefix (a GRPO group's prompt, an
+    episode's timelines) compute it once (`batching.pack_shared`); the loss and gradients are those
+    of samples computed apart. False packs samples side by side (`batching.pack`)."""
     grad_accum: int = Field(default=0, ge=0)
     """Micro-batches accumulated into one optimizer update. 0: one update per step over all its
     micro-batches. N: a step makes ceil(micro_batches / N) updates (PPO mini-batches)."""

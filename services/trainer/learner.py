@@ -30,13 +30,23 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from transformers import AutoModelForCausalLM
 
-from swarmrl.services.trainer.batching import MicroBatch, Scored, empty_micro_batch, pack
+from swarmrl.services.trainer.batching import MicroBatch, Scored, empty_micro_batch, pack, pack_shared, shard
 from swarmrl.services.trainer.checkpoint import TrainerState, copy_tokenizer_files
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.grpo import token_loss
 
 # Per-step sums reduced over processes in one collective: names of the slots of the stats vector.
-_SUMS = ("loss", "tokens", "trained_tokens", "clipped", "kl", "off_tokens", "is_weight", "unknown_behaviour")
+_SUMS = (
+    "loss",
+    "tokens",
+    "computed_tokens",
+    "trained_tokens",
+    "clipped",
+    "kl",
+    "off_tokens",
+    "is_weight",
+    "unknown_behaviour",
+)
 
 
 class NonFiniteWeights(RuntimeError):
@@ -95,10 +105,9 @@ class Learner:
         return broadcast_object_list([payload], from_process=0)[0]
 
     def shard(self, items: list[Scored]) -> list[Scored]:
-        """This process's share of a step, balanced by length (sorted, then dealt round-robin)."""
-        n, rank = self.accelerator.num_processes, self.accelerator.process_index
-        ordered = sorted(items, key=lambda it: -len(it.sample.token_ids))
-        return ordered[rank::n]
+        """This process's share of a step (`batching.shard`)."""
+        acc = self.accelerator
+        return shard(items, acc.num_processes, acc.process_index, self.cfg.prefix_sharing)
 
     def _all_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
@@ -116,7 +125,7 @@ class Learner:
         """
         started = time.perf_counter()
         cfg, acc = self.cfg, self.accelerator
-        mbs = pack(items, cfg.max_tokens_per_micro_batch)
+        mbs = (pack_shared if cfg.prefix_sharing else pack)(items, cfg.max_tokens_per_micro_batch)
         n_mb = int(max(self._all_max(len(mbs)), 1))
         mbs += [empty_micro_batch() for _ in range(n_mb - len(mbs))]
         per_update = cfg.grad_accum or n_mb
@@ -142,7 +151,8 @@ class Learner:
         trained = max(total["trained_tokens"], 1.0)
         stats = {
             "loss": total["loss"] / trained,
-            "tokens": total["tokens"],
+            "tokens": total["tokens"],  # the samples' tokens
+            "computed_tokens": total["computed_tokens"],  # what the forward passes computed
             "trained_tokens": total["trained_tokens"],
             "clip_frac": total["clipped"] / trained,
             "kl": total["kl"] / trained,
@@ -200,14 +210,14 @@ class Learner:
         self, mb: MicroBatch, version: int, prox: torch.Tensor | None, sums: dict[str, float]
     ) -> torch.Tensor:
         logp = self._logprobs(self.model, mb, grad=True)
-        m = mb.mask
-        v = mb.versions[m]
+        dev = logp.device
+        v = mb.versions
         ref = self._logprobs(self.ref, mb) if self.ref is not None else None
         out = token_loss(
             logp,
-            mb.behaviour[m].to(logp.device),
-            mb.advantages[m].to(logp.device),
-            ((v >= 0) & (v < version)).to(logp.device),
+            mb.behaviour.to(dev),
+            mb.advantages.to(dev),
+            ((v >= 0) & (v < version)).to(dev),
             clip_low=self.cfg.clip_eps_low,
             clip_high=self.cfg.clip_eps_high,
             is_cap=self.cfg.is_cap,
@@ -215,33 +225,36 @@ class Learner:
             ref_logp=ref,
             kl_coef=self.cfg.kl_coef,
         )
-        off = ((v >= 0) & (v < version) & ~torch.isnan(mb.behaviour[m])).to(logp.device)
+        off = ((v >= 0) & (v < version) & ~torch.isnan(mb.behaviour)).to(dev)
         sums["loss"] += float(out.loss.detach().sum())
-        sums["tokens"] += mb.tokens if mb.sample_ids else 0
-        sums["trained_tokens"] += float(m.sum())
+        sums["tokens"] += mb.sample_tokens
+        sums["computed_tokens"] += mb.tokens if mb.sample_ids else 0
+        sums["trained_tokens"] += mb.trained_tokens
         sums["clipped"] += float(out.clipped.sum())
         sums["kl"] += float(out.kl.sum())
         sums["off_tokens"] += float(off.sum())
         sums["is_weight"] += float(out.is_weight[off].sum())
-        sums["unknown_behaviour"] += float(torch.isnan(mb.behaviour[m]).sum())
+        sums["unknown_behaviour"] += float(torch.isnan(mb.behaviour).sum())
         return out.loss.sum()
 
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, grad: bool = False) -> torch.Tensor:
-        """Logprob of every trained target token of `mb` under `model`, [trained_tokens]."""
+        """Logprob of every trained token of `mb` under `model`, [trained_tokens]."""
         dev = self.accelerator.device
-        keep = mb.mask.nonzero().squeeze(-1).to(dev)
+        # A tree position predicts one token per branch below it: compute its logits once.
+        keep, inverse = torch.unique(mb.pred_pos.to(dev), return_inverse=True)
         kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._keep_logits else {}
+        mask = mb.attention_mask.to(dev) if mb.attention_mask is not None else None
         with contextlib.nullcontext() if grad else torch.no_grad():
             out = model(
                 input_ids=mb.input_ids.to(dev),
                 position_ids=mb.position_ids.to(dev),
-                attention_mask=None,  # None + restarting position ids = block-diagonal mask (packing)
+                # None + restarting position ids = block-diagonal mask (packed); a tree has its own
+                attention_mask=mask,
                 use_cache=False,
                 **kwargs,
             )
-            logits = out.logits[0] if self._keep_logits else out.logits[0, keep]
-            logits = logits.float()
-            targets = mb.targets.to(dev)[keep]
+            logits = (out.logits[0] if self._keep_logits else out.logits[0, keep])[inverse].float()
+            targets = mb.targets.to(dev)
             return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
     # Checkpoints ---------------------------------------------------------------------------------

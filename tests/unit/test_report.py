@@ -60,3 +60,13 @@ def test_cocktail_train_steps_give_a_reward_per_task(tmp_path: Path) -> None:
         ]
         == 24
     )
+
+
+def test_report_states_what_prefix_sharing_saved(tmp_path: Path) -> None:
+    steps = [
+        train_step(step=s, tokens=tokens, extra={"computed_tokens": float(computed)})
+        for s, tokens, computed in ((1, 7000, 500), (2, 8000, 1000))
+    ]
+    _write(tmp_path, steps)
+    report = write_report(tmp_path, reason="test").read_text()
+    assert "prefix sharing: the trainer computed 1500 tokens for 15000 sample tokens (10.00x fewer)" in report

@@ -31,17 +31,23 @@ def test_packing_preserves_tokens_masks_and_shifts_targets() -> None:
     assert sum(len(mb.sample_ids) for mb in mbs) == len(items)
     for mb in mbs:
         assert mb.tokens <= 16
-        for (start, n), sid in zip(mb.spans, mb.sample_ids, strict=True):
+        assert mb.attention_mask is None  # packed: the block-diagonal mask comes from position ids
+        offset = 0
+        for path, sid in zip(mb.paths, mb.sample_ids, strict=True):
             s, adv = by_id[sid].sample, by_id[sid].advantage
-            end = start + n
-            assert mb.input_ids[0, start:end].tolist() == s.token_ids
-            assert mb.position_ids[0, start:end].tolist() == list(range(n))
-            # position i predicts token i+1 of the same sample; the last position predicts nothing
-            assert mb.targets[start : end - 1].tolist() == s.token_ids[1:]
-            assert mb.mask[start:end].tolist() == [m == 1 for m in s.loss_mask[1:]] + [False]
-            assert mb.behaviour[start : end - 1].tolist() == s.logprobs[1:]
-            assert mb.versions[start : end - 1].tolist() == s.policy_versions[1:]
-            assert mb.advantages[start:end].tolist() == [adv] * n
+            n = len(s.token_ids)
+            assert path == list(range(offset, offset + n))  # side by side, nothing shared
+            assert mb.input_ids[0, path].tolist() == s.token_ids
+            assert mb.position_ids[0, path].tolist() == list(range(n))
+            # position i predicts token i+1 of the same sample, for every generated token
+            trained = [j for j in range(1, n) if s.loss_mask[j] == 1]
+            rows = [k for k, p in enumerate(mb.pred_pos.tolist()) if offset <= p < offset + n]
+            assert [mb.pred_pos[k].item() for k in rows] == [offset + j - 1 for j in trained]
+            assert [mb.targets[k].item() for k in rows] == [s.token_ids[j] for j in trained]
+            assert [mb.behaviour[k].item() for k in rows] == [s.logprobs[j] for j in trained]
+            assert [mb.versions[k].item() for k in rows] == [s.policy_versions[j] for j in trained]
+            assert [mb.advantages[k].item() for k in rows] == [adv] * len(trained)
+            offset += n
     total_trained = sum(sum(it.sample.loss_mask[1:]) for it in items)
     assert sum(mb.trained_tokens for mb in mbs) == total_trained
 
@@ -51,7 +57,7 @@ def test_nan_behaviour_survives_packing() -> None:
     s = make_sample("e1", 0.0)
     s = s.model_copy(update={"logprobs": s.logprobs[:4] + [float("nan")] * 4})
     (mb,) = pack([Scored(s, 1.0)], max_tokens=64)
-    assert torch.isnan(mb.behaviour[mb.mask]).all()
+    assert torch.isnan(mb.behaviour).all()
     assert math.isnan(s.logprobs[-1])
 
 
