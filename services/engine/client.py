@@ -1,15 +1,19 @@
 """Async client for SGLang's native HTTP API: drives the embedded engine and a real SGLang server alike.
 
-Consumes HTTP responses of `/generate`, `/update_weights_from_disk`, `/health`, `/health_generate`,
-`/get_model_info`, `/flush_cache` (field names: see `server.py`). Publishes nothing; returns
-`GenerateResult`s. Connection failures are retried (tenacity, exponential backoff); an answer the
-server gave (4xx/5xx) is raised at once as `EngineError` with the server's own message.
+Consumes HTTP responses of `/generate` (plain, and SSE with `stream: true`),
+`/update_weights_from_disk`, `/health`, `/health_generate`, `/get_model_info`, `/flush_cache` (field
+names: see `server.py`). Publishes nothing; returns `GenerateResult`s. Connection failures are
+retried (tenacity, exponential backoff); a stream only until its answer begins. An answer the server
+gave (4xx/5xx, or an `{"error": ...}` event in a stream) is raised at once as `EngineError` with the
+server's own message.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -49,6 +53,8 @@ class GenerateResult:
     input_logprobs: list[float | None] = field(default_factory=list)
     """`meta_info.input_token_logprobs` values: one per prompt token from `logprob_start_len`, first None."""
     meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
+    finished: bool = True
+    """False for a streamed request's intermediate results (`finish_reason` is then "")."""
 
     @classmethod
     def from_response(cls, item: dict[str, Any]) -> GenerateResult:
@@ -75,6 +81,62 @@ class GenerateResult:
                 for entry in meta.get("input_token_logprobs") or []
             ],
             meta_info=meta,
+        )
+
+
+class StreamAccumulator:
+    """Folds SGLang's streamed `/generate` events into cumulative `GenerateResult`s.
+
+    A real SGLang server sends cumulative events by default (`text`, `output_ids` and
+    `meta_info.output_token_logprobs` hold everything so far); launched with
+    `--incremental-streaming-output`, each event holds only what is new since the previous one.
+    `meta_info.completion_tokens` counts all tokens so far in both, which tells the two apart, so
+    results are the same either way. Input logprobs are read from the final event only.
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = ""
+        self.finished = False
+
+    def add(self, item: Any) -> GenerateResult:
+        """The request's result so far after `item`, one decoded `data:` event."""
+        if not isinstance(item, dict):
+            raise EngineError(0, f"stream event is not a JSON object: {str(item)[:200]}")
+        if "error" in item:  # SGLang reports a request it refused mid-stream this way
+            err = item["error"]
+            raise EngineError(400, str(err.get("message", err) if isinstance(err, dict) else err))
+        meta = item.get("meta_info") or {}
+        entries = meta.get("output_token_logprobs")
+        ids = item.get("output_ids")
+        if ids is None:  # SGLang releases that stream no output_ids: the logprob entries name them
+            ids = [int(e[1]) for e in entries or []]
+        total = meta.get("completion_tokens")
+        delta = isinstance(total, int) and len(ids) < total and len(self.ids) + len(ids) == total
+        if delta:
+            self.ids += ids
+            self.text += item.get("text") or ""
+        else:
+            self.ids = list(ids)
+            self.text = item.get("text") or self.text  # None: SGLang filled in no text this time
+        if entries is not None:
+            if delta:  # SGLang slices the logprobs where it slices the ids
+                self.logprobs += [float(e[0]) for e in entries]
+            else:  # cumulative: convert only the entries not seen before
+                self.logprobs = self.logprobs[: len(entries)]
+                self.logprobs += [float(e[0]) for e in entries[len(self.logprobs) :]]
+        self.finished = meta.get("finish_reason") is not None
+        whole = {"text": self.text, "output_ids": self.ids, "meta_info": meta}
+        if self.finished:
+            result = GenerateResult.from_response(whole)
+            return replace(result, output_logprobs=list(self.logprobs) if entries is not None else [])
+        partial = {**whole, "meta_info": {**meta, "output_token_logprobs": [], "input_token_logprobs": []}}
+        return replace(
+            GenerateResult.from_response(partial),
+            output_logprobs=list(self.logprobs),
+            finish_reason="",
+            finished=False,
         )
 
 
@@ -113,6 +175,51 @@ class EngineClient:
         }
         data = await self._call("POST", "/generate", body)
         return GenerateResult.from_response(data)
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
+    ) -> AsyncIterator[GenerateResult]:
+        """Generate from one prompt of token ids, streamed: a cumulative result after each event
+        (`finished` False), the last one final, equal to what `generate` returns.
+
+        Leaving the iteration early (`aclose()`, or cancelling the reader) closes the connection;
+        the server then aborts the request (SGLang's abort task; the embedded engine at once).
+        """
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params or {},
+            "return_logprob": return_logprob,
+            "stream": True,
+        }
+        resp = await self._open_stream("/generate", body)
+        try:
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise EngineError(resp.status_code, _error_message(resp))
+            acc = StreamAccumulator()
+            final: GenerateResult | None = None
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators, SSE comments and fields SGLang does not send
+                data = line[5:].strip()
+                if data == "[DONE]" or final is not None:
+                    continue  # read to the body's end (just past `[DONE]`): the connection is then reused
+                try:
+                    item = json.loads(data)
+                except ValueError as exc:
+                    raise EngineError(
+                        0, f"engine sent a stream event that is not JSON: {data[:200]!r}"
+                    ) from exc
+                result = acc.add(item)
+                if acc.finished:
+                    final = result  # given once the body has ended, a moment later
+                else:
+                    yield result
+            if final is None:
+                raise EngineError(0, f"engine stream from {self.base_url} ended before the request finished")
+            yield final
+        finally:
+            await resp.aclose()
 
     async def generate_batch(
         self,
@@ -195,6 +302,25 @@ class EngineClient:
         if "json" not in resp.headers.get("content-type", ""):
             return resp.text
         return resp.json()
+
+    async def _open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST and return the response once its headers arrived (retried until then); the caller
+        reads the body and closes it."""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(_RETRYABLE),
+                stop=stop_after_attempt(self.retries),
+                wait=wait_exponential(multiplier=0.2, max=5.0),
+            ):
+                with attempt:
+                    request = self._http.build_request("POST", path, json=body)
+                    resp = await self._http.send(request, stream=True)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            raise EngineError(
+                0, f"engine at {self.base_url} unreachable after {self.retries} attempts: {cause!r}"
+            ) from cause
+        return resp
 
 
 def _error_message(resp: httpx.Response) -> str:

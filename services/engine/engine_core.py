@@ -1,8 +1,10 @@
 """The embedded CPU engine: any HF causal LM, continuous batching over a KV cache, no HTTP.
 
-Consumes: generation requests (`submit` / `generate`: prompt token ids + `SamplingParams`) and
-weight reloads (`update_weights_from_disk`: an HF directory of safetensors). Publishes: one
-`GenerationOutput` per request, shaped after SGLang's `/generate` response (see `server.py`).
+Consumes: generation requests (`submit` / `generate` / `stream`: prompt token ids +
+`SamplingParams`) and weight reloads (`update_weights_from_disk`: an HF directory of safetensors).
+Publishes: one `GenerationOutput` per request, shaped after SGLang's `/generate` response (see
+`server.py`); a streamed request (`stream`) also gets a `Step` (its tokens and logprobs so far)
+after every decode step that did not finish it.
 
 How it runs. One scheduler thread owns the model. Between decode steps it admits pending requests
 (up to `max_batch` rows in all): their prompts are prefilled together, left-padded, and their KV
@@ -10,6 +12,10 @@ cache is joined to the running batch's cache, so requests that arrive while othe
 the next step (continuous batching). Each row stops on its own (EOS, `stop_token_ids`, stop
 strings, `max_new_tokens`, or the model's context length) and leaves the batch at once; the cache
 is then cut down to the rows and columns still in use.
+
+Aborts. A request whose future is cancelled (`RequestStream.abort`, or cancelling the task that
+awaits `generate`) leaves the batch before the next decode step, or is dropped when it is taken
+from the queue; it costs no more compute and gets no output (counted in `stats()["requests_aborted"]`).
 
 Logprobs: `log_softmax(logits / T)` of the sampled token, before top-k/top-p (greedy: T = 1), which
 is SGLang's default; `sampling.py` says where that was checked. Input logprobs (`logprob_start_len`
@@ -28,11 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import logging
 import queue
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,26 +50,10 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from swarmrl.services.engine import model_dir
 from swarmrl.services.engine.kv_batch import KVBatch, left_padded
+from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
 from swarmrl.services.engine.sampling import SamplingParams, sample
 
 log = logging.getLogger("swarmrl.engine.core")
-
-
-@dataclass
-class GenerationOutput:
-    """One finished request. `finish_reason` is SGLang's dict: {"type": "stop"|"length"|"abort", ...}."""
-
-    rid: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    text: str
-    finish_reason: dict[str, Any]
-    prompt_tokens: int
-    weight_version: str
-    input_logprobs: list[float | None] = field(default_factory=list)
-    """SGLang's `input_token_logprobs` values for `prompt[logprob_start_len:]`; first None; empty if not asked."""
-    input_logprob_ids: list[int] = field(default_factory=list)
-    """The prompt tokens `input_logprobs` belong to (`prompt[logprob_start_len:]`)."""
 
 
 @dataclass
@@ -79,6 +71,7 @@ class _Row:
     stop_at: int | None = None  # character offset of a matched stop string in the text
     logprob_start: int = -1  # SGLang's logprob_start_len: -1 = no input logprobs
     input_logprobs: list[float | None] = field(default_factory=list)
+    on_step: Callable[[Step], None] | None = None  # streamed: told of every unfinished step
 
 
 @dataclass
@@ -135,6 +128,7 @@ class EngineCore:
         self._stats_lock = threading.Lock()  # stats() copies batch_sizes while the scheduler adds keys
         self.tokens_generated = 0
         self.requests_finished = 0
+        self.requests_aborted = 0
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
         log.info(
@@ -149,19 +143,30 @@ class EngineCore:
         params: SamplingParams,
         rid: str | None = None,
         logprob_start_len: int = -1,
+        *,
+        on_step: Callable[[Step], None] | None = None,
+        future: cf.Future[GenerationOutput] | None = None,
     ) -> cf.Future[GenerationOutput]:
         """Queue one request; ValueError at once if the prompt or `logprob_start_len` is unusable.
 
         `logprob_start_len` >= 0 also returns the input logprobs of `input_ids[logprob_start_len:]`.
+        `on_step` is called from the scheduler thread after every decode step that leaves the request
+        running; it must be quick and must not raise. Cancelling the returned future aborts it.
         """
         if self._closed:
             raise RuntimeError("engine is closed")
         self.check_prompt(input_ids)
         self.check_logprob_start(logprob_start_len, len(input_ids))
-        fut: cf.Future[GenerationOutput] = cf.Future()
+        fut: cf.Future[GenerationOutput] = future or cf.Future()
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         row = _Row(
-            rid or uuid.uuid4().hex, list(input_ids), params, fut, gen, logprob_start=logprob_start_len
+            rid or uuid.uuid4().hex,
+            list(input_ids),
+            params,
+            fut,
+            gen,
+            logprob_start=logprob_start_len,
+            on_step=on_step,
         )
         if params.max_new_tokens == 0 and logprob_start_len < 0:  # SGLang allows it: nothing to generate
             row.finish = {"type": "length", "length": 0}
@@ -178,6 +183,19 @@ class EngineCore:
         logprob_start_len: int = -1,
     ) -> GenerationOutput:
         return await asyncio.wrap_future(self.submit(input_ids, params, rid, logprob_start_len))
+
+    def stream(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        logprob_start_len: int = -1,
+    ) -> RequestStream:
+        """Queue one request now (errors at once, as `submit`) and follow it step by step from the
+        running event loop: see `RequestStream`."""
+        stream = RequestStream(asyncio.get_running_loop())
+        self.submit(input_ids, params, rid, logprob_start_len, on_step=stream.on_step, future=stream.future)
+        return stream
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -217,6 +235,7 @@ class EngineCore:
             "score_batch_sizes": score_sizes,
             "tokens_generated": self.tokens_generated,
             "requests_finished": self.requests_finished,
+            "requests_aborted": self.requests_aborted,
             "running": len(self._batch),
             "queued": self._queue.qsize(),
             "reload_pending": self._swap is not None,
@@ -267,6 +286,7 @@ class EngineCore:
                     break
                 if not self._take(item, new):
                     return
+            new = self._drop_aborted(new)
             try:
                 if new:
                     self._prefill(new)
@@ -275,12 +295,23 @@ class EngineCore:
             except Exception as exc:  # a failed forward fails its requests, never the engine
                 log.exception("forward failed; failing %d requests", len(self._batch) + len(new))
                 for row in self._batch.rows + new:
-                    if not row.future.done():
-                        row.future.set_exception(RuntimeError(f"engine forward failed: {exc}"))
+                    _settle(row.future, exc=RuntimeError(f"engine forward failed: {exc}"))
                 self._batch.clear()
             if not self._batch and self._swap is not None:
                 self._apply_swap(self._swap)
                 self._swap = None
+
+    def _drop_aborted(self, new: list[_Row]) -> list[_Row]:
+        """Retire running rows whose caller cancelled them; return the new rows that were not."""
+        rows = self._batch.rows
+        keep = [i for i, r in enumerate(rows) if not r.future.cancelled()]
+        fresh = [r for r in new if not r.future.cancelled()]
+        dropped = len(rows) - len(keep) + len(new) - len(fresh)
+        if dropped:
+            self.requests_aborted += dropped
+            log.info("dropped %d aborted requests", dropped)
+            self._batch.retain(keep)
+        return fresh
 
     def _take(self, item: Any, new: list[_Row]) -> bool:
         """Route one queue item; False means stop the loop."""
@@ -331,7 +362,7 @@ class EngineCore:
         for row in rows:
             row.finish = {"type": "length", "length": 0}
             self.requests_finished += 1
-            row.future.set_result(self._output(row))
+            _settle(row.future, self._output(row))
 
     def _input_logprobs(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Fill `input_logprobs` of rows that asked; `logits` holds each (left-padded) row's last k positions."""
@@ -371,10 +402,12 @@ class EngineCore:
             row.logprobs.append(lp)
             self._check_finished(row)
         self.tokens_generated += len(rows)
-        for row in self._batch.rows:
+        for row in rows:
             if row.finish is not None:
                 self.requests_finished += 1
-                row.future.set_result(self._output(row))
+                _settle(row.future, self._output(row))
+            elif row.on_step is not None:
+                row.on_step(self._step(row))
         self._batch.retain([i for i, r in enumerate(self._batch.rows) if r.finish is None])
 
     def _check_finished(self, row: _Row) -> None:
@@ -390,6 +423,17 @@ class EngineCore:
             if hits:
                 row.stop_at, matched = min(hits)
                 row.finish = {"type": "stop", "matched": matched}
+
+    def _step(self, row: _Row) -> Step:
+        return Step(
+            row.rid,
+            list(row.output_ids),
+            list(row.logprobs),
+            len(row.prompt),
+            self.weight_version,
+            input_logprobs=row.input_logprobs,
+            input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
+        )
 
     def _output(self, row: _Row) -> GenerationOutput:
         assert row.finish is not None
@@ -443,8 +487,19 @@ class EngineCore:
         for row in pending:
             row.finish = {"type": "abort", "message": "engine shutting down"}
             if not row.future.done():
-                row.future.set_result(self._output(row))
+                _settle(row.future, self._output(row))
         self._batch.clear()
+
+
+def _settle(
+    fut: cf.Future[GenerationOutput], out: GenerationOutput | None = None, exc: BaseException | None = None
+) -> None:
+    """Resolve a request's future unless its caller cancelled it meanwhile (from another thread)."""
+    with contextlib.suppress(cf.InvalidStateError):
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(out)  # type: ignore[arg-type]  # out is given whenever exc is not
 
 
 def _tail(rows: list[_Row]) -> int:

@@ -18,18 +18,35 @@ SGLang's scheduler (`managers/scheduler.py` handle_generate_request and
 `input_ids[logprob_start_len:]`, the first logprob always None; entry i is log p(token i | tokens
 before it). A start past the prompt is refused (SGLang aborts it). `-1`, the default, returns none
 (`[]`). With `max_new_tokens: 0` the prompt is only scored: one batched forward, no decoding.
+
+Streaming (`"stream": true`, one prompt) follows SGLang's default stream, checked against
+sgl-project/sglang `entrypoints/http_server.py` generate_request @0025436e and
+`managers/tokenizer_manager.py` `_handle_batch_output` / `_wait_one_response` @001067ff: an SSE
+body of `data: {...}\n\n` events, one per decode step, then `data: [DONE]\n\n`. Each event is
+shaped like the non-streamed response and is cumulative (SGLang's default,
+`incremental_streaming_output=False`): `text` and `output_ids` hold everything generated so far,
+`meta_info.output_token_logprobs` every logprob so far, `completion_tokens` their count, and
+`finish_reason` is null until the last event, which equals the non-streamed response. Text that
+ends inside a multi-byte character is held back until the character is complete, as SGLang's
+detokenizer does. A failed forward sends `data: {"error": {"message": ...}}` before `[DONE]`, as
+SGLang does; unlike SGLang, a request refused by validation is a plain HTTP 400 before any event.
+A client that disconnects aborts its request, like SGLang's `create_abort_task`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
-from swarmrl.services.engine.engine_core import EngineCore, GenerationOutput
+from swarmrl.services.engine.engine_core import EngineCore
+from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
 from swarmrl.services.engine.sampling import SamplingParams
 
 log = logging.getLogger("swarmrl.engine.server")
@@ -54,6 +71,14 @@ def create_app(engine: EngineCore) -> FastAPI:
         try:
             body = await request.json()
             prompts, params, want_logprob, rids, single, starts = _parse_generate(engine, body)
+            if body.get("stream"):
+                stream = engine.stream(prompts[0], params[0], rids[0], starts[0])
+                text_in_lp = bool(body.get("return_text_in_logprobs"))
+                events = _sse(engine, stream, want_logprob[0], text_in_lp, params[0].skip_special_tokens)
+                # the background task runs even when the client left mid-stream (SGLang's abort task)
+                return StreamingResponse(
+                    events, media_type="text/event-stream", background=BackgroundTask(stream.abort)
+                )
             futures = [
                 engine.submit(p, sp, rid, start)
                 for p, sp, rid, start in zip(prompts, params, rids, starts, strict=True)
@@ -133,8 +158,9 @@ def _parse_generate(
     unknown = sorted(set(body) - _GENERATE_KEYS)
     if unknown:
         raise ValueError(f"unsupported /generate fields {unknown}")
-    if body.get("stream"):
-        raise ValueError("stream=true is not supported by the embedded engine")
+    stream = body.get("stream")
+    if not isinstance(stream, bool | None):
+        raise ValueError(f"stream must be true or false, got {stream!r}")
     if body.get("top_logprobs_num"):
         raise ValueError("top_logprobs_num > 0 is not supported by the embedded engine")
     if (body.get("input_ids") is None) == (body.get("text") is None):
@@ -189,15 +215,44 @@ def _parse_generate(
             engine.check_logprob_start(s, len(p))
         except ValueError as exc:
             raise ValueError(f"prompt {i}: {exc}" if n > 1 else str(exc)) from None
+    if stream and not single:
+        raise ValueError(f"stream=true takes one prompt, got a batch of {n}: send one request per prompt")
     return prompts, params, [bool(w) for w in want], rids, single, starts
 
 
+async def _sse(
+    engine: EngineCore, stream: RequestStream, with_logprobs: bool, text_in_lp: bool, skip_special: bool
+) -> AsyncIterator[bytes]:
+    """SGLang's SSE events for one streamed request (see the module docstring)."""
+    try:
+        async for item in stream:
+            yield _event(_to_sglang(engine, item, with_logprobs, text_in_lp, skip_special))
+    except RuntimeError as exc:  # the forward pass failed; the engine logged it
+        yield _event({"error": {"message": str(exc)}})
+    yield b"data: [DONE]\n\n"
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    # the encoding of Starlette's JSONResponse, which the non-streamed answers use
+    data = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return b"data: " + data.encode() + b"\n\n"
+
+
 def _to_sglang(
-    engine: EngineCore, out: GenerationOutput, with_logprobs: bool, text_in_lp: bool
+    engine: EngineCore,
+    out: GenerationOutput | Step,
+    with_logprobs: bool,
+    text_in_lp: bool,
+    skip_special: bool = True,
 ) -> dict[str, Any]:
+    """SGLang's `{text, output_ids, meta_info}` for a finished request, or for a running one's `Step`."""
+    if isinstance(out, Step):
+        text, finish = _partial_text(engine, out.output_ids, skip_special), None
+    else:
+        text, finish = out.text, out.finish_reason
     meta: dict[str, Any] = {
         "id": out.rid,
-        "finish_reason": out.finish_reason,
+        "finish_reason": finish,
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": len(out.output_ids),
         "cached_tokens": 0,
@@ -214,4 +269,11 @@ def _to_sglang(
             [lp, tid, tok.decode([tid]) if tok is not None else None]
             for lp, tid in zip(out.input_logprobs, out.input_logprob_ids, strict=True)
         ]
-    return {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}
+    return {"text": text, "output_ids": out.output_ids, "meta_info": meta}
+
+
+def _partial_text(engine: EngineCore, ids: list[int], skip_special: bool) -> str:
+    """The text of a running request, less a trailing incomplete character (which decodes to U+FFFD)."""
+    if engine.tokenizer is None:
+        return ""
+    return engine.tokenizer.decode(ids, skip_special_tokens=skip_special).rstrip("\ufffd")

@@ -6,6 +6,11 @@ runs in its own process and is only looked up (so this module imports on machine
 Needs the optional extra: `pip install 'swarmrl[gpu]'`. Launch flags checked against
 sgl-project/sglang 0.5.x `server_args.py` (`--model-path`, `--host`, `--port`, `--log-level`,
 `--weight-version`).
+
+Streaming: the server keeps SGLang's default stream (`incremental_streaming_output` off: every event
+of a `"stream": true` `/generate` is cumulative), the format the embedded engine speaks too (see
+`server.py`); `EngineClient.generate_stream` also reads the incremental one, should `extra_args`
+pass `--incremental-streaming-output`.
 """
 
 from __future__ import annotations

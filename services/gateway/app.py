@@ -2,6 +2,11 @@
 
 Request bodies are capped (`max_request_bytes`, 413 past it) and parsed off the event loop, like the
 tokenizing in `core.py`: one client's huge request never stalls the others or `/health`.
+
+With `stream: true` the chunks go out as the engine decodes (`streaming.py`). Every error found before
+the engine's first token (auth, bad request, engine refusal) is a plain HTTP error, as for a call
+that is not streamed; a failure after it is an SSE `data: {"error": {...}}` event, which the OpenAI
+SDKs raise, and the stream ends without `[DONE]`.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from swarmrl.services.gateway.config import MAX_REQUEST_BYTES
-from swarmrl.services.gateway.core import Gateway, stream_chunks
+from swarmrl.services.gateway.core import Gateway
 from swarmrl.services.gateway.errors import ApiError, bad_request, too_large
+from swarmrl.services.gateway.streaming import ChatStream
 
 log = logging.getLogger("swarmrl.gateway.http")
 
@@ -71,22 +78,54 @@ def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> 
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
         body = await read_json(request, max_request_bytes)
         try:
-            done = await gateway.complete(body, _api_key(request))
+            call = await gateway.prepare(body, _api_key(request))
+            if call.req.stream:
+                include_usage = bool((call.req.stream_options or {}).get("include_usage"))
+                stream = ChatStream(gateway, call, include_usage)
+                try:
+                    await stream.start()
+                except BaseException:
+                    await stream.aclose()
+                    raise
+                # the background task runs even when the client left mid-stream: release the engine
+                return StreamingResponse(
+                    _sse(stream), media_type="text/event-stream", background=BackgroundTask(stream.aclose)
+                )
+            done = await gateway.generate(call)
         except ApiError:
             raise
         except Exception as exc:  # an OpenAI-style 500, as over NATS; uncaught, uvicorn drops the connection
             log.exception("completion failed")
             raise ApiError(500, f"{type(exc).__name__}: {exc}", "server_error") from exc
         log.debug("episode=%s call=%s reused=%s", done.event.episode_id, done.event.call_id, done.reused_call)
-        if not (isinstance(body, dict) and body.get("stream")):
-            return JSONResponse(done.response)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-        async def sse() -> AsyncIterator[bytes]:
-            for chunk in stream_chunks(done.response, include_usage):
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(sse(), media_type="text/event-stream")
+        return JSONResponse(done.response)
 
     return app
+
+
+async def _sse(stream: ChatStream) -> AsyncIterator[bytes]:
+    """The SSE body of a streamed call: its chunks, then `[DONE]`; a failure ends it with an error event."""
+    try:
+        async for chunk in stream.chunks():
+            yield _event(chunk)
+    except ApiError as exc:
+        log.warning("call=%s stream failed: %s", stream.call.call_id, exc.message)
+        yield _event(exc.body())
+        return
+    except Exception as exc:  # the response has begun: the error can only be an event in it
+        log.exception("call=%s stream failed", stream.call.call_id)
+        yield _event(ApiError(500, f"{type(exc).__name__}: {exc}", "server_error").body())
+        return
+    done = stream.completion
+    if done is not None:
+        log.debug(
+            "episode=%s call=%s reused=%s streamed",
+            done.event.episode_id,
+            done.event.call_id,
+            done.reused_call,
+        )
+    yield b"data: [DONE]\n\n"
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"

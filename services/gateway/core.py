@@ -3,6 +3,11 @@
 Shared by the HTTP front end (`app.py`) and the NATS request/reply front end (`service.py`). The
 `publish` callback receives the `LlmEvent` of every successful call and must make it durable before
 the caller answers the agent, so an agent's later `end` always lands after its `llm` events.
+
+A call is `prepare`d (token, request, exact prompt ids, sampling), generated, then `record`ed (the
+reply parsed, the llm event published, the OpenAI response built). `complete` does the three in one
+go; a streamed call (`streaming.py`) streams between the first two and records the engine's final
+result with the same `record`, so what is captured does not depend on streaming.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarmrl.schemas import LlmEvent
-from swarmrl.services.engine.client import EngineError
+from swarmrl.services.engine.client import EngineError, GenerateResult
 from swarmrl.services.gateway.errors import bad_request, engine_failed, forbidden, not_found, unauthorized
-from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, parse_reply, stop_token_ids, text_of
+from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, parse_reply, stop_token_ids
 from swarmrl.services.gateway.tokens import Claims, TokenError, verify
 
 
@@ -78,6 +83,30 @@ class ModelHandle:
     def __post_init__(self) -> None:
         self.builder = PromptBuilder(self.tokenizer)
         self.stops = stop_token_ids(self.tokenizer)
+
+    def reply_text(self, output_ids: list[int]) -> str:
+        """The text of generated ids, the turn-ending stop tokens left out (what `output_text` records)."""
+        return self.tokenizer.decode(
+            [t for t in output_ids if t not in self.stops], skip_special_tokens=False
+        )
+
+
+@dataclass
+class PreparedCall:
+    """A checked request, its exact prompt ids and engine sampling params: ready to generate."""
+
+    claims: Claims
+    req: ChatRequest
+    handle: ModelHandle
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    history: list[CallRecord]
+    prompt_ids: list[int]
+    reused: str | None
+    sampling: dict[str, Any]
+    call_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    """The response's `id` (every chunk's, when streamed) and the llm event's `call_id`."""
+    created: int = field(default_factory=lambda: int(time.time()))
 
 
 @dataclass
@@ -153,6 +182,21 @@ class Gateway:
         return req
 
     async def complete(self, body: Any, api_key: str | None) -> Completion:
+        """One call, not streamed: prepare, generate, record."""
+        return await self.generate(await self.prepare(body, api_key))
+
+    async def generate(self, call: PreparedCall) -> Completion:
+        """Generate a prepared call in one piece and record it."""
+        try:
+            result = await call.handle.engine.generate(call.prompt_ids, call.sampling, return_logprob=True)
+        except EngineError as exc:
+            raise engine_failed(call.req.model, exc.status, exc.message) from exc
+        except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
+            raise engine_failed(call.req.model, 0, repr(exc)) from exc
+        return await self.record(call, result)
+
+    async def prepare(self, body: Any, api_key: str | None) -> PreparedCall:
+        """Everything before generation; an ApiError (4xx) for a request that cannot be served."""
         claims = self.authorize(api_key)
         req = self.parse(body)
         handle = self.models.get(req.model)
@@ -186,17 +230,14 @@ class Gateway:
             sampling["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.seed is not None:
             sampling["sampling_seed"] = req.seed
-        try:
-            result = await handle.engine.generate(prompt_ids, sampling, return_logprob=True)
-        except EngineError as exc:
-            raise engine_failed(req.model, exc.status, exc.message) from exc
-        except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
-            raise engine_failed(req.model, 0, repr(exc)) from exc
+        return PreparedCall(claims, req, handle, messages, tools, history, prompt_ids, reused, sampling)
 
+    async def record(self, call: PreparedCall, result: GenerateResult) -> Completion:
+        """Parse the engine's final result, publish the call's llm event (durably), build the response."""
+        claims, req, handle, messages, tools = call.claims, call.req, call.handle, call.messages, call.tools
+        prompt_ids = call.prompt_ids
         out_ids = list(result.output_ids)
-        text = await asyncio.to_thread(
-            handle.tokenizer.decode, [t for t in out_ids if t not in handle.stops], skip_special_tokens=False
-        )
+        text = await asyncio.to_thread(handle.reply_text, out_ids)
         content, tool_calls = parse_reply(text, with_tools=bool(tools))
         finish = "tool_calls" if tool_calls else ("length" if result.finish_reason == "length" else "stop")
         message: dict[str, Any] = {
@@ -205,8 +246,8 @@ class Gateway:
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
-        call_id = f"chatcmpl-{uuid.uuid4().hex}"
-        history.append(CallRecord(call_id, messages, tools, prompt_ids, out_ids, message))
+        call_id = call.call_id
+        call.history.append(CallRecord(call_id, messages, tools, prompt_ids, out_ids, message))
 
         event = LlmEvent(
             episode_id=claims.episode_id,
@@ -229,7 +270,7 @@ class Gateway:
         response = {
             "id": call_id,
             "object": "chat.completion",
-            "created": int(time.time()),
+            "created": call.created,
             "model": req.model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
             "usage": {
@@ -239,46 +280,4 @@ class Gateway:
             },
             "system_fingerprint": f"policy-v{event.policy_version}",
         }
-        return Completion(response, event, reused)
-
-
-def stream_chunks(resp: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
-    """OpenAI `chat.completion.chunk` objects for a finished completion (role, content, tool calls, finish)."""
-    base = {
-        "id": resp["id"],
-        "object": "chat.completion.chunk",
-        "created": resp["created"],
-        "model": resp["model"],
-    }
-    choice = resp["choices"][0]
-    msg = choice["message"]
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    content = text_of(msg.get("content"))
-    step = 16
-    chunks += [chunk({"content": content[i : i + step]}) for i in range(0, len(content), step)]
-    for i, tc in enumerate(msg.get("tool_calls") or []):
-        chunks.append(
-            chunk(
-                {
-                    "tool_calls": [
-                        {
-                            "index": i,
-                            "id": tc["id"],
-                            "type": "function",
-                            "function": {"name": tc["function"]["name"], "arguments": ""},
-                        }
-                    ]
-                }
-            )
-        )
-        chunks.append(
-            chunk({"tool_calls": [{"index": i, "function": {"arguments": tc["function"]["arguments"]}}]})
-        )
-    chunks.append(chunk({}, choice["finish_reason"]))
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": resp["usage"]})
-    return chunks
+        return Completion(response, event, call.reused)

@@ -4,7 +4,8 @@ Consumes: requests on `swarm.auth.token.<client>` (mint episode tokens, one per 
 models, for an episode the client owns, after admission control and task mixing; msgpack) and
 `swarm.llm.<model>`
 (chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
-`{"error": ..., "status": ...}`), both in queue group `gateway` so several gateways share the load.
+`{"error": ..., "status": ...}`; `stream` is ignored there: the reply is the whole completion), both
+in queue group `gateway` so several gateways share the load. Streaming is HTTP's (`app.py`).
 Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
 """
 

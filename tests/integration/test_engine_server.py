@@ -84,7 +84,8 @@ async def test_generate_answers_like_sglang(served: tuple[EngineCore, str]) -> N
         ({"input_ids": [[1, 2], []]}, "prompt 1: input_ids is empty"),
         ({"input_ids": [1], "sampling_params": {"top_p": 2}}, "top_p must be in (0, 1]"),
         ({"input_ids": [1], "sampling_params": {"best_of": 2}}, "unknown sampling params ['best_of']"),
-        ({"input_ids": [1], "stream": True}, "stream=true is not supported"),
+        ({"input_ids": [[1], [2]], "stream": True}, "stream=true takes one prompt, got a batch of 2"),
+        ({"input_ids": [1], "stream": "yes"}, "stream must be true or false"),
         ({"input_ids": [1], "image_data": "x"}, "unsupported /generate fields ['image_data']"),
         ({"sampling_params": {}}, "exactly one of `input_ids` or `text`"),
         ({"input_ids": [1] * 5000}, "context length is 2048"),
@@ -246,14 +247,15 @@ async def test_sglang_backend_speaks_the_same_api(tmp_path: Path) -> None:
     await asyncio.to_thread(server.start, 900)
     try:
         async with EngineClient(server.url) as client:
-            out = await client.generate(
-                [1, 2, 3, 4], {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
-            )
+            greedy = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+            out = await client.generate([1, 2, 3, 4], greedy)
             assert len(out.output_ids) == len(out.output_logprobs) == 8 and out.finish_reason == "length"
+            streamed = [r async for r in client.generate_stream([1, 2, 3, 4], greedy)]
+            assert len(streamed) > 1 and not streamed[0].finished and streamed[-1].finished
+            assert (streamed[-1].output_ids, streamed[-1].finish_reason) == (out.output_ids, "length")
+            assert streamed[-1].output_logprobs == pytest.approx(out.output_logprobs, abs=1e-3)
             await client.update_weights_from_disk(model, 1)
-            again = await client.generate(
-                [1, 2, 3, 4], {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
-            )
+            again = await client.generate([1, 2, 3, 4], greedy)
             assert again.weight_version == 1 and again.output_ids == out.output_ids  # same weights reloaded
     finally:
         await asyncio.to_thread(server.stop)
