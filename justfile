@@ -28,6 +28,10 @@ bench:
     python bench/gateway.py
     python bench/merging.py
 
+# Trainer benchmark: prefix-shared vs packed micro-batches on the trainer steps of recorded runs (runs/).
+bench-trainer *ARGS:
+    python bench/trainer.py "$@"
+
 # Chaos benchmark (~17 min): the default swarm on a local 3-node NATS cluster under SIGKILLs; bench/results/chaos.{json,md}.
 chaos *ARGS:
     python bench/chaos.py "$@"

@@ -144,6 +144,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from swarmrl.services.trainer.learner import Learner
 
     runs = find_runs(args.run, Path(args.runs_root))
+    if not any(task in runs for task in TASKS):
+        raise SystemExit(
+            f"no recorded samples of {', '.join(TASKS)} in {args.run or args.runs_root}: run `just up` "
+            "(and examples/team.toml, examples/cocktail.toml) first, or pass --run DIR"
+        )
     model_dir = Path(args.model) if args.model else ensure_default_model()
     results: dict[str, Any] = {}
     for micro in args.micro_tokens:
