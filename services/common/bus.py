@@ -60,19 +60,24 @@ ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
 """On a truncated dead letter: the hex SHA-256 of the original payload."""
 
 
-async def connect(url: str, name: str) -> NATS:
-    """Connect with reconnects forever: a broker restart pauses a service, it never kills it."""
+async def connect(url: str, name: str, client: NATS | None = None) -> NATS:
+    """Connect with reconnects forever: a broker restart pauses a service, it never kills it.
+
+    `client`: a not yet connected client to connect (a subclass of nats-py's), instead of a new one.
+    """
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
 
-    return await nats.connect(
+    nc = client if client is not None else NATS()
+    await nc.connect(
         servers=[u.strip() for u in url.split(",")],
         name=name,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]  # seconds: nats-py annotates int, sleeps any number
         error_cb=on_error,
     )
+    return nc
 
 
 def stream_replicas() -> int:

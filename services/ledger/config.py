@@ -17,11 +17,16 @@ class LedgerConfig(ServiceConfig):
     """...or as soon as their messages add up to this many bytes (bounds memory and Arrow offsets)."""
     flush_interval_s: float = 1.0
     """Write buffered rows at least this often (seconds), however few there are."""
+    flush_idle_rows: int = 100
+    """...and as soon as a poll finds nothing new, if this many are waiting (or they are the tail of a
+    burst that filled the last write): a burst is durable once the ledger has caught up with it,
+    while a trickle still makes one file per `flush_interval_s`."""
     fetch_batch: int = 1000
     """Messages pulled from a stream per fetch."""
     poll_interval_s: float = 0.25
-    """Once caught up, look for new messages this often (seconds): they then arrive in one burst,
-    which costs far less CPU than taking them one by one. Also bounds how late a timed flush is."""
+    """Once caught up, look for new messages at most this long after the last look (seconds; sooner
+    on a busy stream): they then arrive in batches, which costs far less CPU than taking them one by
+    one. A stream found empty is woken by its next message. Also bounds how late a timed flush is."""
     stop_drain_s: float = 10.0
     """On a stop (SIGTERM), go on reading for up to this many seconds, until caught up with what each
     stream held: `swarmrl up` stops the ledger last, so it records what the other services published."""

@@ -25,9 +25,11 @@ after it; the DLQ publish carries a Nats-Msg-Id, so JetStream drops that copy wi
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import duckdb
 from nats.aio.client import Client as NATS
@@ -39,6 +41,7 @@ from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.tasks import until_stopped
+from swarmrl.services.ledger.client import PullClient
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
@@ -71,7 +74,7 @@ class Ledger:
     async def start(self) -> None:
         removed = await asyncio.to_thread(self.writer.prepare)
         hwm = await asyncio.to_thread(self._recover)
-        self.nc = await bus.connect(self.cfg.nats, SERVICE)
+        self.nc = await bus.connect(self.cfg.nats, SERVICE, client=PullClient())
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
         self.dlq = bus.DeadLetters(js, SERVICE)
@@ -107,7 +110,8 @@ class Ledger:
                 ack_policy=AckPolicy.ALL,
             )
             await sub.unsubscribe()  # the consumer stays; it is read through a BatchPuller (pull.py)
-            puller = BatchPuller(self.nc, stream, durable)
+            # Dead letters are recorded with their headers (service, subject, reason); the rest is not.
+            puller = BatchPuller(self.nc, stream, durable, headers=stream == S.DLQ_STREAM)
             await puller.start()
             self._pullers.append(puller)
             self._tasks.append(asyncio.create_task(self._consume(sink, puller), name=f"ledger-{stream}"))
@@ -152,25 +156,31 @@ class Ledger:
             puller, self._stop, self.cfg.fetch_batch, self.cfg.poll_interval_s, self.cfg.stop_drain_s
         )
         async for msgs in batches:
-            for msg in msgs:
-                if not await self._handle(sink, msg):
-                    break  # stopping while the DLQ is unreachable: the rest is redelivered later
-            if sink.due(self.cfg):
+            complete = await self._handle(sink, msgs)
+            if sink.due(self.cfg, idle=not msgs):
                 await self._start_flush(sink)
             elif sink.writing is not None and sink.writing.done():
                 await self._finish_flush(sink)
             await self._ack_settled(sink)
+            if not complete:
+                break  # stopping while the DLQ is unreachable: the rest is redelivered later
         await self._start_flush(sink)
         await self._finish_flush(sink)
         await self._ack_settled(sink)
 
-    def _ingest(self, stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
+    def _ingester(self, stream: str) -> Callable[[Msg, int], tuple[str, Row]]:
+        """The function that turns one message of `stream` into its (table, row), or raises why not."""
+        ingest = self.ingest
         if stream == S.EPISODES_STREAM:
-            return self.ingest.episode(msg.subject, msg.data, stream, seq, time.time())
+            return lambda msg, seq: ingest.episode(msg.subject, msg.data, stream, seq, time.time())
         if stream == S.SAMPLES_STREAM:
-            return self.ingest.sample(msg.subject, msg.data, stream, seq)
+            return lambda msg, seq: ingest.sample(msg.subject, msg.data, stream, seq)
         if stream == S.METRICS_STREAM:
-            return self.ingest.metric(msg.subject, msg.data, stream, seq)
+            return lambda msg, seq: ingest.metric(msg.subject, msg.data, stream, seq)
+        return lambda msg, seq: self._dead_letter_row(stream, msg, seq)
+
+    @staticmethod
+    def _dead_letter_row(stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
         h = msg.headers or {}
         return "dead_letters", dead_letter_row(
             subject=msg.subject,
@@ -183,28 +193,31 @@ class Ledger:
             seq=seq,
         )
 
-    async def _handle(self, sink: StreamSink, msg: Msg) -> bool:
-        """Buffer, skip or dead-letter one message. False: stopping before it could be dead-lettered."""
-        seq = stream_seq(msg)
-        if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
-            self.counts["redelivered"] += 1
-            if seq <= sink.durable_seq:
-                await self._ack(msg)
-            return True
-        try:
-            table, row = self._ingest(sink.stream, msg, seq)
-        except Exception as exc:  # the one place that decides: any failure to make a row dead-letters it
-            if sink.stream == S.DLQ_STREAM:  # never dead-letter a dead letter (it would loop)
-                log.error("unrecordable dead letter subject=%s seq=%d: %r", msg.subject, seq, exc)
-                self.counts["dead_letters_unrecorded"] += 1
-            else:
-                reason = str(exc) if isinstance(exc, WireError | Rejected) else f"internal: {exc!r}"
-                if not await self._dead_letter(msg, reason):
-                    return False
-            sink.last, sink.last_seq = msg, seq
-            await self._ack_settled(sink)
-            return True
-        sink.add(table, row, msg, seq)
+    async def _handle(self, sink: StreamSink, msgs: list[Msg]) -> bool:
+        """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
+        not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
+        ingest = self._ingester(sink.stream)
+        for msg in msgs:  # one plain loop: no coroutine per message, awaits only for the rare cases
+            seq = stream_seq(msg)
+            if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
+                self.counts["redelivered"] += 1
+                if seq <= sink.durable_seq:
+                    await self._ack(msg)
+                continue
+            try:
+                table, row = ingest(msg, seq)
+            except Exception as exc:  # the one place that decides: any failure to make a row dead-letters it
+                if sink.stream == S.DLQ_STREAM:  # never dead-letter a dead letter (it would loop)
+                    log.error("unrecordable dead letter subject=%s seq=%d: %r", msg.subject, seq, exc)
+                    self.counts["dead_letters_unrecorded"] += 1
+                else:
+                    reason = str(exc) if isinstance(exc, WireError | Rejected) else f"internal: {exc!r}"
+                    if not await self._dead_letter(msg, reason):
+                        return False
+                sink.last, sink.last_seq = msg, seq
+                await self._ack_settled(sink)
+                continue
+            sink.add(table, row, msg, seq)
         return True
 
     async def _dead_letter(self, msg: Msg, reason: str) -> bool:
@@ -307,6 +320,9 @@ async def run(cfg: LedgerConfig) -> None:
 
     ledger = Ledger(cfg)
     await ledger.start()
+    # What start loaded (pyarrow, duckdb, nats) lives as long as the process: keep it out of the
+    # collector's full passes, which otherwise walk it again every few thousand messages.
+    gc.freeze()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, ledger.request_stop)
@@ -314,3 +330,4 @@ async def run(cfg: LedgerConfig) -> None:
         await ledger.wait()
     finally:
         await ledger.stop()
+        gc.unfreeze()  # frozen objects are never freed: nanobind (duckdb) would report them as leaks

@@ -47,6 +47,8 @@ class StreamSink:
     rows: int = 0
     nbytes: int = 0
     first_at: float = 0.0
+    taken: tuple[int, int] = (0, 0)
+    """Rows and bytes of the last write (a full one means the stream is in a burst)."""
 
     def add(self, table: str, row: Row, msg: Msg, seq: int) -> None:
         if not self.rows:
@@ -59,15 +61,23 @@ class StreamSink:
         self.nbytes += len(msg.data)
         self.last, self.last_seq = msg, seq
 
-    def due(self, cfg: LedgerConfig) -> bool:
-        return (
-            self.rows >= cfg.flush_rows
-            or self.nbytes >= cfg.flush_bytes
-            or (self.rows > 0 and time.monotonic() - self.first_at >= cfg.flush_interval_s)
-        )
+    def due(self, cfg: LedgerConfig, idle: bool = False) -> bool:
+        """Time to write: `flush_rows` or `flush_bytes` waiting, or rows `flush_interval_s` old; or,
+        `idle` (a poll found nothing new), at least `flush_idle_rows`, or the tail of a burst (the last
+        write was a full one). A trickle thus makes one file per `flush_interval_s`, while a burst is
+        durable as soon as the ledger has caught up with it."""
+        if not self.rows:
+            return False
+        if self.rows >= cfg.flush_rows or self.nbytes >= cfg.flush_bytes:
+            return True
+        if time.monotonic() - self.first_at >= cfg.flush_interval_s:
+            return True
+        burst = self.taken[0] >= cfg.flush_rows or self.taken[1] >= cfg.flush_bytes
+        return idle and (burst or self.rows >= cfg.flush_idle_rows)
 
     def take(self) -> tuple[dict[str, TableBuffer], int]:
         """Hand over the buffers and their row count; start afresh."""
         taken = self.buffers, self.rows
+        self.taken = self.rows, self.nbytes
         self.buffers, self.rows, self.nbytes = {}, 0, 0
         return taken

@@ -35,3 +35,31 @@ def test_sink_flushes_on_rows_bytes_or_age_and_hands_over_its_buffers() -> None:
     sink.take()
     sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.4.4.0.0"), 4)
     assert sink.due(LedgerConfig(flush_interval_s=0.0))  # age bound
+
+
+def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once() -> None:
+    cfg = LedgerConfig(flush_rows=3, flush_idle_rows=2, flush_interval_s=3600)
+    sink = StreamSink("DLQ")
+    row = dead_letter_row(
+        subject="s", data=b"", service="m", original_subject="o", reason="r: x", ts=0.0, stream="DLQ", seq=1
+    )
+    seq = iter(range(1, 100))
+
+    def add() -> None:
+        n = next(seq)
+        sink.add("dead_letters", row, _msg(f"$JS.ACK.DLQ.ledger-dlq.1.{n}.{n}.0.0"), n)
+
+    add()
+    assert not sink.due(cfg, idle=True)  # a trickle: one row waits for the age bound
+    add()
+    assert sink.due(cfg, idle=True) and not sink.due(cfg)
+    sink.take()
+    for _ in range(3):
+        add()
+    assert sink.due(cfg)  # a full write: the stream is in a burst
+    sink.take()
+    add()
+    assert sink.due(cfg, idle=True) and not sink.due(cfg)  # the burst's tail goes at once
+    sink.take()
+    add()
+    assert not sink.due(cfg, idle=True)  # that write was not a full one: a trickle again

@@ -37,6 +37,17 @@ def test_int_beyond_64_bits_is_a_schema_error_not_a_failed_flush() -> None:
     assert err.value.code == "schema"
 
 
+def test_token_lists_keep_the_whole_int64_range_and_refuse_beyond_it() -> None:
+    edge = [-(2**63), -1, 0, 2**63 - 1]
+    llm = episode("e1")[1].model_copy(update={"prompt_ids": edge, "output_logprobs": [-0.5, 0, -1e300]})
+    _, row = event_row(llm, "EPISODES", 2)
+    assert (row["prompt_ids"].typecode, row["prompt_ids"].tolist()) == ("q", edge)
+    assert (row["output_logprobs"].typecode, row["output_logprobs"].tolist()) == ("d", [-0.5, 0.0, -1e300])
+    for bad in ([-(2**63) - 1], [1, 2**63]):
+        with pytest.raises(WireError, match="llm_calls.prompt_ids holds a value"):
+            event_row(llm.model_copy(update={"prompt_ids": bad}), "EPISODES", 2)
+
+
 def test_bytes_in_free_form_map_become_base64_json() -> None:
     begin = episode("e1")[0].model_copy(update={"task": {"blob": b"\x00\x01"}})
     _, row = event_row(begin, "EPISODES", 1)
