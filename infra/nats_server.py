@@ -21,6 +21,9 @@ from pathlib import Path
 from swarmrl.infra import NATS_CONF_DIR
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry
 
+RUNS_CONF = "runs.conf"
+"""Per-run accounts (`swarmrl research`), included by accounts.conf; shipped empty."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -133,6 +136,8 @@ class NatsServer:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         for name in (self.config, "accounts.conf"):
             shutil.copyfile(NATS_CONF_DIR / name, self.conf_dir / name)
+        if not (self.conf_dir / RUNS_CONF).exists():  # a restart keeps the research runs' accounts
+            shutil.copyfile(NATS_CONF_DIR / RUNS_CONF, self.conf_dir / RUNS_CONF)
         self.registry.write_users()
         return self.conf_dir / self.config
 

@@ -8,6 +8,7 @@ swarmrl credentials mint NAME  give an agent client its own NATS identity (revok
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, actions,
                            action-worker)
 swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
+swarmrl research STUDY.toml    run a study (arms x seeds of swarm runs), resumable; statistics and a report
 swarmrl bootstrap-model    build the tiny offline model used on CPU
 swarmrl nats               run the embedded NATS server alone (prints its URL and an agent connect file)
 """
@@ -27,6 +28,7 @@ VERBS = {
     "clients": ("swarmrl.clients", "main"),
     "credentials": ("swarmrl.credentials", "main"),
     "query": ("swarmrl.services.ledger.query", "main"),
+    "research": ("swarmrl.research.cli", "main"),
     "bootstrap-model": ("swarmrl.bootstrap.cli", "main"),
     "nats": ("swarmrl.infra.nats_cli", "main"),
 }

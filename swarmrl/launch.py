@@ -85,6 +85,7 @@ def spawn_services(
     for name, m in swarm.models.items():
         port = free_port()
         argv = [*SERVE, "engine", "--model", name, "--model-path", str(model_dirs[name]), "--port", str(port)]
+        argv += ["--seed", str(swarm.run.seed)]
         sup.spawn(_proc("engine", name, swarm), [*argv, *m.engine_args], env)
         engines += ["--engine", f"{name}=http://127.0.0.1:{port}"]
     sup.spawn("merger", [*SERVE, "merger"], env)
@@ -93,6 +94,7 @@ def spawn_services(
             *SERVE, "trainer", "--model", name, "--model-path", str(model_dirs[name]), "--run-dir", str(run_dir),
             "--num-repeat", str(m.num_repeat), "--batch-groups", str(m.batch_groups), "--lr", str(m.lr),
             "--max-steps", str(swarm.run.steps), "--max-tokens-per-micro-batch", str(m.micro_batch_tokens),
+            "--seed", str(swarm.run.seed),
         ]  # fmt: skip
         sup.spawn(_proc("trainer", name, swarm), [*argv, *m.trainer_args], env)
     # Admission control bounds one backlog for all models: the tightest model's.
@@ -150,7 +152,8 @@ def spawn_clients(
             "SWARMRL_TASK": task,
             "SWARMRL_ROLES": json.dumps(t.roles),
             "SWARMRL_NUM_REPEAT": str(swarm.num_repeat(task)),
-            "SWARMRL_CLIENT_SEED": str(1000 + 100 * generation + i),
+            # the run's seed shifts every client's stream; seed 0 keeps the streams `up` always used
+            "SWARMRL_CLIENT_SEED": str(1000 + 100 * generation + i + 10_000 * swarm.run.seed),
         }
         if version:
             env["SWARMRL_CODE_VERSION"] = version

@@ -40,12 +40,13 @@ MODEL = "policy"
 # Flags that override a field of the same name in the description's [run], every [models.*] and
 # every [tasks.*]; a flag left at None was not given and keeps the file's value.
 RUN_FLAGS = ("steps", "minutes", "eval_every", "eval_limit", "eval_samples", "eval_temperature",
-             "max_tokens", "abort_rate", "actions")  # fmt: skip
+             "max_tokens", "abort_rate", "actions", "seed")  # fmt: skip
 MODEL_FLAGS = ("lr", "num_repeat", "batch_groups", "micro_batch_tokens", "max_backlog")
 TASK_FLAGS = ("clients", "concurrency")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The `swarmrl up` flags (`swarmrl research` validates a study's flags against them)."""
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -78,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="eval sampling temperature (default 1.0 measures the policy being trained; 0 is greedy)")  # fmt: skip
     add("--max-tokens", type=int, help="max tokens per model reply (default 48)")
     add("--abort-rate", type=float, help="chaos: per-turn probability a client fails an episode (default 0)")
+    add("--seed", type=int,
+        help="seed of the trainers, engine samplers and clients' task streams (default 0, as always)")  # fmt: skip
     add("--actions", choices=["elastic", "fifo", "static", "off"],
         help="run the tasks' tools (calculator) as sandboxed python actions through the actions service, "
         "scheduled by this policy (default elastic); off: in the client processes")  # fmt: skip
@@ -92,6 +95,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --nats: the conf dir of those servers (their accounts.conf includes agents.conf from "
         "it), where up mints one NATS identity per client; see `swarmrl credentials --help`")  # fmt: skip
     add("--no-display", action="store_true", help="plain log lines instead of the live table")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
         p.error(reason)

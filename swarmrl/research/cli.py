@@ -1,0 +1,217 @@
+"""`swarmrl research`: run a study of swarm runs and report on it, resumably.
+
+    swarmrl research STUDY.toml [--dir DIR] [--parallel N] [--minutes M]   run a study
+    swarmrl research --resume DIR                          go on after a kill, a crash or Ctrl-C
+    swarmrl research status DIR [--watch S]                progress, decisions and time left
+    swarmrl research report DIR                            write report.md and the plots again
+    swarmrl research --check STUDY.toml                    validate only
+    swarmrl research --template                            print a commented study file
+    swarmrl research --topic "..." --planner-url URL --planner-model NAME   an LLM writes the study
+
+Runs share NATS servers with `--nats URL --nats-conf DIR` (each in NATS accounts of its own);
+without, every run starts its own embedded server. README, "Research studies".
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from swarmrl.research import state as S
+from swarmrl.research.study import Budget, Study, StudyError, load_study
+from swarmrl.research.template import TEMPLATE
+
+log = logging.getLogger("swarmrl.research")
+TEMPLATE_HINT = "write the study yourself: `swarmrl research --template > my-study.toml` (example: studies/)"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swarmrl research", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add = p.add_argument
+    add("study", nargs="?", type=Path, help="the study file (TOML)")
+    add("--resume", type=Path, metavar="DIR", help="go on with the study in DIR")
+    add("--check", action="store_true", help="validate the study file and exit")
+    add("--template", action="store_true", help="print a commented study template and exit")
+    add("--dir", type=Path, help="study directory (default runs/studies/<name>-<timestamp>)")
+    add("--parallel", type=int, default=None, help="runs at once (default 1; each run takes its own cores)")
+    add("--minutes", type=float, help="override [budget].run_minutes (a quick trial of a study)")
+    add("--steps", type=int, help="override [budget].run_steps")
+    add("--nats", default="", help="share these NATS servers (URL without password), one account per run")
+    add("--nats-conf", type=Path, help="with --nats: their conf dir (see README, Multi-node)")
+    add("--up-command", default="", help="the command that runs one swarm (default: this Python's "
+        "`-m swarmrl.cli up`); research appends the run's flags. For wrappers and tests")  # fmt: skip
+    add("--topic", help="a research topic: the planner LLM writes the study file")
+    add("--planner-url", help="OpenAI-compatible endpoint of the planner (e.g. http://host:8000/v1)")
+    add("--planner-model", help="the planner's model name")
+    add("--planner-key-env", default="OPENAI_API_KEY", help="environment variable with the planner's API key")
+    add("--plan-only", action="store_true", help="with --topic: write the study file, do not run it")
+    return p
+
+
+def setup_logging(study_dir: Path | None) -> None:
+    from swarmrl.log import setup_logging as setup
+
+    setup("research")
+    if study_dir is not None:
+        handler = logging.FileHandler(study_dir / "research.log")
+        handler.setFormatter(logging.getLogger().handlers[0].formatter)
+        logging.getLogger().addHandler(handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("status", "report"):
+        from swarmrl.research.status import main as sub
+
+        return sub(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    from swarmrl.config import password_on_command_line
+
+    if reason := password_on_command_line(argv):
+        p.error(reason)
+    if args.template:
+        print(TEMPLATE, end="")
+        return 0
+    if bool(args.nats) != (args.nats_conf is not None):
+        p.error("--nats and --nats-conf go together")
+    if args.nats_conf is not None and 'include "runs.conf"' not in _read(args.nats_conf / "accounts.conf"):
+        p.error(f"{args.nats_conf}/accounts.conf does not include runs.conf: copy infra/nats/accounts.conf and "
+                "infra/nats/runs.conf there (the servers then take one account pair per run)")  # fmt: skip
+    if args.resume is not None:
+        return resume(args)
+    if args.topic:
+        if not (args.planner_url and args.planner_model):
+            print(f"swarmrl research: a topic needs a planner LLM (--planner-url URL --planner-model NAME, any "
+                  f"OpenAI-compatible endpoint); or {TEMPLATE_HINT}", file=sys.stderr)  # fmt: skip
+            return 2
+        return planned(args)
+    if args.study is None:
+        p.error(f"give a study file, --resume DIR or --topic; {TEMPLATE_HINT}")
+    try:
+        study = overridden(load_study(args.study), args)
+    except StudyError as exc:
+        print(f"swarmrl research: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{args.study}: valid; {len(study.arm_names)} arms x {len(study.seeds)} seeds = "
+              f"{len(study.runs())} runs of {study.budget.run_minutes:g} min")  # fmt: skip
+        return 0
+    return start(study, args.study, args)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def overridden(study: Study, args: argparse.Namespace) -> Study:
+    budget = study.budget.model_dump()
+    budget["run_minutes"] = args.minutes if args.minutes is not None else budget["run_minutes"]
+    budget["run_steps"] = args.steps if args.steps is not None else budget["run_steps"]
+    if args.minutes is not None and budget["total_minutes"] is not None:
+        budget["total_minutes"] = max(budget["total_minutes"], budget["run_minutes"])
+    try:
+        study.budget = Budget.model_validate(budget)
+    except ValueError as exc:
+        raise StudyError(f"--minutes/--steps: {exc}") from None
+    return study
+
+
+def start(study: Study, study_file: Path, args: argparse.Namespace) -> int:
+    study_dir = (
+        args.dir or Path("runs/studies") / f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ).resolve()
+    if (study_dir / S.STATE).exists():
+        print(
+            f"swarmrl research: {study_dir} already holds a study; go on with --resume {study_dir}",
+            file=sys.stderr,
+        )
+        return 2
+    study_dir.mkdir(parents=True, exist_ok=True)
+    if study_file.resolve() != (study_dir / "study.toml").resolve():
+        shutil.copyfile(study_file, study_dir / "study.toml")
+    state = S.StudyState.new(
+        study, study_file.resolve(), nats=args.nats, nats_conf=str(args.nats_conf.resolve()) if args.nats_conf else "",
+        up_command=shlex.split(args.up_command),
+    )  # fmt: skip
+    S.save(study_dir, state)
+    return execute(study_dir, state, args)
+
+
+def resume(args: argparse.Namespace) -> int:
+    study_dir = args.resume.resolve()
+    try:
+        state = S.load(study_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"swarmrl research: cannot resume: {exc}", file=sys.stderr)
+        return 2
+    if args.nats:
+        state.nats, state.nats_conf = args.nats, str(args.nats_conf.resolve())
+    if args.up_command:
+        state.up_command = shlex.split(args.up_command)
+    return execute(study_dir, state, args)
+
+
+def execute(study_dir: Path, state: S.StudyState, args: argparse.Namespace) -> int:
+    from swarmrl.research.report import write_report
+    from swarmrl.research.runner import Runner
+
+    try:
+        lock = S.lock(study_dir)
+    except RuntimeError as exc:
+        print(f"swarmrl research: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(study_dir)
+    log.info("study %s (%s) in %s, pid %d", state.study.name, state.study.question, study_dir, os.getpid())
+    try:
+        parallel = args.parallel or state.parallel
+        state.parallel = parallel
+        runner = Runner(study_dir, state, parallel=parallel, prepare_models=not state.up_command)
+        rc = runner.run()
+        report = write_report(study_dir, state)
+        log.info("report: %s", report)
+        print(f"swarmrl research: {'finished' if rc != 130 else 'stopped'}. Report: {report}", flush=True)
+        return rc
+    finally:
+        lock.close()
+
+
+def planned(args: argparse.Namespace) -> int:
+    from swarmrl.research.planner import PlannerError, plan
+
+    study_dir = (args.dir or Path("runs/studies") / f"planned-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    study_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(None)
+    try:
+        text, study = plan(args.topic, args.planner_url, args.planner_model,
+                           os.environ.get(args.planner_key_env, ""), Path.cwd(),
+                           transcript=study_dir / "planner.jsonl")  # fmt: skip
+    except PlannerError as exc:
+        print(f"swarmrl research: {exc}", file=sys.stderr)
+        return 1
+    path = study_dir / "study.toml"
+    path.write_text(text)
+    print(f"swarmrl research: the planner wrote {path}", flush=True)
+    if args.plan_only:
+        return 0
+    try:
+        study = overridden(study, args)
+    except StudyError as exc:
+        print(f"swarmrl research: {exc}", file=sys.stderr)
+        return 2
+    args.dir = study_dir
+    return start(study, path, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

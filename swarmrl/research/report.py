@@ -1,0 +1,224 @@
+"""The study report: `report.md`, `curves.png` and `forest.png` in the study directory.
+
+The numbers come from the runs' Parquet ledgers through DuckDB (the study's metric and curve SQL,
+`ledger.py`), not from the values the runner kept, so a report can be written again at any time
+(`swarmrl research report DIR`), also while the study runs. Statistics: `stats.py`; the findings
+section: `findings.py`; the exact `swarmrl up` command of every run closes the report.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+from swarmrl.research import findings as F
+from swarmrl.research.flags import up_argv
+from swarmrl.research.ledger import MetricError, curve, metric_value
+from swarmrl.research.state import StudyState
+from swarmrl.research.stats import ArmStats, bootstrap_ci, mean, summarize
+
+Curves = dict[str, dict[int, list[tuple[float, float]]]]
+"""arm -> seed -> (x, y) points."""
+
+
+def collect(state: StudyState) -> tuple[dict[str, list[float]], dict[str, float | None], Curves]:
+    """Per arm the metric of its finished runs, per run its metric (by run id), and the curves."""
+    study = state.study
+    values: dict[str, list[float]] = {arm: [] for arm in study.arm_names}
+    per_run: dict[str, float | None] = {}
+    curves: Curves = {arm: {} for arm in study.arm_names}
+    for run in state.ordered():
+        if run.status != "done":
+            continue
+        run_dir = Path(run.attempts[-1].run_dir)
+        try:
+            value = metric_value(run_dir, study.metric.query)
+            curves[run.arm][run.seed] = curve(run_dir, study.metric.curve)
+        except (MetricError, FileNotFoundError):
+            value = None
+        per_run[run.id] = value
+        if value is not None:
+            values[run.arm].append(value)
+    return values, per_run, curves
+
+
+def plot_curves(curves: Curves, out: Path, ylabel: str) -> None:
+    """Mean curve per arm over its seeds, with a bootstrap 95% band where 2+ seeds have a point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for arm, seeds in curves.items():
+        xs = sorted({x for pts in seeds.values() for x, _ in pts})
+        if not xs:
+            continue
+        at = {x: [y for pts in seeds.values() for px, y in pts if px == x] for x in xs}
+        line = ax.plot(xs, [mean(at[x]) for x in xs], marker="o", label=f"{arm} (n={len(seeds)})")[0]
+        band = [(x, *bootstrap_ci(at[x])) for x in xs if len(at[x]) > 1]
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],
+                            color=line.get_color(), alpha=0.2)  # fmt: skip
+    ax.set(
+        xlabel="x (default: model version = trainer step)",
+        ylabel=ylabel,
+        title="curves per arm, 95% CI bands",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_forest(stats: list[ArmStats], out: Path, metric: str) -> None:
+    """Left: each arm's mean metric with its CI. Right: the difference to the baseline with its CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 1.2 + 0.5 * max(len(stats), 1)), sharey=True)
+    ys = list(range(len(stats)))[::-1]
+    for i, (y, s) in enumerate(zip(ys, stats, strict=True)):
+        ax1.errorbar(
+            s.mean, y, xerr=[[s.mean - s.ci[0]], [s.ci[1] - s.mean]], fmt="o", capsize=4, color=f"C{i}"
+        )
+        if s.diff is not None and s.diff_ci is not None:
+            xerr = [[s.diff - s.diff_ci[0]], [s.diff_ci[1] - s.diff]]
+            ax2.errorbar(s.diff, y, xerr=xerr, fmt="s", capsize=4, color=f"C{i}")
+    ax1.set_yticks(ys, [f"{s.arm} (n={s.n})" for s in stats])
+    ax1.set(xlabel=metric, title="mean, 95% bootstrap CI")
+    ax2.axvline(0, color="grey", linestyle="--")
+    ax2.set(xlabel=f"difference in {metric}", title="vs the baseline, 95% CI")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def write_report(study_dir: Path, state: StudyState) -> Path:
+    from swarmrl.machine import describe
+
+    study_dir, study = Path(study_dir).resolve(), state.study
+    values, per_run, curves = collect(state)
+    stats = summarize(values, study.baseline.name)
+    plot_curves(curves, study_dir / "curves.png", "y (default: held-out success)")
+    plot_forest(stats, study_dir / "forest.png", study.metric.label)
+    counts = state.counts()
+    progress = "finished" if state.finished else "in progress"
+    lines = [
+        f"# Study `{study.name}`",
+        "",
+        f"**Question.** {study.question}",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}; the study is {progress}: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + f" of {len(state.runs)} runs, {state.elapsed_s / 60:.1f} min of running time. Machine: {describe()}.",
+        "",
+        "## Design",
+        "",
+        f"- Metric: **{study.metric.label}** ({'higher' if study.metric.goal == 'max' else 'lower'} is better), "
+        "per run from its ledger:",
+        "",
+        "```sql",
+        study.metric.query,
+        "```",
+        "",
+        f"- Seeds: {study.seeds}. Budget per run: {study.budget.run_minutes:g} min"
+        + (f" or {study.budget.run_steps} steps" if study.budget.run_steps else "")
+        + (f"; in total {study.budget.total_minutes:g} min." if study.budget.total_minutes else "."),
+        "",
+        "| arm | flags | note |",
+        "| --- | --- | --- |",
+    ]
+    for arm in study.arm_names:
+        own = study.baseline if arm == study.baseline.name else study.arms[arm]
+        flags = " ".join(f"{k}={v}" for k, v in own.flags.items()) or "-"
+        lines.append(
+            f"| {arm}{' (baseline)' if arm == study.baseline.name else ''} | `{flags}` | {own.note} |"
+        )
+    if study.early_stop is not None:
+        es = study.early_stop
+        lines += [
+            "",
+            f"Early stopping: successive halving after seeds {es.after_seeds}, keeping {es.keep:g} of the arms.",
+        ]
+        for d in state.decisions:
+            ranking = ", ".join(f"{a} {F.fmt(v)}" for a, v in d.ranking)
+            lines.append(f"- after {d.after_seeds} seed(s): {ranking}; kept {d.kept}, stopped {d.stopped}")
+    lines += [
+        "",
+        "## Results",
+        "",
+        f"| arm | seeds | mean {study.metric.label} | 95% CI | difference to baseline | 95% CI | permutation p | Welch p |",
+        "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |",
+    ]
+    for s in stats:
+        lines.append(
+            f"| {s.arm} | {s.n} | {F.fmt(s.mean)} | {F.fmt_ci(s.ci)} | {F.fmt(s.diff, True)} | "
+            f"{F.fmt_ci(s.diff_ci, True)} | {F.fmt_p(s.p_perm)} | {F.fmt_p(s.welch.p if s.welch else None)} |"
+        )
+    lines += [
+        "",
+        "CIs: percentile bootstrap over seeds (exact enumeration of the resamples for few seeds); the difference "
+        "resamples both arms. Permutation test: exact, two-sided, on the difference of means.",
+        "",
+        "![forest plot](forest.png)",
+        "",
+        "![curves](curves.png)",
+        "",
+        "## Findings",
+        "",
+    ]
+    stopped = {
+        arm: f"after {d.after_seeds} seed(s), rank {[a for a, _ in d.ranking].index(arm) + 1} of {len(d.ranking)}"
+        for d in state.decisions
+        for arm in d.stopped
+    }
+    missing = {
+        arm: sum(r.arm == arm and r.status in ("done", "failed", "skipped") and per_run.get(r.id) is None
+                 for r in state.runs.values())
+        for arm in study.arm_names
+    }  # fmt: skip
+    lines += F.findings(stats, study.baseline.name, study.metric.label, study.metric.goal, stopped, missing)
+    lines += ["", "## Runs", "", "| run | status | metric | minutes | attempts | run dir | note |",
+              "| --- | --- | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
+    for r in state.ordered():
+        last = r.attempts[-1] if r.attempts else None
+        where = (
+            f"[{Path(last.run_dir).name}]({Path(last.run_dir).relative_to(study_dir)}/report.md)"
+            if last
+            else "-"
+        )
+        minutes = "-" if r.duration_s is None else f"{r.duration_s / 60:.1f}"
+        lines.append(
+            f"| {r.id} | {r.status} | {F.fmt(per_run.get(r.id))} | {minutes} | {len(r.attempts)} | {where} | {r.note} |"
+        )
+    lines += [
+        "",
+        "## Reproduce",
+        "",
+        "Each run is one `swarmrl up` (from the directory the study ran in):",
+        "",
+        "```bash",
+    ]
+    for r in state.ordered():
+        if not r.attempts:
+            continue
+        run_dir = study_dir.resolve() / "runs" / r.id
+        lines.append("swarmrl up " + shlex.join(up_argv(study, r.arm, r.seed, run_dir)))
+    lines += ["```", ""]
+    if state.nats:
+        lines += [
+            f"The runs shared the NATS servers {state.nats} (conf dir {state.nats_conf}), each in NATS accounts of its "
+            "own (`SWARMRL_NATS` set to the run's account, plus `--nats-conf`); the commands above start an "
+            "embedded server instead, which trains the same way.",
+            "",
+        ]
+    out = study_dir / "report.md"
+    out.write_text("\n".join(lines))
+    return out

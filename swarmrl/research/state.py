@@ -1,0 +1,179 @@
+"""The durable state of a study: `<study dir>/state.json`, rewritten atomically after every change.
+
+What `--resume` and `status` read: the study as it was validated (flags resolved, paths absolute),
+every run (arm x seed) with its status and attempts, the early-stopping decisions taken, and the
+study's running time summed over sessions. A write goes to a temporary file that is fsynced and
+renamed over the old one (then the directory is fsynced), so a `kill -9` at any moment leaves either
+the previous state or the new one, never half a file. One process runs a study at a time: it holds
+an exclusive lock on `<study dir>/.lock`, which the kernel releases when the process dies however
+it dies, so a resumed study never waits on a stale lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from pydantic import BaseModel
+
+from swarmrl.research.study import Study
+
+STATE = "state.json"
+LOCK = ".lock"
+RunStatus = Literal["pending", "running", "done", "failed", "halved", "skipped"]
+FINISHED: tuple[RunStatus, ...] = ("done", "failed", "halved", "skipped")
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace `path` by `text` so that a reader (or a crash) sees the old file or the new, whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class Attempt(BaseModel):
+    n: int
+    run_dir: str
+    started: float
+    pid: int | None = None
+    pid_start: str | None = None
+    """The process start time (/proc), so a pid the kernel has reused is never taken for `up`."""
+    account: str | None = None
+    """The run's NATS account key, when the study shares NATS servers."""
+    ended: float | None = None
+    outcome: str = ""
+    """How it ended: `finished: <up's reason>`, `failed: ...` or `interrupted: ...`."""
+
+
+class RunState(BaseModel):
+    arm: str
+    seed: int
+    seed_index: int
+    status: RunStatus = "pending"
+    attempts: list[Attempt] = []
+    metric: float | None = None
+    note: str = ""
+    """Why it was halved, skipped or failed."""
+
+    @property
+    def id(self) -> str:
+        return run_id(self.arm, self.seed)
+
+    @property
+    def duration_s(self) -> float | None:
+        last = self.attempts[-1] if self.attempts else None
+        return None if last is None or last.ended is None else last.ended - last.started
+
+
+class Decision(BaseModel):
+    """An early-stopping checkpoint: the ranking it saw and the arms it stopped. It stands for good."""
+
+    after_seeds: int
+    ranking: list[tuple[str, float | None]]
+    kept: list[str]
+    stopped: list[str]
+    at: float
+
+
+class StudyState(BaseModel):
+    version: int = 1
+    study: Study
+    study_file: str
+    created: float
+    elapsed_s: float = 0.0
+    """Running time of the study, summed over its sessions (the total budget counts this)."""
+    nats: str = ""
+    """Shared NATS servers (no credentials) and their conf dir, when runs share them."""
+    nats_conf: str = ""
+    up_command: list[str] = []
+    """The command that runs one swarm; empty: `python -m swarmrl.cli up`."""
+    parallel: int = 1
+    """Runs at once (the last session's `--parallel`)."""
+    runs: dict[str, RunState] = {}
+    decisions: list[Decision] = []
+    finished: float | None = None
+
+    @classmethod
+    def new(cls, study: Study, study_file: Path, **kw: Any) -> StudyState:
+        runs = {
+            run_id(arm, seed): RunState(arm=arm, seed=seed, seed_index=study.seeds.index(seed))
+            for arm, seed in study.runs()
+        }
+        return cls(study=study, study_file=str(study_file), created=time.time(), runs=runs, **kw)
+
+    def ordered(self) -> list[RunState]:
+        """Runs in the order they start: seed-major, the baseline first."""
+        arms = self.study.arm_names
+        return sorted(self.runs.values(), key=lambda r: (r.seed_index, arms.index(r.arm)))
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.runs.values():
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+
+def run_id(arm: str, seed: int) -> str:
+    return f"{arm}-s{seed}"
+
+
+def save(study_dir: Path, state: StudyState) -> None:
+    write_atomic(study_dir / STATE, state.model_dump_json(indent=1))
+
+
+def load(study_dir: Path) -> StudyState:
+    path = Path(study_dir) / STATE
+    if not path.exists():
+        raise FileNotFoundError(f"{study_dir} is no study directory: it has no {STATE}")
+    return StudyState.model_validate_json(path.read_text())
+
+
+def lock(study_dir: Path) -> IO[str]:
+    """Hold the study's lock for as long as the returned file stays open.
+
+    Raises:
+        RuntimeError: another process runs this study.
+    """
+    f = open(Path(study_dir) / LOCK, "a+")  # noqa: SIM115 - held open on purpose
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise RuntimeError(f"study {study_dir} is being run by another process (pid {holder})") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def is_locked(study_dir: Path) -> bool:
+    """Whether a process runs the study now (holds its lock)."""
+    path = Path(study_dir) / LOCK
+    if not path.exists():
+        return False
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False

@@ -1,0 +1,56 @@
+"""`swarmrl up --seed N` (added for research): the trainers, engines and clients get it; 0 changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from swarmrl.launch import spawn_clients, spawn_services
+from swarmrl.up import parse_args
+
+
+class Recorder:
+    """A Supervisor stand-in that records what would be started."""
+
+    def __init__(self) -> None:
+        self.spawned: dict[str, tuple[list[str], dict[str, str]]] = {}
+
+    def spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, python: bool = True
+    ) -> Any:
+        self.spawned[name] = (argv, env or {})
+
+
+class Ids:
+    def mint(self, names: list[str]) -> dict[str, Path]:
+        return {n: Path(f"/x/{n}.json") for n in names}
+
+
+def launched(argv: list[str]) -> Recorder:
+    swarm = parse_args(argv).swarm
+    sup = Recorder()
+    spawn_services(sup, swarm, {"policy": Path("/m")}, Path("/r"), "nats://s")  # type: ignore[arg-type]
+    spawn_clients(sup, swarm, "calculator", Ids())  # type: ignore[arg-type]
+    return sup
+
+
+def seed_of(argv: list[str]) -> str:
+    return argv[argv.index("--seed") + 1]
+
+
+def test_the_seed_reaches_every_process() -> None:
+    sup = launched(["--seed", "3"])
+    assert seed_of(sup.spawned["trainer"][0]) == "3" and seed_of(sup.spawned["engine"][0]) == "3"
+    assert [sup.spawned[f"client-calculator-{i}"][1]["SWARMRL_CLIENT_SEED"] for i in (0, 1)] == [
+        "31000",
+        "31001",
+    ]
+
+
+def test_seed_0_is_what_up_always_did() -> None:
+    sup = launched([])
+    assert parse_args([]).swarm.run.seed == 0 and seed_of(sup.spawned["trainer"][0]) == "0"
+    assert [sup.spawned[f"client-calculator-{i}"][1]["SWARMRL_CLIENT_SEED"] for i in (0, 1)] == [
+        "1000",
+        "1001",
+    ]
