@@ -283,20 +283,27 @@ class EngineClient:
                 raise TimeoutError(f"engine at {self.base_url} not healthy after {timeout}s")
             await asyncio.sleep(interval)
 
+    def _retrying(self) -> AsyncRetrying:
+        """Connection failures are retried with backoff, `retries` attempts in all."""
+        return AsyncRetrying(
+            retry=retry_if_exception_type(_RETRYABLE),
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+        )
+
+    def _unreachable(self, exc: RetryError) -> EngineError:
+        cause = exc.last_attempt.exception()
+        return EngineError(
+            0, f"engine at {self.base_url} unreachable after {self.retries} attempts: {cause!r}"
+        )
+
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_RETRYABLE),
-                stop=stop_after_attempt(self.retries),
-                wait=wait_exponential(multiplier=0.2, max=5.0),
-            ):
+            async for attempt in self._retrying():
                 with attempt:
                     resp = await self._http.request(method, path, json=body)
         except RetryError as exc:
-            cause = exc.last_attempt.exception()
-            raise EngineError(
-                0, f"engine at {self.base_url} unreachable after {self.retries} attempts: {cause!r}"
-            ) from cause
+            raise self._unreachable(exc) from exc.last_attempt.exception()
         if resp.status_code >= 400:
             raise EngineError(resp.status_code, _error_message(resp))
         if "json" not in resp.headers.get("content-type", ""):
@@ -307,19 +314,12 @@ class EngineClient:
         """POST and return the response once its headers arrived (retried until then); the caller
         reads the body and closes it."""
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_RETRYABLE),
-                stop=stop_after_attempt(self.retries),
-                wait=wait_exponential(multiplier=0.2, max=5.0),
-            ):
+            async for attempt in self._retrying():
                 with attempt:
                     request = self._http.build_request("POST", path, json=body)
                     resp = await self._http.send(request, stream=True)
         except RetryError as exc:
-            cause = exc.last_attempt.exception()
-            raise EngineError(
-                0, f"engine at {self.base_url} unreachable after {self.retries} attempts: {cause!r}"
-            ) from cause
+            raise self._unreachable(exc) from exc.last_attempt.exception()
         return resp
 
 
