@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from swarmrl.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.launch import CONNECT_FILE
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="connect file to write (default <run>/clients/NAME.json)"
     )
     args = p.parse_args(argv)
+    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+        p.error(reason)
     if args.action != "list" and not args.name:
         p.error(f"{args.action} needs a client NAME")
     conf, run_dir = _locate(args)

@@ -42,10 +42,17 @@ def test_services_and_clients_refuse_a_password_on_the_command_line_too(
     capsys: pytest.CaptureFixture,
 ) -> None:
     from swarmrl.agents.runner import main as runner_main
+    from swarmrl.credentials import main as credentials_main
+    from swarmrl.research.cli import main as research_main
     from swarmrl.services.merger.main import main as merger_main
 
-    for main in (merger_main, runner_main):
+    for main, argv in (
+        (merger_main, []),
+        (runner_main, []),
+        (credentials_main, ["mint", "alice"]),
+        (research_main, ["--topic", "lr"]),
+    ):
         with pytest.raises(SystemExit) as exit_:
-            main(["--nats=nats://agent:s3cret@127.0.0.1:4222"])
+            main([*argv, "--nats=nats://agent:s3cret@127.0.0.1:4222"])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and "password on the command line" in err and "s3cret" not in err
