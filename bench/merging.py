@@ -29,6 +29,7 @@ from swarmrl.agents.runner import play, reply_message
 from swarmrl.agents.tasks.guess_number import SPEC, GuessNumber, GuessNumberEnv
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.localstack import generation_stack
+from swarmrl.machine import describe
 from swarmrl.schemas import BeginEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
@@ -201,8 +202,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
     lines = [
         "# Timeline merging benchmark",
         "",
-        f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, torch {m['torch']}, {m['date']} "
-        f"(load average {m['load_average']}).",
+        f"{describe(m)}; {m['date']}.",
         "",
         "Same recorded episodes (real gateway + embedded engine), assembled with merging on and off; one "
         "trainer step (`Learner.train_step`) on each sample set, median of interleaved repeats.",

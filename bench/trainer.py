@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import RESULTS, machine, write_json
 
-from benchutil import RESULTS, machine, write_json  # noqa: E402
+from swarmrl.machine import describe
 
 TASKS = ("calculator", "guess_number", "team_calculator")
 
@@ -179,8 +179,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
     lines = [
         "# Trainer benchmark: prefix-shared micro-batches",
         "",
-        f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, torch {m['torch']}, {m['date']} "
-        f"(load average {m['load_average']}).",
+        f"{describe(m)}; {m['date']}.",
         "",
         "The same recorded samples (real trainer steps of a run: each step's `TrainStep.sample_ids`, read "
         "from its ledger) trained on by one `Learner` (the tiny model, float32, CPU) in both layouts, interleaved; "
