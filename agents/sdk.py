@@ -376,8 +376,10 @@ class Episode:
         """Run one action on the swarm's external resources (the actions service) and wait for it.
 
         Args:
-            kind: `python` (payload {"code": str, "stdin": str}) runs code in a sandbox; `judge`
-                (payload {"prompt": str, "text": str}) scores text with a model.
+            kind: `python` (payload {"code": str, "stdin": str}) runs code in a sandbox, or a test
+                suite ({"code": str, "cases": [str, ...]}: `code` then each case, one sandbox per
+                case, in parallel where units are spare); `judge` (payload {"prompt": str,
+                "text": str}) scores text with a model.
             payload: The kind's input (msgpack-able).
             cpu: CPU units the action holds while it runs.
             mem_mb: Memory it may use (enforced).
@@ -388,7 +390,7 @@ class Episode:
 
         Returns:
             The `ActionResult`: `status` (ok, error, timeout, killed, rejected), `result` (python:
-            stdout, stderr, exit_code; judge: score), `error`, and the timings `queued_s`, `run_s`, `act_s`.
+            stdout, stderr, exit_code; a suite: cases, each with those, and passed; judge: score), `error`, and the timings `queued_s`, `run_s`, `act_s`.
             A failed action is a result, not an exception; a service that does not answer in `wait_s`
             raises `nats.errors.TimeoutError`.
         """

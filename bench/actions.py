@@ -37,7 +37,7 @@ from swarmrl.schemas import ActionRequest, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.scheduler import PoolSpec
 from swarmrl.services.actions.simulate import SimResult, percentile, simulate
-from swarmrl.services.actions.trace import TrajectorySpec, make_trace
+from swarmrl.services.actions.trace import TrajectorySpec, Turn, make_trace
 
 POLICIES = ("static", "fifo", "elastic")
 MEM_MB = 1 << 20  # memory is not the constraint studied here
@@ -58,6 +58,13 @@ def pools_for(policy: str, units: int, slots: int, trajectories: int, idle_s: fl
 
 def python_code(run_s: float) -> str:
     return f"import time\nt = time.monotonic()\nsum(range(2000))\ntime.sleep(max({run_s:.4f} - (time.monotonic() - t), 0))\nprint('done')"
+
+
+def python_payload(turn: Turn, scale: float) -> dict[str, Any]:
+    """A single run, or (a reward suite) one case per part: each sleeps its trace run time."""
+    if len(turn.parts) == 1:
+        return {"code": python_code(turn.run_s * scale)}
+    return {"code": "", "cases": [python_code(s * scale) for s in turn.parts]}
 
 
 async def replay(
@@ -93,7 +100,7 @@ async def replay(
             for turn in tr.turns:
                 await asyncio.sleep(turn.think_s * args.time_scale)
                 if turn.kind == "python":
-                    payload = {"code": python_code(turn.run_s * args.time_scale)}
+                    payload = python_payload(turn, args.time_scale)
                     res = await ep.act("python", payload, cpu=turn.demand.cpu, mem_mb=turn.demand.mem_mb,
                                        hint_s=turn.hint_s and turn.hint_s * args.time_scale, timeout_s=120)  # fmt: skip
                 else:
@@ -134,48 +141,64 @@ async def replay(
     return row
 
 
-async def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
+TRACES = {"rigid": False, "suites": True}
+"""The two traces of every mode: `rigid` (every action one run) and `suites` (each trajectory ends
+with its reward, a test suite whose cases elastic may run in parallel)."""
+
+
+async def run_real(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     from swarmrl.bootstrap import build_model
     from swarmrl.localstack import embedded_engine
 
-    trace = make_trace(args.seed, steps=args.steps, trajectories_per_step=args.trajectories)
+    out: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as d:
         tmp = Path(d)
         build_model(tmp / "judge-model", seed=0, warm_start_steps=0)
         with embedded_engine(tmp / "judge-model", max_batch=max(args.slots, 16)) as (_, url):
-            rows = []
-            for policy in POLICIES:
-                print(f"real: {policy} ...", flush=True)
-                rows.append(await replay(trace, policy, args, tmp, url))
-            return rows
+            for name, suites in TRACES.items():
+                trace = make_trace(args.seed, steps=args.steps, trajectories_per_step=args.trajectories,
+                                   reward_suite=suites)  # fmt: skip
+                out[name] = []
+                for policy in POLICIES:
+                    print(f"real {name}: {policy} ...", flush=True)
+                    out[name].append(await replay(trace, policy, args, tmp / name, url))
+    return out
 
 
 # --- simulation mode ----------------------------------------------------------------------------
 
 
-def run_sim(args: argparse.Namespace) -> list[dict[str, Any]]:
-    trace = make_trace(args.seed, steps=args.sim_steps, trajectories_per_step=args.sim_trajectories)
-    rows = []
-    for policy in POLICIES:
-        pools = pools_for(policy, args.sim_units, args.sim_slots, args.sim_trajectories, args.idle_s)
-        res: SimResult = simulate(trace, policy, pools, mem_budget_mb=MEM_MB)
-        rows.append(res.summary())
-        print(f"sim: {policy} mean ACT {res.mean_act_s:.3f} s, wall {res.wall_s:.1f} s", flush=True)
-    return rows
+def run_sim(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, suites in TRACES.items():
+        trace = make_trace(args.seed, steps=args.sim_steps, trajectories_per_step=args.sim_trajectories,
+                           reward_suite=suites)  # fmt: skip
+        out[name] = []
+        for policy in POLICIES:
+            pools = pools_for(policy, args.sim_units, args.sim_slots, args.sim_trajectories, args.idle_s)
+            res: SimResult = simulate(trace, policy, pools, mem_budget_mb=MEM_MB)
+            out[name].append(res.summary())
+            print(
+                f"sim {name}: {policy} mean ACT {res.mean_act_s:.3f} s, wall {res.wall_s:.1f} s", flush=True
+            )
+    return out
 
 
-SWEEP = [  # (trajectories per wave, CPU units, python sigma, think sigma)
-    (24, 4, 1.1, 0.6), (48, 4, 1.1, 0.6), (96, 4, 1.1, 0.6), (192, 4, 1.1, 0.6), (48, 4, 1.1, 0.1),
-    (48, 8, 1.1, 0.1), (96, 2, 1.1, 0.6), (96, 4, 1.5, 0.6), (96, 4, 2.0, 0.6), (192, 4, 2.0, 0.6),
+SWEEP = [  # (trajectories per wave, CPU units, python sigma, think sigma, reward suites)
+    (24, 4, 1.1, 0.6, False), (48, 4, 1.1, 0.6, False), (96, 4, 1.1, 0.6, False), (192, 4, 1.1, 0.6, False),
+    (48, 4, 1.1, 0.1, False), (48, 8, 1.1, 0.1, False), (96, 2, 1.1, 0.6, False), (96, 4, 1.5, 0.6, False),
+    (96, 4, 2.0, 0.6, False), (192, 4, 2.0, 0.6, False),
+    (48, 4, 1.1, 0.6, True), (48, 8, 1.1, 0.6, True), (48, 16, 1.1, 0.6, True), (96, 8, 1.1, 0.6, True),
+    (96, 16, 1.1, 0.6, True), (192, 16, 1.1, 0.6, True),
 ]  # fmt: skip
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     """fifo vs elastic (and the bound no scheduler beats: ACT >= run time) over loads and tails."""
     rows = []
-    for traj, units, sigma, think_sigma in SWEEP:
+    for traj, units, sigma, think_sigma, suites in SWEEP:
         trace = make_trace(args.seed, steps=3, trajectories_per_step=traj, python_sigma=sigma,
-                           think_sigma=think_sigma)  # fmt: skip
+                           think_sigma=think_sigma, reward_suite=suites)  # fmt: skip
         res = {
             pol: simulate(
                 trace, pol, pools_for(pol, units, args.slots, traj, args.idle_s), mem_budget_mb=MEM_MB
@@ -187,6 +210,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         busy = sum(f.busy_unit_s.values()) / max(sum(f.allocated_unit_s.values()), 1e-9)
         rows.append({
             "trajectories": traj, "units": units, "python_sigma": sigma, "think_sigma": think_sigma,
+            "reward_suites": suites,
             "fifo_mean_act_s": f.mean_act_s, "elastic_mean_act_s": e.mean_act_s, "mean_run_s": mean_run,
             "fifo_utilisation": busy, "elastic_over_fifo": e.mean_act_s / f.mean_act_s,
             "bound_over_fifo": mean_run / f.mean_act_s,
@@ -207,15 +231,18 @@ def sweep_lines(rows: list[dict[str, Any]]) -> list[str]:
         "saturated for a while, and there a closed loop (each trajectory waits for its action, then "
         "thinks again) binds the other way: the pool completes actions at its capacity in any order, "
         "so by Little's law the mean of think + ACT per action is nearly fixed. Ordering (shortest "
-        "predicted first) only lets the trajectories with short actions cycle faster.",
+        "predicted first) only lets the trajectories with short actions cycle faster. The *suites* "
+        "rows break the bound where units are spare: a reward suite's cases run in parallel, so its "
+        "ACT can be below its (sequential) run time.",
         "",
-        "| trajectories | units | run sigma | think sigma | fifo util | fifo mean ACT s | elastic mean ACT s "
-        "| mean run s | elastic / fifo | bound / fifo |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| trace | trajectories | units | run sigma | think sigma | fifo util | fifo mean ACT s "
+        "| elastic mean ACT s | mean run s | elastic / fifo | bound / fifo |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         out.append(
-            f"| {r['trajectories']} | {r['units']} | {r['python_sigma']} | {r['think_sigma']} | "
+            f"| {'suites' if r['reward_suites'] else 'rigid'} | {r['trajectories']} | {r['units']} | "
+            f"{r['python_sigma']} | {r['think_sigma']} | "
             f"{r['fifo_utilisation']:.0%} | {r['fifo_mean_act_s']:.3f} | {r['elastic_mean_act_s']:.3f} | "
             f"{r['mean_run_s']:.3f} | **{r['elastic_over_fifo']:.3f}** | {r['bound_over_fifo']:.3f} |"
         )
@@ -262,6 +289,31 @@ def targets(q: dict[str, float]) -> list[str]:
     return [f"- {name}: **{'yes' if ok else 'NO'}**" for name, ok in checks]
 
 
+TRACE_TEXT = {
+    "rigid": "every action is one run",
+    "suites": "every trajectory ends with its reward, a test suite of 2 + geometric cases (mean 8, "
+    "lognormal 0.1 s median each) that fifo and static run one after another on the suite's unit and "
+    "elastic may spread over spare units",
+}
+
+
+def section(title: str, rows: list[dict[str, Any]], q: dict[str, float], about: str) -> list[str]:
+    return [
+        title,
+        "",
+        about,
+        "",
+        *table(rows),
+        "",
+        f"elastic / fifo mean ACT **{q['elastic_over_fifo_mean_act']}x**; elastic / static unit-seconds "
+        f"**{q['elastic_over_static_unit_s']}x**, makespan {q['elastic_over_static_makespan']}x, "
+        f"mean ACT {q['elastic_over_static_mean_act']}x.",
+        "",
+        *targets(q),
+        "",
+    ]
+
+
 def write(out: dict[str, Any], path: Path) -> None:
     path.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
     a = out["args"]
@@ -270,53 +322,34 @@ def write(out: dict[str, Any], path: Path) -> None:
         "",
         f"{describe(out['machine'])}. Command: `{out['command']}`; {out['wall_s']:.0f} s.",
         "",
-        "One RL-shaped trace (`services/actions/trace.py`, seed "
+        "RL-shaped traces (`services/actions/trace.py`, seed "
         f"{a['seed']}): waves of trajectories at step boundaries, each a few turns of LLM think time "
         "then one action; python actions with lognormal (heavy-tailed) run times, 20% judge calls. "
+        "Two traces: *rigid*, " + TRACE_TEXT["rigid"] + "; *suites*, " + TRACE_TEXT["suites"] + ". "
         "ACT = action completion time (arrival to result). Unit-seconds = units allocated x time "
         "(static: the bundles trajectories hold; fifo: the whole pool; elastic: the pool as it "
         "grows and shrinks); utilisation = busy / allocated.",
         "",
     ]
-    if "real" in out:
-        q = out["real_ratios"]
-        lines += [
-            f"## Real service ({a['steps']} steps x {a['trajectories']} trajectories, time scale {a['time_scale']})",
-            "",
-            f"The actions service with {out['sandbox_mode']} sandboxes and the batched judge on the embedded "
-            f"engine; agents through the SDK. fifo and elastic: {a['units']} CPU units and {a['slots']} "
-            f"judge slots at most; static: one bundle per trajectory ({a['trajectories']}).",
-            "",
-            *table(out["real"]),
-            "",
-            f"elastic / fifo mean ACT **{q['elastic_over_fifo_mean_act']}x**; elastic / static unit-seconds "
-            f"**{q['elastic_over_static_unit_s']}x**, makespan {q['elastic_over_static_makespan']}x, "
-            f"mean ACT {q['elastic_over_static_mean_act']}x.",
-            "",
-            *targets(q),
-            "",
-        ]
-    if "sim" in out:
-        q = out["sim_ratios"]
-        lines += [
-            f"## Simulation ({a['sim_steps']} steps x {a['sim_trajectories']} trajectories, "
-            f"{a['sim_units']} CPU units, {a['sim_slots']} judge slots)",
-            "",
-            "The same scheduler code in virtual time (`services/actions/simulate.py`); `wall s` is how "
-            "long the simulation itself took.",
-            "",
-            *table(out["sim"]),
-            "",
-            "| policy | simulation wall s |",
-            "| --- | ---: |",
-            *[f"| {r['policy']} | {r['wall_s']:.1f} |" for r in out["sim"]],
-            "",
-            f"elastic / fifo mean ACT **{q['elastic_over_fifo_mean_act']}x**; elastic / static unit-seconds "
-            f"**{q['elastic_over_static_unit_s']}x**, makespan {q['elastic_over_static_makespan']}x.",
-            "",
-            *targets(q),
-            "",
-        ]
+    for name in TRACES:
+        if "real" in out:
+            lines += section(
+                f"## Real service, {name} trace ({a['steps']} steps x {a['trajectories']} trajectories, "
+                f"time scale {a['time_scale']})",
+                out["real"][name], out["real_ratios"][name],
+                f"The actions service with {out['sandbox_mode']} sandboxes and the batched judge on the "
+                f"embedded engine; agents through the SDK. fifo and elastic: {a['units']} CPU units and "
+                f"{a['slots']} judge slots at most; static: one bundle per trajectory ({a['trajectories']}).",
+            )  # fmt: skip
+        if "sim" in out:
+            lines += section(
+                f"## Simulation, {name} trace ({a['sim_steps']} steps x {a['sim_trajectories']} "
+                f"trajectories, {a['sim_units']} CPU units, {a['sim_slots']} judge slots)",
+                out["sim"][name], out["sim_ratios"][name],
+                "The same scheduler code in virtual time (`services/actions/simulate.py`); simulation "
+                "wall seconds (static, fifo, elastic): "
+                + ", ".join(f"{r['wall_s']:.1f}" for r in out["sim"][name]) + ".",
+            )  # fmt: skip
     path.with_suffix(".md").write_text("\n".join(lines))
 
 
@@ -361,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
 
         out["sandbox_mode"] = detect_mode()
         out["real"] = asyncio.run(run_real(args))
-        out["real_ratios"] = ratios(out["real"])
+        out["real_ratios"] = {name: ratios(rows) for name, rows in out["real"].items()}
     if not args.skip_sim:
         out["sim"] = run_sim(args)
-        out["sim_ratios"] = ratios(out["sim"])
+        out["sim_ratios"] = {name: ratios(rows) for name, rows in out["sim"].items()}
     out["wall_s"] = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write(out, args.out)

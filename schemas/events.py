@@ -273,7 +273,7 @@ class ActionRequest(Record):
     kind: ActionKind = "python"
     """Which resource manager runs it: `python` (code sandbox) or `judge` (model judge)."""
     payload: dict[str, Any] = Field(default_factory=dict)
-    """Kind-specific: python {"code", "stdin"?}; judge {"prompt", "text"}."""
+    """Kind-specific: python {"code", "stdin"?, "cases"? (a test suite)}; judge {"prompt", "text"}."""
     cpu: int = Field(default=1, ge=0, le=64)
     """CPU units held while it runs."""
     mem_mb: int = Field(default=256, ge=1, le=65536)

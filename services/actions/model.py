@@ -42,7 +42,22 @@ class Action:
     submitted: float
     """Clock time of arrival (monotonic seconds, or virtual seconds in the simulator)."""
     hint_s: float | None = None
-    """The caller's guess of its run time, if any."""
+    """The caller's guess of its run time (all its parts, one after another), if any."""
+    parts: int = 1
+    """Independent parts (a test suite's cases), each run on `demand`'s units. `static` and `fifo`
+    run them one after another on the units the action holds; `elastic` may run several at once
+    on spare units (see `scheduler.py`)."""
+    started_parts: int = 0
+    running_parts: int = 0
+    run_s: float = 0.0
+    """Run time of its finished parts, summed."""
+    failed: bool = False
+    """A finished part did not run ok."""
+
+    @property
+    def parts_left(self) -> int:
+        """Parts not started yet."""
+        return self.parts - self.started_parts
 
 
 @dataclass

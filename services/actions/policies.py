@@ -80,13 +80,18 @@ class SharedUnits(Policy):
             return False
         return all(d.units(r) <= max(0, u.free - reserved[r]) for r, u in self.units.items())
 
-    def run(self, action: Action, now: float) -> None:
+    def run(self, action: Action, now: float, extra: bool = False) -> None:
+        """Take `action`'s units and start it, or (`extra`) one more of its parts."""
         for r, u in self.units.items():
             if action.demand.units(r):
                 u.take(action.demand.units(r), now)
-        self.s.start(action)
+        if extra:
+            self.s.start_part(action)
+        else:
+            self.s.start(action)
 
     def finish(self, action: Action, now: float) -> None:
+        """A part of `action` ended (its last, or one of several running): its units are free."""
         for r, u in self.units.items():
             if action.demand.units(r):
                 u.give(action.demand.units(r), now)
@@ -148,7 +153,7 @@ class Elastic(SharedUnits):
         self.queues: dict[str, list[tuple[float, int, Action]]] = {r: [] for r in RESOURCES}
         self.seq = itertools.count()
         self.wanted = {r: 0 for r in RESOURCES}
-        """Units asked for by waiting actions, per resource."""
+        """Units asked for by waiting actions (every part of a suite), per resource."""
 
     def first_size(self, spec: PoolSpec) -> int:
         return spec.floor
@@ -161,16 +166,16 @@ class Elastic(SharedUnits):
     def enqueue(self, action: Action) -> None:
         heapq.heappush(self.queues[queue_of(action.demand)], (self.key(action), next(self.seq), action))
         for r in RESOURCES:
-            self.wanted[r] += action.demand.units(r)
+            self.wanted[r] += action.demand.units(r) * action.parts
 
     def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
         for action in dropped:
             for r in RESOURCES:
-                self.wanted[r] -= action.demand.units(r)
+                self.wanted[r] -= action.demand.units(r) * action.parts
 
     def grow(self, now: float) -> None:
         for r, u in self.units.items():
-            short = self.wanted[r] - u.free - len(u.starting)
+            short = self.wanted[r] + self.s.unstarted_units[r] - u.free - len(u.starting)
             n = min(short, u.spec.ceiling - u.size)
             if n > 0:
                 u.grow(n, now)
@@ -181,7 +186,27 @@ class Elastic(SharedUnits):
         reserved = dict(NO_RESERVATION)
         for r, queue in self.queues.items():
             self.drain(r, queue, reserved, now, out)
+        if self.s.unstarted:
+            self.spread(reserved, now, out)
         return out
+
+    def spread(self, reserved: dict[str, int], now: float, out: list[Action]) -> None:
+        """Units no waiting action could take or reserved go to running actions' parts not started
+        yet, least predicted remaining work first."""
+
+        def remaining(a: Action) -> float:
+            return self.s.predictor.predict(a.kind, a.hint_s) * a.parts_left / a.parts
+
+        for r, u in self.units.items():
+            if u.free - reserved[r] <= 0:
+                continue
+            wanting = [a for a in self.s.unstarted.values() if queue_of(a.demand) == r]
+            for action in sorted(wanting, key=remaining):
+                while action.parts_left and self.fits(action.demand, reserved):
+                    self.run(action, now, extra=True)
+                    out.append(action)
+                if u.free - reserved[r] <= 0:
+                    break
 
     def drain(
         self,
@@ -205,7 +230,7 @@ class Elastic(SharedUnits):
             if self.fits(action.demand, reserved):
                 self.run(action, now)
                 for res in RESOURCES:
-                    self.wanted[res] -= action.demand.units(res)
+                    self.wanted[res] -= action.demand.units(res) * action.parts
                 out.append(action)
                 continue
             if not skipped:  # the first that does not fit keeps what it needs from the ones after it

@@ -27,6 +27,15 @@ Policies (`POLICIES`, chosen by name):
   free) reserves its whole demand; the ones after it may only use what is left over (backfill), so
   a stream of small actions cannot keep a big one out. Growth counts units only (not memory).
 
+An action may have several independent `parts` (a test suite's cases), each needing the action's
+demand. `static` and `fifo` run them one after another on the units the action holds (the common
+practice: a suite runs in its sandbox). `elastic` also gives spare units to running actions with
+parts left, after every waiting action had its turn and without touching a reservation, least
+predicted remaining work first, and grows the pool for them; a part that ends while other parts
+of its action still run gives its units back, so the extra units of an action shrink at part
+boundaries when others need them (it always keeps the units of its last running part).
+`dispatch` lists an action once per part started.
+
 Waiting actions are queued per resource (`accel` if the action asks for any, else `cpu`), so a
 judge call never waits behind a code run. Memory is one budget for the whole scheduler: the
 `mem_mb` of running actions never exceeds `mem_budget_mb` (a `static` bundle holds units, not
@@ -75,6 +84,12 @@ class Scheduler:
         self.mem_used_mb = 0
         self.waiting: dict[str, Action] = {}
         self.running: dict[str, Action] = {}
+        self.unstarted: dict[str, Action] = {}
+        """Running actions with parts not started yet."""
+        self.unstarted_units = {r: 0 for r in RESOURCES}
+        """The units their parts not started yet ask for."""
+        self.again: list[Action] = []
+        """Parts that start on their action's units at the next `dispatch`."""
         self.waiting_by_trajectory: dict[str, set[str]] = {}
         self.usage = {r: Usage() for r in RESOURCES}
         self.predictor = Predictor()
@@ -89,6 +104,8 @@ class Scheduler:
         """Queue `action`; raises ValueError (naming the values) if it can never run here."""
         now = self._advance(now)
         d = action.demand
+        if action.parts < 1 or action.started_parts:
+            raise ValueError(f"action {action.id!r}: needs parts >= 1, not started, got {action.parts}")
         if min(d.cpu, d.accel, d.mem_mb) < 0 or d.cpu + d.accel == 0:
             raise ValueError(
                 f"action {action.id!r}: demand {d} must ask for a cpu or accel unit, none negative"
@@ -102,23 +119,39 @@ class Scheduler:
         self.policy.submit(action, now)
 
     def dispatch(self, now: float) -> list[Action]:
-        """The actions to start now; their units and memory are taken."""
-        return self.policy.dispatch(self._advance(now))
-
-    def finish(self, action_id: str, now: float, run_s: float, ok: bool = True) -> None:
-        """`action_id` ended after running `run_s` seconds: frees its units; an ok run teaches the
-        predictor (a failed one may have stopped early, or hit its time limit)."""
+        """The parts to start now, one entry per part (an action's first part starts the action);
+        their units and memory are taken."""
         now = self._advance(now)
-        action = self.running.pop(action_id, None)
-        if action is None:
+        out, self.again = self.again, []
+        return out + self.policy.dispatch(now)
+
+    def finish(self, action_id: str, now: float, run_s: float, ok: bool = True) -> bool:
+        """A part of `action_id` ended after running `run_s` seconds; True if that was the action's
+        last. Its next part, if it has one and no other part runs, starts on the same units at the
+        next `dispatch`; otherwise the part's units are freed. A finished action whose parts all
+        ran ok teaches the predictor (a failed one may have stopped early, or hit its time limit)."""
+        now = self._advance(now)
+        action = self.running.get(action_id)
+        if action is None or action.running_parts < 1:
             raise ValueError(f"finish: action {action_id!r} is not running")
+        action.running_parts -= 1
+        action.run_s += run_s
+        action.failed = action.failed or not ok
+        if action.parts_left and not action.running_parts:
+            self.start_part(action, again=True)  # keeps its units and memory
+            return False
         self.mem_used_mb -= action.demand.mem_mb
+        if action.running_parts:
+            self.policy.finish(action, now)  # this part's units only
+            return False
+        del self.running[action_id]
         self.finished += 1
-        if ok:
-            self.predictor.observe(action.kind, action.hint_s, run_s)
-        else:
+        if action.failed:
             self.failed += 1
+        else:
+            self.predictor.observe(action.kind, action.hint_s, action.run_s)
         self.policy.finish(action, now)
+        return True
 
     def end_trajectory(self, trajectory: str, now: float) -> list[Action]:
         """The trajectory is over: `static` gives its bundle back (once its running action, if
@@ -185,6 +218,24 @@ class Scheduler:
         if not ids:
             del self.waiting_by_trajectory[action.trajectory]
         self.running[action.id] = action
+        for r in RESOURCES:
+            self.unstarted_units[r] += action.demand.units(r) * action.parts
+        self.start_part(action)
+
+    def start_part(self, action: Action, again: bool = False) -> None:
+        """A part of running `action` starts: on the units its last part held (`again`, listed by
+        the next `dispatch`), or on units the policy just took for it."""
+        action.started_parts += 1
+        action.running_parts += 1
+        for r in RESOURCES:
+            self.unstarted_units[r] -= action.demand.units(r)
+        if action.parts_left:
+            self.unstarted[action.id] = action
+        else:
+            self.unstarted.pop(action.id, None)
+        if again:
+            self.again.append(action)
+            return
         self.mem_used_mb += action.demand.mem_mb
         assert self.mem_used_mb <= self.mem_budget_mb, (self.mem_used_mb, self.mem_budget_mb)
 

@@ -5,6 +5,10 @@ by workers, results back to the asker and recorded (`swarm.metrics.action`, the 
        ▲                                                                           │ worker pulls
        └──── reply ◄── record ◄── Scheduler.finish ◄── swarm.actions.done.<id> ◄───┘ runs, publishes
 
+A python action with `cases` (a test suite) is released one work message per case (its parts:
+`code` then the case's code, in a fresh sandbox each), as the scheduler starts its parts; the
+answer has every case's result in order.
+
 Bad input (undecodable, unknown kind, oversized, a demand no pool can meet, someone else's episode)
 is answered with a `rejected` result and dead-lettered with its original bytes. A retried request
 (same episode and action id) gets the first run's result; a trajectory ends on the agent's `end`
@@ -40,6 +44,8 @@ log = logging.getLogger("swarmrl.actions")
 
 REMOTE_FORGET_S = 3.0
 """A remote worker is forgotten after this many of its heartbeat periods without one."""
+MAX_CASES = 256
+"""Most cases (parts) of one python test-suite action."""
 
 
 def demand_of(req: ActionRequest) -> Demand:
@@ -47,6 +53,20 @@ def demand_of(req: ActionRequest) -> Demand:
     if KIND_RESOURCE[req.kind] == "accel":
         return Demand(cpu=0, mem_mb=req.mem_mb, accel=max(req.accel, 1))
     return Demand(cpu=max(req.cpu, 1), mem_mb=req.mem_mb, accel=0)
+
+
+def cases_of(req: ActionRequest) -> list[str] | None:
+    """The test cases of a python suite action (checked: 1 to MAX_CASES strings); None if it has none."""
+    cases = req.payload.get("cases") if req.kind == "python" else None
+    if cases is None:
+        return None
+    if (
+        not isinstance(cases, list)
+        or not 1 <= len(cases) <= MAX_CASES
+        or not all(isinstance(c, str) for c in cases)
+    ):
+        raise WireError("schema", f"python payload 'cases' must be a list of 1 to {MAX_CASES} code strings")
+    return cases
 
 
 def _ids(data: bytes) -> dict[str, str]:
@@ -68,10 +88,17 @@ class Pending:
     owner: str
     arrived: float
     future: asyncio.Future[ActionResult]
-    dispatch_id: str = ""
+    cases: list[str] | None = None
+    """A python test suite's cases (its parts); None: one part, the request itself."""
     started: float = 0.0
+    """When its first part was released (0: still waiting)."""
     units: int = 0
-    deadline: float = 0.0
+    released: int = 0
+    """Parts released so far."""
+    inflight: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Dispatch id -> (part, deadline) of each part released and not done."""
+    done: dict[int, ActionResult] = field(default_factory=dict)
+    """Each finished part's result, by part."""
 
 
 @dataclass
@@ -100,7 +127,7 @@ class ActionsService:
         self.scheduler = Scheduler(cfg.policy, pools, mem_budget_mb=cfg.mem_budget_mb, aging_s=cfg.aging_s)
         self.dead_letters = bus.DeadLetters(js, "actions")
         self.pending: dict[str, Pending] = {}  # "<episode>.<action>" -> request in flight
-        self.by_dispatch: dict[str, str] = {}  # dispatch id -> pending key
+        self.by_dispatch: dict[str, str] = {}  # dispatch id of a released part -> pending key
         self.recent: OrderedDict[str, ActionResult] = OrderedDict()  # answered, for retries
         self.last_action: dict[str, float] = {}  # trajectory -> monotonic time of its last action
         self.remotes: dict[str, Remote] = {}
@@ -199,6 +226,7 @@ class ActionsService:
             raise WireError(
                 "unknown_kind", "no judge in this swarm (the actions service has no --judge-engine)"
             )
+        cases_of(req)
         try:
             self.scheduler.check_fits(demand_of(req), f"action {req.action_id!r}")
         except ValueError as exc:
@@ -207,10 +235,14 @@ class ActionsService:
 
     def _submit(self, req: ActionRequest, owner: str, key: str) -> Pending:
         now = time.monotonic()
-        pending = Pending(req, owner, now, asyncio.get_running_loop().create_future())
+        cases = cases_of(req)
+        pending = Pending(req, owner, now, asyncio.get_running_loop().create_future(), cases)
         self.pending[key] = pending
         self.last_action[req.episode_id] = now
-        self.scheduler.submit(Action(key, req.kind, demand_of(req), req.episode_id, now, req.hint_s), now)
+        parts = len(cases) if cases else 1
+        self.scheduler.submit(
+            Action(key, req.kind, demand_of(req), req.episode_id, now, req.hint_s, parts), now
+        )
         self._wake.set()
         return pending
 
@@ -237,21 +269,29 @@ class ActionsService:
                 await asyncio.wait_for(self._wake.wait(), wait)
 
     async def _release(self, action: Action, now: float) -> None:
+        """Queue the next part of `action` for the workers (the scheduler has its units)."""
         pending = self.pending[action.id]
-        pending.dispatch_id = uuid.uuid4().hex
-        pending.started = now
+        part = pending.released
+        pending.released += 1
+        dispatch_id = uuid.uuid4().hex
+        if not part:
+            pending.started = now
         pending.units = self.scheduler.pool_size(KIND_RESOURCE[action.kind])
         wall = min(pending.req.timeout_s or self.cfg.wall_s, self.cfg.max_wall_s)
-        pending.deadline = now + wall + 60.0  # a worker that died mid-run has had its redeliveries
-        self.by_dispatch[pending.dispatch_id] = action.id
-        work = pending.req.model_copy(update={"action_id": pending.dispatch_id})
+        # After the deadline, a worker that died mid-run has had its redeliveries.
+        pending.inflight[dispatch_id] = (part, now + wall + 60.0)
+        self.by_dispatch[dispatch_id] = action.id
+        update: dict[str, Any] = {"action_id": dispatch_id}
+        if pending.cases is not None:
+            payload = {k: v for k, v in pending.req.payload.items() if k != "cases"}
+            payload["code"] = f"{payload.get('code', '')}\n{pending.cases[part]}"
+            update["payload"] = payload
+        work = pending.req.model_copy(update=update)
         subject = S.action_run_subject(action.kind)
         try:
-            await self.js.publish(subject, encode(work), headers={"Nats-Msg-Id": pending.dispatch_id})
+            await self.js.publish(subject, encode(work), headers={"Nats-Msg-Id": dispatch_id})
         except Exception as exc:
-            self._finish(
-                action.id, self._result(pending, "error", error=f"could not queue the action: {exc}")
-            )
+            self._part_done(dispatch_id, "error", error=f"could not queue the action: {exc}")
 
     async def _on_done(self, msg: Msg) -> None:
         try:
@@ -259,20 +299,42 @@ class ActionsService:
         except WireError as exc:
             await self.dead_letters.send(msg, str(exc))
             return
-        key = self.by_dispatch.get(done.action_id)
-        if key is None:  # a second run of a redelivered action, or one that already timed out
-            return
+        # Unknown: a second run of a redelivered part, or one that already timed out.
+        if done.action_id in self.by_dispatch:
+            self._part_done(
+                done.action_id, done.status, result=done.result, error=done.error, run_s=done.run_s
+            )
+
+    def _part_done(
+        self, dispatch_id: str, status: str, *, result: dict[str, Any] | None = None, error: str = "",
+        run_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        """A released part ended; the action is answered when its last part has."""
+        key = self.by_dispatch.pop(dispatch_id)
         pending = self.pending[key]
-        self._finish(
-            key, self._result(pending, done.status, result=done.result, error=done.error, run_s=done.run_s)
-        )
+        part, _ = pending.inflight.pop(dispatch_id)
+        pending.done[part] = self._result(pending, status, result=result, error=error, run_s=run_s)
+        if not self.scheduler.finish(key, time.monotonic(), run_s, ok=status == "ok"):
+            self._wake.set()
+            return
+        if pending.cases is None:
+            self._finish(key, pending.done[0])
+            return
+        parts = [pending.done[i] for i in range(len(pending.cases))]
+        failed = [p for p in parts if p.status != "ok"]
+        cases = [{"status": p.status, "error": p.error, "run_s": p.run_s, **p.result} for p in parts]
+        passed = sum(p.status == "ok" and p.result.get("exit_code") == 0 for p in parts)
+        self._finish(key, self._result(
+            pending, failed[0].status if failed else "ok", result={"cases": cases, "passed": passed},
+            error=f"{len(failed)} of {len(parts)} cases: {failed[0].error}" if failed else "",
+            run_s=sum(p.run_s for p in parts),
+        ))  # fmt: skip
 
     def _expire(self, now: float) -> None:
-        for key, p in list(self.pending.items()):
-            if p.dispatch_id and now > p.deadline:
-                self._finish(
-                    key, self._result(p, "error", error="no worker reported a result (workers died?)")
-                )
+        for p in list(self.pending.values()):
+            for dispatch_id, (_, deadline) in list(p.inflight.items()):
+                if now > deadline:
+                    self._part_done(dispatch_id, "error", error="no worker reported a result (workers died?)")
         # Runs on every wake of the schedule loop: one pass over the pending actions, not one per
         # trajectory.
         silent = [t for t, last in self.last_action.items() if now - last > self.cfg.trajectory_timeout_s]
@@ -313,10 +375,8 @@ class ActionsService:
         )  # fmt: skip
 
     def _finish(self, key: str, result: ActionResult) -> None:
+        """Answer the action (the scheduler is done with it: finished, or dropped before it ran)."""
         pending = self.pending.pop(key)
-        self.by_dispatch.pop(pending.dispatch_id, None)
-        if pending.dispatch_id:
-            self.scheduler.finish(key, time.monotonic(), result.run_s, ok=result.status == "ok")
         self.counts.by_status[result.status] += 1
         self.recent[key] = result
         while len(self.recent) > 10_000:

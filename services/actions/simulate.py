@@ -2,7 +2,7 @@
 
 Consumes a trace (`trace.make_trace`) and a policy; returns a `SimResult`. Steps run as waves: step
 k starts when every trajectory of step k-1 has ended. A trajectory thinks, submits its action,
-waits for it to run, thinks, ..., then thinks once more and ends (`end_trajectory`). Nothing here
+waits for it to run (every part of it), thinks, ..., then thinks once more and ends (`end_trajectory`). Nothing here
 sleeps: events (think done, action done, scheduler wake-up from `next_event`) come off a heap in
 time order, and `dispatch` is called once per instant, after every event at that instant.
 """
@@ -109,20 +109,21 @@ def simulate(
     for tr in trace:
         by_step[tr.step].append(tr)
 
-    # (time, tie-break, event kind, trajectory, turn index, action): a heap of what happens next.
-    events: list[tuple[float, int, int, TrajectorySpec | None, int, Action | None]] = []
+    # (time, tie-break, event kind, trajectory, turn index, action, part run time): what happens next.
+    events: list[tuple[float, int, int, TrajectorySpec | None, int, Action | None, float]] = []
     seq = itertools.count()
     act_s: list[float] = []
     wait_s: list[float] = []
     makespans: list[float] = []
     submitted: dict[str, tuple[TrajectorySpec, int]] = {}
+    next_part: dict[str, int] = {}
     t = 0.0
     last_wake: float | None = None
 
     def think_done_at(tr: TrajectorySpec, i: int) -> None:
         """Turn `i` of `tr` (or its end, past the last turn) happens after its think time."""
         think = tr.turns[i].think_s if i < len(tr.turns) else tr.final_think_s
-        heapq.heappush(events, (t + think, next(seq), THINK_DONE, tr, i, None))
+        heapq.heappush(events, (t + think, next(seq), THINK_DONE, tr, i, None, 0.0))
 
     for step in sorted(by_step):
         begin = t
@@ -134,30 +135,37 @@ def simulate(
                 raise RuntimeError(
                     f"simulation stalled at t={t:.3f}: {left} trajectories of step {step} wait forever"
                 )
-            t, _, kind, tr_, i, action = heapq.heappop(events)
+            t, _, kind, tr_, i, action, part_run_s = heapq.heappop(events)
             if kind == THINK_DONE:
                 assert tr_ is not None
                 if i < len(tr_.turns):
                     turn, action_id = tr_.turns[i], f"{tr_.id}/{i}"
                     submitted[action_id] = (tr_, i)
-                    sched.submit(Action(action_id, turn.kind, turn.demand, tr_.id, t, turn.hint_s), t)
+                    sched.submit(
+                        Action(action_id, turn.kind, turn.demand, tr_.id, t, turn.hint_s, len(turn.parts)), t
+                    )
                 else:
                     sched.end_trajectory(tr_.id, t)
                     left -= 1
             elif kind == RUN_DONE:
                 assert tr_ is not None and action is not None
-                sched.finish(action.id, t, tr_.turns[i].run_s)
-                act_s.append(t - action.submitted)
-                think_done_at(tr_, i + 1)
+                if sched.finish(action.id, t, part_run_s):
+                    del submitted[action.id], next_part[action.id]
+                    act_s.append(t - action.submitted)
+                    think_done_at(tr_, i + 1)
             if events and events[0][0] <= t:
                 continue  # more happens at this instant: dispatch once, after all of it
-            for started in sched.dispatch(t):
-                tr_, i = submitted.pop(started.id)
-                wait_s.append(t - started.submitted)
-                heapq.heappush(events, (t + tr_.turns[i].run_s, next(seq), RUN_DONE, tr_, i, started))
+            for started in sched.dispatch(t):  # one entry per part
+                tr_, i = submitted[started.id]
+                part = next_part.get(started.id, 0)
+                next_part[started.id] = part + 1
+                if part == 0:
+                    wait_s.append(t - started.submitted)
+                run_s = tr_.turns[i].parts[part]
+                heapq.heappush(events, (t + run_s, next(seq), RUN_DONE, tr_, i, started, run_s))
             wake = sched.next_event(t)
             if wake is not None and wake != last_wake:
-                heapq.heappush(events, (wake, next(seq), WAKE, None, 0, None))
+                heapq.heappush(events, (wake, next(seq), WAKE, None, 0, None, 0.0))
                 last_wake = wake
         makespans.append(t - begin)
 

@@ -8,6 +8,10 @@ trajectory is a few turns; each turn is LLM "think" time (no external resource),
   `python_median_s` (0.15 s) and sigma `python_sigma` (1.1): about two thirds between 0.05 and 0.5 s,
   4% over 1 s, a tail to several seconds, capped at `python_max_s`. 1 cpu, 2 cpus with probability
   `two_cpu_share`; 128, 256 or 512 MB.
+- with `reward_suite`, a trajectory's last action is its reward: a `python` test suite of
+  `2 + geometric` cases (mean `suite_cases_mean`, at most `suite_max_cases`), each a run of
+  lognormal time (median `case_median_s`, sigma `case_sigma`); its run time is their sum. Its cases
+  are parts a scheduler may run in parallel (see `scheduler.py`).
 - `judge`: a model judge scoring text. 1 accel slot, no cpu, no host memory; 0.1-0.3 s uniform.
 
 The number of turns is 1 + geometric (mean `turns_mean`, at most `max_turns`), so a few long
@@ -35,9 +39,15 @@ class Turn:
     kind: str
     demand: Demand
     run_s: float
-    """How long the action really runs (the simulator's ground truth)."""
+    """How long the action really runs, all parts one after another (the simulator's ground truth)."""
     hint_s: float | None
     """What the caller tells the scheduler about `run_s`."""
+    part_s: tuple[float, ...] = ()
+    """Run time of each part of a test suite; () for an action of one part (`run_s`)."""
+
+    @property
+    def parts(self) -> tuple[float, ...]:
+        return self.part_s or (self.run_s,)
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,11 @@ def make_trace(
     two_cpu_share: float = 0.1,
     judge_s: tuple[float, float] = (0.1, 0.3),
     hint_sigma: float | None = 0.5,
+    reward_suite: bool = False,
+    suite_cases_mean: float = 8.0,
+    suite_max_cases: int = 32,
+    case_median_s: float = 0.1,
+    case_sigma: float = 0.8,
 ) -> list[TrajectorySpec]:
     """Build a trace; the same arguments always give the same trace (see the module docstring)."""
     if steps < 1 or trajectories_per_step < 1 or turns_mean < 1 or max_turns < 1:
@@ -79,6 +94,7 @@ def make_trace(
         return think_median_s * math.exp(rng.gauss(0.0, think_sigma))
 
     def turn() -> Turn:
+        part_s: tuple[float, ...] = ()  # one part
         if rng.random() < judge_share:
             kind, demand = "judge", Demand(cpu=0, mem_mb=0, accel=1)
             run_s = rng.uniform(*judge_s)
@@ -86,15 +102,30 @@ def make_trace(
             cpu = 2 if rng.random() < two_cpu_share else 1
             kind, demand = "python", Demand(cpu=cpu, mem_mb=rng.choice((128, 256, 256, 512)))
             run_s = min(python_max_s, python_median_s * math.exp(rng.gauss(0.0, python_sigma)))
-        hint_s = None if hint_sigma is None else run_s * math.exp(rng.gauss(0.0, hint_sigma))
-        return Turn(think(), kind, demand, run_s, hint_s)
+        hint_s = hint(run_s)  # drawn before the think time: the rigid trace of earlier versions
+        return Turn(think(), kind, demand, run_s, hint_s, part_s)
+
+    def suite() -> Turn:
+        cases = min(suite_max_cases, 2 + geometric(1.0 / max(suite_cases_mean - 1.0, 1.0)))
+        part_s = tuple(case_median_s * math.exp(rng.gauss(0.0, case_sigma)) for _ in range(cases))
+        demand = Demand(cpu=1, mem_mb=rng.choice((128, 256, 256, 512)))
+        hint_s = hint(sum(part_s))
+        return Turn(think(), "python", demand, sum(part_s), hint_s, part_s)
+
+    def hint(run_s: float) -> float | None:
+        return None if hint_sigma is None else run_s * math.exp(rng.gauss(0.0, hint_sigma))
+
+    def geometric(p: float) -> int:
+        """Failures before the first success, each try succeeding with probability `p` (mean (1-p)/p)."""
+        return 0 if p >= 1 else int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
 
     # 1 + geometric(p) has mean 1 + (1 - p) / p = 1 / p.
     p = 1.0 / turns_mean
     trace = []
     for step in range(steps):
         for i in range(trajectories_per_step):
-            extra = 0 if p >= 1 else int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
-            turns = tuple(turn() for _ in range(min(max_turns, 1 + extra)))
+            turns = tuple(turn() for _ in range(min(max_turns, 1 + geometric(p))))
+            if reward_suite:
+                turns += (suite(),)
             trace.append(TrajectorySpec(f"s{step}-t{i}", step, turns, think()))
     return trace

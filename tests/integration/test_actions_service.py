@@ -95,6 +95,31 @@ async def test_an_agent_runs_python_in_the_sandbox_under_every_policy(
     assert all(r.owner == "agent" and r.units >= 1 for r in recs)
 
 
+SUITE_CODE = "import time\nt0 = time.monotonic()\ntime.sleep(0.3)\n"
+"""Each case prints when it ran (the system-wide monotonic clock, the same in every sandbox)."""
+
+
+@pytest.mark.parametrize("policy", ["elastic", "fifo"])
+async def test_a_test_suite_runs_each_case_in_its_own_sandbox(
+    start_actions, swarm: SwarmClient, policy: str
+) -> None:
+    await start_actions(policy=policy, cpu_floor=2, cpu_ceiling=2)
+    ep = swarm.episode("t")
+    cases = [f"print(t0, time.monotonic())\nassert {i} != 2, 'case two fails'" for i in range(4)]
+    res = await ep.act("python", {"code": SUITE_CODE, "cases": cases})
+    assert res.status == "ok" and res.result["passed"] == 3, res
+    got = res.result["cases"]
+    assert [c["exit_code"] == 0 for c in got] == [True, True, False, True]
+    assert "case two fails" in got[2]["stderr"] and res.run_s == pytest.approx(sum(c["run_s"] for c in got))
+    spans = sorted(tuple(map(float, c["stdout"].split())) for c in got)
+    overlap = any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+    # fifo holds the suite's one unit and runs its cases one after another; elastic spreads them
+    # over the idle unit too.
+    assert overlap is (policy == "elastic"), spans
+    bad = await ep.act("python", {"code": "", "cases": ["print(1)", 7]})
+    assert bad.status == "rejected" and "'cases' must be a list of 1 to 256 code strings" in bad.error
+
+
 async def wait_for_records(swarm_nats: NatsServer, n: int) -> list[ActionResult]:
     got: list[ActionResult] = []
 

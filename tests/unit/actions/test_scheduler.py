@@ -253,3 +253,73 @@ def test_ending_a_trajectory_drops_its_waiting_actions(policy):
     s.end_trajectory("traj-busy", 1.0)
     assert ids(s.dispatch(1.0)) == ["u1"]
     assert s.stats(1.0)["queued"] == 0
+
+
+def suite(id: str, parts: int, t: float = 0.0, *, hint: float | None = None, traj: str = "") -> Action:
+    return Action(id, "python", Demand(cpu=1, mem_mb=100), traj or f"traj-{id}", t, hint, parts)
+
+
+@pytest.mark.parametrize("policy", ["static", "fifo"])
+def test_rigid_policies_run_a_suites_cases_one_after_another_on_its_units(policy):
+    s = Scheduler(policy, fixed(4), mem_budget_mb=1000)
+    s.submit(suite("s", 3), 0.0)
+    assert ids(s.dispatch(0.0)) == ["s"]  # three units stay free: the suite holds one
+    assert s.finish("s", 1.0, run_s=1.0) is False
+    assert ids(s.dispatch(1.0)) == ["s"]  # its second case, on the same unit
+    assert s.stats(1.0)["mem_used_mb"] == 100
+    assert s.finish("s", 2.0, run_s=1.0) is False
+    assert ids(s.dispatch(2.0)) == ["s"]
+    assert s.finish("s", 3.0, run_s=1.0) is True
+    assert s.dispatch(3.0) == [] and s.stats(3.0)["running"] == 0 and s.stats(3.0)["mem_used_mb"] == 0
+    with pytest.raises(ValueError, match="'s' is not running"):
+        s.finish("s", 3.0, run_s=1.0)
+
+
+def test_elastic_spreads_a_suite_over_spare_units_and_takes_them_back_at_case_boundaries():
+    s = Scheduler("elastic", fixed(3), mem_budget_mb=1000)
+    s.submit(suite("s", 5), 0.0)
+    assert ids(s.dispatch(0.0)) == ["s", "s", "s"]  # three cases at once on the idle pool
+    assert s.stats(0.0)["mem_used_mb"] == 300
+    s.submit(act("new", 0.5), 0.5)
+    assert s.dispatch(0.5) == []  # no unit free: the new action waits for a case to end
+    assert s.finish("s", 1.0, run_s=1.0) is False
+    assert ids(s.dispatch(1.0)) == ["new"]  # the waiting action goes before the suite's next case
+    assert s.finish("s", 1.5, run_s=1.5) is False
+    assert ids(s.dispatch(1.5)) == ["s"]  # 4th case
+    assert s.finish("new", 1.6, run_s=1.1) is True
+    assert ids(s.dispatch(1.6)) == ["s"]  # 5th case on the freed unit
+    for t in (2.0, 2.5):
+        assert s.finish("s", t, run_s=1.0) is False
+        assert s.dispatch(t) == []
+    assert s.finish("s", 3.0, run_s=1.0) is True
+    assert s.stats(3.0)["mem_used_mb"] == 0 and s.stats(3.0)["finished"] == 2
+    # The predictor learned the suite's whole run time (its cases' sum, 5.5 s), not a case's; `new`
+    # (1.1 s) finished first.
+    assert s.predictor.predict("python", None) == pytest.approx(1.1 + 0.2 * (5.5 - 1.1))
+
+
+def test_elastic_suite_keeps_one_unit_and_respects_a_reservation():
+    s = Scheduler("elastic", fixed(2), mem_budget_mb=1000)
+    s.submit(act("a"), 0.0)
+    s.submit(suite("s", 4, 0.1), 0.1)
+    assert ids(s.dispatch(0.1)) == ["a", "s"]
+    s.submit(act("big", 0.2, cpu=2), 0.2)
+    assert s.finish("a", 1.0, run_s=1.0) is True
+    assert s.dispatch(1.0) == []  # the free unit is reserved for big, not given to the suite
+    assert s.finish("s", 1.2, run_s=1.0) is False
+    assert ids(s.dispatch(1.2)) == ["s"]  # its last running case ended: the next starts on its unit
+    assert s.stats(1.2)["running"] == 1
+
+
+def test_elastic_grows_the_pool_for_a_suites_cases():
+    s = Scheduler("elastic", {"cpu": PoolSpec(1, 4, start_s=0.5)}, mem_budget_mb=1000)
+    s.submit(suite("s", 6, hint=6.0), 0.0)
+    assert s.dispatch(0.0) == []  # the floor unit is still starting
+    assert s.pool_size("cpu") == 4  # grown for its cases, up to the ceiling
+    assert ids(s.dispatch(0.5)) == ["s"] * 4
+
+
+def test_suites_need_at_least_one_part():
+    s = Scheduler("elastic", fixed(1), mem_budget_mb=1000)
+    with pytest.raises(ValueError, match="needs parts >= 1"):
+        s.submit(suite("s", 0), 0.0)

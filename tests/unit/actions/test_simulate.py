@@ -90,3 +90,23 @@ def test_static_with_a_bundle_per_trajectory_still_costs_more_unit_seconds():
     elastic = simulate(trace, "elastic", pools(200, 100), mem_budget_mb=MEM)
     assert static.allocated_unit_s["cpu"] > 3 * elastic.allocated_unit_s["cpu"]
     assert static.utilisation["cpu"] < elastic.utilisation["cpu"]
+
+
+def test_reward_suites_end_every_trajectory_and_elastic_spreads_their_cases():
+    trace = make_trace(2, steps=2, trajectories_per_step=48, reward_suite=True)
+    assert all(len(tr.turns[-1].parts) >= 2 and tr.turns[-1].kind == "python" for tr in trace)
+    assert all(tr.turns[-1].run_s == pytest.approx(sum(tr.turns[-1].parts)) for tr in trace)
+    assert all(len(t.parts) == 1 for tr in trace for t in tr.turns[:-1])
+    by = {p: simulate(trace, p, pools(8, 2), mem_budget_mb=MEM) for p in ("static", "fifo", "elastic")}
+    busy_cpu = sum(t.run_s * t.demand.cpu for tr in trace for t in tr.turns)
+    suites = [tr.turns[-1].run_s for tr in trace]
+    for r in by.values():
+        assert len(r.act_s) == len(r.wait_s) == sum(len(tr.turns) for tr in trace)  # each action once
+        assert r.busy_unit_s["cpu"] == pytest.approx(busy_cpu)  # and each case once
+    # fifo runs a suite's cases one after another (the longest takes at least its sum); elastic
+    # runs them on spare units, which cuts the tail and the mean.
+    assert max(by["fifo"].act_s) >= max(suites) - 1e-9
+    assert max(by["elastic"].act_s) < 0.8 * max(by["fifo"].act_s)
+    assert by["elastic"].p99_act_s < 0.8 * by["fifo"].p99_act_s
+    assert by["elastic"].mean_act_s < 0.85 * by["fifo"].mean_act_s
+    assert by["elastic"].peak_units["cpu"] <= 8
