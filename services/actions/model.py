@@ -52,12 +52,20 @@ class Action:
     run_s: float = 0.0
     """Run time of its finished parts, summed."""
     failed: bool = False
-    """A finished part did not run ok."""
+    """A finished part did not run ok, or its trajectory ended before every part started."""
+    stopped: bool = False
+    """Its trajectory ended while it ran: it starts no more parts."""
+
+    @property
+    def shape(self) -> str:
+        """What the run-time predictor learns from: the kind, and whether it is a suite (a suite's run
+        time is its cases' sum, which says nothing about a single run of its kind)."""
+        return self.kind if self.parts == 1 else f"{self.kind}-suite"
 
     @property
     def parts_left(self) -> int:
-        """Parts not started yet."""
-        return self.parts - self.started_parts
+        """Parts still to start."""
+        return 0 if self.stopped else self.parts - self.started_parts
 
 
 @dataclass

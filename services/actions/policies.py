@@ -160,7 +160,7 @@ class Elastic(SharedUnits):
 
     def key(self, action: Action) -> float:
         """Start order, fixed at submit (so a heap keeps it): see the module docstring."""
-        p = self.s.predictor.predict(action.kind, action.hint_s)
+        p = self.s.predictor.predict(action.shape, action.hint_s)
         return action.submitted + self.s.aging_s * p / (p + PRED_SCALE_S)
 
     def enqueue(self, action: Action) -> None:
@@ -195,7 +195,7 @@ class Elastic(SharedUnits):
         yet, least predicted remaining work first."""
 
         def remaining(a: Action) -> float:
-            return self.s.predictor.predict(a.kind, a.hint_s) * a.parts_left / a.parts
+            return self.s.predictor.predict(a.shape, a.hint_s) * a.parts_left / a.parts
 
         for r, u in self.units.items():
             if u.free - reserved[r] <= 0:

@@ -149,14 +149,20 @@ class Scheduler:
         if action.failed:
             self.failed += 1
         else:
-            self.predictor.observe(action.kind, action.hint_s, action.run_s)
+            self.predictor.observe(action.shape, action.hint_s, action.run_s)
         self.policy.finish(action, now)
         return True
 
     def end_trajectory(self, trajectory: str, now: float) -> list[Action]:
         """The trajectory is over: `static` gives its bundle back (once its running action, if
-        any, finishes). Its actions still waiting are dropped and returned."""
+        any, finishes). Its actions still waiting are dropped and returned; a running suite of it
+        starts no more parts: the ones running finish it, as failed)."""
         now = self._advance(now)
+        for action in [a for a in self.unstarted.values() if a.trajectory == trajectory]:
+            for r in RESOURCES:
+                self.unstarted_units[r] -= action.demand.units(r) * action.parts_left
+            action.stopped = action.failed = True
+            del self.unstarted[action.id]
         dropped = [self.waiting.pop(i) for i in sorted(self.waiting_by_trajectory.pop(trajectory, set()))]
         self.policy.end_trajectory(trajectory, dropped, now)
         return dropped

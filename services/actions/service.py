@@ -254,6 +254,8 @@ class ActionsService:
     # scheduling -----------------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
         while not self._stop.is_set():
+            # Cleared before the work, not after: a wake-up set while this pass awaits is kept.
+            self._wake.clear()
             now = time.monotonic()
             self._expire(now)
             for action in self.scheduler.dispatch(now):
@@ -264,7 +266,6 @@ class ActionsService:
                 )
             nxt = self.scheduler.next_event(now)
             wait = 1.0 if nxt is None else min(max(nxt - now, 0.0), 1.0)
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
@@ -314,13 +315,17 @@ class ActionsService:
         pending = self.pending[key]
         part, _ = pending.inflight.pop(dispatch_id)
         pending.done[part] = self._result(pending, status, result=result, error=error, run_s=run_s)
-        if not self.scheduler.finish(key, time.monotonic(), run_s, ok=status == "ok"):
+        now = time.monotonic()
+        if pending.req.episode_id in self.last_action:  # a long suite is not a silent trajectory
+            self.last_action[pending.req.episode_id] = now
+        if not self.scheduler.finish(key, now, run_s, ok=status == "ok"):
             self._wake.set()
             return
         if pending.cases is None:
             self._finish(key, pending.done[0])
             return
-        parts = [pending.done[i] for i in range(len(pending.cases))]
+        never = self._result(pending, "error", error="the episode ended before it ran")
+        parts = [pending.done.get(i, never) for i in range(len(pending.cases))]
         failed = [p for p in parts if p.status != "ok"]
         cases = [{"status": p.status, "error": p.error, "run_s": p.run_s, **p.result} for p in parts]
         passed = sum(p.status == "ok" and p.result.get("exit_code") == 0 for p in parts)

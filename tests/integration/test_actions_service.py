@@ -120,6 +120,18 @@ async def test_a_test_suite_runs_each_case_in_its_own_sandbox(
     assert bad.status == "rejected" and "'cases' must be a list of 1 to 256 code strings" in bad.error
 
 
+async def test_a_suite_of_an_ended_episode_runs_no_more_cases(start_actions, swarm: SwarmClient) -> None:
+    await start_actions(policy="fifo", cpu_floor=1, cpu_ceiling=1)
+    ep = swarm.episode("t")
+    task = asyncio.create_task(ep.act("python", {"code": SUITE_CODE, "cases": ["print(1)"] * 4}))
+    await asyncio.sleep(0.15)  # its first case is released (it sleeps 0.3 s)
+    end = ActionRequest(op="end", action_id="end", episode_id=ep.episode_id)
+    await swarm.nc.publish(S.act_subject("agent"), encode(end))
+    res = await task
+    assert [c["status"] for c in res.result["cases"]] == ["ok", "error", "error", "error"], res
+    assert res.status == "error" and "3 of 4 cases: the episode ended before it ran" in res.error
+
+
 async def wait_for_records(swarm_nats: NatsServer, n: int) -> list[ActionResult]:
     got: list[ActionResult] = []
 

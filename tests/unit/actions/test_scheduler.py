@@ -293,9 +293,9 @@ def test_elastic_spreads_a_suite_over_spare_units_and_takes_them_back_at_case_bo
         assert s.dispatch(t) == []
     assert s.finish("s", 3.0, run_s=1.0) is True
     assert s.stats(3.0)["mem_used_mb"] == 0 and s.stats(3.0)["finished"] == 2
-    # The predictor learned the suite's whole run time (its cases' sum, 5.5 s), not a case's; `new`
-    # (1.1 s) finished first.
-    assert s.predictor.predict("python", None) == pytest.approx(1.1 + 0.2 * (5.5 - 1.1))
+    # The predictor learned the suite's whole run time (its cases' sum), apart from single runs.
+    assert s.predictor.predict("python-suite", None) == pytest.approx(5.5)
+    assert s.predictor.predict("python", None) == pytest.approx(1.1)
 
 
 def test_elastic_suite_keeps_one_unit_and_respects_a_reservation():
@@ -323,3 +323,28 @@ def test_suites_need_at_least_one_part():
     s = Scheduler("elastic", fixed(1), mem_budget_mb=1000)
     with pytest.raises(ValueError, match="needs parts >= 1"):
         s.submit(suite("s", 0), 0.0)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_suite_of_an_ended_trajectory_starts_no_more_cases(policy):
+    s = Scheduler(policy, fixed(4), mem_budget_mb=1000)
+    s.submit(suite("s", 6, traj="t"), 0.0)
+    started = len(s.dispatch(0.0))  # 1 (static, fifo) or 4 (elastic)
+    assert s.end_trajectory("t", 0.5) == []  # nothing waiting; the suite runs
+    done = [s.finish("s", 1.0 + i, run_s=1.0) for i in range(started)]
+    assert done == [False] * (started - 1) + [True]  # its running cases finish it, no new ones
+    assert s.dispatch(9.0) == [] and s.unstarted_units == {"cpu": 0, "accel": 0}
+    st = s.stats(9.0)
+    assert st["running"] == 0 and st["failed"] == 1 and st["mem_used_mb"] == 0
+    assert s.predictor.mean_s == {}  # a suite cut short teaches nothing
+
+
+def test_suites_and_single_runs_are_predicted_apart():
+    s = Scheduler("elastic", fixed(4), mem_budget_mb=1000)
+    s.submit(suite("s", 2), 0.0)
+    s.submit(act("one"), 0.0)
+    s.dispatch(0.0)
+    for t, id in ((1.0, "s"), (1.0, "one"), (2.0, "s")):
+        s.finish(id, t, run_s=t)
+    assert s.predictor.predict("python", None) == 1.0
+    assert s.predictor.predict("python-suite", None) == 3.0
