@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from swarmrl.launch import client_name
 from swarmrl.schemas import (
@@ -67,13 +69,25 @@ async def read_stream(js: JetStreamContext, stream: str, batch: int = 1000) -> l
     try:
         while not out or out[-1].seq < info.state.last_seq:
             try:
-                msgs = await sub.fetch(batch, timeout=5.0)
+                msgs = await _fetch(sub, batch)
             except nats.errors.TimeoutError:
                 break
             out += [Msg(m.metadata.sequence.stream, m.subject, m.data, dict(m.headers or {})) for m in msgs]
     finally:
         await sub.unsubscribe()
     return out
+
+
+async def _fetch(sub: Any, batch: int) -> list[Any]:
+    """One fetch; a 503 (the new consumer has no leader yet, as after a node came back) is retried
+    for up to 30 s: the consumer keeps its position, so nothing is read twice."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(nats.js.errors.ServiceUnavailableError),
+        wait=wait_fixed(0.5), stop=stop_after_delay(30), reraise=True,
+    ):  # fmt: skip
+        with attempt:
+            msgs: list[Any] = await sub.fetch(batch, timeout=5.0)
+    return msgs
 
 
 @dataclass
