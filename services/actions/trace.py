@@ -38,16 +38,16 @@ class Turn:
     """LLM time before the action is submitted."""
     kind: str
     demand: Demand
-    run_s: float
-    """How long the action really runs, all parts one after another (the simulator's ground truth)."""
+    parts: tuple[float, ...]
+    """How long each part really runs (the simulator's ground truth): one part, or a test suite's
+    cases."""
     hint_s: float | None
     """What the caller tells the scheduler about `run_s`."""
-    part_s: tuple[float, ...] = ()
-    """Run time of each part of a test suite; () for an action of one part (`run_s`)."""
 
     @property
-    def parts(self) -> tuple[float, ...]:
-        return self.part_s or (self.run_s,)
+    def run_s(self) -> float:
+        """All parts, one after another."""
+        return sum(self.parts)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,6 @@ def make_trace(
         return think_median_s * math.exp(rng.gauss(0.0, think_sigma))
 
     def turn() -> Turn:
-        part_s: tuple[float, ...] = ()  # one part
         if rng.random() < judge_share:
             kind, demand = "judge", Demand(cpu=0, mem_mb=0, accel=1)
             run_s = rng.uniform(*judge_s)
@@ -103,14 +102,14 @@ def make_trace(
             kind, demand = "python", Demand(cpu=cpu, mem_mb=rng.choice((128, 256, 256, 512)))
             run_s = min(python_max_s, python_median_s * math.exp(rng.gauss(0.0, python_sigma)))
         hint_s = hint(run_s)  # drawn before the think time: the rigid trace of earlier versions
-        return Turn(think(), kind, demand, run_s, hint_s, part_s)
+        return Turn(think(), kind, demand, (run_s,), hint_s)
 
     def suite() -> Turn:
         cases = min(suite_max_cases, 2 + geometric(1.0 / max(suite_cases_mean - 1.0, 1.0)))
-        part_s = tuple(case_median_s * math.exp(rng.gauss(0.0, case_sigma)) for _ in range(cases))
+        parts = tuple(case_median_s * math.exp(rng.gauss(0.0, case_sigma)) for _ in range(cases))
         demand = Demand(cpu=1, mem_mb=rng.choice((128, 256, 256, 512)))
-        hint_s = hint(sum(part_s))
-        return Turn(think(), "python", demand, sum(part_s), hint_s, part_s)
+        hint_s = hint(sum(parts))
+        return Turn(think(), "python", demand, parts, hint_s)
 
     def hint(run_s: float) -> float | None:
         return None if hint_sigma is None else run_s * math.exp(rng.gauss(0.0, hint_sigma))
