@@ -11,6 +11,7 @@ id agree (`NotOwnerError`), so no client can write into an episode it did not be
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Streams ---------------------------------------------------------------------------------------
@@ -88,6 +89,7 @@ def owner_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", text)[:64] or "client"
 
 
+@functools.lru_cache(maxsize=4096)  # every event of an episode asks again (the ledger, per event)
 def episode_owner(episode_id: str) -> str:
     """The client that owns `episode_id`: the part before the first `_` (the whole id if none)."""
     return check_owner(check_token(episode_id, "episode id").split("_", 1)[0])

@@ -25,6 +25,7 @@ from swarmrl.schemas import (
     WireError,
 )
 from swarmrl.schemas import subjects as S
+from swarmrl.schemas.fastcodec import fields, model_of
 
 STR, I64, F64, BOOL, BLOB = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.binary()
 INTS, FLOATS, STRS = pa.list_(I64), pa.list_(F64), pa.list_(STR)
@@ -270,8 +271,8 @@ def check_ints(table: str, row: Row) -> Row:
 
 
 def _record_row(table: str, record: Any, stream: str, seq: int) -> Row:
-    # `__dict__` of a pydantic model holds the validated field values; much cheaper than model_dump.
-    row: Row = dict(record.__dict__)
+    # A pydantic model's `__dict__` or a fast-decoded Struct's fields: much cheaper than model_dump.
+    row: Row = fields(record)
     for key in _JSON_FIELDS.get(table, ()):
         if key in row:
             row[key] = to_json(row[key])
@@ -305,7 +306,7 @@ METRIC_TABLES: dict[type, str] = {
 def metric_row(
     record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult, stream: str, seq: int
 ) -> tuple[str, Row]:
-    table = METRIC_TABLES[type(record)]
+    table = METRIC_TABLES[model_of(record)]
     return table, check_ints(table, _record_row(table, record, stream, seq))
 
 

@@ -1,9 +1,10 @@
-"""The ledger's fast decode path (`ingest.quick_unpack`) reaches the codec's verdict on every input:
-the same record for a good message, the same reason for a bad one."""
+"""The ledger's fast decode path (`schemas.fastcodec`, msgspec) reaches the codec's verdict on every
+input: the same record for a good message, the same reason for a bad one."""
 
 from __future__ import annotations
 
 import math
+import random
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -11,10 +12,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from swarmrl.schemas import MergeStats, Sample, decode, decode_event, encode
+from swarmrl.schemas import ActionResult, Event, MergeStats, Sample, TrainStep, decode, decode_event, encode
 from swarmrl.schemas import subjects as S
+from swarmrl.schemas.fastcodec import FastDecoder, fields
 from swarmrl.services.common.lifecycle import check_subject, episode_of
-from swarmrl.services.ledger.ingest import Ingest, quick_unpack
+from swarmrl.services.ledger.ingest import Ingest
 from swarmrl.services.ledger.tables import event_row, metric_row, sample_row
 from tests.unit.ledger.factories import episode
 
@@ -76,6 +78,28 @@ CASES: list[tuple[str, str, bytes]] = [
     ("not owner", "swarm.ep.mallory.e1.begin", encode(BEGIN)),
     ("no episode subject", "swarm.ep.e1.begin", encode(BEGIN)),
     ("unknown field", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "extra": 1})),
+    # where msgspec alone is more lenient than the codec, or stricter than pydantic's lax mode
+    ("no version", BEGIN_SUBJECT, _pack({k: v for k, v in BEGIN_MAP.items() if k != "v"})),
+    ("newline after a token", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "episode_id": "e1\n"})),
+    ("newline in models", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "models": ["policy\n"]})),
+    ("int key deep", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "task": {"a": {1: "x"}}})),
+    ("timestamp ext", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "task": {"t": msgpack.Timestamp(1, 0)}})),
+    ("bin in messages", LLM_SUBJECT, _pack({**LLM_MAP, "messages": [{"content": b"x"}]})),
+    ("bin in a list", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "task": {"a": [1, "x", b"y"]}})),
+    ("lax int from float", LLM_SUBJECT, _pack({**LLM_MAP, "seq": 3.0})),
+    ("lax int from bool", LLM_SUBJECT, _pack({**LLM_MAP, "policy_version": True})),
+    ("lax bool from int", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "eval": 1})),
+    ("int token in floats", LLM_SUBJECT, _pack({**LLM_MAP, "output_logprobs": [-1, 0, 0]})),
+    ("inf ts", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "ts": math.inf})),
+    ("lengths differ", LLM_SUBJECT, _pack({**LLM_MAP, "output_logprobs": [0.0]})),
+    ("huge logprobs", LLM_SUBJECT, _pack({**LLM_MAP, "output_logprobs": [1e308, 1e308, 0.0]})),
+    ("negative seq", LLM_SUBJECT, _pack({**LLM_MAP, "seq": -1})),
+    ("empty client", LLM_SUBJECT, _pack({**LLM_MAP, "client_id": ""})),
+    ("unknown kind", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "kind": "nope"})),
+    ("no kind", BEGIN_SUBJECT, _pack({k: v for k, v in BEGIN_MAP.items() if k != "kind"})),
+    ("nan in free-form", BEGIN_SUBJECT, _pack({**BEGIN_MAP, "task": {"x": math.nan}})),
+    ("duplicate key", BEGIN_SUBJECT, b"\x82\xa1v\x01\xa1v\x02" + _pack(BEGIN_MAP)[1:]),
+    ("no ts", BEGIN_SUBJECT, _pack({k: v for k, v in BEGIN_MAP.items() if k != "ts"})),
 ]
 
 
@@ -88,16 +112,72 @@ def test_episode_events_get_the_codecs_verdict(subject: str, data: bytes) -> Non
     assert got == _outcome(lambda: _reference_episode(subject, data, 7))
 
 
-def test_only_certain_maps_take_the_fast_path() -> None:
-    assert quick_unpack(encode(LLM)) == LLM_MAP
+def test_fast_path_takes_good_records_with_the_models_values() -> None:
+    """Not only a fallback: good records of every kind are decoded here, to the model's own fields."""
+    fast = FastDecoder.for_model(Event)
+    assert fast is not None
+    for ev in episode("e1"):
+        record = fast.decode(encode(ev))
+        assert record is not None and record.kind == ev.kind
+        assert fields(record) == ev.__dict__
     for data in (
         _pack({**BEGIN_MAP, "task_id": b""}),
-        _pack({**BEGIN_MAP, "task_id": b"x"}),
         _pack({**BEGIN_MAP, "v": 1.0}),
+        _pack({**BEGIN_MAP, "seq": 3.0}),
         _pack([BEGIN_MAP]),
         b"\xc1",
     ):
-        assert quick_unpack(data) is None
+        assert fast.decode(data) is None
+
+
+def _mutations(base: dict, rng: random.Random) -> Any:
+    """Random edits of a good map: each field replaced by a value of another type, dropped, or
+    nested; a few new keys. The values are the kinds the codec and pydantic tell apart."""
+    values = [
+        0, 1, -1, 2**63, -(2**63), 2**64 - 1, 1.0, 0.5, math.nan, math.inf, True, False, None, "",
+        "x", "a\n", "é" * 300, b"", b"x", [], [1], [1.5], ["x"], [None], [[1]], {}, {"a": 1}, {"a": b""},
+        {"a": {"b": [1, {"c": math.nan}]}}, msgpack.ExtType(3, b"z"), "3", "1e3",
+    ]  # fmt: skip
+    keys = list(base)
+    while True:
+        obj = dict(base)
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(keys)
+            roll = rng.random()
+            if roll < 0.7:
+                obj[key] = rng.choice(values)
+            elif roll < 0.8:
+                obj.pop(key, None)
+            elif roll < 0.9 and isinstance(obj.get(key), list) and obj[key]:
+                obj[key] = [*obj[key][:-1], rng.choice(values)]  # one bad element at the end
+            else:
+                obj[rng.choice(["extra", "kind", "v"])] = rng.choice(values)
+        yield obj
+
+
+@pytest.mark.parametrize("which", ["llm", "begin"])
+def test_random_edits_get_the_codecs_verdict(which: str) -> None:
+    """Hundreds of seeded random edits of a good event: the fast path never accepts what the codec
+    refuses, and where both accept, the rows are equal."""
+    base, subject = (LLM_MAP, LLM_SUBJECT) if which == "llm" else (BEGIN_MAP, BEGIN_SUBJECT)
+    rng = random.Random(7)
+    fast = FastDecoder.for_model(Event)
+    assert fast is not None
+    taken = 0
+    for _, obj in zip(range(600), _mutations(base, rng), strict=False):
+        data = _pack(obj)
+        ingest = Ingest()
+        if which == "llm":
+            ingest.episode(BEGIN_SUBJECT, encode(BEGIN), "EPISODES", 1, 0.0)
+        got = _outcome(lambda data=data, ingest=ingest: ingest.episode(subject, data, "EPISODES", 7, 0.0))
+        assert got == _outcome(lambda data=data: _reference_episode(subject, data, 7)), obj
+        taken += fast.decode(data) is not None
+    assert taken > 20  # the edits that stay valid (another good value) do take the fast path
+
+
+def test_every_ledger_record_has_a_fast_path() -> None:
+    for model in (Event, Sample, TrainStep, MergeStats, ActionResult):
+        assert FastDecoder.for_model(model) is not None, model
 
 
 def test_samples_and_metrics_get_the_codecs_verdict() -> None:
