@@ -1,6 +1,7 @@
 """Pipeline benchmark: raw JetStream publish throughput vs end-to-end throughput into the ledger.
 
     python bench/pipeline.py [--out bench/results] [--publishers N] [--events N] [--in-flight K,K] [--rounds R]
+                             [--baseline GITREF]
 
 Starts its own nats-server with swarmrl's streams and measures, on the same server in the same run,
 alternating R rounds of, for each publish mode K:
@@ -12,7 +13,9 @@ alternating R rounds of, for each publish mode K:
     default settings, fsync on) consumes it; timed from the first publish until every row is in a
     Parquet file;
 and once, (c): the ledger alone draining a stream published beforehand (its capacity without
-publishers competing for the CPU).
+publishers competing for the CPU). `--baseline GITREF` runs (b) and (c) a second time with the ledger
+of that commit (exported with `git archive`, imported ahead of the installed package), alternating
+with today's on the same server and workload: the before/after comparison in one run.
 
 CPU seconds of the publishers, nats-server and the ledger are recorded per phase, so the result can
 be read on a machine shared with other work. Writes `<out>/pipeline.json` and `<out>/pipeline.md`.
@@ -24,6 +27,8 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,11 +46,16 @@ from swarmrl.services.common import bus
 from swarmrl.services.ledger.config import LedgerConfig
 
 Message = tuple[str, bytes, str]  # subject, payload, Nats-Msg-Id
+VOCAB = range(32_000)
+SYSTEM_PROMPT = random.Random(0).choices(VOCAB, k=170)
+"""System prompt and tool specs, the same in every episode (calculator's are about 170 tokens)."""
 
 
 def episode_messages(episode_id: str, turns: int = 2) -> list[Message]:
     """One episode as an agent and the gateway publish it: begin, per turn an llm call and an env
-    step, a reward and an end (7 events). Token counts are those of a short tool-using agent."""
+    step, a reward and an end (7 events). Token counts are those of a short tool-using agent; ids
+    and logprobs are random (seeded by the episode id) after a system prompt every episode shares,
+    as a real run's are: constant values would flatter the ledger's Parquet encoding."""
     client, gw = "agent-bench", "gateway-bench"
     events: list = [
         BeginEvent(
@@ -59,9 +69,10 @@ def episode_messages(episode_id: str, turns: int = 2) -> list[Message]:
             agents=["solver"],
         )
     ]
-    prompt = list(range(100, 400))  # a 300-token prompt that grows by each turn
+    rng = random.Random(episode_id)
+    prompt = SYSTEM_PROMPT + rng.choices(VOCAB, k=130)  # a 300-token prompt that grows by each turn
     for turn in range(turns):
-        output = list(range(1000 + turn * 60, 1060 + turn * 60))  # 60 generated tokens
+        output = rng.choices(VOCAB, k=60)  # 60 generated tokens
         events.append(
             LlmEvent(
                 episode_id=episode_id,
@@ -72,7 +83,7 @@ def episode_messages(episode_id: str, turns: int = 2) -> list[Message]:
                 model="policy",
                 prompt_ids=prompt,
                 output_ids=output,
-                output_logprobs=[-0.7] * len(output),
+                output_logprobs=[-rng.expovariate(2.0) for _ in output],
                 policy_version=3,
                 messages=[{"role": "user", "content": "What is 1234567 + 7654321? " * 4}],
                 output_text="The answer is 8888888. " * 6,
@@ -88,7 +99,7 @@ def episode_messages(episode_id: str, turns: int = 2) -> list[Message]:
                 data={"tool": "calculator", "result": 8888888},
             )
         )
-        prompt = prompt + output + list(range(2000, 2020))
+        prompt = prompt + output + rng.choices(VOCAB, k=20)  # the tool's answer
     events.append(RewardEvent(episode_id=episode_id, seq=turns + 1, client_id=client, value=1.0))
     events.append(EndEvent(episode_id=episode_id, seq=turns + 2, client_id=client, metrics={"turns": 2.0}))
     return [(S.episode_subject(ev.episode_id, ev.kind), encode(ev), ev.msg_id) for ev in events]
@@ -169,9 +180,15 @@ async def raw_phase(server: NatsServer, work: list[list[Message]], in_flight: in
 
 
 async def ledger_phase(
-    server: NatsServer, work: list[list[Message]], in_flight: int, tmp: Path, drain: bool = False
+    server: NatsServer,
+    work: list[list[Message]],
+    in_flight: int,
+    tmp: Path,
+    drain: bool = False,
+    code: Path | None = None,
 ) -> dict:
-    """(b): publish while the ledger runs. `drain`: publish first, then time the ledger alone."""
+    """(b): publish while the ledger runs. `drain`: publish first, then time the ledger alone.
+    `code`: run the ledger from this import tree (`baseline_tree`) instead of the installed package."""
     n, run_dir = sum(map(len, work)), tmp / "run"
     if drain:
         await publish_all(server.service_url, work, in_flight)
@@ -188,7 +205,10 @@ async def ledger_phase(
     ]
     with (tmp / "ledger.log").open("wb") as log:
         env = os.environ | {"SWARMRL_NATS": server.service_url}  # credentials never on the command line
-        proc = subprocess.Popen(cmd, stderr=log, env=env)  # noqa: ASYNC220 (started once, before the clock)
+        if code is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # `cwd`: `python -m` puts it first on sys.path, ahead of PYTHONPATH (this repo's root has `swarmrl/`)
+        proc = subprocess.Popen(cmd, stderr=log, env=env, cwd=code or None)  # noqa: ASYNC220 (started once, before the clock)
     try:
         nc = await bus.connect(server.service_url, "bench-probe")
         deadline = time.monotonic() + 60
@@ -221,7 +241,7 @@ async def ledger_phase(
         proc.wait(timeout=30)
         for line in (tmp / "ledger.log").read_text().splitlines():
             if "ledger stopped" in line:  # its row, dead-letter and pull-request counts
-                print(line.split("swarmrl.ledger: ", 1)[-1], file=sys.stderr)
+                print(("baseline " if code else "") + line.split("swarmrl.ledger: ", 1)[-1], file=sys.stderr)
     cpu = [(b - a) / n * 1e6 for a, b in zip(cpu0, cpu1, strict=True)]
     return {
         "seconds": t_durable - t0,
@@ -230,6 +250,23 @@ async def ledger_phase(
         "tail_after_last_ack_s": t_durable - t_acked,
         "cpu_us_per_event": {"publishers": cpu[0], "nats_server": cpu[1], "ledger": cpu[2]},
     }
+
+
+PACKAGE_DIRS = ("schemas", "services", "agents", "infra")
+"""Folders pyproject maps into `swarmrl.*` (its `package-dir`)."""
+
+
+def baseline_tree(ref: str, tmp: Path) -> Path:
+    """An import tree of commit `ref` (`swarmrl/` with the mapped folders linked in), for PYTHONPATH."""
+    repo = Path(__file__).resolve().parents[1]
+    src, tree = tmp / "baseline-src", tmp / "baseline"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    shutil.copytree(src / "swarmrl", tree / "swarmrl")
+    for name in PACKAGE_DIRS:
+        (tree / "swarmrl" / name).symlink_to(src / name, target_is_directory=True)
+    return tree
 
 
 async def fresh_episodes(js) -> None:
@@ -263,6 +300,7 @@ async def bench(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="swarmrl-bench-") as tmp_name:
         tmp = Path(tmp_name)
+        baseline = baseline_tree(args.baseline, tmp) if args.baseline else None
         server = NatsServer(store_dir=tmp / "nats").start()
         try:
             nc = await bus.connect(server.service_url, "bench-setup")
@@ -278,11 +316,20 @@ async def bench(args: argparse.Namespace) -> dict:
                     e2e = await ledger_phase(server, e2e_work, k, tmp / tag)
                     await fresh_episodes(js)
                     ratio = e2e["events_per_s"] / raw["events_per_s"]
-                    rounds[k].append({"raw_publish": raw, "end_to_end": e2e, "ratio": ratio})
+                    run = {"raw_publish": raw, "end_to_end": e2e, "ratio": ratio}
+                    line = f"end to end {e2e['events_per_s']:.0f}/s, ratio {ratio:.2f}"
+                    if baseline is not None:
+                        (tmp / f"{tag}-baseline").mkdir()
+                        base = await ledger_phase(server, e2e_work, k, tmp / f"{tag}-baseline", code=baseline)
+                        await fresh_episodes(js)
+                        run |= {
+                            "baseline_end_to_end": base,
+                            "baseline_ratio": base["events_per_s"] / raw["events_per_s"],
+                        }
+                        line += f"; baseline {base['events_per_s']:.0f}/s, ratio {run['baseline_ratio']:.2f}"
+                    rounds[k].append(run)
                     print(
-                        f"round {r}, {mode_name(k)}: raw {raw['events_per_s']:.0f}/s, "
-                        f"end to end {e2e['events_per_s']:.0f}/s, ratio {ratio:.2f}",
-                        file=sys.stderr,
+                        f"round {r}, {mode_name(k)}: raw {raw['events_per_s']:.0f}/s, {line}", file=sys.stderr
                     )
             # The ledger alone on a full stream: its own capacity, with no publisher beside it.
             (tmp / "drain").mkdir()
@@ -290,6 +337,19 @@ async def bench(args: argparse.Namespace) -> dict:
                 server, workload("drain-", args.events, args.publishers), 256, tmp / "drain", drain=True
             )
             print(f"ledger alone, draining a full stream: {drain['events_per_s']:.0f}/s", file=sys.stderr)
+            base_drain = None
+            if baseline is not None:
+                await fresh_episodes(js)
+                (tmp / "drain-baseline").mkdir()
+                base_drain = await ledger_phase(
+                    server,
+                    workload("drain-", args.events, args.publishers),
+                    256,
+                    tmp / "drain-baseline",
+                    drain=True,
+                    code=baseline,
+                )
+                print(f"baseline ledger alone: {base_drain['events_per_s']:.0f}/s", file=sys.stderr)
             await nc.close()
         finally:
             server.stop()
@@ -302,16 +362,22 @@ async def bench(args: argparse.Namespace) -> dict:
     for k, runs in rounds.items():
         raw_eps = statistics.median(run["raw_publish"]["events_per_s"] for run in runs)
         e2e_eps = statistics.median(run["end_to_end"]["events_per_s"] for run in runs)
-        configs.append(
-            {
-                "publish_mode": mode_name(k),
-                "in_flight": k,
-                "raw_events_per_s": round(raw_eps),
-                "end_to_end_events_per_s": round(e2e_eps),
-                "ratio_end_to_end_over_raw": round(e2e_eps / raw_eps, 3),
-                "per_round": runs,
+        config = {
+            "publish_mode": mode_name(k),
+            "in_flight": k,
+            "raw_events_per_s": round(raw_eps),
+            "end_to_end_events_per_s": round(e2e_eps),
+            "ratio_end_to_end_over_raw": round(e2e_eps / raw_eps, 3),
+            "ledger_cpu_us_per_event": _median_cpu(runs, "end_to_end"),
+        }
+        if baseline is not None:
+            base_eps = statistics.median(run["baseline_end_to_end"]["events_per_s"] for run in runs)
+            config |= {
+                "baseline_end_to_end_events_per_s": round(base_eps),
+                "baseline_ratio_end_to_end_over_raw": round(base_eps / raw_eps, 3),
+                "baseline_ledger_cpu_us_per_event": _median_cpu(runs, "baseline_end_to_end"),
             }
-        )
+        configs.append(config | {"per_round": runs})
     return {
         "publishers": args.publishers,
         "events_per_phase": len(sizes),
@@ -323,10 +389,13 @@ async def bench(args: argparse.Namespace) -> dict:
             "by_kind": {k: round(statistics.mean(v)) for k, v in sorted(by_kind.items())},
         },
         "configs": configs,
-        "ledger_alone_drain": {
-            "events_per_s": round(drain["events_per_s"]),
-            "seconds": round(drain["seconds"], 3),
-            "cpu_us_per_event": round(drain["cpu_us_per_event"]["ledger"], 1),
+        "ledger_alone_drain": _drain_summary(drain),
+        "baseline": None
+        if base_drain is None
+        else {
+            "ref": args.baseline,
+            "commit": _commit(args.baseline),
+            "ledger_alone_drain": _drain_summary(base_drain),
         },
         "ledger_settings": ledger_settings(),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
@@ -334,43 +403,102 @@ async def bench(args: argparse.Namespace) -> dict:
     }
 
 
+def _median_cpu(runs: list[dict], phase: str) -> float:
+    return round(statistics.median(run[phase]["cpu_us_per_event"]["ledger"] for run in runs), 1)
+
+
+def _drain_summary(drain: dict) -> dict:
+    return {
+        "events_per_s": round(drain["events_per_s"]),
+        "seconds": round(drain["seconds"], 3),
+        "cpu_us_per_event": round(drain["cpu_us_per_event"]["ledger"], 1),
+    }
+
+
+def _commit(ref: str) -> str:
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", ref], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def write_report(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
-    m, b = result["machine"], result["event_bytes"]
+    m, b, base = result["machine"], result["event_bytes"], result.get("baseline")
+    drain = result["ledger_alone_drain"]
+    if base:
+        head = f" (b) with the ledger of `{base['ref']}` ({base['commit']}), events/s | its b / a | "
+        sep = " ---: | ---: |"
+        summary_extra = [
+            f" {c['baseline_end_to_end_events_per_s']} | {c['baseline_ratio_end_to_end_over_raw']:.2f} |"
+            for c in result["configs"]
+        ]
+        drain_extra = f" {base['ledger_alone_drain']['events_per_s']} | |"
+    else:
+        head, sep, summary_extra, drain_extra = "", "", [""] * len(result["configs"]), ""
     summary = "\n".join(
         f"| {c['publish_mode']} | {c['raw_events_per_s']} | {c['end_to_end_events_per_s']} "
-        f"| **{c['ratio_end_to_end_over_raw']:.2f}** |"
-        for c in result["configs"]
+        f"| **{c['ratio_end_to_end_over_raw']:.2f}** |{extra}"
+        for c, extra in zip(result["configs"], summary_extra, strict=True)
     )
-    detail = "\n".join(
-        f"| {c['publish_mode']} | {i} | {run['raw_publish']['events_per_s']:.0f} | {run['end_to_end']['events_per_s']:.0f} "
-        f"| {run['ratio']:.2f} | {run['raw_publish']['cpu_us_per_event']['publishers']:.0f} "
-        f"| {run['end_to_end']['cpu_us_per_event']['nats_server']:.0f} | {run['end_to_end']['cpu_us_per_event']['ledger']:.0f} "
-        f"| {run['end_to_end']['tail_after_last_ack_s']:.2f} |"
-        for c in result["configs"]
-        for i, run in enumerate(c["per_round"])
+
+    def row(c: dict, i: int, run: dict) -> str:
+        raw, e2e = run["raw_publish"], run["end_to_end"]
+        cells = [
+            c["publish_mode"], str(i), f"{raw['events_per_s']:.0f}", f"{e2e['events_per_s']:.0f}", f"{run['ratio']:.2f}",
+            f"{raw['cpu_us_per_event']['publishers']:.0f}", f"{e2e['cpu_us_per_event']['nats_server']:.0f}",
+            f"{e2e['cpu_us_per_event']['ledger']:.0f}", f"{e2e['tail_after_last_ack_s']:.2f}",
+        ]  # fmt: skip
+        if base:
+            old = run["baseline_end_to_end"]
+            cells += [
+                f"{old['events_per_s']:.0f}",
+                f"{run['baseline_ratio']:.2f}",
+                f"{old['cpu_us_per_event']['ledger']:.0f}",
+            ]
+        return "| " + " | ".join(cells) + " |"
+
+    detail = "\n".join(row(c, i, run) for c in result["configs"] for i, run in enumerate(c["per_round"]))
+    detail_head = (
+        "| mode | round | (a) events/s | (b) events/s | b / a | CPU µs/event: publishers (a) | nats-server (b) "
+        "| ledger (b) | (b) ledger done after last ack, s |"
+        + (" baseline (b) events/s | its b / a | its ledger CPU µs/event |" if base else "")
+    )
+    cpu_line = (
+        f"in (c) the ledger used {drain['cpu_us_per_event']} µs of CPU per event"
+        + (
+            f", the ledger of `{base['ref']}` {base['ledger_alone_drain']['cpu_us_per_event']} µs"
+            if base
+            else ""
+        )
+        + "; in (b), medians over the rounds: "
+        + "; ".join(
+            f"{c['publish_mode']}: {c['ledger_cpu_us_per_event']} µs"
+            + (f" (`{base['ref']}`: {c['baseline_ledger_cpu_us_per_event']} µs)" if base else "")
+            for c in result["configs"]
+        )
     )
     md = f"""# Pipeline benchmark: JetStream publish vs. the ledger, end to end
 
-| publishers publish with | (a) raw JetStream publish, events/s | (b) publish → ledger → durable Parquet, events/s | b / a |
-| --- | ---: | ---: | ---: |
+| publishers publish with | (a) raw JetStream publish, events/s | (b) publish → ledger → durable Parquet, events/s | b / a |{head}
+| --- | ---: | ---: | ---: |{sep}
 {summary}
-| (c) the ledger alone, draining a full stream | | {result["ledger_alone_drain"]["events_per_s"]} | |
+| (c) the ledger alone, draining a full stream | | {drain["events_per_s"]} | |{drain_extra}
 
 {result["publishers"]} concurrent publishers (one connection each), {result["events_per_phase"]} events per phase, medians
 of {result["rounds"]} alternating rounds; 7-event episodes (begin, 2 × llm, 2 × env, reward, end), mean {b["mean"]}
-bytes, llm events {b["by_kind"]["llm"]} bytes. "Await each ack" is how the SDK and the gateway publish;
-the async mode shows how the ledger fares against pipelined publishers. (a) and (b) run on the same
-nats-server; in (b) the ledger is its own process with its {result["ledger_settings"]}, and the clock stops
-when the last row is in a renamed, fsynced Parquet file. Machine: {m["cpu"]}, {m["cores"]} cores,
-{m["ram_gib"]} GiB RAM, {m["os"]}, Python {m["python"]}, {m["nats_server"]}, {m["date"]}. The machine was shared
-(load average {result["load_average_before_after"][0]} before, {result["load_average_before_after"][1]} after), so the CPU
-columns below are the steadier measure: in (c) the ledger used {result["ledger_alone_drain"]["cpu_us_per_event"]} µs of CPU
-per event. Reproduce: `python bench/pipeline.py`.
+bytes, llm events {b["by_kind"]["llm"]} bytes, token ids and logprobs random after a shared system prompt.
+"Await each ack" is how the SDK and the gateway publish; the async mode shows how the ledger fares
+against pipelined publishers. (a) and (b) run on the same nats-server; in (b) the ledger is its own
+process with its {result["ledger_settings"]}, and the clock stops when the last row is in a renamed,
+fsynced Parquet file. Machine: {m["cpu"]}, {m["cores"]} cores, {m["ram_gib"]} GiB RAM, {m["os"]}, Python
+{m["python"]}, {m["nats_server"]}, {m["date"]}. The machine was shared (load average
+{result["load_average_before_after"][0]} before, {result["load_average_before_after"][1]} after), so the CPU columns are the
+steadier measure: {cpu_line}. Reproduce: `python bench/pipeline.py{" --baseline " + base["ref"] if base else ""}`.
 
-| mode | round | (a) events/s | (b) events/s | b / a | CPU µs/event: publishers (a) | nats-server (b) | ledger (b) | (b) ledger done after last ack, s |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+{detail_head}
+|{" --- |" * 2}{" ---: |" * (10 if base else 7)}
 {detail}
 """
     (out / "pipeline.md").write_text(md)
@@ -382,7 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--publishers", type=int, default=8, help="concurrent publishers (default 8)")
-    parser.add_argument("--events", type=int, default=12_000, help="events per phase (default 12000)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=60_000,
+        help="events per phase (default 60000: about 2 s of raw publishing, so a phase measures a "
+        "rate rather than the ledger's fixed last flush)",
+    )
     parser.add_argument(
         "--in-flight",
         type=lambda v: [int(x) for x in v.split(",")],
@@ -390,7 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         help="publish modes to measure: unacked publishes per publisher, 1 = await each ack "
         "(default 1,256; the first is the headline)",
     )
-    parser.add_argument("--rounds", type=int, default=2, help="alternating (a)/(b) rounds; medians reported")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating (a)/(b) rounds; medians reported")
+    parser.add_argument(
+        "--baseline",
+        metavar="GITREF",
+        help="also run (b) and (c) with the ledger of this commit, side by side (e.g. 3cba855^: before issue 11)",
+    )
     args = parser.parse_args(argv)
     result = asyncio.run(bench(args))
     write_report(result, args.out)

@@ -103,7 +103,7 @@ class Ledger:
                 js,
                 stream,
                 durable,
-                S.STREAM_SUBJECTS[stream][0],
+                ">",  # the whole stream, unfiltered: a filter costs the server a match per message
                 ack_wait_s=self.cfg.ack_wait_s,
                 max_ack_pending=max(50_000, 2 * (self.cfg.flush_rows + self.cfg.fetch_batch)),
                 start_seq=sink.durable_seq + 1,

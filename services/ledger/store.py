@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from swarmrl.services.ledger.tables import TABLES
+from swarmrl.services.ledger.tables import FLOATS, TABLES
 
 log = logging.getLogger("swarmrl.ledger.store")
 
@@ -29,6 +29,10 @@ EMPTY_FILE = "part-empty.parquet"
 """Zero-row file with the current schema, so a table's view exists and is live before its first rows."""
 _PART_RE = re.compile(r"^part-(\d+-\d+)-n(\d+)\.parquet$")
 _TMP_SUFFIX = ".tmp"
+_DICTIONARY = {table: [f.name for f in schema if f.type != FLOATS] for table, schema in TABLES.items()}
+"""Columns written dictionary-encoded: all but the lists of floats. Logprobs hardly ever repeat, so
+their dictionary is built only to be dropped: half the CPU of writing an llm call's row, for files
+7% smaller (1,500 llm calls with random tokens and logprobs after a shared system prompt)."""
 
 
 def ledger_dir(run_dir: Path | str) -> Path:
@@ -104,16 +108,16 @@ class PartWriter:
         paths = []
         for name, table in tables.items():
             path = self.root / name / f"part-{gid}-n{len(tables)}.parquet"
-            self._write_file(path, table)
+            self._write_file(path, table, _DICTIONARY[name])
             paths.append(path)
         if self.fsync:  # make the renames durable before the caller acks the messages
             for path in paths:
                 _fsync_dir(path.parent)
         return paths
 
-    def _write_file(self, path: Path, table: pa.Table) -> None:
+    def _write_file(self, path: Path, table: pa.Table, dictionary: list[str] | bool = True) -> None:
         tmp = path.with_name(path.name + _TMP_SUFFIX)
-        pq.write_table(table, tmp, compression=self.compression)
+        pq.write_table(table, tmp, compression=self.compression, use_dictionary=dictionary)
         if self.fsync:
             fd = os.open(tmp, os.O_RDONLY)
             try:
