@@ -94,7 +94,7 @@ def _loss_and_grads(learner: Learner, mbs: list, version: int) -> tuple[float, l
     total.backward()
     grads = [p.grad.detach().clone() for p in learner.model.parameters()]
     learner.optimizer.zero_grad(set_to_none=True)
-    return float(total), grads
+    return float(total.detach()), grads
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
