@@ -43,6 +43,11 @@ from swarmrl.schemas.events import SUPPORTED_VERSIONS
 
 _CONSTRAINTS = ("ge", "gt", "le", "lt", "min_length", "max_length", "pattern")
 """pydantic constraints with the same meaning in `msgspec.Meta`."""
+_CONFIG = frozenset(
+    {"extra", "frozen", "allow_inf_nan", "populate_by_name", "validate_by_alias", "validate_by_name", "title"}
+)
+"""Model settings this module mirrors or that do not change what validation accepts; any other
+(`str_strip_whitespace`, `coerce_numbers_to_str`, ...) might, so such a model gets no fast path."""
 
 Check = Callable[[Any], bool]
 
@@ -161,6 +166,8 @@ def _struct(
             raise Unsupported(f"{model.__name__}: a {dec.info.mode} model validator")
         after.append(dec.func)
     config = model.model_config
+    if not _CONFIG.issuperset(config):
+        raise Unsupported(f"{model.__name__}: model settings {sorted(set(config) - _CONFIG)}")
     finite = not config.get("allow_inf_nan", True)
     tag = _tag(model, tag_field)
     fields: list[Any] = []
@@ -236,7 +243,8 @@ class FastDecoder:
                 return None
         for validator in self.after[kind]:
             try:
-                validator(record)
+                if validator(record) is not record:  # it would have changed the record: codec's
+                    return None
             except (ValueError, AssertionError):
                 return None
         return record

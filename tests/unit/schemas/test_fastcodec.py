@@ -101,6 +101,11 @@ def test_models_it_cannot_mirror_get_no_fast_path() -> None:
     class Tupled(Record):
         pair: tuple[int, int] = (0, 0)
 
+    class Stripped(Record):
+        name: str = ""
+        model_config = {**Record.model_config, "str_strip_whitespace": True}
+
     assert FastDecoder.for_model(Checked) is None
     assert FastDecoder.for_model(Tupled) is None
+    assert FastDecoder.for_model(Stripped) is None
     assert FastDecoder.for_model(Aliased) is not None  # plain config changes are fine
