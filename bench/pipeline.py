@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -46,6 +47,7 @@ from swarmrl.services.common import bus
 from swarmrl.services.ledger.config import LedgerConfig
 
 Message = tuple[str, bytes, str]  # subject, payload, Nats-Msg-Id
+REPO = Path(__file__).resolve().parents[1]
 VOCAB = range(32_000)
 SYSTEM_PROMPT = random.Random(0).choices(VOCAB, k=170)
 """System prompt and tool specs, the same in every episode (calculator's are about 170 tokens)."""
@@ -252,20 +254,18 @@ async def ledger_phase(
     }
 
 
-PACKAGE_DIRS = ("schemas", "services", "agents", "infra")
-"""Folders pyproject maps into `swarmrl.*` (its `package-dir`)."""
-
-
 def baseline_tree(ref: str, tmp: Path) -> Path:
-    """An import tree of commit `ref` (`swarmrl/` with the mapped folders linked in), for PYTHONPATH."""
-    repo = Path(__file__).resolve().parents[1]
+    """An import tree of commit `ref` for PYTHONPATH: its `swarmrl/`, with the folders its pyproject
+    maps into `swarmrl.*` (`package-dir`) linked in."""
     src, tree = tmp / "baseline-src", tmp / "baseline"
     src.mkdir()
-    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    shutil.copytree(src / "swarmrl", tree / "swarmrl")
-    for name in PACKAGE_DIRS:
-        (tree / "swarmrl" / name).symlink_to(src / name, target_is_directory=True)
+    package_dir = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    shutil.copytree(src / package_dir["swarmrl"], tree / "swarmrl")
+    for package, folder in package_dir.items():
+        if package != "swarmrl":
+            (tree / Path(*package.split("."))).symlink_to(src / folder, target_is_directory=True)
     return tree
 
 
@@ -416,9 +416,8 @@ def _drain_summary(drain: dict) -> dict:
 
 
 def _commit(ref: str) -> str:
-    repo = Path(__file__).resolve().parents[1]
     return subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", ref], check=True, capture_output=True, text=True
+        ["git", "-C", str(REPO), "rev-parse", "--short", ref], check=True, capture_output=True, text=True
     ).stdout.strip()
 
 

@@ -1,6 +1,6 @@
 """A fast path for decoding records, derived from the pydantic models (for the ledger's hot loop).
 
-msgspec decodes msgpack and checks types and constraints in one C pass: about a third of the CPU of
+msgspec decodes msgpack and checks types and constraints in one C pass: about half the CPU of
 msgpack + pydantic, which the ledger spends on every event it records. Its types are generated here
 from the pydantic records (`swarmrl.schemas.events`), never written by hand, so the contract keeps
 one definition.

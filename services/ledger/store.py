@@ -32,7 +32,7 @@ _TMP_SUFFIX = ".tmp"
 _DICTIONARY = {table: [f.name for f in schema if f.type != FLOATS] for table, schema in TABLES.items()}
 """Columns written dictionary-encoded: all but the lists of floats. Logprobs hardly ever repeat, so
 their dictionary is built only to be dropped: half the CPU of writing an llm call's row, for files
-7% smaller (1,500 llm calls with random tokens and logprobs after a shared system prompt)."""
+7% larger (1,500 llm calls with random tokens and logprobs after a shared system prompt)."""
 
 
 def ledger_dir(run_dir: Path | str) -> Path:
