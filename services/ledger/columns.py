@@ -9,6 +9,7 @@ wraps without copying or looking at each value. Converting Python lists value by
 from __future__ import annotations
 
 from array import array
+from itertools import accumulate
 
 import pyarrow as pa
 
@@ -25,17 +26,17 @@ class TableBuffer:
         # Scalars stay in the row dicts: Arrow's converter reads them faster than a Python loop.
         self._struct = pa.struct([f for f in self.schema if f.name not in numeric])
         self._rows: list[Row] = []
-        self._values = {name: array(code) for name, code in numeric.items()}
-        self._offsets = {name: array("q", [0]) for name in numeric}
+        # Each row's array, joined once at the flush: appending to one growing array instead copied
+        # it again at every reallocation (a sixteenth over-allocated each time).
+        self._chunks: dict[str, list[array]] = {name: [] for name in numeric}
 
     @property
     def rows(self) -> int:
         return len(self._rows)
 
     def append(self, row: Row) -> None:
-        for name, values in self._values.items():
-            values.extend(row[name])
-            self._offsets[name].append(len(values))
+        for name, chunks in self._chunks.items():
+            chunks.append(row[name])
         self._rows.append(row)
 
     def to_arrow(self) -> pa.Table:
@@ -44,14 +45,19 @@ class TableBuffer:
         scalars = pa.Table.from_struct_array(pa.array(self._rows, type=self._struct))
         columns: list[pa.Array | pa.ChunkedArray] = []
         for f in self.schema:
-            if f.name in self._values:
-                values, offsets = self._values[f.name], self._offsets[f.name]
-                flat = pa.Array.from_buffers(f.type.value_type, len(values), [None, pa.py_buffer(values)])
-                starts = pa.Array.from_buffers(pa.int64(), len(offsets), [None, pa.py_buffer(offsets)])
-                # list<> has 32-bit offsets; the handlers flush long before 2**31 values pile up.
-                columns.append(pa.ListArray.from_arrays(starts.cast(pa.int32()), flat))
-            else:
+            chunks = self._chunks.get(f.name)
+            if chunks is None:
                 columns.append(scalars.column(f.name))
+                continue
+            value_type = f.type.value_type  # int64 or float64: the layout of arrays "q" and "d"
+            values = pa.py_buffer(b"".join(chunks))
+            flat = pa.Array.from_buffers(
+                value_type, len(values) // (value_type.bit_width // 8), [None, values]
+            )
+            # list<> has 32-bit offsets; the handlers flush long before 2**31 values pile up.
+            ends = array("i", [0, *accumulate(map(len, chunks))])
+            offsets = pa.Array.from_buffers(pa.int32(), len(ends), [None, pa.py_buffer(ends)])
+            columns.append(pa.ListArray.from_arrays(offsets, flat))
         return pa.Table.from_arrays(columns, schema=self.schema)
 
 

@@ -37,10 +37,11 @@ from swarmrl.services.ledger.tables import Row, event_row, metric_row, sample_ro
 
 R = TypeVar("R")
 _FAST: dict[Any, FastDecoder | None] = {
-    model: FastDecoder.for_model(model)
+    model: FastDecoder.for_model(model, packed=True)
     for model in (Event, Sample, TrainStep, EvalResult, SampleDrops, MergeStats, ActionResult)
 }
-"""Each record's fast decoder; None where `fastcodec` does not translate the model (codec only)."""
+"""Each record's fast decoder; None where `fastcodec` does not translate the model (codec only).
+Packed: token ids and logprobs come as arrays, which `tables.check_ints` keeps as they are."""
 
 
 def _decode(data: bytes, max_bytes: int, model: Any, slow: Callable[[], R]) -> R:

@@ -53,13 +53,15 @@ def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once() -> None:
     assert not sink.due(cfg, idle=True)  # a trickle: one row waits for the age bound
     add()
     assert sink.due(cfg, idle=True) and not sink.due(cfg)
+    sink.take()  # 2 rows: as many as an idle write needs, so the stream is busy
+    add()
+    assert sink.due(cfg, idle=True) and not sink.due(cfg)  # the tail of a busy stream goes at once
     sink.take()
-    for _ in range(3):
+    add()
+    assert not sink.due(cfg, idle=True)  # that write was a tail (1 row): a trickle again
+    for _ in range(2):
         add()
-    assert sink.due(cfg)  # a full write: the stream is in a burst
+    assert sink.due(cfg)  # a full write
     sink.take()
     add()
-    assert sink.due(cfg, idle=True) and not sink.due(cfg)  # the burst's tail goes at once
-    sink.take()
-    add()
-    assert not sink.due(cfg, idle=True)  # that write was not a full one: a trickle again
+    assert sink.due(cfg, idle=True)  # the burst's tail goes at once
