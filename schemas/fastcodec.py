@@ -243,13 +243,12 @@ class FastDecoder:
     def __init__(
         self, models: list[type[BaseModel]], tag_field: str | None = None, packed: bool = False
     ) -> None:
-        self.packs: dict[type, list[Pack]] = {}
-        self.checks: dict[type, list[tuple[str, Check]]] = {}
-        self.after: dict[type, list[Callable[[Any], Any]]] = {}
+        self._post: dict[type, tuple[list[Pack], list[tuple[str, Check]], list[Callable[[Any], Any]]]] = {}
+        """Per Struct: its packed fields, its checks, its after-validators (what `decode` does next)."""
         structs = []
         for model in models:
             struct, packs, checks, after = _struct(model, tag_field, packed)
-            self.packs[struct], self.checks[struct], self.after[struct] = packs, checks, after
+            self._post[struct] = packs, checks, after
             structs.append(struct)
         target = structs[0] if len(structs) == 1 else Union[tuple(structs)]  # noqa: UP007 (built at run time)
         self._decoder = msgspec.msgpack.Decoder(target)
@@ -273,16 +272,16 @@ class FastDecoder:
             return None
         if record.v not in SUPPORTED_VERSIONS:
             return None
-        kind = type(record)
-        for name, read, typecode in self.packs[kind]:
+        packs, checks, after = self._post[type(record)]
+        for name, read, typecode in packs:
             values = read(getattr(record, name))
             if values is None:
                 return None
             setattr(record, name, array(typecode, values))
-        for name, check in self.checks[kind]:
+        for name, check in checks:
             if not check(getattr(record, name)):
                 return None
-        for validator in self.after[kind]:
+        for validator in after:
             try:
                 if validator(record) is not record:  # it would have changed the record: codec's
                     return None

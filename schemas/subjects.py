@@ -59,6 +59,7 @@ EPISODE_KINDS = ("begin", "llm", "env", "reward", "end", "abort", "heartbeat")
 # Kinds an agent credential may publish; `llm` is written by the gateway only.
 AGENT_EPISODE_KINDS = ("begin", "env", "reward", "end", "abort", "heartbeat")
 
+_EPISODE_PREFIX_PARTS = EPISODE_PREFIX.split(".")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _OWNER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 INBOX_PREFIX = "_INBOX"
@@ -115,7 +116,7 @@ def parse_episode_subject(subject: str) -> tuple[str, str]:
     """Split `swarm.ep.<owner>.<id>.<kind>` into (episode_id, kind); ValueError if it is not one,
     NotOwnerError if `<owner>` does not own `<id>`."""
     parts = subject.split(".")
-    if len(parts) != 5 or f"{parts[0]}.{parts[1]}" != EPISODE_PREFIX or parts[4] not in EPISODE_KINDS:
+    if len(parts) != 5 or parts[:2] != _EPISODE_PREFIX_PARTS or parts[4] not in EPISODE_KINDS:
         raise ValueError(f"not an episode subject: {subject!r}")
     owner, episode_id, kind = parts[2:]
     if episode_owner(episode_id) != owner:

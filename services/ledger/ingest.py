@@ -13,8 +13,7 @@ message gets exactly the codec's reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
@@ -35,23 +34,18 @@ from swarmrl.schemas.fastcodec import FastDecoder
 from swarmrl.services.common.lifecycle import EpisodeTracker, episode_of
 from swarmrl.services.ledger.tables import Row, event_row, metric_row, sample_row
 
-R = TypeVar("R")
 _FAST: dict[Any, FastDecoder | None] = {
     model: FastDecoder.for_model(model, packed=True)
     for model in (Event, Sample, TrainStep, EvalResult, SampleDrops, MergeStats, ActionResult)
 }
 """Each record's fast decoder; None where `fastcodec` does not translate the model (codec only).
 Packed: token ids and logprobs come as arrays, which `tables.check_ints` keeps as they are."""
+_FAST_EVENT = _FAST[Event]  # looked up once: hashing the `Event` union costs more than a dict hit
 
 
-def _decode(data: bytes, max_bytes: int, model: Any, slow: Callable[[], R]) -> R:
-    """The fast path's record when it accepts `data`, else `slow()` (the codec's record or reason)."""
-    fast = _FAST[model]
-    if fast is not None and len(data) <= max_bytes:
-        record = fast.decode(data)
-        if record is not None:
-            return record  # type: ignore[no-any-return]  # a Struct with the model's attributes
-    return slow()
+def _fast(fast: FastDecoder | None, data: bytes, max_bytes: int) -> Any | None:
+    """The fast path's record when it accepts `data`; None: for the codec to decode and judge."""
+    return fast.decode(data) if fast is not None and len(data) <= max_bytes else None
 
 
 class Rejected(ValueError):
@@ -95,7 +89,7 @@ class Ingest:
     def episode(self, subject: str, data: bytes, stream: str, seq: int, received: float) -> tuple[str, Row]:
         """An episode event -> a row of `events` or `llm_calls`; updates the ordering state."""
         episode_id, kind = episode_of(subject)  # the subject's own faults first, before the payload's
-        ev = _decode(data, self.max_event_bytes, Event, lambda: decode_event(data, self.max_event_bytes))
+        ev = _fast(_FAST_EVENT, data, self.max_event_bytes) or decode_event(data, self.max_event_bytes)
         if ev.episode_id != episode_id or ev.kind != kind:  # lifecycle.check_subject, with the parse reused
             raise WireError(
                 "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject}"
@@ -110,7 +104,7 @@ class Ingest:
         return table, row
 
     def sample(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
-        record = _decode(data, _MAX_RECORD_BYTES, Sample, lambda: decode(data, Sample))
+        record = _fast(_FAST[Sample], data, _MAX_RECORD_BYTES) or decode(data, Sample)
         try:
             expected = S.samples_subject(record.model)
         except ValueError as exc:
@@ -121,7 +115,7 @@ class Ingest:
 
     def metric(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
         cls = _metric_type(subject)
-        record = _decode(data, _MAX_RECORD_BYTES, cls, lambda: decode(data, cls))
+        record = _fast(_FAST[cls], data, _MAX_RECORD_BYTES) or decode(data, cls)
         model = getattr(record, "model", None)
         if model is not None and _last_token(subject) != model:
             raise WireError("subject", f"{cls.__name__} of model {model} on subject {subject!r}")
