@@ -1,18 +1,23 @@
-/* msgpack arrays of numbers -> packed machine values, for swarmrl.schemas.fastcodec.
+/* Token ids and logprobs read straight from msgpack into machine values, for swarmrl.schemas.fastcodec.
  *
- * Token ids and logprobs are most of what the ledger decodes. Decoding them into Python ints and
- * floats and packing those into arrays again costs ~35 ns a number; reading them straight from the
- * msgpack bytes costs ~2. Two functions, each taking one msgpack array (a buffer: `msgspec.Raw`):
+ * They are most of what the ledger decodes. Decoding them into Python ints and floats, and packing
+ * those into arrays again, costs ~35 ns a number; reading them here costs ~3.
  *
- *   ints(raw)   -> bytes of int64 values (native order), or None
- *   floats(raw) -> bytes of finite float64 values (native order), or None
+ *   split(payload, fields) -> (reduced payload, packed values), or None
+ *
+ * `payload` is a msgpack map; `fields` a tuple of (name: bytes, is_float: bool). Each named field's
+ * value, an array of numbers, is read into int64 or float64 bytes (native order). The result is the
+ * payload with those values replaced by nil, so that msgspec decodes the rest without walking the
+ * numbers again, and a tuple of the packed values (None where a field is absent). A payload with
+ * none of the fields comes back as it is.
  *
  * None means "not surely what the model accepts": an element of another type, an int beyond int64,
- * a float that is not finite, bytes after the array. The caller then takes the general path (msgspec
- * lists, then the codec), which decides and names the fault. So this file only ever says yes to
- * arrays that the general path accepts with the same values: ints(raw) to msgpack ints in
- * [-2**63, 2**63), floats(raw) to msgpack floats (float 32 widened exactly) and to ints of at most
- * 2**53 in magnitude (exact in a float64, as pydantic's float() of them is).
+ * a float that is not finite, a field given twice, bytes after the map, broken msgpack. The caller
+ * then takes the general path (msgspec lists, then the codec), which decides and names the fault.
+ * So this file only ever says yes to arrays that the general path accepts with the same values:
+ * int fields to msgspec ints in [-2**63, 2**63); float fields to msgpack floats (float 32 widened
+ * exactly) and to ints of at most 2**53 in magnitude (exact in a float64, as pydantic's float() of
+ * them is). Everything else in the payload is copied as it is, for msgspec to judge.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -64,25 +69,24 @@ static int read_int(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, int64
     return 1;
 }
 
-static PyObject *decode(PyObject *arg, int floats) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *p = view.buf;
-    Py_ssize_t n = view.len, pos = 0;
-    Py_ssize_t count = header(p, n, &pos);
-    PyObject *out = NULL;
+/* The array at p[*pos] as packed bytes (a new reference), Py_None (borrowed: not plainly numbers),
+ * or NULL (out of memory). *pos moves past the array. */
+static PyObject *read_numbers(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, int floats) {
+    Py_ssize_t at = *pos, start;
+    Py_ssize_t count = header(p + at, n - at, &start);
+    at += start;
     /* Every element takes at least a byte: a count beyond the bytes left is a lie, not an allocation. */
-    if (count < 0 || count > n - pos) goto none;
-    out = PyBytes_FromStringAndSize(NULL, count * 8);
-    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    if (count < 0 || count > n - at) return Py_None;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (out == NULL) return NULL;
     char *dst = PyBytes_AS_STRING(out);
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (pos >= n) goto none;
-        unsigned char m = p[pos];
+        if (at >= n) goto none;
+        unsigned char m = p[at];
         if (floats && (m == 0xcb || m == 0xca)) {
             int width = m == 0xcb ? 8 : 4;
-            if (n - pos - 1 < width) goto none;
-            uint64_t u = be(p + pos + 1, width);
+            if (n - at - 1 < width) goto none;
+            uint64_t u = be(p + at + 1, width);
             double d;
             if (width == 8) {
                 memcpy(&d, &u, 8);
@@ -94,11 +98,22 @@ static PyObject *decode(PyObject *arg, int floats) {
             }
             if (!isfinite(d)) goto none;
             memcpy(dst + 8 * k, &d, 8);
-            pos += 1 + width;
+            at += 1 + width;
             continue;
         }
         int64_t v;
-        if (!read_int(p, n, &pos, &v)) goto none;
+        if (m <= 0x7f) { /* the common token ids first: fixint, uint 8, uint 16 */
+            v = m;
+            at += 1;
+        } else if (m == 0xcd && n - at >= 3) {
+            v = (int64_t)p[at + 1] << 8 | p[at + 2];
+            at += 3;
+        } else if (m == 0xcc && n - at >= 2) {
+            v = p[at + 1];
+            at += 2;
+        } else if (!read_int(p, n, &at, &v)) {
+            goto none;
+        }
         if (floats) {
             if (v > (INT64_C(1) << 53) || v < -(INT64_C(1) << 53)) goto none;
             double d = (double)v;
@@ -107,21 +122,143 @@ static PyObject *decode(PyObject *arg, int floats) {
             memcpy(dst + 8 * k, &v, 8);
         }
     }
-    if (pos != n) goto none;
-    PyBuffer_Release(&view);
+    *pos = at;
     return out;
 none:
-    Py_XDECREF(out);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
+    Py_DECREF(out);
+    return Py_None;
 }
 
-static PyObject *ints(PyObject *self, PyObject *arg) { return decode(arg, 0); }
-static PyObject *floats(PyObject *self, PyObject *arg) { return decode(arg, 1); }
+/* Moves *pos past the value at p[*pos]; 0 if it is broken, cut short or nested deeper than 64. */
+static int skip(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, int depth) {
+    Py_ssize_t at = *pos;
+    if (at >= n || depth > 64) return 0;
+    unsigned char m = p[at++];
+    uint64_t len = 0, items = 0; /* bytes of payload after the header; or elements (maps: 2 a pair) */
+    if (m <= 0x7f || m >= 0xe0 || m == 0xc0 || m == 0xc2 || m == 0xc3) len = 0;
+    else if (m <= 0x8f) items = 2 * (uint64_t)(m & 0x0f);
+    else if (m <= 0x9f) items = m & 0x0f;
+    else if (m <= 0xbf) len = m & 0x1f;
+    else {
+        static const signed char width[] = { /* 0xc4..0xdf: bytes of the length field, -1 fixed size */
+            1, 2, 4, 1, 2, 4, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 2, 4, 2, 4, 2, 4,
+        };
+        static const unsigned char fixed[] = { /* 0xca..0xd8: payload bytes (fixext: type byte included) */
+            4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 3, 5, 9, 17,
+        };
+        if (m == 0xc1) return 0;
+        int w = width[m - 0xc4];
+        if (w < 0) {
+            len = fixed[m - 0xca];
+        } else {
+            if (n - at < w) return 0;
+            uint64_t size = be(p + at, w);
+            at += w;
+            if (m >= 0xdc && m <= 0xdd) items = size;
+            else if (m >= 0xde) items = 2 * size;
+            else len = size + (m >= 0xc7 && m <= 0xc9); /* ext: its type byte */
+        }
+    }
+    if (len > (uint64_t)(n - at)) return 0;
+    at += (Py_ssize_t)len;
+    if (items > (uint64_t)(n - at)) return 0; /* at least a byte each */
+    for (uint64_t k = 0; k < items; k++)
+        if (!skip(p, n, &at, depth + 1)) return 0;
+    *pos = at;
+    return 1;
+}
+
+static PyObject *split(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data, *fields;
+    if (!PyArg_ParseTuple(args, "OO!", &data, &PyTuple_Type, &fields)) return NULL;
+    Py_ssize_t nf = PyTuple_GET_SIZE(fields);
+    const char *names[8];
+    Py_ssize_t lens[8];
+    int floats[8];
+    if (nf > 8) return PyErr_Format(PyExc_ValueError, "split reads at most 8 fields, not %zd", nf);
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(f, 0)))
+            return PyErr_Format(PyExc_TypeError, "split: fields are (name: bytes, is_float: bool) pairs");
+        names[i] = PyBytes_AS_STRING(PyTuple_GET_ITEM(f, 0));
+        lens[i] = PyBytes_GET_SIZE(PyTuple_GET_ITEM(f, 0));
+        floats[i] = PyObject_IsTrue(PyTuple_GET_ITEM(f, 1));
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t n = view.len, pos = 0, w = 0;
+    PyObject *values = PyTuple_New(nf), *out = NULL, *result = NULL;
+    if (values == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(values, i, Py_None);
+    }
+    Py_ssize_t count;
+    if (n >= 1 && (p[0] & 0xf0) == 0x80) { count = p[0] & 0x0f; pos = 1; }
+    else if (n >= 3 && p[0] == 0xde) { count = (Py_ssize_t)be(p + 1, 2); pos = 3; }
+    else if (n >= 5 && p[0] == 0xdf) { count = (Py_ssize_t)be(p + 1, 4); pos = 5; }
+    else goto none;
+    char *dst = NULL; /* the reduced payload, made at the first field read: most records of a union
+                         (begin, env, ...) have none, and come back as they are */
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_ssize_t key = pos, klen = -1, kstart = 0;
+        if (pos >= n) goto none;
+        unsigned char m = p[pos];
+        if (m >= 0xa0 && m <= 0xbf) { klen = m & 0x1f; kstart = pos + 1; }
+        else if (m == 0xd9 && n - pos >= 2) { klen = p[pos + 1]; kstart = pos + 2; }
+        else if (m == 0xda && n - pos >= 3) { klen = (Py_ssize_t)be(p + pos + 1, 2); kstart = pos + 3; }
+        if (!skip(p, n, &pos, 0)) goto none;
+        Py_ssize_t i = 0;
+        for (; klen >= 0 && i < nf; i++)
+            if (lens[i] == klen && memcmp(p + kstart, names[i], klen) == 0) break;
+        if (klen < 0 || i == nf) { /* another field: copied as it is, for msgspec to judge */
+            Py_ssize_t start = key;
+            if (!skip(p, n, &pos, 0)) goto none;
+            if (dst != NULL) {
+                memcpy(dst + w, p + start, pos - start);
+                w += pos - start;
+            }
+            continue;
+        }
+        if (PyTuple_GET_ITEM(values, i) != Py_None) goto none; /* given twice */
+        if (dst == NULL) { /* a replaced value shrinks to one byte: never longer than the payload */
+            out = PyBytes_FromStringAndSize(NULL, n);
+            if (out == NULL) goto done;
+            dst = PyBytes_AS_STRING(out);
+            memcpy(dst, p, key);
+            w = key;
+        }
+        PyObject *packed = read_numbers(p, n, &pos, floats[i]);
+        if (packed == NULL) goto done;
+        if (packed == Py_None) goto none;
+        Py_DECREF(Py_None);
+        PyTuple_SET_ITEM(values, i, packed);
+        memcpy(dst + w, p + key, kstart + klen - key);
+        w += kstart + klen - key;
+        dst[w++] = (char)0xc0; /* nil in its place */
+    }
+    if (pos != n) goto none;
+    if (out == NULL) {
+        result = PyTuple_Pack(2, data, values);
+        goto done;
+    }
+    if (_PyBytes_Resize(&out, w) < 0) goto done;
+    result = PyTuple_Pack(2, out, values);
+    goto done;
+none:
+    result = Py_None;
+    Py_INCREF(Py_None);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(values);
+    PyBuffer_Release(&view);
+    return result;
+}
 
 static PyMethodDef methods[] = {
-    {"ints", ints, METH_O, "ints(raw) -> int64 bytes of a msgpack array of ints, or None."},
-    {"floats", floats, METH_O, "floats(raw) -> finite float64 bytes of a msgpack array of numbers, or None."},
+    {"split", split, METH_VARARGS, "split(payload, ((name, is_float), ...)) -> (reduced payload, packed values), or None."},
     {NULL, NULL, 0, NULL},
 };
 

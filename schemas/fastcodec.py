@@ -26,9 +26,11 @@ Decoded objects are msgspec Structs with the model's attributes (`kind` included
 `fields` gives the same dict as a model's `__dict__`, `model_of` the model.
 
 `packed=True` (the ledger's choice): required `list[int]` and `list[float]` fields (token ids,
-logprobs) come as `array.array` (`"q"`, `"d"`) instead of lists, read straight from the msgpack
-bytes by the small C module `_numbers` at about a tenth of the CPU of Python numbers packed again.
-Without a C compiler at install time that module is missing, and such fields are lists as usual.
+logprobs) come as `array.array` (`"q"`, `"d"`) instead of lists. The small C module `_numbers`
+reads them straight from the msgpack bytes and hands msgspec the payload with nil in their place
+(`_numbers.split`), so msgspec never walks the numbers: about a tenth of the CPU of Python numbers
+packed again. Without a C compiler at install time that module is missing, and such fields are
+lists as usual.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ _CONFIG = frozenset(
 (`str_strip_whitespace`, `coerce_numbers_to_str`, ...) might, so such a model gets no fast path."""
 
 Check = Callable[[Any], bool]
-Pack = tuple[str, Callable[[Any], bytes | None], str]
-"""A packed field: its name, the C function that reads its msgpack array, the array typecode."""
+Pack = tuple[str, int, str]
+"""A packed field: its name, its place in the decoder's `_numbers.split` fields, its array typecode."""
 
 
 class Unsupported(TypeError):
@@ -169,21 +171,22 @@ def _tag(model: type[BaseModel], tag_field: str | None) -> str | None:
     return typing.get_args(info.annotation)[0]
 
 
-def _packing(tp: Any, finite: bool) -> tuple[Callable[[Any], bytes | None], str] | None:
-    """How a `packed` decoder reads a field of annotation `tp`, if it packs it."""
+def _packing(tp: Any, finite: bool) -> str | None:
+    """The array typecode a `packed` decoder gives a field of annotation `tp`; None: not packed."""
     if _numbers is None or typing.get_origin(tp) is not list:
         return None
     if tp == list[int]:
-        return _numbers.ints, "q"
-    if tp == list[float] and finite:  # `_numbers.floats` refuses inf and nan
-        return _numbers.floats, "d"
+        return "q"
+    if tp == list[float] and finite:  # `_numbers` refuses inf and nan
+        return "d"
     return None
 
 
 def _struct(
-    model: type[BaseModel], tag_field: str | None, packed: bool
+    model: type[BaseModel], tag_field: str | None, packed: dict[str, str] | None
 ) -> tuple[type[msgspec.Struct], list[Pack], list[tuple[str, Check]], list[Callable[[Any], Any]]]:
-    """The Struct for `model`, its packed fields, its per-field checks and its after-validators."""
+    """The Struct for `model`, its packed fields, its per-field checks and its after-validators.
+    `packed`: the decoder's packed fields so far (name -> typecode, in `split` order), added to here."""
     decorators = model.__pydantic_decorators__
     if decorators.field_validators or decorators.root_validators or decorators.validators:
         raise Unsupported(f"{model.__name__}: field validators")
@@ -207,10 +210,10 @@ def _struct(
         if info.alias not in (None, name) or info.validation_alias not in (None, name):
             raise Unsupported(f"{where}: an alias")
         tp, check = _translate(info.annotation, where, finite)
-        packing = _packing(info.annotation, finite) if packed and info.is_required() else None
-        if packing is not None and not info.metadata:  # kept undecoded, read by `_numbers`
-            packs.append((name, *packing))
-            tp, check = msgspec.Raw, None
+        typecode = _packing(info.annotation, finite) if packed is not None and info.is_required() else None
+        if typecode is not None and not info.metadata and packed.setdefault(name, typecode) == typecode:
+            packs.append((name, list(packed).index(name), typecode))
+            tp, check = None, None  # `_numbers.split` read it and left nil in its place
         meta = _meta(info.metadata, where)
         if meta is not None:
             tp = Annotated[tp, meta]
@@ -245,11 +248,14 @@ class FastDecoder:
     ) -> None:
         self._post: dict[type, tuple[list[Pack], list[tuple[str, Check]], list[Callable[[Any], Any]]]] = {}
         """Per Struct: its packed fields, its checks, its after-validators (what `decode` does next)."""
+        numbers: dict[str, str] | None = {} if packed else None
         structs = []
         for model in models:
-            struct, packs, checks, after = _struct(model, tag_field, packed)
+            struct, packs, checks, after = _struct(model, tag_field, numbers)
             self._post[struct] = packs, checks, after
             structs.append(struct)
+        self._split = tuple((name.encode(), code == "d") for name, code in (numbers or {}).items())
+        """The fields `_numbers.split` reads, (name, is_float) each; () when nothing is packed."""
         target = structs[0] if len(structs) == 1 else Union[tuple(structs)]  # noqa: UP007 (built at run time)
         self._decoder = msgspec.msgpack.Decoder(target)
 
@@ -266,6 +272,12 @@ class FastDecoder:
 
     def decode(self, data: bytes) -> Any | None:
         """The decoded record, or None: not surely valid, so for the codec to decide."""
+        numbers: tuple[bytes | None, ...] = ()
+        if self._split:
+            parts = _numbers.split(data, self._split)
+            if parts is None:  # numbers that are not plainly numbers, or broken msgpack
+                return None
+            data, numbers = parts
         try:
             record = self._decoder.decode(data)
         except msgspec.DecodeError:  # ValidationError included
@@ -273,9 +285,9 @@ class FastDecoder:
         if record.v not in SUPPORTED_VERSIONS:
             return None
         packs, checks, after = self._post[type(record)]
-        for name, read, typecode in packs:
-            values = read(getattr(record, name))
-            if values is None:
+        for name, index, typecode in packs:
+            values = numbers[index]
+            if values is None:  # the field was absent: msgspec would have said so; to be sure
                 return None
             setattr(record, name, array(typecode, values))
         for name, check in checks:

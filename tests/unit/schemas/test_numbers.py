@@ -1,6 +1,6 @@
-"""`schemas/_numbers.c`: msgpack arrays of numbers read straight into int64 / float64 bytes, or None
-for anything the general path must judge. Checked against msgpack-python on every width, edge values,
-broken input and random arrays."""
+"""`schemas/_numbers.c`: the numbers of a msgpack map read straight into int64 / float64 bytes and the
+map handed back with nil in their place, or None for anything the general path must judge. Checked
+against msgpack-python on every width, edge values, broken input, random arrays and random maps."""
 
 from __future__ import annotations
 
@@ -50,14 +50,22 @@ def expected_floats(raw: bytes) -> list[float] | None:
     return out
 
 
+def _one(raw: bytes, is_float: bool) -> list | None:
+    """What `split` reads from the map {"x": <raw>}."""
+    got = _numbers.split(b"\x81\xa1x" + bytes(raw), ((b"x", is_float),))
+    if got is None:
+        return None
+    reduced, (values,) = got
+    assert reduced == b"\x81\xa1x\xc0"  # nil in its place
+    return array("d" if is_float else "q", values).tolist()
+
+
 def ints(raw: bytes) -> list[int] | None:
-    got = _numbers.ints(raw)
-    return None if got is None else array("q", got).tolist()
+    return _one(raw, False)
 
 
 def floats(raw: bytes) -> list[float] | None:
-    got = _numbers.floats(raw)
-    return None if got is None else array("d", got).tolist()
+    return _one(raw, True)
 
 
 def test_every_int_width_reads_as_msgpack_writes_it() -> None:
@@ -125,7 +133,123 @@ def test_random_arrays_agree_with_msgpack() -> None:
 
 
 def test_any_buffer_is_read() -> None:
-    raw = msgpack.packb([1, 2, 3])
-    assert ints(bytearray(raw)) == ints(memoryview(raw)) == [1, 2, 3]
+    raw = msgpack.packb({"x": [1, 2, 3]})
+    for data in (bytearray(raw), memoryview(raw)):
+        reduced, (values,) = _numbers.split(data, ((b"x", False),))
+        assert array("q", values).tolist() == [1, 2, 3] and reduced == b"\x81\xa1x\xc0"
     with pytest.raises(TypeError):
-        _numbers.ints("not a buffer")
+        _numbers.split("not a buffer", ((b"x", False),))
+
+
+FIELDS = ((b"prompt_ids", False), (b"output_ids", False), (b"output_logprobs", True))
+
+
+def _value(rng: random.Random, depth: int = 0) -> object:
+    """Any msgpack value: every type and size class (fix, 8, 16, 32), nested a little."""
+    kind = rng.randrange(12 if depth < 3 else 9)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([rng.randrange(-(2**63), 2**64), rng.randrange(-40, 200)])
+    if kind == 2:
+        return rng.choice([rng.random(), -1e300])
+    if kind in (3, 4):
+        return rng.choice("ab_é😀") * rng.choice([0, 3, 40, 300, 70000])
+    if kind == 5:
+        return bytes(rng.choice([0, 5, 300, 70000]))
+    if kind == 6:
+        return msgpack.ExtType(rng.randrange(128), bytes(rng.choice([1, 2, 3, 4, 8, 16, 300, 70000])))
+    if kind in (7, 8):
+        return rng.choice(["prompt_ids", "output_logprobs"])  # the names, as values
+    if kind in (9, 10):
+        return [_value(rng, depth + 1) for _ in range(rng.choice([0, 2, 16, 20]))]
+    keys = ["a", "prompt_ids", "x" * 40, "output_logprobs"]
+    return {rng.choice(keys): _value(rng, depth + 1) for _ in range(rng.choice([0, 2, 16, 17]))}
+
+
+def _numbers_for(rng: random.Random, is_float: bool) -> list:
+    if rng.random() < 0.01:  # an array 32
+        return [float(i) for i in range(70000)] if is_float else list(range(70000))
+    n = rng.choice([0, 1, 5, 300])
+    if is_float:
+        return [rng.choice([rng.random() - 1, rng.randrange(-5, 5), -1e300]) for _ in range(n)]
+    return [
+        rng.choice([rng.randrange(130), rng.randrange(2**16), rng.randrange(-(2**63), 2**63)])
+        for _ in range(n)
+    ]
+
+
+def test_random_maps_split_as_msgpack_reads_them() -> None:
+    rng = random.Random(5)
+    counts = {"read": 0, "untouched": 0, "refused": 0}
+    for _ in range(3000):
+        record: dict = {}
+        keys = ["episode_id", "prompt_ids", "messages", "output_ids", "output_logprobs", "v"]
+        rng.shuffle(keys)
+        for key in keys[: rng.randrange(len(keys) + 1)]:
+            is_float = key == "output_logprobs"
+            numeric = key in ("prompt_ids", "output_ids", "output_logprobs") and rng.random() < 0.9
+            record[key] = _numbers_for(rng, is_float) if numeric else _value(rng)
+        if rng.random() < 0.1:
+            record = {i: 1 for i in range(rng.randrange(1, 20))} | record  # int keys
+        raw = msgpack.packb(record, use_bin_type=True)
+        clean = (
+            type(record) is dict
+            and all(type(k) is str for k in record)
+            and all(
+                (expected_floats if f else expected_ints)(msgpack.packb(record[k.decode()])) is not None
+                for k, f in FIELDS
+                if k.decode() in record
+            )
+        )
+        if rng.random() < 0.15:  # damaged: a byte changed, cut short, or a byte added
+            pos = rng.randrange(len(raw))
+            raw = rng.choice(
+                [raw[:pos] + bytes([rng.randrange(256)]) + raw[pos + 1 :], raw[:pos], raw + b"\0"]
+            )
+            clean = False
+        got = _numbers.split(raw, FIELDS)
+        try:
+            original = msgpack.unpackb(raw, strict_map_key=False)
+        except Exception:
+            original = None
+        if got is None:
+            assert not clean, raw[:200].hex()
+            counts["refused"] += 1
+            continue
+        reduced, values = got
+        if reduced is raw:  # none of the fields: handed back untouched, for msgspec to judge
+            assert values == (None, None, None)
+            assert original is None or not any(k.decode() in original for k, _ in FIELDS)
+            counts["untouched"] += 1
+            continue
+        try:
+            rest = msgpack.unpackb(reduced, strict_map_key=False)
+        except Exception:
+            rest = None
+        if original is None:  # broken where split does not look (a string's UTF-8): still broken
+            assert rest is None
+            continue
+        expected = dict(original)
+        for (name, is_float), packed in zip(FIELDS, values, strict=True):
+            key = name.decode()
+            if key not in original:
+                assert packed is None
+                continue
+            want = [float(v) for v in original[key]] if is_float else original[key]
+            assert array("d" if is_float else "q", packed).tolist() == want
+            expected[key] = None
+        assert rest == expected
+        counts["read"] += 1
+    assert min(counts.values()) > 100, counts  # every outcome was exercised
+
+
+def test_a_field_given_twice_is_refused() -> None:
+    raw = (
+        b"\x82"
+        + msgpack.packb("prompt_ids")
+        + msgpack.packb([1])
+        + msgpack.packb("prompt_ids")
+        + msgpack.packb([2])
+    )
+    assert _numbers.split(raw, FIELDS) is None
