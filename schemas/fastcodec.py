@@ -210,10 +210,11 @@ def _struct(
         if info.alias not in (None, name) or info.validation_alias not in (None, name):
             raise Unsupported(f"{where}: an alias")
         tp, check = _translate(info.annotation, where, finite)
-        typecode = _packing(info.annotation, finite) if packed is not None and info.is_required() else None
-        if typecode is not None and not info.metadata and packed.setdefault(name, typecode) == typecode:
-            packs.append((name, list(packed).index(name), typecode))
-            tp, check = None, None  # `_numbers.split` read it and left nil in its place
+        if packed is not None and info.is_required() and not info.metadata:
+            typecode = _packing(info.annotation, finite)
+            if typecode is not None and packed.setdefault(name, typecode) == typecode:
+                packs.append((name, list(packed).index(name), typecode))
+                tp, check = None, None  # `_numbers.split` read it and left nil in its place
         meta = _meta(info.metadata, where)
         if meta is not None:
             tp = Annotated[tp, meta]
