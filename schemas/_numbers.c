@@ -1,7 +1,7 @@
 /* Token ids and logprobs read straight from msgpack into machine values, for swarmrl.schemas.fastcodec.
  *
  * They are most of what the ledger decodes. Decoding them into Python ints and floats, and packing
- * those into arrays again, costs ~35 ns a number; reading them here costs ~3.
+ * those into arrays again, costs 25-35 ns a number; reading them here costs ~3.
  *
  *   split(payload, fields) -> (reduced payload, packed values), or None
  *

@@ -28,7 +28,7 @@ Decoded objects are msgspec Structs with the model's attributes (`kind` included
 `packed=True` (the ledger's choice): required `list[int]` and `list[float]` fields (token ids,
 logprobs) come as `array.array` (`"q"`, `"d"`) instead of lists. The small C module `_numbers`
 reads them straight from the msgpack bytes and hands msgspec the payload with nil in their place
-(`_numbers.split`), so msgspec never walks the numbers: about a tenth of the CPU of Python numbers
+(`_numbers.split`), so msgspec never walks the numbers: about a sixth of the CPU of Python numbers
 packed again. Without a C compiler at install time that module is missing, and such fields are
 lists as usual.
 """
