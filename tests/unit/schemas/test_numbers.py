@@ -21,23 +21,27 @@ EDGES = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, -1
 EDGES += [-129, -(2**15), -(2**15) - 1, -(2**31), -(2**31) - 1, -(2**63)]
 
 
-def expected_ints(raw: bytes) -> list[int] | None:
-    """What `ints` must return (as a list), by the module's contract, from msgpack-python's reading."""
+def _unpacked_list(raw: bytes) -> list | None:
+    """msgpack-python's reading of `raw` if it is one array, else None."""
     try:
         values = msgpack.unpackb(raw, strict_map_key=False)
     except Exception:
         return None
-    if type(values) is not list or any(type(v) is not int or v not in INT64 for v in values):
+    return values if type(values) is list else None
+
+
+def expected_ints(raw: bytes) -> list[int] | None:
+    """What an int field must read as (as a list), by the module's contract."""
+    values = _unpacked_list(raw)
+    if values is None or any(type(v) is not int or v not in INT64 for v in values):
         return None
     return values
 
 
 def expected_floats(raw: bytes) -> list[float] | None:
-    try:
-        values = msgpack.unpackb(raw, strict_map_key=False)
-    except Exception:
-        return None
-    if type(values) is not list:
+    """What a float field must read as."""
+    values = _unpacked_list(raw)
+    if values is None:
         return None
     out = []
     for v in values:
