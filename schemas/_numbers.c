@@ -5,15 +5,19 @@
  *
  *   split(payload, fields) -> (reduced payload, packed values), or None
  *
- * `payload` is a msgpack map; `fields` a tuple of (name: bytes, is_float: bool). Each named field's
- * value, an array of numbers, is read into int64 or float64 bytes (native order). The result is the
- * payload with those values replaced by nil, so that msgspec decodes the rest without walking the
- * numbers again, and a tuple of the packed values (None where a field is absent). A payload with
- * none of the fields comes back as it is.
+ * `payload` is a msgpack map; `fields` a tuple of (name: bytes, kind: int). Kinds INTS (0) and
+ * FLOATS (1): the field's value, an array of numbers, is read into int64 or float64 bytes (native
+ * order). The result is the payload with those values replaced by nil, so that msgspec decodes the
+ * rest without walking the numbers again, and a tuple of the packed values (None where a field is
+ * absent). A payload with none of the fields comes back as it is. Kind PLAIN (2): the value stays,
+ * but only if it is plain data (no msgpack bin or ext, string keys only: what a free-form field of
+ * the codec admits), which the walk over it checks on the way, instead of Python afterwards.
  *
- * None means "not surely what the model accepts": an element of another type, an int beyond int64,
- * a float that is not finite, a field given twice, bytes after the map, broken msgpack. The caller
- * then takes the general path (msgspec lists, then the codec), which decides and names the fault.
+ * None means "not surely what the model accepts": an element of another type, an int beyond int64
+ * anywhere in the payload (so the caller knows every int of a record it decodes fits a ledger
+ * column), a float that is not finite, a numbers field given twice, a plain field that is not, bytes
+ * after the map, broken msgpack. The caller then takes the general path (msgspec lists, then the codec),
+ * which decides and names the fault.
  * So this file only ever says yes to arrays that the general path accepts with the same values:
  * int fields to msgspec ints in [-2**63, 2**63); float fields to msgpack floats (float 32 widened
  * exactly) and to ints of at most 2**53 in magnitude (exact in a float64, as pydantic's float() of
@@ -129,11 +133,19 @@ none:
     return Py_None;
 }
 
-/* Moves *pos past the value at p[*pos]; 0 if it is broken, cut short or nested deeper than 64. */
-static int skip(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, int depth) {
+enum { INTS, FLOATS, PLAIN };
+
+/* Moves *pos past the value at p[*pos]; 0 if it is broken, cut short or nested deeper than 64, holds
+ * an int beyond int64 (a uint 64 of 2**63 or more), or, `plain`, holds bin or ext values or a map key
+ * that is not a string. */
+static int skip(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, int depth, int plain) {
     Py_ssize_t at = *pos;
     if (at >= n || depth > 64) return 0;
     unsigned char m = p[at++];
+    if (m == 0xcf && at < n && p[at] >= 0x80) return 0; /* big-endian: the top bit first */
+    /* bin 8/16/32, ext 8/16/32, fixext 1..16 */
+    if (plain && ((m >= 0xc4 && m <= 0xc9) || (m >= 0xd4 && m <= 0xd8))) return 0;
+    int map = (m >= 0x80 && m <= 0x8f) || m == 0xde || m == 0xdf;
     uint64_t len = 0, items = 0; /* bytes of payload after the header; or elements (maps: 2 a pair) */
     if (m <= 0x7f || m >= 0xe0 || m == 0xc0 || m == 0xc2 || m == 0xc3) len = 0;
     else if (m <= 0x8f) items = 2 * (uint64_t)(m & 0x0f);
@@ -162,8 +174,11 @@ static int skip(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, int depth
     if (len > (uint64_t)(n - at)) return 0;
     at += (Py_ssize_t)len;
     if (items > (uint64_t)(n - at)) return 0; /* at least a byte each */
-    for (uint64_t k = 0; k < items; k++)
-        if (!skip(p, n, &at, depth + 1)) return 0;
+    for (uint64_t k = 0; k < items; k++) {
+        if (plain && map && k % 2 == 0 && at < n && !((p[at] >= 0xa0 && p[at] <= 0xbf) || (p[at] >= 0xd9 && p[at] <= 0xdb)))
+            return 0; /* a key that is not a string */
+        if (!skip(p, n, &at, depth + 1, plain)) return 0;
+    }
     *pos = at;
     return 1;
 }
@@ -173,17 +188,20 @@ static PyObject *split(PyObject *self, PyObject *args) {
     PyObject *data, *fields;
     if (!PyArg_ParseTuple(args, "OO!", &data, &PyTuple_Type, &fields)) return NULL;
     Py_ssize_t nf = PyTuple_GET_SIZE(fields);
-    const char *names[8];
-    Py_ssize_t lens[8];
-    int floats[8];
-    if (nf > 8) return PyErr_Format(PyExc_ValueError, "split reads at most 8 fields, not %zd", nf);
+    const char *names[16];
+    Py_ssize_t lens[16];
+    long kinds[16];
+    if (nf > 16) return PyErr_Format(PyExc_ValueError, "split reads at most 16 fields, not %zd", nf);
     for (Py_ssize_t i = 0; i < nf; i++) {
         PyObject *f = PyTuple_GET_ITEM(fields, i);
-        if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(f, 0)))
-            return PyErr_Format(PyExc_TypeError, "split: fields are (name: bytes, is_float: bool) pairs");
+        if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(f, 0)) ||
+            !PyLong_Check(PyTuple_GET_ITEM(f, 1)))
+            return PyErr_Format(PyExc_TypeError, "split: fields are (name: bytes, kind: int) pairs");
         names[i] = PyBytes_AS_STRING(PyTuple_GET_ITEM(f, 0));
         lens[i] = PyBytes_GET_SIZE(PyTuple_GET_ITEM(f, 0));
-        floats[i] = PyObject_IsTrue(PyTuple_GET_ITEM(f, 1));
+        kinds[i] = PyLong_AsLong(PyTuple_GET_ITEM(f, 1));
+        if (kinds[i] < INTS || kinds[i] > PLAIN)
+            return PyErr_Format(PyExc_ValueError, "split: kind %ld is none of 0 (ints), 1 (floats), 2 (plain)", kinds[i]);
     }
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -209,13 +227,13 @@ static PyObject *split(PyObject *self, PyObject *args) {
         if (m >= 0xa0 && m <= 0xbf) { klen = m & 0x1f; kstart = pos + 1; }
         else if (m == 0xd9 && n - pos >= 2) { klen = p[pos + 1]; kstart = pos + 2; }
         else if (m == 0xda && n - pos >= 3) { klen = (Py_ssize_t)be(p + pos + 1, 2); kstart = pos + 3; }
-        if (!skip(p, n, &pos, 0)) goto none;
+        if (!skip(p, n, &pos, 0, 0)) goto none;
         Py_ssize_t i = 0;
         for (; klen >= 0 && i < nf; i++)
             if (lens[i] == klen && memcmp(p + kstart, names[i], klen) == 0) break;
-        if (klen < 0 || i == nf) { /* another field: copied as it is, for msgspec to judge */
+        if (klen < 0 || i == nf || kinds[i] == PLAIN) { /* copied as it is, for msgspec to judge */
             Py_ssize_t start = key;
-            if (!skip(p, n, &pos, 0)) goto none;
+            if (!skip(p, n, &pos, 0, klen >= 0 && i < nf)) goto none;
             if (dst != NULL) {
                 memcpy(dst + w, p + start, pos - start);
                 w += pos - start;
@@ -230,7 +248,7 @@ static PyObject *split(PyObject *self, PyObject *args) {
             memcpy(dst, p, key);
             w = key;
         }
-        PyObject *packed = read_numbers(p, n, &pos, floats[i]);
+        PyObject *packed = read_numbers(p, n, &pos, kinds[i] == FLOATS);
         if (packed == NULL) goto done;
         if (packed == Py_None) goto none;
         Py_DECREF(Py_None);

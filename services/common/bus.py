@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 import nats
 from nats.aio.client import Client as NATS
@@ -142,6 +143,19 @@ async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
         return await js.create_key_value(bucket=S.MODELS_BUCKET, history=16, replicas=stream_replicas())
 
 
+class Received(Protocol):
+    """What a dead letter needs of the message it keeps: nats-py's `Msg`, the ledger's `Delivery`."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def reply(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def metadata(self) -> Msg.Metadata: ...
+
+
 @dataclass
 class DeadLetters:
     """Publishes bad input to `swarm.dlq.<service>` with the original bytes and the reason; counts it.
@@ -155,7 +169,7 @@ class DeadLetters:
     counts: Counter[str] = field(default_factory=Counter)
 
     async def send(
-        self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = ""
+        self, msg: Received | None, reason: str, *, data: bytes | None = None, subject: str = ""
     ) -> None:
         code = reason.split(":", 1)[0]
         subject = subject or (msg.subject if msg is not None else "")

@@ -33,7 +33,6 @@ from collections.abc import Callable
 
 import duckdb
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js.api import AckPolicy
 from nats.js.errors import NotFoundError
 
@@ -41,12 +40,12 @@ from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.tasks import until_stopped
-from swarmrl.services.ledger.client import PullClient
+from swarmrl.services.ledger.client import Delivery, PullClient
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
 from swarmrl.services.ledger.pull import BatchPuller, pull_batches
-from swarmrl.services.ledger.sink import StreamSink, stream_seq
+from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES, Row, dead_letter_row
 from swarmrl.services.ledger.views import high_water_marks, register_views, restore_tracker
@@ -168,7 +167,7 @@ class Ledger:
         await self._finish_flush(sink)
         await self._ack_settled(sink)
 
-    def _ingester(self, stream: str) -> Callable[[Msg, int], tuple[str, Row]]:
+    def _ingester(self, stream: str) -> Callable[[Delivery, int], tuple[str, Row]]:
         """The function that turns one message of `stream` into its (table, row), or raises why not."""
         ingest = self.ingest
         if stream == S.EPISODES_STREAM:
@@ -180,7 +179,7 @@ class Ledger:
         return lambda msg, seq: self._dead_letter_row(stream, msg, seq)
 
     @staticmethod
-    def _dead_letter_row(stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
+    def _dead_letter_row(stream: str, msg: Delivery, seq: int) -> tuple[str, Row]:
         h = msg.headers or {}
         return "dead_letters", dead_letter_row(
             subject=msg.subject,
@@ -193,13 +192,15 @@ class Ledger:
             seq=seq,
         )
 
-    async def _handle(self, sink: StreamSink, msgs: list[Msg]) -> bool:
+    async def _handle(self, sink: StreamSink, msgs: list[Delivery]) -> bool:
         """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
         not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
         ingest = self._ingester(sink.stream)
         for msg in msgs:  # one plain loop: no coroutine per message, awaits only for the rare cases
-            seq = stream_seq(msg)
+            seq = msg.seq
             if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
+                if not seq:  # no ack subject: not a consumer's message (it could not be acked either)
+                    raise ValueError(f"not a JetStream delivery: subject={msg.subject} reply={msg.reply!r}")
                 self.counts["redelivered"] += 1
                 if seq <= sink.durable_seq:
                     await self._ack(msg)
@@ -220,7 +221,7 @@ class Ledger:
             sink.add(table, row, msg, seq)
         return True
 
-    async def _dead_letter(self, msg: Msg, reason: str) -> bool:
+    async def _dead_letter(self, msg: Delivery, reason: str) -> bool:
         # Retry until the DLQ takes it: acking without that would drop the message silently, and
         # processing later messages first would break the restart rule above.
         assert self.dlq is not None
@@ -257,7 +258,12 @@ class Ledger:
             await task  # re-raises what is not an OSError: a bug, which stops the service
 
     async def _write(
-        self, sink: StreamSink, buffers: dict[str, TableBuffer], rows: int, top: int, covering: Msg | None
+        self,
+        sink: StreamSink,
+        buffers: dict[str, TableBuffer],
+        rows: int,
+        top: int,
+        covering: Delivery | None,
     ) -> None:
         delay = 0.5
         while True:
@@ -290,9 +296,10 @@ class Ledger:
             msg, sink.last = sink.last, None
             await self._ack(msg)
 
-    async def _ack(self, msg: Msg) -> None:
+    async def _ack(self, msg: Delivery) -> None:
         try:
-            await msg.ack()
+            assert self.nc is not None
+            await self.nc.publish(msg.reply)  # an empty message to the ack subject, as nats-py's `Msg.ack`
         except Exception as exc:  # a lost ack only means a redelivery, which durable_seq skips
             log.debug("ack failed subject=%s: %r", msg.subject, exc)
 

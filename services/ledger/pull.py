@@ -5,9 +5,10 @@ the JetStream API (`CONSUMER.MSG.NEXT.<stream>.<durable>`). Publishes: nothing b
 
 Why not `bus.batches` (nats-py's `PullSubscription.fetch`): fetch waits for every message with its
 own task, `wait_for` and uuid, about 70 µs of CPU per message on a 2-core machine, which was more
-than the ledger's whole decode-validate-write path. Here each message is appended to a list (through
-`client.PullClient`'s short path when the connection is one), and `fetch` hands the list over once the
-server has sent what the stream holds (`no_wait` requests).
+than the ledger's whole decode-validate-write path. Here the messages are appended to a list as
+`client.Delivery` tuples (a run at a time through `client.PullClient`'s short path when the connection
+is one), and `fetch` hands the list over once the server has sent what the stream holds (`no_wait`
+requests).
 
 When to ask (`pull_batches`): at once after a full batch (the next request goes out before the batch
 is handed over, so the server sends while the consumer decodes); after a short one, when about a
@@ -29,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import DEFAULT_PREFIX, Header
 
-from swarmrl.services.ledger.client import PullClient
+from swarmrl.services.ledger.client import Delivery, PullClient
 
 log = logging.getLogger("swarmrl.ledger.pull")
 
@@ -54,7 +55,7 @@ class BatchPuller:
         self.inbox = nc.new_inbox()
         self.bell_inbox = nc.new_inbox()
         self.headers = headers
-        self._arrived: list[Msg] = []
+        self._arrived: list[Delivery] = []
         self._want = 0  # messages the outstanding batch request may still deliver; 0: none outstanding
         self._ready = asyncio.Event()
         self._bell_until = 0.0  # while the doorbell request is open (loop time); 0: none
@@ -65,22 +66,22 @@ class BatchPuller:
         self.delivered = 0
 
     async def start(self) -> None:
-        for inbox, on_msg, on_status in (
+        for inbox, on_msgs, on_status in (
             (self.inbox, self._arrive, self._request_over),
             (self.bell_inbox, self._ring, self._bell_over),
         ):
 
-            async def cb(msg: Msg, on_msg=on_msg, on_status=on_status) -> None:  # nats-py's path
+            async def cb(msg: Msg, on_msgs=on_msgs, on_status=on_status) -> None:  # nats-py's path
                 if not msg.data and msg.headers and Header.STATUS in msg.headers:
                     on_status(f"{msg.headers[Header.STATUS]} {msg.headers.get(Header.DESCRIPTION)}")
                 else:
-                    on_msg(msg)
+                    on_msgs([Delivery.of(msg)])
 
             # pending_bytes_limit=0: no client-side cap (the pull request bounds a batch), so a
             # burst is never dropped as a slow consumer.
             sub = await self.nc.subscribe(inbox, cb=cb, pending_msgs_limit=1_000_000, pending_bytes_limit=0)
             if isinstance(self.nc, PullClient) and not self.headers:  # before the first request
-                self.nc.short_path(sub, on_msg, on_status)
+                self.nc.short_path(sub, on_msgs, on_status)
             self._subs.append(sub)
 
     async def close(self) -> None:
@@ -91,9 +92,9 @@ class BatchPuller:
                 await sub.unsubscribe()
         self._subs = []
 
-    def _arrive(self, msg: Msg) -> None:
-        self._arrived.append(msg)
-        self._want = max(self._want - 1, 0)
+    def _arrive(self, msgs: list[Delivery]) -> None:
+        self._arrived += msgs
+        self._want = max(self._want - len(msgs), 0)
         if self._want == 0:
             self._ready.set()
 
@@ -103,10 +104,10 @@ class BatchPuller:
         self._want = 0
         self._ready.set()
 
-    def _ring(self, msg: Msg) -> None:
+    def _ring(self, msgs: list[Delivery]) -> None:
         # The stream's next message, in order: the server serves pull requests first come, first
         # served, and a batch request sent after the doorbell's gets what follows it.
-        self._arrived.append(msg)
+        self._arrived += msgs
         self._bell_over("rang")
 
     def _bell_over(self, status: str) -> None:
@@ -122,7 +123,7 @@ class BatchPuller:
             await self.nc.publish(self.next_subject, json.dumps(request).encode(), reply=self.inbox)
             self.requests += 1
 
-    async def fetch(self, batch: int, timeout: float = 5.0) -> list[Msg]:
+    async def fetch(self, batch: int, timeout: float = 5.0) -> list[Delivery]:
         """Up to `batch` messages the stream holds now (`no_wait`: the server answers at once)."""
         await self.request(batch)
         if self._want > 0:
@@ -195,7 +196,7 @@ class PollPace:
 
 async def pull_batches(
     puller: BatchPuller, stop: asyncio.Event, batch: int, poll_s: float, drain_s: float = 0.0
-) -> AsyncIterator[list[Msg]]:
+) -> AsyncIterator[list[Delivery]]:
     """Like `bus.batches`: yield batches until `stop` is set, [] when there is nothing new (at least
     every `poll_s`, so the consumer can act on time).
 

@@ -9,21 +9,10 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from nats.aio.msg import Msg
-
+from swarmrl.services.ledger.client import Delivery
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.tables import Row
-
-
-def stream_seq(msg: Msg) -> int:
-    """Stream sequence of a JetStream message, read from its ack subject.
-
-    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...`; a third of `msg.metadata`'s cost,
-    which also builds a datetime. Other layouts (with a domain) take the general path.
-    """
-    tokens = msg.reply.split(".")
-    return int(tokens[5]) if len(tokens) == 9 else msg.metadata.sequence.stream
 
 
 @dataclass
@@ -39,7 +28,7 @@ class StreamSink:
     """Every message of the stream up to this sequence is on disk or dead-lettered."""
     last_seq: int = 0
     """Every message up to this sequence is handled: buffered, on disk or dead-lettered."""
-    last: Msg | None = None
+    last: Delivery | None = None
     """The message at `last_seq` if not yet acked (its ack acks everything before it)."""
     writing: asyncio.Task[None] | None = None
     """The write of the previous buffers, while in progress."""
@@ -50,7 +39,7 @@ class StreamSink:
     taken: tuple[int, int] = (0, 0)
     """Rows and bytes of the last write (a full one means the stream is in a burst)."""
 
-    def add(self, table: str, row: Row, msg: Msg, seq: int) -> None:
+    def add(self, table: str, row: Row, msg: Delivery, seq: int) -> None:
         if not self.rows:
             self.first_at = time.monotonic()
         buffer = self.buffers.get(table)

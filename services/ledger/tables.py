@@ -25,7 +25,7 @@ from swarmrl.schemas import (
     WireError,
 )
 from swarmrl.schemas import subjects as S
-from swarmrl.schemas.fastcodec import fields, model_of
+from swarmrl.schemas.fastcodec import fields, ints_checked, model_of
 
 STR, I64, F64, BOOL, BLOB = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.binary()
 INTS, FLOATS, STRS = pa.list_(I64), pa.list_(F64), pa.list_(STR)
@@ -254,9 +254,10 @@ def to_json(obj: object) -> str:
         raise WireError("schema", f"free-form field is not JSON-representable: {exc}") from exc
 
 
-def check_ints(table: str, row: Row) -> Row:
-    """Pack the numeric lists of `row` into arrays; raise WireError('schema') if an int exceeds int64."""
-    for col in _INT_COLS[table]:
+def check_ints(table: str, row: Row, ints_fit: bool = False) -> Row:
+    """Pack the numeric lists of `row` into arrays; raise WireError('schema') if an int exceeds int64.
+    `ints_fit`: the decoder saw to it already (`fastcodec.ints_checked`), so only lists are packed."""
+    for col in () if ints_fit else _INT_COLS[table]:
         x = row.get(col)
         if x is not None and not _I64_MIN <= x <= _I64_MAX:
             raise WireError("schema", f"{table}.{col} = {x} does not fit in 64 bits")
@@ -287,12 +288,12 @@ def event_row(ev: Event, stream: str, seq: int) -> tuple[str, Row]:
     if ev.kind == "llm":
         row = _record_row("llm_calls", ev, stream, seq)
         row["n_prompt"], row["n_output"] = len(ev.prompt_ids), len(ev.output_ids)
-        return "llm_calls", check_ints("llm_calls", row)
-    return "events", check_ints("events", _record_row("events", ev, stream, seq))
+        return "llm_calls", check_ints("llm_calls", row, ints_checked(ev))
+    return "events", check_ints("events", _record_row("events", ev, stream, seq), ints_checked(ev))
 
 
 def sample_row(sample: Sample, stream: str, seq: int) -> Row:
-    row = check_ints("samples", _record_row("samples", sample, stream, seq))
+    row = check_ints("samples", _record_row("samples", sample, stream, seq), ints_checked(sample))
     row["n_tokens"], row["n_trained"] = len(sample.token_ids), sum(row["loss_mask"])
     if not _I64_MIN <= row["n_trained"] <= _I64_MAX:  # a mask is 0/1 by contract; this one is not
         raise WireError("schema", f"samples.loss_mask sums to {row['n_trained']}, beyond 64 bits")
@@ -309,7 +310,7 @@ def metric_row(
     record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult, stream: str, seq: int
 ) -> tuple[str, Row]:
     table = METRIC_TABLES[model_of(record)]
-    return table, check_ints(table, _record_row(table, record, stream, seq))
+    return table, check_ints(table, _record_row(table, record, stream, seq), ints_checked(record))
 
 
 def dead_letter_row(

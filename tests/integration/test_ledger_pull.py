@@ -13,7 +13,6 @@ from swarmrl.services.common import bus
 from swarmrl.services.ledger import client
 from swarmrl.services.ledger.client import PullClient
 from swarmrl.services.ledger.pull import BatchPuller
-from swarmrl.services.ledger.sink import stream_seq
 from tests.conftest import wait_for
 
 
@@ -38,11 +37,11 @@ async def test_the_short_path_keeps_order_data_and_acks(swarm_nats: NatsServer, 
         for i, data in enumerate(sent):
             await js.publish(S.dlq_subject("test"), data, headers={"Nats-Msg-Id": f"id{i}", "X-Why": "x"})
         got = await fast.fetch(10) + await fast.fetch(100)
-        assert [m.data for m in got] == sent and [stream_seq(m) for m in got] == list(range(1, 26))
+        assert [m.data for m in got] == sent and [m.seq for m in got] == list(range(1, 26))
         assert all(m.headers is None and m.subject == S.dlq_subject("test") for m in got)
         assert [m.data for m in await slow.fetch(100)] == sent
         assert (await slow.fetch(100)) == []
-        await got[-1].ack()  # one cumulative ack covers them all
+        await nc.publish(got[-1].reply)  # one cumulative ack covers them all
 
         async def all_acked() -> bool:
             info = await js.consumer_info(S.DLQ_STREAM, "fast")

@@ -1,18 +1,11 @@
-from nats.aio.msg import Msg
-
+from swarmrl.services.ledger.client import Delivery, ack_seq
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.sink import StreamSink, stream_seq
+from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.tables import dead_letter_row
 
 
-def _msg(reply: str, data: bytes = b"x") -> Msg:
-    return Msg(_client=None, subject="swarm.dlq.merger", reply=reply, data=data)  # type: ignore[arg-type]
-
-
-def test_stream_seq_from_both_ack_subject_layouts() -> None:
-    assert stream_seq(_msg("$JS.ACK.EPISODES.ledger-episodes.1.42.40.1700000000000000000.7")) == 42
-    v2 = "$JS.ACK._.ACCHASH.EPISODES.ledger-episodes.1.43.41.1700000000000000000.7.tok"
-    assert stream_seq(_msg(v2)) == 43
+def _msg(reply: str, data: bytes = b"x") -> Delivery:
+    return Delivery("swarm.dlq.merger", reply, data, ack_seq(reply))
 
 
 def test_sink_flushes_on_rows_bytes_or_age_and_hands_over_its_buffers() -> None:

@@ -12,6 +12,8 @@ from array import array
 import msgpack
 import pytest
 
+from swarmrl.schemas.fastcodec import _plain
+
 _numbers = pytest.importorskip(
     "swarmrl.schemas._numbers", reason="the C module was not built (no compiler at install time)"
 )
@@ -183,6 +185,23 @@ def _numbers_for(rng: random.Random, is_float: bool) -> list:
     ]
 
 
+def _ints_fit(value: object) -> bool:
+    """No int beyond int64 anywhere in `value` (`split` leaves such payloads to the general path)."""
+    if type(value) is int:
+        return value in INT64
+    if isinstance(value, dict):
+        return all(_ints_fit(k) and _ints_fit(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(map(_ints_fit, value))
+    return True
+
+
+def test_an_int_beyond_int64_anywhere_is_refused() -> None:
+    for big in ({"a": {"b": [2**63]}}, {"a": 2**64 - 1}, {2**63: 1}):
+        assert _numbers.split(msgpack.packb(big), FIELDS) is None
+    assert _numbers.split(msgpack.packb({"a": [2**63 - 1, -(2**63)]}), FIELDS) is not None
+
+
 def test_random_maps_split_as_msgpack_reads_them() -> None:
     rng = random.Random(5)
     counts = {"read": 0, "untouched": 0, "refused": 0}
@@ -200,6 +219,7 @@ def test_random_maps_split_as_msgpack_reads_them() -> None:
         clean = (
             type(record) is dict
             and all(type(k) is str for k in record)
+            and _ints_fit(record)
             and all(
                 (expected_floats if f else expected_ints)(msgpack.packb(record[k.decode()])) is not None
                 for k, f in FIELDS
@@ -257,3 +277,51 @@ def test_a_field_given_twice_is_refused() -> None:
         + msgpack.packb([2])
     )
     assert _numbers.split(raw, FIELDS) is None
+
+
+PLAIN = 2  # `split`'s kind for a free-form field: checked where it stands
+
+
+def _plain_reference(value: bytes) -> bool | None:
+    """What `fastcodec._plain` says of the value msgpack-python reads (None: it reads nothing)."""
+    try:
+        return _plain(msgpack.unpackb(value, raw=False, strict_map_key=False, timestamp=0))
+    except Exception:  # broken msgpack, or a string that is not UTF-8 (msgspec refuses those itself)
+        return None
+
+
+def test_plain_fields_stay_where_they_are_and_must_be_plain_data() -> None:
+    fields = ((b"data", PLAIN), (b"prompt_ids", 0))
+    ok = {"data": {"a": [1, 2.5, None, True, "x", {"b": []}]}, "v": b"bytes elsewhere are msgspec's"}
+    raw = msgpack.packb(ok, use_bin_type=True)
+    reduced, values = _numbers.split(raw, fields)
+    assert reduced is raw and values == (None, None)  # nothing packed: the payload as it was
+    for bad in ({"a": b"bin"}, [msgpack.ExtType(1, b"x")], {1: "int key"}, {"a": [{(1, 2): 3}]}):
+        raw = msgpack.packb({"data": bad, "prompt_ids": [1]}, use_bin_type=True)
+        assert _numbers.split(raw, fields) is None, bad
+    twice = b"\x82" + msgpack.packb("data") + msgpack.packb([1]) + msgpack.packb("data")  # msgspec judges
+    assert _numbers.split(twice + msgpack.packb({"a": 1}), fields) is not None  # duplicates; each is
+    assert _numbers.split(twice + msgpack.packb({"a": b"x"}, use_bin_type=True), fields) is None  # checked
+    with pytest.raises(ValueError, match="kind 3"):
+        _numbers.split(raw, ((b"data", 3),))
+
+
+def test_random_plain_fields_are_judged_as_fastcodec_plain_judges_them() -> None:
+    rng = random.Random(9)
+    fields = ((b"messages", PLAIN), (b"prompt_ids", 0))
+    verdicts = {True: 0, False: 0}
+    for _ in range(3000):
+        value = _value(rng)
+        if rng.random() < 0.2:
+            value = {rng.choice(["k", 3, 2.5, None]): value}
+        packed_value = msgpack.packb(value, use_bin_type=True)
+        want = _plain_reference(packed_value)
+        if want is None:
+            continue
+        raw = msgpack.packb({"v": 1, "prompt_ids": [1, 2]}, use_bin_type=True)
+        raw = b"\x83" + raw[1:] + msgpack.packb("messages") + packed_value
+        got = _numbers.split(raw, fields)
+        want = want and _ints_fit(value)  # a big int anywhere is the general path's too
+        assert (got is not None) == want, packed_value[:200].hex()
+        verdicts[want] += 1
+    assert min(verdicts.values()) > 300, verdicts
