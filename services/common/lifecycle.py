@@ -50,7 +50,7 @@ def check_subject(subject: str, ev: Event) -> None:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class EpisodeState:
     begin_ts: float
     last_event_ts: float
@@ -88,7 +88,8 @@ class EpisodeTracker:
         if last is not None and ev.seq < last:
             return f"out_of_order: seq {ev.seq} from {ev.client_id} after seq {last} in episode {eid}"
         state.last_seq[ev.client_id] = ev.seq
-        state.last_event_ts = max(state.last_event_ts, now)
+        if now > state.last_event_ts:
+            state.last_event_ts = now
         if ev.kind in ("end", "abort"):
             self.close(eid, ev.kind)
         return None
