@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from swarmrl.services.ledger.client import Delivery
@@ -36,8 +37,8 @@ class StreamSink:
     rows: int = 0
     nbytes: int = 0
     first_at: float = 0.0
-    taken: tuple[int, int] = (0, 0)
-    """Rows and bytes of the last write (a full one means the stream is in a burst)."""
+    writes: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=8))
+    """When the last writes were taken, with their rows and bytes (a large one: a burst)."""
 
     def add(self, table: str, row: Row, msg: Delivery, seq: int) -> None:
         if not self.rows:
@@ -52,23 +53,30 @@ class StreamSink:
 
     def due(self, cfg: LedgerConfig, idle: bool = False) -> bool:
         """Time to write: `flush_rows` or `flush_bytes` waiting, or rows `flush_interval_s` old; or,
-        `idle` (a poll found nothing new), at least `flush_idle_rows`, or the tail of a burst (the last
-        write had at least `flush_idle_rows` rows, however few are left now). A trickle thus makes one
-        file per `flush_interval_s`, while a burst is durable as soon as the ledger has caught up with
-        it. (Counting only full writes as a burst left a burst's last rows waiting `flush_interval_s`
-        whenever the ledger had caught up once before its end: a second on half the benchmark runs.)"""
+        `idle` (a poll found nothing new), at least `flush_idle_rows`, or the tail of a burst (a write
+        of the last `flush_interval_s` had at least `flush_idle_rows` rows, however few are left now).
+        A trickle thus makes one file per `flush_interval_s`, while a burst is durable as soon as the
+        ledger has caught up with it. (Looking at the last write alone left a burst's last rows waiting
+        `flush_interval_s` when a small write came between: a second on some benchmark runs.)"""
         if not self.rows:
             return False
         if self.rows >= cfg.flush_rows or self.nbytes >= cfg.flush_bytes:
             return True
-        if time.monotonic() - self.first_at >= cfg.flush_interval_s:
+        now = time.monotonic()
+        if now - self.first_at >= cfg.flush_interval_s:
             return True
-        burst = self.taken[0] >= min(cfg.flush_idle_rows, cfg.flush_rows) or self.taken[1] >= cfg.flush_bytes
-        return idle and (burst or self.rows >= cfg.flush_idle_rows)
+        if not idle:
+            return False
+        large = min(cfg.flush_idle_rows, cfg.flush_rows)
+        burst = any(
+            now - at < cfg.flush_interval_s and (rows >= large or nbytes >= cfg.flush_bytes)
+            for at, rows, nbytes in self.writes
+        )
+        return burst or self.rows >= cfg.flush_idle_rows
 
     def take(self) -> tuple[dict[str, TableBuffer], int]:
         """Hand over the buffers and their row count; start afresh."""
         taken = self.buffers, self.rows
-        self.taken = self.rows, self.nbytes
+        self.writes.append((time.monotonic(), self.rows, self.nbytes))
         self.buffers, self.rows, self.nbytes = {}, 0, 0
         return taken

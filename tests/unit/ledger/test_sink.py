@@ -1,3 +1,6 @@
+import pytest
+
+from swarmrl.services.ledger import sink as sink_module
 from swarmrl.services.ledger.client import Delivery, ack_seq
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.sink import StreamSink
@@ -30,8 +33,10 @@ def test_sink_flushes_on_rows_bytes_or_age_and_hands_over_its_buffers() -> None:
     assert sink.due(LedgerConfig(flush_interval_s=0.0))  # age bound
 
 
-def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once() -> None:
-    cfg = LedgerConfig(flush_rows=3, flush_idle_rows=2, flush_interval_s=3600)
+def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(sink_module.time, "monotonic", lambda: clock[0])
+    cfg = LedgerConfig(flush_rows=3, flush_idle_rows=2, flush_interval_s=10)
     sink = StreamSink("DLQ")
     row = dead_letter_row(
         subject="s", data=b"", service="m", original_subject="o", reason="r: x", ts=0.0, stream="DLQ", seq=1
@@ -49,9 +54,16 @@ def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once() -> None:
     sink.take()  # 2 rows: as many as an idle write needs, so the stream is busy
     add()
     assert sink.due(cfg, idle=True) and not sink.due(cfg)  # the tail of a busy stream goes at once
-    sink.take()
+    sink.take()  # a small write (1 row) ...
+    clock[0] += 1
     add()
-    assert not sink.due(cfg, idle=True)  # that write was a tail (1 row): a trickle again
+    assert sink.due(cfg, idle=True)  # ... does not end the burst: its last rows still go at once
+    sink.take()
+    clock[0] += 20  # no large write for longer than flush_interval_s: a trickle again
+    add()
+    assert not sink.due(cfg, idle=True)
+    clock[0] += 10
+    assert sink.due(cfg)  # the age bound
     for _ in range(2):
         add()
     assert sink.due(cfg)  # a full write
