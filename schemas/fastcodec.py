@@ -320,8 +320,8 @@ _INT64: set[type] = set()
 
 
 def ints_checked(record: Any) -> bool:
-    """True if every int of `record` fits int64 and its `list[int]`/`list[float]` fields are packed:
-    decoded by a `packed` decoder that reads numbers in C (what `tables.check_ints` would check)."""
+    """True if every int of `record` fits int64: decoded by a `packed` decoder whose `_numbers.split`
+    walked the whole payload (so `tables.check_ints` need not check their range again)."""
     return type(record) in _INT64
 
 

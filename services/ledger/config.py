@@ -19,8 +19,8 @@ class LedgerConfig(ServiceConfig):
     """Write buffered rows at least this often (seconds), however few there are."""
     flush_idle_rows: int = 100
     """...and as soon as a poll finds nothing new, if this many are waiting (or they are the tail of a
-    burst: the last write had this many): a burst is durable once the ledger has caught up with it,
-    while a trickle still makes one file per `flush_interval_s`."""
+    burst: a write of the last `flush_interval_s` had this many): a burst is durable once the ledger
+    has caught up with it, while a trickle still makes one file per `flush_interval_s`."""
     fetch_batch: int = 1000
     """Messages pulled from a stream per fetch."""
     poll_interval_s: float = 0.25

@@ -29,18 +29,15 @@ EMPTY_FILE = "part-empty.parquet"
 """Zero-row file with the current schema, so a table's view exists and is live before its first rows."""
 _PART_RE = re.compile(r"^part-(\d+-\d+)-n(\d+)\.parquet$")
 _TMP_SUFFIX = ".tmp"
-_DICTIONARY = {
+_SCALARS = {
     table: [f.name for f in schema if not pa.types.is_list(f.type)] for table, schema in TABLES.items()
 }
-"""Columns written dictionary-encoded: the scalars (names, kinds, ids repeat within a file). The lists
-(token ids, logprobs) are written plain: pyarrow would take their leaves by path
-(`prompt_ids.list.element`), and dictionary-encoding the ids made llm_calls files only 3.5% smaller
-(`default-15min`'s), while logprobs hardly ever repeat."""
-_STATISTICS = {
-    table: [f.name for f in schema if not pa.types.is_list(f.type)] for table, schema in TABLES.items()
-}
-"""Columns with min/max statistics: the scalars. Readers skip row groups by them (`stream_seq`,
-`ts`, ...); nothing skips by the min and max of token ids, which cost ~4% of an llm row's write."""
+"""Per table, the columns written dictionary-encoded and with min/max statistics: the scalars. Names,
+kinds and ids repeat within a file, and readers skip row groups by `stream_seq`, `ts`, ... The lists
+(token ids, logprobs) get neither: pyarrow would take their leaves by path (`prompt_ids.list.element`),
+dictionary-encoding the ids made llm_calls files only 3.5% smaller (`default-15min`'s), logprobs
+hardly ever repeat, and nothing skips by the min and max of token ids, which cost ~4% of an llm
+row's write."""
 
 
 def ledger_dir(run_dir: Path | str) -> Path:
@@ -116,7 +113,7 @@ class PartWriter:
         paths = []
         for name, table in tables.items():
             path = self.root / name / f"part-{gid}-n{len(tables)}.parquet"
-            self._write_file(path, table, _DICTIONARY[name], _STATISTICS[name])
+            self._write_file(path, table, _SCALARS[name], _SCALARS[name])
             paths.append(path)
         if self.fsync:  # make the renames durable before the caller acks the messages
             for path in paths:
