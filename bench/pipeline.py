@@ -1,7 +1,7 @@
 """Pipeline benchmark: raw JetStream publish throughput vs end-to-end throughput into the ledger.
 
     python bench/pipeline.py [--out bench/results] [--publishers N] [--events N] [--in-flight K,K] [--rounds R]
-                             [--baseline GITREF]
+                             [--baseline GITREF] [--variant="FLAGS"]
 
 Starts its own nats-server with swarmrl's streams and measures, on the same server in the same run,
 alternating R rounds of, for each publish mode K:
@@ -15,7 +15,10 @@ alternating R rounds of, for each publish mode K:
 and once, (c): the ledger alone draining a stream published beforehand (its capacity without
 publishers competing for the CPU). `--baseline GITREF` runs (b) and (c) a second time with the ledger
 of that commit (exported with `git archive`, imported ahead of the installed package), alternating
-with today's on the same server and workload: the before/after comparison in one run.
+with today's on the same server and workload (each round starts with the next ledger in turn: the
+first (b) after (a) ran measurably slower than the next): the before/after comparison in one run.
+`--variant="FLAGS"` does the same with today's ledger given other flags (`--variant="--nice 0"`:
+what its CPU priority is worth).
 
 CPU seconds of the publishers, nats-server and the ledger are recorded per phase, so the result can
 be read on a machine shared with other work. Writes `<out>/pipeline.json` and `<out>/pipeline.md`.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -35,6 +39,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -135,6 +140,7 @@ async def publish_all(url: str, work: list[list[Message]], in_flight: int) -> tu
         for ack in await asyncio.gather(*acks):  # every message stored (a failed ack raises here)
             assert ack.stream == S.EPISODES_STREAM and not ack.duplicate, ack
 
+    gc.collect()  # what this process made before (the workload) is not walked during the phase
     t0 = time.perf_counter()
     await asyncio.gather(*(one(nc, msgs) for nc, msgs in zip(conns, work, strict=True)))
     t1 = time.perf_counter()
@@ -181,16 +187,32 @@ async def raw_phase(server: NatsServer, work: list[list[Message]], in_flight: in
     }
 
 
+@dataclass(frozen=True)
+class Other:
+    """A ledger measured beside today's in (b) and (c): an older commit's, or today's with other flags."""
+
+    key: str
+    """`baseline` or `variant`: the prefix of its fields in pipeline.json."""
+    label: str
+    """How the report names it."""
+    code: Path | None = None
+    """Its import tree (`baseline_tree`); None: the installed package."""
+    flags: tuple[str, ...] = ()
+    reproduce: str = ""
+    """The benchmark's option that measures it (`--baseline REF`, `--variant "FLAGS"`)."""
+
+
 async def ledger_phase(
     server: NatsServer,
     work: list[list[Message]],
     in_flight: int,
     tmp: Path,
     drain: bool = False,
-    code: Path | None = None,
+    other: Other | None = None,
 ) -> dict:
     """(b): publish while the ledger runs. `drain`: publish first, then time the ledger alone.
-    `code`: run the ledger from this import tree (`baseline_tree`) instead of the installed package."""
+    `other`: run that ledger instead of today's with its defaults."""
+    code = other.code if other else None
     n, run_dir = sum(map(len, work)), tmp / "run"
     if drain:
         await publish_all(server.service_url, work, in_flight)
@@ -204,6 +226,7 @@ async def ledger_phase(
         str(run_dir),
         "--stats-interval-s",
         "600",
+        *(other.flags if other else ()),
     ]
     with (tmp / "ledger.log").open("wb") as log:
         env = os.environ | {"SWARMRL_NATS": server.service_url}  # credentials never on the command line
@@ -243,7 +266,8 @@ async def ledger_phase(
         proc.wait(timeout=30)
         for line in (tmp / "ledger.log").read_text().splitlines():
             if "ledger stopped" in line:  # its row, dead-letter and pull-request counts
-                print(("baseline " if code else "") + line.split("swarmrl.ledger: ", 1)[-1], file=sys.stderr)
+                name = f"{other.key} " if other else ""
+                print(name + line.split("swarmrl.ledger: ", 1)[-1], file=sys.stderr)
     cpu = [(b - a) / n * 1e6 for a, b in zip(cpu0, cpu1, strict=True)]
     return {
         "seconds": t_durable - t0,
@@ -286,6 +310,7 @@ def ledger_settings() -> str:
         "fetch_batch",
         "poll_interval_s",
         "compression",
+        "nice",
     )
     defaults = ", ".join(f"{name}={fields[name].default}" for name in names)
     return f"defaults: {defaults}, fsync={fields['fsync'].default}"
@@ -300,7 +325,13 @@ async def bench(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="swarmrl-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        baseline = baseline_tree(args.baseline, tmp) if args.baseline else None
+        others = []
+        if args.baseline:
+            others.append(Other("baseline", f"the ledger of `{args.baseline}` ({_commit(args.baseline)})",
+                                code=baseline_tree(args.baseline, tmp), reproduce=f"--baseline {args.baseline}"))  # fmt: skip
+        if args.variant:
+            others.append(Other("variant", f"today's ledger with `{args.variant}`", flags=tuple(args.variant.split()),
+                                reproduce=f'--variant="{args.variant}"'))  # fmt: skip
         server = NatsServer(store_dir=tmp / "nats").start()
         try:
             nc = await bus.connect(server.service_url, "bench-setup")
@@ -311,25 +342,25 @@ async def bench(args: argparse.Namespace) -> dict:
                     tag = f"r{r}k{k}"
                     raw = await raw_phase(server, workload(f"raw{tag}-", args.events, args.publishers), k)
                     await fresh_episodes(js)  # (b) starts from an empty stream
-                    (tmp / tag).mkdir()
                     e2e_work = workload(f"e2e{tag}-", args.events, args.publishers)
-                    e2e = await ledger_phase(server, e2e_work, k, tmp / tag)
-                    await fresh_episodes(js)
-                    ratio = e2e["events_per_s"] / raw["events_per_s"]
-                    run = {"raw_publish": raw, "end_to_end": e2e, "ratio": ratio}
-                    line = f"end to end {e2e['events_per_s']:.0f}/s, ratio {ratio:.2f}"
-                    if baseline is not None:
-                        (tmp / f"{tag}-baseline").mkdir()
-                        base = await ledger_phase(server, e2e_work, k, tmp / f"{tag}-baseline", code=baseline)
+                    run: dict = {"raw_publish": raw}
+                    line = ""
+                    # Each round starts with the next ledger: the (b) right after (a) ran measurably
+                    # slower (publishers and server alike) than the ones after it.
+                    ledgers: list[Other | None] = [None, *others]
+                    for other in ledgers[r % len(ledgers) :] + ledgers[: r % len(ledgers)]:
+                        key = f"{other.key}_" if other else ""
+                        (tmp / f"{tag}-{key or 'today'}").mkdir()
+                        res = await ledger_phase(
+                            server, e2e_work, k, tmp / f"{tag}-{key or 'today'}", other=other
+                        )
                         await fresh_episodes(js)
-                        run |= {
-                            "baseline_end_to_end": base,
-                            "baseline_ratio": base["events_per_s"] / raw["events_per_s"],
-                        }
-                        line += f"; baseline {base['events_per_s']:.0f}/s, ratio {run['baseline_ratio']:.2f}"
+                        ratio = res["events_per_s"] / raw["events_per_s"]
+                        run |= {f"{key}end_to_end": res, f"{key}ratio": ratio}
+                        line += f"; {other.key if other else 'today'} {res['events_per_s']:.0f}/s, ratio {ratio:.2f}"
                     rounds[k].append(run)
                     print(
-                        f"round {r}, {mode_name(k)}: raw {raw['events_per_s']:.0f}/s, {line}", file=sys.stderr
+                        f"round {r}, {mode_name(k)}: raw {raw['events_per_s']:.0f}/s{line}", file=sys.stderr
                     )
             # The ledger alone on a full stream: its own capacity, with no publisher beside it.
             (tmp / "drain").mkdir()
@@ -337,19 +368,19 @@ async def bench(args: argparse.Namespace) -> dict:
                 server, workload("drain-", args.events, args.publishers), 256, tmp / "drain", drain=True
             )
             print(f"ledger alone, draining a full stream: {drain['events_per_s']:.0f}/s", file=sys.stderr)
-            base_drain = None
-            if baseline is not None:
+            other_drains = {}
+            for other in others:
                 await fresh_episodes(js)
-                (tmp / "drain-baseline").mkdir()
-                base_drain = await ledger_phase(
+                (tmp / f"drain-{other.key}").mkdir()
+                other_drains[other] = res = await ledger_phase(
                     server,
                     workload("drain-", args.events, args.publishers),
                     256,
-                    tmp / "drain-baseline",
+                    tmp / f"drain-{other.key}",
                     drain=True,
-                    code=baseline,
+                    other=other,
                 )
-                print(f"baseline ledger alone: {base_drain['events_per_s']:.0f}/s", file=sys.stderr)
+                print(f"{other.key} ledger alone: {res['events_per_s']:.0f}/s", file=sys.stderr)
             await nc.close()
         finally:
             server.stop()
@@ -370,12 +401,12 @@ async def bench(args: argparse.Namespace) -> dict:
             "ratio_end_to_end_over_raw": round(e2e_eps / raw_eps, 3),
             "ledger_cpu_us_per_event": _median_cpu(runs, "end_to_end"),
         }
-        if baseline is not None:
-            base_eps = statistics.median(run["baseline_end_to_end"]["events_per_s"] for run in runs)
+        for other in others:
+            eps = statistics.median(run[f"{other.key}_end_to_end"]["events_per_s"] for run in runs)
             config |= {
-                "baseline_end_to_end_events_per_s": round(base_eps),
-                "baseline_ratio_end_to_end_over_raw": round(base_eps / raw_eps, 3),
-                "baseline_ledger_cpu_us_per_event": _median_cpu(runs, "baseline_end_to_end"),
+                f"{other.key}_end_to_end_events_per_s": round(eps),
+                f"{other.key}_ratio_end_to_end_over_raw": round(eps / raw_eps, 3),
+                f"{other.key}_ledger_cpu_us_per_event": _median_cpu(runs, f"{other.key}_end_to_end"),
             }
         configs.append(config | {"per_round": runs})
     return {
@@ -390,13 +421,15 @@ async def bench(args: argparse.Namespace) -> dict:
         },
         "configs": configs,
         "ledger_alone_drain": _drain_summary(drain),
-        "baseline": None
-        if base_drain is None
-        else {
-            "ref": args.baseline,
-            "commit": _commit(args.baseline),
-            "ledger_alone_drain": _drain_summary(base_drain),
-        },
+        "others": [
+            {
+                "key": other.key,
+                "label": other.label,
+                "reproduce": other.reproduce,
+                "ledger_alone_drain": _drain_summary(res),
+            }
+            for other, res in other_drains.items()
+        ],  # fmt: skip
         "ledger_settings": ledger_settings(),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "machine": machine(),
@@ -424,23 +457,19 @@ def _commit(ref: str) -> str:
 def write_report(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
-    m, b, base = result["machine"], result["event_bytes"], result.get("baseline")
+    m, b, others = result["machine"], result["event_bytes"], result["others"]
     drain = result["ledger_alone_drain"]
-    if base:
-        head = f" (b) with the ledger of `{base['ref']}` ({base['commit']}), events/s | its b / a | "
-        sep = " ---: | ---: |"
-        summary_extra = [
-            f" {c['baseline_end_to_end_events_per_s']} | {c['baseline_ratio_end_to_end_over_raw']:.2f} |"
-            for c in result["configs"]
-        ]
-        drain_extra = f" {base['ledger_alone_drain']['events_per_s']} | |"
-    else:
-        head, sep, summary_extra, drain_extra = "", "", [""] * len(result["configs"]), ""
+    head = "".join(f" (b) with {o['label']}, events/s | its b / a |" for o in others)
     summary = "\n".join(
         f"| {c['publish_mode']} | {c['raw_events_per_s']} | {c['end_to_end_events_per_s']} "
-        f"| **{c['ratio_end_to_end_over_raw']:.2f}** |{extra}"
-        for c, extra in zip(result["configs"], summary_extra, strict=True)
+        f"| **{c['ratio_end_to_end_over_raw']:.2f}** |"
+        + "".join(
+            f" {c[o['key'] + '_end_to_end_events_per_s']} | {c[o['key'] + '_ratio_end_to_end_over_raw']:.2f} |"
+            for o in others
+        )
+        for c in result["configs"]
     )
+    drain_extra = "".join(f" {o['ledger_alone_drain']['events_per_s']} | |" for o in others)
 
     def row(c: dict, i: int, run: dict) -> str:
         raw, e2e = run["raw_publish"], run["end_to_end"]
@@ -449,12 +478,13 @@ def write_report(result: dict, out: Path) -> None:
             f"{raw['cpu_us_per_event']['publishers']:.0f}", f"{e2e['cpu_us_per_event']['nats_server']:.0f}",
             f"{e2e['cpu_us_per_event']['ledger']:.0f}", f"{e2e['tail_after_last_ack_s']:.2f}",
         ]  # fmt: skip
-        if base:
-            old = run["baseline_end_to_end"]
+        for o in others:
+            theirs = run[f"{o['key']}_end_to_end"]
             cells += [
-                f"{old['events_per_s']:.0f}",
-                f"{run['baseline_ratio']:.2f}",
-                f"{old['cpu_us_per_event']['ledger']:.0f}",
+                f"{theirs['events_per_s']:.0f}",
+                f"{run[o['key'] + '_ratio']:.2f}",
+                f"{theirs['cpu_us_per_event']['ledger']:.0f}",
+                f"{theirs['tail_after_last_ack_s']:.2f}",
             ]
         return "| " + " | ".join(cells) + " |"
 
@@ -462,26 +492,25 @@ def write_report(result: dict, out: Path) -> None:
     detail_head = (
         "| mode | round | (a) events/s | (b) events/s | b / a | CPU µs/event: publishers (a) | nats-server (b) "
         "| ledger (b) | (b) ledger done after last ack, s |"
-        + (" baseline (b) events/s | its b / a | its ledger CPU µs/event |" if base else "")
+        + "".join(
+            f" {o['key']}: (b) events/s | its b / a | its ledger CPU µs/event | its tail, s |" for o in others
+        )
     )
     cpu_line = (
         f"in (c) the ledger used {drain['cpu_us_per_event']} µs of CPU per event"
-        + (
-            f", the ledger of `{base['ref']}` {base['ledger_alone_drain']['cpu_us_per_event']} µs"
-            if base
-            else ""
-        )
+        + "".join(f", {o['label']} {o['ledger_alone_drain']['cpu_us_per_event']} µs" for o in others)
         + "; in (b), medians over the rounds: "
         + "; ".join(
             f"{c['publish_mode']}: {c['ledger_cpu_us_per_event']} µs"
-            + (f" (`{base['ref']}`: {c['baseline_ledger_cpu_us_per_event']} µs)" if base else "")
+            + "".join(f" ({o['key']}: {c[o['key'] + '_ledger_cpu_us_per_event']} µs)" for o in others)
             for c in result["configs"]
         )
     )
+    flags = "".join(f" {o['reproduce']}" for o in others)
     md = f"""# Pipeline benchmark: JetStream publish vs. the ledger, end to end
 
 | publishers publish with | (a) raw JetStream publish, events/s | (b) publish → ledger → durable Parquet, events/s | b / a |{head}
-| --- | ---: | ---: | ---: |{sep}
+| --- | ---: | ---: | ---: |{" ---: | ---: |" * len(others)}
 {summary}
 | (c) the ledger alone, draining a full stream | | {drain["events_per_s"]} | |{drain_extra}
 
@@ -494,10 +523,10 @@ process with its {result["ledger_settings"]}, and the clock stops when the last 
 fsynced Parquet file. Machine: {m["cpu"]}, {m["cores"]} cores, {m["ram_gib"]} GiB RAM, {m["os"]}, Python
 {m["python"]}, {m["nats_server"]}, {m["date"]}. The machine was shared (load average
 {result["load_average_before_after"][0]} before, {result["load_average_before_after"][1]} after), so the CPU columns are the
-steadier measure: {cpu_line}. Reproduce: `python bench/pipeline.py{" --baseline " + base["ref"] if base else ""}`.
+steadier measure: {cpu_line}. Reproduce: `python bench/pipeline.py{flags}`.
 
 {detail_head}
-|{" --- |" * 2}{" ---: |" * (10 if base else 7)}
+|{" --- |" * 2}{" ---: |" * (7 + 4 * len(others))}
 {detail}
 """
     (out / "pipeline.md").write_text(md)
@@ -528,6 +557,11 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         metavar="GITREF",
         help="also run (b) and (c) with the ledger of this commit, side by side (e.g. 3cba855^: before issue 11)",
+    )
+    parser.add_argument(
+        "--variant",
+        metavar="FLAGS",
+        help='also run (b) and (c) with today\'s ledger given these flags, side by side (e.g. --variant="--nice 0": the value starts with a dash, hence the =)',
     )
     args = parser.parse_args(argv)
     result = asyncio.run(bench(args))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
+
 from swarmrl.config import ServiceConfig
 from swarmrl.schemas import MAX_EVENT_BYTES
 
@@ -39,6 +41,13 @@ class LedgerConfig(ServiceConfig):
     third of its CPU, which decides whether the ledger keeps up on a small machine."""
     fsync: bool = True
     """fsync every part file and its folder before acking; turn off only for throwaway runs."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """CPU priority the ledger lowers itself to (Unix niceness, 0-19; 0 leaves it as started). It is off
+    the rollout path, and JetStream keeps what it has not read yet: on a machine it shares with agents,
+    engines and trainers, it records in their gaps instead of taking the CPU from them. Where the
+    machine is busy for a long time, the ledger lags (in stream messages, not lost ones) and catches up
+    once it is not. On the 2-core benchmark it is 0.9x raw publish throughput instead of 0.8x
+    (`bench/results/pipeline.md`)."""
     stats_interval_s: float = 30.0
     """Log row and dead-letter counts this often (seconds); open episodes are expired as often."""
     open_episode_ttl_s: float = 6 * 3600.0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -323,10 +324,23 @@ class Ledger:
             )
 
 
+def lower_priority(nice: int) -> int | None:
+    """Lower this thread's CPU priority to niceness `nice` (never raise it); return the niceness now
+    (None where the platform has no niceness). Call it before any thread is started: on Linux the
+    niceness is per thread, and threads inherit it from the one that starts them."""
+    if not hasattr(os, "setpriority"):
+        return None
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice > current:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 async def run(cfg: LedgerConfig) -> None:
     """Run the ledger until SIGINT/SIGTERM."""
     import signal
 
+    log.info("ledger at niceness %d", lower_priority(cfg.nice))  # before the writer threads start
     ledger = Ledger(cfg)
     await ledger.start()
     # What start loaded (pyarrow, duckdb, nats) lives as long as the process: keep it out of the
