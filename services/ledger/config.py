@@ -46,8 +46,7 @@ class LedgerConfig(ServiceConfig):
     the rollout path, and JetStream keeps what it has not read yet: on a machine it shares with agents,
     engines and trainers, it records in their gaps instead of taking the CPU from them. Where the
     machine is busy for a long time, the ledger lags (in stream messages, not lost ones) and catches up
-    once it is not. On the 2-core benchmark it is 0.9x raw publish throughput instead of 0.8x
-    (`bench/results/pipeline.md`)."""
+    once it is not (`bench/results/pipeline.md` measures it beside `--nice 0`)."""
     stats_interval_s: float = 30.0
     """Log row and dead-letter counts this often (seconds); open episodes are expired as often."""
     open_episode_ttl_s: float = 6 * 3600.0
