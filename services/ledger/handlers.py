@@ -251,7 +251,7 @@ class Ledger:
         await self._finish_flush(sink)
         if not sink.rows:
             return
-        buffers, rows = sink.take()
+        buffers, rows = sink.take(self.cfg)
         covering, sink.last = sink.last, None  # this write owns the ack of everything up to it
         sink.writing = asyncio.create_task(self._write(sink, buffers, rows, sink.last_seq, covering))
 
@@ -340,7 +340,7 @@ async def run(cfg: LedgerConfig) -> None:
     """Run the ledger until SIGINT/SIGTERM."""
     import signal
 
-    log.info("ledger at niceness %d", lower_priority(cfg.nice))  # before the writer threads start
+    log.info("ledger at niceness %s", lower_priority(cfg.nice))  # before the writer threads start
     ledger = Ledger(cfg)
     await ledger.start()
     # What start loaded (pyarrow, duckdb, nats) lives as long as the process: keep it out of the

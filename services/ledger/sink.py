@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from swarmrl.services.ledger.client import Delivery
@@ -37,8 +36,8 @@ class StreamSink:
     rows: int = 0
     nbytes: int = 0
     first_at: float = 0.0
-    writes: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=8))
-    """When the last writes were taken, with their rows and bytes (a large one: a burst)."""
+    large_at: float = float("-inf")
+    """When the last large write was taken (`flush_idle_rows` rows or `flush_bytes`): a burst."""
 
     def add(self, table: str, row: Row, msg: Delivery, seq: int) -> None:
         if not self.rows:
@@ -67,16 +66,13 @@ class StreamSink:
             return True
         if not idle:
             return False
-        large = min(cfg.flush_idle_rows, cfg.flush_rows)
-        burst = any(
-            now - at < cfg.flush_interval_s and (rows >= large or nbytes >= cfg.flush_bytes)
-            for at, rows, nbytes in self.writes
-        )
+        burst = now - self.large_at < cfg.flush_interval_s
         return burst or self.rows >= cfg.flush_idle_rows
 
-    def take(self) -> tuple[dict[str, TableBuffer], int]:
+    def take(self, cfg: LedgerConfig) -> tuple[dict[str, TableBuffer], int]:
         """Hand over the buffers and their row count; start afresh."""
         taken = self.buffers, self.rows
-        self.writes.append((time.monotonic(), self.rows, self.nbytes))
+        if self.rows >= min(cfg.flush_idle_rows, cfg.flush_rows) or self.nbytes >= cfg.flush_bytes:
+            self.large_at = time.monotonic()
         self.buffers, self.rows, self.nbytes = {}, 0, 0
         return taken

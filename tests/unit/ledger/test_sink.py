@@ -23,12 +23,12 @@ def test_sink_flushes_on_rows_bytes_or_age_and_hands_over_its_buffers() -> None:
     assert not sink.due(cfg) and sink.last is first and sink.last_seq == 1
     sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.2.2.0.0"), 2)
     assert sink.due(cfg)
-    buffers, rows = sink.take()
+    buffers, rows = sink.take(cfg)
     assert rows == 2 and buffers["dead_letters"].rows == 2 and not sink.due(cfg)
     assert sink.last_seq == 2  # the position stays: it is acked after the write
     sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.3.3.0.0", b"y" * 100), 3)
     assert sink.due(cfg)  # bytes bound
-    sink.take()
+    sink.take(cfg)
     sink.add("dead_letters", row, _msg("$JS.ACK.DLQ.ledger-dlq.1.4.4.0.0"), 4)
     assert sink.due(LedgerConfig(flush_interval_s=0.0))  # age bound
 
@@ -51,14 +51,14 @@ def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once(monkeypatch:
     assert not sink.due(cfg, idle=True)  # a trickle: one row waits for the age bound
     add()
     assert sink.due(cfg, idle=True) and not sink.due(cfg)
-    sink.take()  # 2 rows: as many as an idle write needs, so the stream is busy
+    sink.take(cfg)  # 2 rows: as many as an idle write needs, so the stream is busy
     add()
     assert sink.due(cfg, idle=True) and not sink.due(cfg)  # the tail of a busy stream goes at once
-    sink.take()  # a small write (1 row) ...
+    sink.take(cfg)  # a small write (1 row) ...
     clock[0] += 1
     add()
     assert sink.due(cfg, idle=True)  # ... does not end the burst: its last rows still go at once
-    sink.take()
+    sink.take(cfg)
     clock[0] += 20  # no large write for longer than flush_interval_s: a trickle again
     add()
     assert not sink.due(cfg, idle=True)
@@ -67,6 +67,6 @@ def test_an_idle_stream_writes_enough_rows_or_a_bursts_tail_at_once(monkeypatch:
     for _ in range(2):
         add()
     assert sink.due(cfg)  # a full write
-    sink.take()
+    sink.take(cfg)
     add()
     assert sink.due(cfg, idle=True)  # the burst's tail goes at once
