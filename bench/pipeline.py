@@ -332,6 +332,7 @@ async def bench(args: argparse.Namespace) -> dict:
         if args.variant:
             others.append(Other("variant", f"today's ledger with `{args.variant}`", flags=tuple(args.variant.split()),
                                 reproduce=f'--variant="{args.variant}"'))  # fmt: skip
+        ledgers: list[Other | None] = [None, *others]  # None: today's, with its defaults
         server = NatsServer(store_dir=tmp / "nats").start()
         try:
             nc = await bus.connect(server.service_url, "bench-setup")
@@ -347,40 +348,37 @@ async def bench(args: argparse.Namespace) -> dict:
                     line = ""
                     # Each round starts with the next ledger: the (b) right after (a) ran measurably
                     # slower (publishers and server alike) than the ones after it.
-                    ledgers: list[Other | None] = [None, *others]
                     for other in ledgers[r % len(ledgers) :] + ledgers[: r % len(ledgers)]:
-                        key = f"{other.key}_" if other else ""
-                        (tmp / f"{tag}-{key or 'today'}").mkdir()
-                        res = await ledger_phase(
-                            server, e2e_work, k, tmp / f"{tag}-{key or 'today'}", other=other
-                        )
+                        name = other.key if other else "today"
+                        prefix = f"{name}_" if other else ""  # today's fields have none (pipeline.json)
+                        (tmp / f"{tag}-{name}").mkdir()
+                        res = await ledger_phase(server, e2e_work, k, tmp / f"{tag}-{name}", other=other)
                         await fresh_episodes(js)
                         ratio = res["events_per_s"] / raw["events_per_s"]
-                        run |= {f"{key}end_to_end": res, f"{key}ratio": ratio}
-                        line += f"; {other.key if other else 'today'} {res['events_per_s']:.0f}/s, ratio {ratio:.2f}"
+                        run |= {f"{prefix}end_to_end": res, f"{prefix}ratio": ratio}
+                        line += f"; {name} {res['events_per_s']:.0f}/s, ratio {ratio:.2f}"
                     rounds[k].append(run)
                     print(
                         f"round {r}, {mode_name(k)}: raw {raw['events_per_s']:.0f}/s{line}", file=sys.stderr
                     )
-            # The ledger alone on a full stream: its own capacity, with no publisher beside it.
-            (tmp / "drain").mkdir()
-            drain = await ledger_phase(
-                server, workload("drain-", args.events, args.publishers), 256, tmp / "drain", drain=True
-            )
-            print(f"ledger alone, draining a full stream: {drain['events_per_s']:.0f}/s", file=sys.stderr)
-            other_drains = {}
-            for other in others:
-                await fresh_episodes(js)
-                (tmp / f"drain-{other.key}").mkdir()
-                other_drains[other] = res = await ledger_phase(
+            # Each ledger alone on a full stream: its own capacity, with no publisher beside it.
+            drains: dict[Other | None, dict] = {}
+            for other in ledgers:
+                name = other.key if other else "today"
+                (tmp / f"drain-{name}").mkdir()
+                drains[other] = res = await ledger_phase(
                     server,
                     workload("drain-", args.events, args.publishers),
                     256,
-                    tmp / f"drain-{other.key}",
+                    tmp / f"drain-{name}",
                     drain=True,
                     other=other,
                 )
-                print(f"{other.key} ledger alone: {res['events_per_s']:.0f}/s", file=sys.stderr)
+                await fresh_episodes(js)
+                print(
+                    f"{name} ledger alone, draining a full stream: {res['events_per_s']:.0f}/s",
+                    file=sys.stderr,
+                )
             await nc.close()
         finally:
             server.stop()
@@ -420,15 +418,15 @@ async def bench(args: argparse.Namespace) -> dict:
             "by_kind": {k: round(statistics.mean(v)) for k, v in sorted(by_kind.items())},
         },
         "configs": configs,
-        "ledger_alone_drain": _drain_summary(drain),
+        "ledger_alone_drain": _drain_summary(drains[None]),
         "others": [
             {
                 "key": other.key,
                 "label": other.label,
                 "reproduce": other.reproduce,
-                "ledger_alone_drain": _drain_summary(res),
+                "ledger_alone_drain": _drain_summary(drains[other]),
             }
-            for other, res in other_drains.items()
+            for other in others
         ],  # fmt: skip
         "ledger_settings": ledger_settings(),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
