@@ -32,7 +32,7 @@ bench:
 bench-trainer *ARGS:
     python bench/trainer.py "$@"
 
-# Chaos benchmark (~17 min): the default swarm on a local 3-node NATS cluster under SIGKILLs; bench/results/chaos.{json,md}.
+# Chaos benchmark: the default swarm on a local 3-node NATS cluster under SIGKILLs, against a fault-free run of the same swarm (~17 min each; the fault-free one only when none of this swarm is recorded); bench/results/chaos{,-fault-free}.{json,md}.
 chaos *ARGS:
     python bench/chaos.py "$@"
 

@@ -8,20 +8,23 @@ a policy that is right 60% of the time at every token is often right 100% of the
 Consumes KV `swarm-models[<model>]` updates; runs eval episodes (`eval=True`: recorded by the
 ledger, never trained on) through the same SDK and OpenAI endpoint as any client; publishes one
 `EvalResult` per task and version to `swarm.metrics.eval.<model>`. Needs service credentials
-(agents may not publish metrics).
+(agents may not publish metrics). Also follows the lead models' train steps
+(`swarm.metrics.train.<model>`) and warns when a task's held-out success falls well below its best
+while its train reward does not (`Divergence`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from swarmrl.agents.runner import Outcome, play_episode, roles_of
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.agents.tasks import get_task
-from swarmrl.schemas import EvalResult, ModelVersion, decode, encode
+from swarmrl.schemas import EvalResult, ModelVersion, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
 
 log = logging.getLogger("swarmrl.evaluator")
@@ -35,6 +38,44 @@ class EvalOutcome:
     episodes: int
     metrics: dict[str, tuple[float, int]] = field(default_factory=dict)
     """metric -> (mean over the episodes where it is defined, how many those were)."""
+
+
+@dataclass
+class Divergence:
+    """Held-out success of one task against its train reward: a model that memorises a narrowing
+    training distribution scores on what it trains on and loses the held-out set. `check` warns when
+    success falls `drop` below its best while the mean train reward of the steps since that best is
+    no lower than of the `window` steps up to it; once, until a new best."""
+
+    task: str
+    drop: float = 0.10
+    window: int = 10
+    rewards: list[tuple[int, float]] = field(default_factory=list)
+    """(step, train reward of this task), in arrival order."""
+    best: tuple[int, float] | None = None
+    warned: bool = False
+
+    def reward(self, step: TrainStep) -> None:
+        self.rewards.append((step.step, step.extra.get(f"reward_mean.{self.task}", step.reward_mean)))
+
+    def check(self, version: int, success: float) -> str | None:
+        if self.best is None or success > self.best[1]:
+            self.best, self.warned = (version, success), False
+            return None
+        at, best = self.best
+        before = [r for s, r in self.rewards if s <= at][-self.window :]
+        after = [r for s, r in self.rewards if at < s <= version]
+        if self.warned or success > best - self.drop or not before or not after:
+            return None
+        if statistics.mean(after) < statistics.mean(before):
+            return None  # both fell: a worse policy, not a divergence
+        self.warned = True
+        return (
+            f"task {self.task}: held-out success {success:.0%} (v{version}) is {best - success:.0%} below its "
+            f"best {best:.0%} (v{at}) while the train reward went {statistics.mean(before):.3f} -> "
+            f"{statistics.mean(after):.3f}: train and held-out diverge (a narrowing training distribution? "
+            "see the trainer's distinct.<task>)"
+        )
 
 
 async def evaluate(
@@ -104,6 +145,19 @@ async def run_evaluator(
     watcher = await kv.watchall()
     versions: dict[str, int] = {}
     done: set[tuple[str, int]] = set()
+    divergence = {task: Divergence(task) for task in tasks}
+
+    async def on_step(msg: Any) -> None:
+        try:
+            step = decode(msg.data, TrainStep)
+        except Exception:  # the ledger dead-letters a bad metric; here it only misses one reward
+            return
+        for task, roles in tasks.items():
+            if next(iter(roles.values())) == step.model:
+                divergence[task].reward(step)
+
+    for lead in {next(iter(roles.values())) for roles in tasks.values()}:
+        await swarm.nc.subscribe(S.train_metrics_subject(lead), cb=on_step)
     try:
         while not stop.is_set():
             try:
@@ -119,10 +173,12 @@ async def run_evaluator(
                 if lead != model or (task, version) in done or (version % every and version != final):
                     continue
                 done.add((task, version))
-                await _evaluate_and_publish(
+                success = await _evaluate_and_publish(
                     swarm, task, roles, version, versions, limit=limit, samples=samples,
                     temperature=temperature, max_tokens=max_tokens,
                 )  # fmt: skip
+                if warning := divergence[task].check(version, success):
+                    log.warning("%s", warning)
     finally:
         await watcher.stop()
         await swarm.close()
@@ -135,7 +191,8 @@ async def _evaluate_and_publish(
     version: int,
     versions: dict[str, int],
     **kwargs: Any,
-) -> None:
+) -> float:
+    """Evaluate `task` at `version`, publish the results; returns the team outcome's success rate."""
     spec = get_task(task)
     out = await evaluate(swarm, task, roles, **kwargs)
     lead = next(iter(roles.values()))
@@ -159,3 +216,4 @@ async def _evaluate_and_publish(
         )
         log.info("eval task=%s model=%s version=%d %s=%.3f n=%d", task, r.model, r.step, r.metric,
                  r.success_rate, r.n)  # fmt: skip
+    return out.success

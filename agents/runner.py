@@ -6,6 +6,10 @@
 Each round picks one task instance and plays it `num_repeat` times concurrently (one GRPO group);
 `concurrency` groups' worth of episodes run at once. Any other framework works the same way: all a
 client needs is the SDK's episode (or the plain NATS subjects) and an OpenAI client.
+
+The task streams are seeded (`--seed`), and a client keeps its place in them in KV `swarm-clients`
+under its own name (`TaskCursor`): restarted (a crash, a kill, a node reboot), it continues where it
+stopped instead of playing the same first instances again.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -25,6 +30,7 @@ from swarmrl.agents.sdk import Episode, SwarmClient
 from swarmrl.agents.tasks import TaskSpec, get_task
 from swarmrl.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential
+from swarmrl.schemas import ClientState
 
 log = logging.getLogger("swarmrl.client")
 
@@ -179,6 +185,52 @@ def roles_of(spec: TaskSpec, roles: dict[str, str], model: str) -> dict[str, str
     return {"agent": roles.get("agent", model)}
 
 
+class TaskCursor:
+    """A client's place in its task streams, kept in KV `swarm-clients` under its own name, so that a
+    restarted client (same name, same seed) continues its streams instead of replaying their first
+    instances: round r's task is drawn from (seed, r), and each task's stream skips what was drawn.
+
+    The place is saved as each instance is drawn, before its group is played: a group a kill cuts
+    short is not played again (its episodes were aborted or timed out), as a group lost in flight would
+    not be. Without a saved place (first start, another seed) the streams start at their beginning."""
+
+    def __init__(self, swarm: SwarmClient, seed: int, tasks: list[TaskSpec], state: ClientState) -> None:
+        self.swarm, self.seed, self.rounds = swarm, seed, state.rounds
+        self.drawn = {spec.name: state.drawn.get(spec.name, 0) for spec in tasks}
+        self.specs = {spec.name: spec for spec in tasks}
+        self.streams = {
+            spec.name: itertools.islice(spec.train_tasks(seed), self.drawn[spec.name], None) for spec in tasks
+        }
+
+    @classmethod
+    async def resume(cls, swarm: SwarmClient, seed: int, tasks: list[TaskSpec]) -> TaskCursor:
+        try:
+            state = await swarm.load_state()
+        except Exception as exc:  # e.g. a swarm set up before KV swarm-clients existed
+            log.warning("no saved place in the task streams (%r): starting them at seed %d", exc, seed)
+            state = None
+        if state is not None and state.seed != seed:
+            log.info("saved place is for seed %d, not %d: starting the task streams over", state.seed, seed)
+            state = None
+        if state is not None and state.rounds:
+            log.info("continuing the task streams after round %d (drawn: %s)", state.rounds, state.drawn)
+        return cls(swarm, seed, tasks, state or ClientState(seed=seed, rounds=0))
+
+    async def next(self, weights: dict[str, float]) -> tuple[TaskSpec, Any, int]:
+        """The next round's (task, instance, round number); its place is saved before this returns."""
+        self.rounds += 1
+        rng = random.Random(f"{self.seed}/{self.rounds}")
+        name = rng.choices(list(weights), weights=list(weights.values()))[0]
+        instance = next(self.streams[name])
+        self.drawn[name] += 1
+        state = ClientState(seed=self.seed, rounds=self.rounds, drawn=dict(self.drawn))
+        try:
+            await self.swarm.save_state(state)
+        except Exception as exc:  # the place is best kept, never worth stopping the client for
+            log.warning("could not save the place in the task streams (round %d): %r", self.rounds, exc)
+        return self.specs[name], instance, self.rounds
+
+
 async def run_client(
     nats_url: AgentCredential | str,
     task: str,
@@ -205,22 +257,18 @@ async def run_client(
     weights = parse_task_weights(task)
     tasks = [get_task(name) for name in weights]
     role_maps = {spec.name: roles_of(spec, roles or {}, model) for spec in tasks}
-    rng = random.Random(seed)
-    streams = {spec.name: spec.train_tasks(seed) for spec in tasks}
-    done = rounds = 0
-    # Rounds restart at 1 (and the seeded instances repeat) when this process is restarted: the key
-    # also names this process's lifetime, or a restarted client's groups would merge with the groups
-    # its predecessor left open (and inherit the trainer's count of their lost episodes).
+    cursor = await TaskCursor.resume(swarm, seed, tasks)
+    done = 0
+    # The key also names this process's lifetime: a restarted client's groups never merge with the
+    # groups its predecessor left open (nor inherit the trainer's count of their lost episodes).
     life = os.urandom(4).hex()
 
     async def group_loop(worker: int) -> None:
-        nonlocal done, rounds
+        nonlocal done
         while not stop.is_set():
-            spec = rng.choices(tasks, weights=list(weights.values()))[0]
-            instance = next(streams[spec.name])
-            rounds += 1
+            spec, instance, round_ = await cursor.next(weights)
             # One GRPO group per round: a unique key keeps groups of different clients apart.
-            key = f"{instance.task_id}@{swarm.client_id}-{life}-{rounds}"
+            key = f"{instance.task_id}@{swarm.client_id}-{life}-{round_}"
             results = await asyncio.gather(
                 *(
                     play_episode(
@@ -298,7 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=2, help="groups played at once")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--max-tokens", type=int, default=64, help="max tokens per reply")
-    p.add_argument("--seed", type=int, default=0, help="seed of the task stream")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the task streams; a restarted client with the same name and seed continues them "
+        "where it stopped (its place is kept in KV swarm-clients)",
+    )
     p.add_argument(
         "--abort-rate",
         type=float,

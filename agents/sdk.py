@@ -31,6 +31,8 @@ from typing import Any
 import msgpack
 import nats
 from nats.aio.client import Client as NATS
+from nats.js.errors import NotFoundError
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from swarmrl.infra.credentials import AgentCredential
@@ -40,6 +42,7 @@ from swarmrl.schemas import (
     ActionRequest,
     ActionResult,
     BeginEvent,
+    ClientState,
     EndEvent,
     EnvEvent,
     EventBase,
@@ -214,6 +217,31 @@ class SwarmClient:
             headers={"Nats-Msg-Id": event.msg_id},
             retry_s=self.retry_s,
         )
+
+    @property
+    def state_key(self) -> str:
+        """This client's key in KV `swarm-clients`: its owner name (its credential's), else one made
+        from its client id."""
+        return self.owner or S.owner_name(self.client_id)
+
+    async def load_state(self) -> ClientState | None:
+        """The `ClientState` this client (by `state_key`: the same name after a restart) saved last, or
+        None when it saved none. A direct get of its own KV key, the one read an agent may make."""
+        put, _ = S.client_state_subjects(self.state_key)
+        try:
+            msg = await _retrying(
+                self.js.get_msg, f"KV_{S.CLIENTS_BUCKET}", subject=put, direct=True, retry_s=self.retry_s
+            )
+        except NotFoundError:
+            return None
+        if not msg.data or (msg.headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE):
+            return None
+        return decode(msg.data, ClientState)
+
+    async def save_state(self, state: ClientState) -> None:
+        """Store `state` under this client's key of KV `swarm-clients` (a JetStream publish)."""
+        put, _ = S.client_state_subjects(self.state_key)
+        await _retrying(self.js.publish, put, encode(state), retry_s=self.retry_s)
 
     async def close(self) -> None:
         """Flush and close the NATS connection."""

@@ -15,8 +15,15 @@
    restarts every killed process.
 3. When `up` has stopped, accounts exactly from the streams and the ledger (`chaos_accounting.py`):
    lost and doubled samples, train steps and ledger rows, dead letters, time to recover per fault
-   kind, and the held-out eval curve. Writes `<out>/<name>.json` and `<out>/<name>.md`; exits 1 if
-   anything was lost or doubled, the ledger disagrees with the streams, or a dead letter appeared.
+   kind, distinct task instances per training episode, and the held-out eval curve. Writes
+   `<out>/<name>.json` and `<out>/<name>.md`; `ok` is every check at once (one not measured fails
+   it too), and the exit code is 1 unless `ok`.
+4. Learning is checked against a fault-free run of the same swarm on the same cluster for the same
+   time (`--no-faults`; `<out>/<name>-fault-free.json`, run first when none of this swarm is there):
+   the final held-out success within 10 points of the run's best and at least 0.9x the fault-free
+   run's final, and distinct instances per training episode at least 0.9x the fault-free run's (a
+   restarted client continues its task stream; one that started it over would train on its first
+   questions again and again).
 
 Why `--clients 3 --concurrency 8` (default 2 and 2): a client is killed at most 3 times in any 120 s
 (`up` gives up on a child that exits 5 times in 120 s), so the share of episodes the kills touch is
@@ -62,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=0, help="seeds the fault schedule and the victims")
     add("--clients", type=int, default=3, help="client processes (up --clients)")
     add("--concurrency", type=int, default=8, help="GRPO groups each client plays at once (up --concurrency)")
-    add("--client-every-s", type=float, default=4.0, help="mean seconds between client-kill attempts")
+    add("--client-every-s", type=float, default=2.0, help="mean seconds between client-kill attempts")
     add("--touch-target", type=float, default=0.4,
         help="kill clients while fewer than this share of training episodes were open at their client's kill")  # fmt: skip
     add("--busy-frac", type=float, default=0.75,
@@ -99,12 +106,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cluster stores, up's run dir and logs (default runs/chaos-<time>)",
     )
     add("--out", type=Path, default=RESULTS, help="where <name>.json and <name>.md go")
+    add("--no-faults", action="store_true",
+        help="inject nothing: the fault-free run of the same swarm that the learning checks compare with")  # fmt: skip
+    add("--baseline", default="auto",
+        help="the fault-free run's JSON (written with --no-faults); 'auto': <out>/<name>-fault-free.json "
+        "when it ran this swarm (same --minutes, --clients, --concurrency, --episode-timeout-s and up args), "
+        "else it is run first and written there")  # fmt: skip
     add("--name", default="chaos", help="results file name")
     add("up_args", nargs="*", help="after --: more `swarmrl up` flags (e.g. --model DIR --task guess_number)")
     return p.parse_args(argv)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
     work = args.work_dir or Path("runs") / f"chaos-{dt.datetime.now():%Y%m%d-%H%M%S}"
     work.mkdir(parents=True, exist_ok=True)
     run_dir = work / "run"
@@ -133,7 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         injector.t0 = t0 = time.time()
         print(f"chaos: up pid {up.pid}, run dir {run_dir}, log {work / 'up.log'}", flush=True)
         await injector.watch()
-        faults = asyncio.create_task(_inject(injector, args, t0))
+        faults = asyncio.create_task(asyncio.sleep(0) if args.no_faults else _inject(injector, args, t0))
         rc = await up.wait()
         faults.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -152,7 +165,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if up.returncode is None:
                 up.kill()
         cluster.stop()
-    return summarize(args, up_cmd, rc, ended - t0, run_dir, injector, acct)
+    return summarize(args, up_cmd, rc, ended - t0, run_dir, injector, acct, baseline)
 
 
 async def _inject(injector: Injector, args: argparse.Namespace, t0: float) -> None:
@@ -179,6 +192,7 @@ def summarize(
     run_dir: Path,
     injector: Injector,
     acct: dict[str, Any],
+    baseline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     faults = acct.pop("recovery")
     recovery: dict[str, dict[str, Any]] = {}
@@ -204,8 +218,8 @@ def summarize(
     ledger_missing = sum(s["missing"] for s in acct["ledger"].values())
     ledger_extra = sum(s["duplicate_rows"] + s["rows_not_in_stream"] for s in acct["ledger"].values())
     doubled += ledger_extra
-    curve = [p for p in acct["eval_curve"] if p["metric"] == "success"]
-    rose = len(curve) >= 2 and curve[-1]["success"] > curve[0]["success"]
+    learned = learning(acct["eval_curve"], baseline["accounting"]["eval_curve"] if baseline else None)
+    rose = bool(learned) and all(v["final"] > v["first"] for v in learned.values())
     ep = acct["episodes"]
     # Stretches without a train step (a stalled swarm shows here), the last one up to the stop.
     steps = acct.pop("train_step_ts")
@@ -228,9 +242,17 @@ def summarize(
         "every fault recovered": all(r["recovered"] == r["faults"] for r in recovery.values()),
         "trained at most once": acct["training"].get("trained_twice", 0) == 0 if acct["training"]["measured"] else None,
         "every untrained sample accounted for": acct["training"].get("unaccounted", 0) == 0 if acct["training"]["measured"] else None,
-        "touched >= 30% of training episodes (client kills)": ep["touched_fraction"] >= 0.3,
+        "restarted clients continued their task streams (no round begun twice)": not any(ep["rounds_replayed"].values()),
         "eval curve rose": rose,
+        "final held-out success within 10 points of the best": all(v["final"] >= v["best"] - 0.1 for v in learned.values()) if learned else None,
     }  # fmt: skip
+    if not args.no_faults:
+        base_ep = baseline["accounting"]["episodes"] if baseline else None
+        checks |= {
+            "touched >= 30% of training episodes (client kills)": ep["touched_fraction"] >= 0.3,
+            "final held-out success >= 0.9x the fault-free run's": all(v["base_final"] is not None and v["final"] >= 0.9 * v["base_final"] for v in learned.values()) if learned and baseline else None,
+            "distinct instances per training episode >= 0.9x the fault-free run's": ep["distinct_per_episode"] >= 0.9 * base_ep["distinct_per_episode"] if base_ep else None,
+        }  # fmt: skip
     return {
         "benchmark": "chaos",
         "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
@@ -248,30 +270,65 @@ def summarize(
         "ledger_missing_rows": ledger_missing,
         "recovery": recovery,
         "eval_rose": rose,
+        "learning": learned,
+        "baseline": None
+        if baseline is None
+        else {
+            "path": baseline.get("path"),
+            "command": baseline["command"],
+            "wall_s": baseline["wall_s"],
+            "distinct_per_episode": baseline["accounting"]["episodes"]["distinct_per_episode"],
+            "training_episodes": baseline["accounting"]["episodes"]["training"],
+        },
         "longest_without_train_step": [{"s": round(g, 1), "from_t": round(t, 1)} for g, t in gaps[:3]],
         "checks": checks,
-        "ok": all(v is not False for k, v in checks.items() if not k.startswith(("touched", "eval curve"))),
+        "ok": all(v is True for v in checks.values()),
         "accounting": acct,
         "faults": faults,
         "live": {"begun": injector.begun, "touched": injector.touched},
     }
 
 
+def learning(curve: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Per (model, task) team outcome: first, final (the last version evaluated) and best held-out
+    success, and the fault-free run's final (`base`: its eval curve; None without one)."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in curve:
+        if p["metric"] != "success":
+            continue
+        row = out.setdefault(f"{p['model']} {p['task']}", {"first": p["success"], "best": p["success"]})
+        row.update(final=p["success"], final_version=p["step"], best=max(row["best"], p["success"]))
+    for label, row in out.items():
+        same = [
+            p["success"]
+            for p in base or []
+            if p["metric"] == "success" and f"{p['model']} {p['task']}" == label
+        ]
+        row["base_final"] = same[-1] if same else None
+    return out
+
+
 def write_md(r: dict[str, Any], path: Path) -> None:
     m, a, ep = r["machine"], r["accounting"], r["accounting"]["episodes"]
     tr = a["training"]
+    title = "without faults (the baseline)" if r["config"]["no_faults"] else "under SIGKILL"
     lines = [
-        "# Chaos benchmark: the default swarm on a 3-node JetStream cluster, under SIGKILL",
+        f"# Chaos benchmark: the default swarm on a 3-node JetStream cluster, {title}",
         "",
         f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, torch {m['torch']}, {m['nats_server']}, "
         f"{m['date']} (load average {m['load_average']} at the end). Command: `{r['command']}` "
         f"({r['wall_s']:.0f} s; `up` exit code {r['up_returncode']}; {r['up_stopped'] or 'no report'}).",
         "",
         f"`swarmrl {r['up_command']}` with `SWARMRL_STREAM_REPLICAS=3` and the merger's episode timeout at "
-        f"{r['config']['episode_timeout_s']:g} s. Faults: clients SIGKILLed at random (busy ones, at most "
-        f"{r['config']['kills_per_window']} kills per client per 120 s), each service SIGKILLed "
-        f"{r['config']['service_kills']}x and {r['config']['node_kills']} node fault(s) (SIGKILL, "
-        f"{r['config']['node_down_s']:g} s down, restart), seed {r['config']['seed']}.",
+        f"{r['config']['episode_timeout_s']:g} s. "
+        + (
+            "No faults: the baseline the chaos run's learning checks compare with."
+            if r["config"]["no_faults"]
+            else f"Faults: clients SIGKILLed at random (busy ones, at most {r['config']['kills_per_window']} "
+            f"kills per client per 120 s), each service SIGKILLed {r['config']['service_kills']}x and "
+            f"{r['config']['node_kills']} node fault(s) (SIGKILL, {r['config']['node_down_s']:g} s down, "
+            f"restart), seed {r['config']['seed']}."
+        ),
         "",
         "## Checks",
         "",
@@ -310,6 +367,26 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         "",
         f"Client kills touched {ep['touched_by_client_kills']} of {ep['training']} training episodes "
         f"(**{100 * ep['touched_fraction']:.1f}%**): open when their client was killed, they never ended.",
+        "",
+        "## Learning",
+        "",
+        f"Training episodes played **{ep['distinct_task_ids']} distinct task instances**, "
+        f"**{ep['distinct_per_episode']:.4f} per episode** begun; groups begun again on a round an earlier "
+        f"lifetime of their client had begun: {sum(ep['rounds_replayed'].values())}"
+        + (
+            f" (fault-free run of the same swarm: {r['baseline']['distinct_per_episode']:.4f} over "
+            f"{r['baseline']['training_episodes']} episodes, `{r['baseline']['path']}`)."
+            if r.get("baseline")
+            else "."
+        ),
+        "",
+        "| model task | first | final (version) | best | fault-free run's final |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *[
+            f"| {label} | {100 * v['first']:.1f}% | {100 * v['final']:.1f}% (v{v['final_version']}) | "
+            f"{100 * v['best']:.1f}% | {_pct(v['base_final'])} |"
+            for label, v in r["learning"].items()
+        ],
         "",
         "## Accounting (streams and ledger)",
         "",
@@ -372,18 +449,64 @@ def write_md(r: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    result = asyncio.run(run(args))
+SAME_SWARM = ("minutes", "clients", "concurrency", "episode_timeout_s", "up_args")
+"""What a fault-free run must share with a chaos run to be its baseline."""
+
+
+def baseline_for(args: argparse.Namespace) -> dict[str, Any]:
+    """The fault-free run to compare with: `--baseline PATH` as recorded, or (`auto`) the recorded
+    `<out>/<name>-fault-free.json` when it ran the same swarm, else a new one, run now and written there."""
+    path = args.out / f"{args.name}-fault-free.json" if args.baseline == "auto" else Path(args.baseline)
+    if path.exists():
+        base = json.loads(path.read_text())
+        differs = {
+            k: (base["config"].get(k), getattr(args, k))
+            for k in SAME_SWARM
+            if base["config"].get(k) != getattr(args, k)
+        }
+        if not differs:
+            print(f"chaos: fault-free baseline {path}", flush=True)
+            return base | {"path": str(path)}
+        if args.baseline != "auto":
+            raise SystemExit(f"--baseline {path} ran another swarm: {differs} (recorded, asked)")
+        print(
+            f"chaos: {path} ran another swarm ({differs}); running the fault-free baseline again", flush=True
+        )
+    elif args.baseline != "auto":
+        raise SystemExit(f"--baseline {path}: no such file (write one with --no-faults)")
+    else:
+        print(f"chaos: no fault-free baseline at {path}; running it first ({args.minutes:g} min)", flush=True)
+    base_args = argparse.Namespace(**{**vars(args), "no_faults": True, "name": path.stem, "out": path.parent})
+    if args.work_dir is not None:
+        base_args.work_dir = args.work_dir / "fault-free"
+    base = record(base_args)
+    return base | {"path": str(path)}
+
+
+def record(args: argparse.Namespace, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run, write `<out>/<name>.{json,md}`, print the failed checks; returns the result."""
+    result = asyncio.run(run(args, baseline))
     path = write_json(args.name, result, args.out)
     write_md(result, args.out / f"{args.name}.md")
-    failed = [k for k, v in result["checks"].items() if v is False]
-    print(f"chaos: wrote {path} and {args.name}.md; failed checks: {failed or 'none'}", flush=True)
-    return 0 if result["ok"] else 1
+    failed = [k for k, v in result["checks"].items() if v is not True]
+    print(
+        f"chaos: wrote {path} and {args.name}.md; failed or unmeasured checks: {failed or 'none'}", flush=True
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    baseline = None if args.no_faults else baseline_for(args)
+    return 0 if record(args, baseline)["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ Parquet files, and checks:
   stats (`empty`, `aborted: merge failed`, ...), else it is *lost*;
 - aborted and never-ended episodes (their client killed: timed out by the merger) have no samples;
 - each sample id, train step (model, step) and merge stats record once (*doubled* otherwise);
+- how many distinct task instances (`task_id`) the training episodes played, per episode begun, and
+  whether a restarted built-in client began a round (group) its earlier lifetime had begun: one that
+  starts its task stream over replays its first rounds and questions;
 - each sample trained at most once, and every untrained one accounted for: dropped by the trainer
   with a reason, or still pending in the trainer's consumer when the run stopped (needs
   `TrainStep.sample_ids` / `TrainStep.dropped` / `SampleDrops`; without them the check is "not measured");
@@ -20,6 +23,7 @@ Parquet files, and checks:
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +98,8 @@ async def _fetch(sub: Any, batch: int) -> list[Any]:
 class Episode:
     owner: str
     begin_ts: float | None = None
+    task_id: str = ""
+    group_key: str = ""
     eval: bool = False
     outcome: str = ""
     """`end`, `abort`, or "" (never closed)."""
@@ -152,7 +158,7 @@ def _add(out: Streams, stream: str, m: Msg) -> None:
         ev = decode_event(m.data)
         ep = out.episodes.setdefault(ev.episode_id, Episode(owner=m.subject.split(".")[2]))
         if ev.kind == "begin":
-            ep.begin_ts, ep.eval = ev.ts, bool(getattr(ev, "eval", False))
+            ep.begin_ts, ep.eval, ep.task_id, ep.group_key = ev.ts, ev.eval, ev.task_id, ev.group_key
         elif ev.kind in ("end", "abort") and not ep.outcome:
             ep.outcome, ep.outcome_ts = ev.kind, ev.ts
             ep.abort_reason = str(getattr(ev, "reason", ""))
@@ -206,6 +212,28 @@ def _touched(st: Streams, faults: list[dict[str, Any]]) -> tuple[set[str], dict[
     return touched, dict(per_kill)
 
 
+RUNNER_GROUP = re.compile(r"@(?P<client>.+)-(?P<life>[0-9a-f]{8})-(?P<round>\d+)$")
+"""The built-in runner's group key: `<task_id>@<client id>-<process lifetime>-<round>`."""
+
+
+def rounds_replayed(st: Streams) -> dict[str, int]:
+    """Per client, groups begun on a round an earlier lifetime of the same client had begun: a client
+    restarted with its seed that starts its task stream over replays its first rounds."""
+    lives: dict[tuple[str, str], dict[str, float]] = defaultdict(
+        dict
+    )  # (client, round) -> life -> first begin
+    for ep in st.episodes.values():
+        m = RUNNER_GROUP.search(ep.group_key)
+        if ep.eval or ep.begin_ts is None or m is None:
+            continue
+        seen = lives[(m["client"], m["round"])]
+        seen[m["life"]] = min(seen.get(m["life"], ep.begin_ts), ep.begin_ts)
+    replayed: Counter[str] = Counter()
+    for (client, _), seen in lives.items():
+        replayed[client] += len(seen) - 1
+    return {c: n for c, n in sorted(replayed.items())}
+
+
 def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[str, Any]]) -> dict[str, Any]:
     """The checks of the module docstring on what the streams hold."""
     by_episode: dict[str, list[str]] = defaultdict(list)
@@ -218,6 +246,7 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
     aborted = {eid for eid, ep in training.items() if ep.outcome == "abort"}
     never = {eid for eid, ep in training.items() if not ep.outcome}
     touched, per_kill = _touched(st, faults)
+    distinct = len({ep.task_id for ep in training.values()})
 
     exactly_once, accounted, lost, token_mismatch = 0, Counter[str](), [], []
     for eid in sorted(ended):
@@ -255,6 +284,9 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
             "never_ended": len(never),
             "never_ended_by_merge_status": dict(never_status),
             "eval": sum(ep.eval for ep in st.episodes.values()),
+            "distinct_task_ids": distinct,
+            "distinct_per_episode": round(distinct / max(len(training), 1), 4),
+            "rounds_replayed": rounds_replayed(st),
             "touched_by_client_kills": len(touched),
             "touched_fraction": round(len(touched) / max(len(training), 1), 4),
             "never_ended_untouched": sorted(never - touched)[:20],

@@ -315,6 +315,19 @@ class ActionResult(Record):
     ts: float = Field(default_factory=time.time)
 
 
+class ClientState(Record):
+    """Value of KV `swarm-clients[<owner>]`: where a client is in its task streams, so that a restarted
+    client continues them instead of replaying their first instances (put after every instance drawn)."""
+
+    seed: int
+    """Seed of the streams; a client started with another seed starts its streams over."""
+    rounds: int = Field(ge=0)
+    """Groups begun so far (each plays one instance): the next group is round `rounds + 1`."""
+    drawn: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    """Task name -> instances drawn from that task's stream; a restart skips that many."""
+    ts: float = Field(default_factory=time.time)
+
+
 class ModelVersion(Record):
     """Value of KV `swarm-models[<model>]`: the weights an engine should serve."""
 

@@ -53,6 +53,10 @@ WORK_STREAM_SUBJECTS: dict[str, list[str]] = {ACTIONS_STREAM: [f"{ACTION_RUN_PRE
 
 # KV buckets ------------------------------------------------------------------------------------
 MODELS_BUCKET = "swarm-models"  # key: model name, value: ModelVersion (msgpack)
+CLIENTS_BUCKET = "swarm-clients"  # key: a client's owner name, value: ClientState (msgpack)
+"""Where each client keeps its place (e.g. its position in its task stream) across restarts. An agent
+reaches only its own key, through NATS's own KV subjects (`client_state_subjects`): the services
+account exports them, and an agent's permissions name its key alone."""
 
 # Names -----------------------------------------------------------------------------------------
 EPISODE_KINDS = ("begin", "llm", "env", "reward", "end", "abort", "heartbeat")
@@ -137,6 +141,13 @@ def act_subject(owner: str) -> str:
     return f"{ACT_PREFIX}.{check_owner(owner)}"
 
 
+def client_state_subjects(owner: str) -> tuple[str, str]:
+    """(put, get) subjects of `owner`'s key in KV `swarm-clients`: a JetStream publish to the first
+    stores a value; a direct get on the second (empty request) answers the latest one."""
+    key = f"$KV.{CLIENTS_BUCKET}.{check_owner(owner)}"
+    return key, f"$JS.API.DIRECT.GET.KV_{CLIENTS_BUCKET}.{key}"
+
+
 def action_run_subject(kind: str) -> str:
     return f"{ACTION_RUN_PREFIX}.{check_token(kind, 'action kind')}"
 
@@ -147,9 +158,10 @@ def action_done_subject(key: str) -> str:
 
 def agent_permissions(owner: str) -> dict[str, dict[str, list[str]]]:
     """NATS permissions of agent client `owner`: its own episodes' agent kinds, its token and action
-    subjects, completions of any model (the episode token decides which), and its own inbox."""
+    subjects, completions of any model (the episode token decides which), its own key of KV
+    `swarm-clients`, and its own inbox."""
     publish = [f"{EPISODE_PREFIX}.{check_owner(owner)}.*.{kind}" for kind in AGENT_EPISODE_KINDS]
-    publish += [token_subject(owner), act_subject(owner), f"{LLM_PREFIX}.*"]
+    publish += [token_subject(owner), act_subject(owner), f"{LLM_PREFIX}.*", *client_state_subjects(owner)]
     return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{inbox_prefix(owner)}.>"]}}
 
 

@@ -89,6 +89,15 @@ class Progress:
             cells[prefix + "step"] = f"{self.step_of[model]}/{self.steps}"
             cells[prefix + "loss"] = f"{last.loss:.4f}" if last else "-"
             cells[prefix + "reward"] = f"{last.reward_mean:.3f}" if last else "-"
+            # distinct task instances among each task's last groups (services/trainer/diversity.py)
+            shares = {
+                k.removeprefix("distinct."): v
+                for k, v in (last.extra if last else {}).items()
+                if k.startswith("distinct.")
+            }
+            cells[prefix + "distinct"] = (
+                " ".join(f"{t} {v:.0%}" if len(shares) > 1 else f"{v:.0%}" for t, v in shares.items()) or "-"
+            )
             if len(self.models) == 1:
                 cells["samples"] = str(last.samples) if last else "-"
                 cells["tokens/s"] = f"{last.tokens_per_s:.0f}" if last else "-"

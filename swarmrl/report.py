@@ -109,6 +109,44 @@ def client_versions_section(con: Any, started: float) -> list[str]:
     return lines
 
 
+DISTINCT_WINDOW_S = 180
+DISTINCT_BY_WINDOW = """
+SELECT coalesce(json_extract_string(b.task, '$.name'), '-') AS task,
+       floor((e.begin_ts - $1) / $2)::BIGINT AS w, count(*), count(DISTINCT e.task_id)
+FROM episodes e JOIN (SELECT episode_id, any_value(task) AS task FROM events WHERE kind = 'begin' GROUP BY ALL) b
+    USING (episode_id)
+WHERE NOT e.eval GROUP BY ALL ORDER BY task, w
+"""
+"""Per task and window of the run: training episodes begun and the distinct instances they played."""
+
+
+def distribution_section(con: Any, started: float) -> list[str]:
+    """Report lines: distinct training instances per window and task (a narrowing training
+    distribution, such as clients replaying their task streams, shows as a falling share)."""
+    rows = con.execute(DISTINCT_BY_WINDOW, [float(started), DISTINCT_WINDOW_S]).fetchall()
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Training distribution",
+        "",
+        f"Distinct task instances (`task_id`) the training episodes played, per {DISTINCT_WINDOW_S // 60}-minute "
+        "window of the run. A GRPO group plays one instance `num_repeat` times, so the most a window can "
+        "have is 1 / `num_repeat` per episode; a window under half its task's best is marked.",
+        "",
+        "| task | minutes | episodes | distinct instances | per episode |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    best: dict[str, float] = {}
+    for task, _, n, distinct in rows:
+        best[task] = max(best.get(task, 0.0), distinct / n)
+    for task, w, n, distinct in rows:
+        low = " **narrow**" if distinct / n < 0.5 * best[task] else ""
+        span = f"{w * DISTINCT_WINDOW_S / 60:g}-{(w + 1) * DISTINCT_WINDOW_S / 60:g}"
+        lines.append(f"| {task} | {span} | {n} | {distinct} | {distinct / n:.3f}{low} |")
+    return lines
+
+
 ACTIONS_BY_MINUTE = """
 SELECT kind, floor((ts - ?) / 60)::BIGINT AS minute, count(*), count(*) FILTER (WHERE status = 'ok'),
        avg(act_s), quantile_cont(act_s, 0.5), quantile_cont(act_s, 0.99), avg(queued_s), max(units)
@@ -252,6 +290,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.4f} | {r[4]} | {r[5]} | {r[6]:.0f} | {r[7]:.2f} | {r[8]:.2f} |"
         for r in train
     ]
+    lines += distribution_section(con, started)
     lines += client_versions_section(con, started)
     lines += actions_section(con, started)
     lines += [

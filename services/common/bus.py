@@ -105,6 +105,10 @@ async def ensure_streams(js: JetStreamContext) -> None:
         )  # fmt: skip
         await _add_or_update(js, cfg)
     await models_kv(js, create=True)
+    try:
+        await js.key_value(S.CLIENTS_BUCKET)
+    except NotFoundError:  # direct gets: an agent reads its own key through $JS.API.DIRECT.GET.<...>.<key>
+        await js.create_key_value(bucket=S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
 
 
 async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:

@@ -46,6 +46,7 @@ from swarmrl.services.common.retry import retry
 from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
 from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.diversity import Diversity
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held
 from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
 from swarmrl.services.trainer.handlers import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
@@ -68,6 +69,7 @@ class Trainer:
         self._dropped_since = 0.0
         """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
         self.state = TrainerState(model=cfg.model, step=0, version=0)
+        self.diversity = Diversity()
         self.learner: Learner | None = None
         self.kv: KeyValue | None = None
         self.dead_letters: bus.DeadLetters | None = None
@@ -139,6 +141,7 @@ class Trainer:
             ready, dropped = self.buffer.pop_ready(now)
             self._drop(dropped, "dropped_group")
             for group in ready:
+                self._observe(group)
                 if await self._score(group) is not None:
                     self.ready.append(group)
             if step_task is not None and step_task.done():
@@ -155,6 +158,12 @@ class Trainer:
                 await keep_alive(self._held())
         if step_task is not None:
             await step_task
+
+    def _observe(self, group: Group) -> None:
+        """Count a formed group's task instance (`Diversity`), whatever its scores."""
+        sample = group.items[0].sample
+        if warning := self.diversity.observe(sample.task or self.cfg.model, sample.task_id):
+            log.warning("model=%s %s", self.cfg.model, warning)
 
     async def _on_merge(self, msg: Msg) -> None:
         """An episode the merger dropped (aborted, timed out, empty) will never send samples: count
@@ -344,6 +353,7 @@ class Trainer:
         extra.update({k: float(v) for k, v in self.counts.items()})
         extra.update(held_samples=float(len(self.buffer)), ready_groups=float(len(self.ready)))
         extra.update(self.task_metrics([it.sample for it in items]))
+        extra.update({f"distinct.{task}": share for task, share in self.diversity.shares().items()})
         msg = TrainStep(
             model=self.cfg.model, step=self.state.step, policy_version=self.state.version, loss=stats["loss"],
             reward_mean=mean, reward_std=std,

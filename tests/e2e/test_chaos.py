@@ -1,6 +1,11 @@
 """Chaos, short: `bench/chaos.py` for a few minutes. The swarm trains on a local 3-node JetStream
 cluster while clients, each service and one node are SIGKILLed (`up` restarts them; the node comes
-back on its store); then the streams and the ledger are accounted exactly."""
+back on its store); then the streams and the ledger are accounted exactly, against a fault-free run
+of the same swarm that the benchmark runs first.
+
+What a few minutes on the random-init model cannot show is left to `just chaos`: held-out success
+there is luck (guess_number, 2 eval instances), so the learning checks are reported, not asserted,
+and `ok` (every check at once) is asserted to be exactly their conjunction."""
 
 from __future__ import annotations
 
@@ -46,5 +51,13 @@ def test_chaos_loses_and_doubles_nothing(tmp_path: Path, tiny_model_dir: Path) -
     assert r["checks"]["no dead letters"], acct["dead_letter_list"]
     assert r["checks"]["every fault recovered"], r["recovery"]
     assert acct["episodes"]["touched_by_client_kills"] > 0
+    # Restarted clients continue their task streams: no round is begun by two lifetimes of a client.
+    assert r["checks"]["restarted clients continued their task streams (no round begun twice)"], acct[
+        "episodes"
+    ]
+    assert r["restarts"] and sum(v for k, v in r["restarts"].items() if k.startswith("client-")) >= 1
+    assert r["baseline"] is not None and (tmp_path / "chaos-fault-free.json").exists()
+    assert r["checks"]["distinct instances per training episode >= 0.9x the fault-free run's"] is not None
+    assert r["ok"] == all(v is True for v in r["checks"].values())
     assert r["restarts"].get("merger", 0) >= 1 and r["restarts"].get("trainer", 0) >= 1, r["restarts"]
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == (0 if r["ok"] else 1), out[-3000:]

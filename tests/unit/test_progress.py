@@ -42,3 +42,11 @@ async def test_two_models_show_each_models_step_and_a_roles_own_metric() -> None
     assert "caller step 7/50" in line and "reporter step 3/50" in line
     assert "team_calculator reporter:reporter_correct 50%" in line
     assert p.step == 3 and not p.done()  # neither model is at 50 yet
+
+
+async def test_the_line_shows_distinct_instances_per_task_from_the_trainer() -> None:
+    p = Progress("nats://unused", ["policy"], 300, live=False)
+    assert "distinct -" in p.line()
+    step = train_step(step=3, extra={"distinct.calculator": 0.97, "distinct.guess_number": 0.25})
+    await p._on_msg(SimpleNamespace(subject=S.train_metrics_subject("policy"), data=encode(step)))
+    assert "distinct calculator 97% guess_number 25%" in p.line()

@@ -70,3 +70,27 @@ def test_report_states_what_prefix_sharing_saved(tmp_path: Path) -> None:
     _write(tmp_path, steps)
     report = write_report(tmp_path, reason="test").read_text()
     assert "prefix sharing: the trainer computed 1500 tokens for 15000 sample tokens (10.00x fewer)" in report
+
+
+def test_report_shows_distinct_training_instances_per_window(tmp_path: Path) -> None:
+    """First window: 16 episodes on 16 instances; second: 16 episodes replaying 2 of them."""
+    from swarmrl.report import DISTINCT_WINDOW_S
+    from swarmrl.schemas import BeginEvent
+    from swarmrl.services.ledger.tables import event_row
+
+    t0 = 1_700_000_000.0
+    rows: dict[str, list] = {}
+    for i in range(32):
+        begin = BeginEvent(
+            episode_id=f"c_{i}", seq=0, client_id="c", task_id=f"calculator/{i if i < 16 else i % 2}",
+            task={"name": "calculator"}, models=["policy"], ts=t0 + (0 if i < 16 else DISTINCT_WINDOW_S) + i,
+        )  # fmt: skip
+        table, row = event_row(begin, "EPISODES", i + 1)
+        rows.setdefault(table, []).append(row)
+    writer = PartWriter(tmp_path, fsync=False)
+    writer.prepare()
+    writer.write_group({table: to_arrow(table, r) for table, r in rows.items()})
+    report = write_report(tmp_path).read_text()
+    assert "## Training distribution" in report, report
+    assert "| calculator | 0-3 | 16 | 16 | 1.000 |" in report
+    assert "| calculator | 3-6 | 16 | 2 | 0.125 **narrow** |" in report
