@@ -21,7 +21,9 @@ first (b) after (a) ran measurably slower than the next): the before/after compa
 what its CPU priority is worth).
 
 CPU seconds of the publishers, nats-server and the ledger are recorded per phase, so the result can
-be read on a machine shared with other work. Writes `<out>/pipeline.json` and `<out>/pipeline.md`.
+be read on a machine shared with other work. The ledger's headroom is (c) against the event rate of the
+largest swarm whose stream counts are recorded (`swarm_rate`: every stream's messages over the run's
+wall time, from the chaos benchmark's results). Writes `<out>/pipeline.json` and `<out>/pipeline.md`.
 """
 
 from __future__ import annotations
@@ -419,6 +421,8 @@ async def bench(args: argparse.Namespace) -> dict:
         },
         "configs": configs,
         "ledger_alone_drain": _drain_summary(drains[None]),
+        "largest_swarm": (swarm := swarm_rate(args.out)),
+        "headroom": round(drains[None]["events_per_s"] / swarm["events_per_s"], 1) if swarm else None,
         "others": [
             {
                 "key": other.key,
@@ -432,6 +436,24 @@ async def bench(args: argparse.Namespace) -> dict:
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "machine": machine(),
     }
+
+
+def swarm_rate(results: Path) -> dict | None:
+    """The highest event rate, all streams together, of a recorded swarm run: the chaos benchmark's
+    results count every stream's messages (3 clients playing 8 groups each on 2 cores)."""
+    best = None
+    for path in sorted(results.glob("chaos*.json")):
+        r = json.loads(path.read_text())
+        messages = sum(s["stream_messages"] for s in r["accounting"]["ledger"].values())
+        rate = messages / r["wall_s"]
+        if best is None or rate > best["events_per_s"]:
+            best = {
+                "events_per_s": round(rate, 1),
+                "messages": messages,
+                "wall_s": r["wall_s"],
+                "source": path.name,
+            }
+    return best
 
 
 def _median_cpu(runs: list[dict], phase: str) -> float:
@@ -505,7 +527,17 @@ def write_report(result: dict, out: Path) -> None:
         )
     )
     flags = "".join(f" {o['reproduce']}" for o in others)
+    swarm = result.get("largest_swarm")
+    headroom = (
+        f"**Headroom: {result['headroom']}x.** The ledger alone drains {drain['events_per_s']} events/s; the largest "
+        f"recorded swarm published {swarm['events_per_s']} events/s across all streams ({swarm['messages']} messages "
+        f"in {swarm['wall_s']:.0f} s, `bench/results/{swarm['source']}`)."
+        if swarm
+        else "Headroom: no recorded swarm with stream counts (`bench/results/chaos*.json`) to compare with."
+    )
     md = f"""# Pipeline benchmark: JetStream publish vs. the ledger, end to end
+
+{headroom}
 
 | publishers publish with | (a) raw JetStream publish, events/s | (b) publish → ledger → durable Parquet, events/s | b / a |{head}
 | --- | ---: | ---: | ---: |{" ---: | ---: |" * len(others)}

@@ -2,7 +2,8 @@
 
 swarmrl up                 run the whole swarm on this machine (NATS, engine, gateway, merger,
                            trainer, ledger, example clients) and train the default task
-swarmrl down               stop a running `swarmrl up` (the latest run, or --run-dir), from any directory
+swarmrl down               stop a running `swarmrl up` (the latest run, --run-dir, or $SWARMRL_NATS's swarm)
+swarmrl status             what a running swarm is doing (processes, restarts, steps, eval, clients)
 swarmrl clients restart TASK   replace a task's client processes in a running swarm (live code iteration)
 swarmrl credentials mint NAME  give an agent client its own NATS identity (revoke, list: also live)
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, actions,
@@ -26,6 +27,7 @@ VERBS = {
     "up": ("swarmrl.up", "main"),
     "down": ("swarmrl.rundir", "down"),
     "clients": ("swarmrl.clients", "main"),
+    "status": ("swarmrl.clients", "status"),
     "credentials": ("swarmrl.credentials", "main"),
     "query": ("swarmrl.services.ledger.query", "main"),
     "research": ("swarmrl.research.cli", "main"),

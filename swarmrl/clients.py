@@ -1,28 +1,33 @@
-"""`swarmrl clients`: replace a task's client processes in a running `swarmrl up` (live code iteration).
+"""The client side of a running swarm's control plane (`swarm.ctl.*`, see `swarmrl/control.py`):
 
     swarmrl clients restart calculator              # edit agents/tasks/calculator.py, then this
     swarmrl clients restart calculator --version v2 --run-dir runs/exp1
     swarmrl clients list
+    swarmrl status                                  # processes, restarts, steps, eval, clients
+    swarmrl down                                    # see `swarmrl.rundir.down`
 
-Talks to the run's control socket (`<run_dir>/control.sock`, see `swarmrl/control.py`). A restart
-drains the task's clients (groups in flight finish or are aborted, none is lost or counted twice),
-then starts the new code; the reply comes when the new clients run. Other tasks and the services
-keep going. Every event of the new clients carries the new `client_version` (default: a hash of the
-built-in client code, or `--version`), so the report and `swarmrl query` tell the versions apart.
-
-Stdlib only: it must start fast.
+It needs the swarm's service credentials: `$SWARMRL_NATS` (the service URL, from any machine that
+reaches the swarm's NATS), else the run's own `service.json` (written owner-only by `swarmrl up` in
+its run directory: the latest run, or `--run-dir`). A restart drains the task's clients (groups in
+flight finish or are aborted, none is lost or counted twice), then starts the new code; the reply
+comes when the new clients run. Other tasks and the services keep going. Every event of the new
+clients carries the new `client_version` (default: a hash of the built-in client code, or
+`--version`), so the report and `swarmrl query` tell the versions apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import socket
+import os
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-SOCKET_NAME = "control.sock"  # = swarmrl.control.SOCKET_NAME (not imported: it pulls in the supervisor)
+from swarmrl.rundir import SERVICE_FILE, latest_run_dir
+
 DEFAULT_TIMEOUT_S = 180.0
 """A restart waits for the old clients to drain (30 s) and exit (15 s more at worst)."""
 
@@ -31,49 +36,71 @@ class ClientsError(RuntimeError):
     """No answer from a running swarm; the message says what was looked for."""
 
 
-def find_run_dir(arg: Path | None) -> Path:
-    if arg is not None:
-        return arg
+def service_url(run_dir: Path | None) -> str:
+    """The swarm's service URL: `$SWARMRL_NATS`, else the run's `service.json`."""
+    if url := os.environ.get("SWARMRL_NATS"):
+        return url
+    run = run_dir or latest_run_dir()
+    if run is None:
+        raise ClientsError("no running swarm: set $SWARMRL_NATS (its service URL) or pass --run-dir")
+    path = run / SERVICE_FILE
     try:
-        from swarmrl.rundir import latest_run_dir
-    except ImportError:
-        latest: Path | None = Path("runs/latest") if Path("runs/latest").is_dir() else None
-    else:
-        latest = latest_run_dir()
-    if latest is None:
-        raise ClientsError("no running swarm: no latest run found (start `swarmrl up`, or pass --run-dir)")
-    return latest
-
-
-def request(run_dir: Path, req: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Send one request to the `swarmrl up` of `run_dir` and return its reply."""
-    path = run_dir / SOCKET_NAME
-    if not path.exists():
+        return str(json.loads(path.read_text())["nats"])
+    except FileNotFoundError:
         raise ClientsError(
-            f"no running swarm in {run_dir}: no control socket {path} (is `swarmrl up` running?)"
-        )
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
+            f"no running swarm in {run}: no {path} (is `swarmrl up` running? from another machine, "
+            "set $SWARMRL_NATS to the swarm's service URL)"
+        ) from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ClientsError(f"unreadable {path}: {exc!r}") from None
+
+
+def _shown(url: str) -> str:
+    """`url` without its password, for messages."""
+    parts = [urlsplit(u.strip()) for u in url.split(",")]
+    return ",".join(f"{p.scheme}://{p.hostname}:{p.port}" for p in parts)
+
+
+def request(verb: str, body: dict[str, Any], run_dir: Path | None, timeout: float) -> dict[str, Any]:
+    """Send one control request (`swarm.ctl.<verb>`) and return its reply."""
+    url = service_url(run_dir)
+
+    async def ask() -> dict[str, Any]:
+        import nats
+        from nats.errors import NoRespondersError, NoServersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        from swarmrl.schemas.subjects import control_subject
+
         try:
-            s.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError) as exc:
-            raise ClientsError(f"no running swarm in {run_dir}: {path} does not answer ({exc})") from None
-        s.sendall(json.dumps(req).encode() + b"\n")
-        buf = b""
+            nc = await nats.connect(
+                servers=[u.strip() for u in url.split(",")], connect_timeout=5, max_reconnect_attempts=0,
+                allow_reconnect=False,
+            )  # fmt: skip
+        except (NoServersError, OSError, TimeoutError) as exc:
+            raise ClientsError(f"no running swarm at {_shown(url)}: {exc!r}") from None
         try:
-            while not buf.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        except TimeoutError:
+            msg = await nc.request(control_subject(verb), json.dumps(body).encode(), timeout=timeout)
+        except NoRespondersError:
+            raise ClientsError(f"no swarm answers on {control_subject(verb)} at {_shown(url)}") from None
+        except (NatsTimeout, TimeoutError):
             raise ClientsError(
-                f"no reply from {path} in {timeout:g}s (the restart may still finish; see {run_dir / 'logs'})"
+                f"no reply in {timeout:g}s (a restart may still finish; see the run's logs)"
             ) from None
-    if not buf:
-        raise ClientsError(f"{path} closed the connection without a reply (is `swarmrl up` stopping?)")
-    reply: dict[str, Any] = json.loads(buf)
-    return reply
+        finally:
+            await nc.close()
+        reply: dict[str, Any] = json.loads(msg.data)
+        return reply
+
+    return asyncio.run(ask())
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-dir", type=Path, default=None,
+        help="the run directory whose service.json to use (default: the latest run; $SWARMRL_NATS wins)",
+    )  # fmt: skip
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the reply")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,21 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                          "for a task with its own command, the SDK's default)")  # fmt: skip
     lst = sub.add_parser("list", help="each task's client processes, generation and version")
     for sp in (restart, lst):
-        sp.add_argument(
-            "--run-dir", type=Path, default=None, help="the run directory (default: the latest run)"
-        )
-        sp.add_argument(
-            "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the reply"
-        )
+        _common(sp)
     args = p.parse_args(argv)
-    req: dict[str, Any] = {"verb": args.cmd}
+    body: dict[str, Any] = {}
     if args.cmd == "restart":
-        req["task"] = args.task
+        body["task"] = args.task
         if args.version:
-            req["version"] = args.version
+            body["version"] = args.version
     try:
-        run_dir = find_run_dir(args.run_dir)
-        reply = request(run_dir, req, args.timeout)
+        reply = request(args.cmd, body, args.run_dir, args.timeout)
     except ClientsError as exc:
         print(f"swarmrl clients: {exc}", file=sys.stderr)
         return 1
@@ -110,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swarmrl clients: {reply.get('error', reply)}", file=sys.stderr)
         return 1
     if args.cmd == "list":
-        for task, info in reply["tasks"].items():
-            print(f"{task}: generation {info['generation']}, version {info['version'] or '(default)'}: "
-                  f"{', '.join(info['clients']) or '(no clients)'}")  # fmt: skip
+        print(_tasks(reply["tasks"]))
         return 0
     killed = f"; killed after the drain timeout: {', '.join(reply['killed'])}" if reply.get("killed") else ""
     print(
@@ -120,6 +139,40 @@ def main(argv: list[str] | None = None) -> int:
         f"(drained in {reply['drained_s']:.1f}s{killed}) with {', '.join(reply['new'])} "
         f"(generation {reply['generation']}, version {reply['version'] or '(default)'})"
     )
+    return 0
+
+
+def _tasks(tasks: dict[str, Any]) -> str:
+    return "\n".join(
+        f"{task}: generation {info['generation']}, version {info['version'] or '(default)'}: "
+        f"{', '.join(info['clients']) or '(no clients)'}"
+        for task, info in tasks.items()
+    )
+
+
+def status(argv: list[str] | None = None) -> int:
+    """`swarmrl status`: what a running swarm is doing, from any machine with its service credentials."""
+    p = argparse.ArgumentParser(
+        prog="swarmrl status",
+        description="Show a running swarm: its processes and restarts, each model's step, the latest "
+        "eval, and each task's clients. Needs $SWARMRL_NATS or the run's service.json (see `swarmrl clients`).",
+    )
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print the reply as JSON")
+    args = p.parse_args(argv)
+    try:
+        reply = request("status", {}, args.run_dir, args.timeout)
+    except ClientsError as exc:
+        print(f"swarmrl status: {exc}", file=sys.stderr)
+        return 1
+    if args.json or not reply.get("ok"):
+        print(json.dumps(reply, indent=1))
+        return 0 if reply.get("ok") else 1
+    print(f"run {reply['run_dir']}, up {reply['uptime_s']:.0f}s")
+    print("progress: " + " | ".join(f"{k} {v}" for k, v in reply["progress"].items()))
+    print("processes: " + ", ".join(f"{n} ({pid})" for n, pid in reply["processes"].items()))
+    print("restarts: " + (", ".join(f"{n} {k}" for n, k in reply["restarts"].items()) or "none"))
+    print(_tasks(reply["tasks"]))
     return 0
 
 

@@ -1,13 +1,18 @@
-"""Control channel of a running `swarmrl up`: replace a task's clients while the swarm keeps training.
+"""Control plane of a running `swarmrl up` on NATS: `swarm.ctl.<verb>`, served with NATS's service
+API (`nats.micro`: discovery, stats and request/reply), reachable with the service credentials only
+(agents live in an account that does not import it). `swarmrl clients`, `swarmrl status` and
+`swarmrl down` are its client side, from any machine that holds those credentials.
 
-`up` listens on `<run_dir>/control.sock` (a Unix socket, owner-only 0600) for JSON-line requests;
-each gets one JSON-line reply, sent when the work is done. `swarmrl clients` is the client side.
+Requests and replies are JSON:
 
-    {"verb": "restart", "task": "calculator", "version": "v2"}   # version optional
+    swarm.ctl.restart {"task": "calculator", "version": "v2"}   # version optional
     -> {"ok": true, "task": "calculator", "old": [...], "new": [...], "generation": 1,
         "version": "v2", "drained_s": 4.2, "killed": []}
-    {"verb": "list"}
+    swarm.ctl.list {}
     -> {"ok": true, "tasks": {"calculator": {"clients": [...], "generation": 0, "version": "..."}}}
+    swarm.ctl.status {}  -> {"ok": true, "run_dir": ..., "uptime_s": ..., "processes": {...}, "restarts": {...},
+                             "progress": {...}, "tasks": {...}}
+    swarm.ctl.down {}    -> {"ok": true, "stopping": true}   (then `up` stops every service, as on Ctrl-C)
     errors -> {"ok": false, "error": "unknown task 'x'; tasks: ['calculator']"}
 
 A restart drains the task's current clients (SIGTERM: the built-in runner starts no new group and
@@ -15,7 +20,7 @@ gives the groups in flight `--drain-s` to end, then aborts what is left), waits 
 (SIGKILL after `drain_s + grace_s`), retires them from the supervisor (so their exit does not stop
 the run), then starts the next generation with the new code. Other tasks' clients and every service
 keep running. `handle_request` (pure parsing and dispatch) and `Restarter` (process handling) are
-separate from the socket so tests reach them directly.
+separate from NATS so tests reach them directly.
 
 The version recorded on every event of a built-in client (`client_version`) defaults to
 `builtin_client_version()`: a hash of the client code as it is on disk when the clients start (the
@@ -30,11 +35,10 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,13 +50,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swarmrl.up")
 
-SOCKET_NAME = "control.sock"
+SERVICE_NAME = "swarmrl-control"
+VERBS = ("list", "restart", "status", "down")
 DRAIN_S = 30.0
 """The built-in runner's `--drain-s` default: how long clients may take to finish their groups."""
 GRACE_S = 15.0
 """On top of the drain: time to publish the aborts and close before a client is killed."""
-MAX_REQUEST = 64 * 1024
-
 Reply = dict[str, Any]
 Spawn = Callable[[str, int, str], list[str]]
 """(task, generation, version) -> names of the processes started."""
@@ -60,10 +63,6 @@ Spawn = Callable[[str, int, str], list[str]]
 
 class ControlError(ValueError):
     """A request that cannot be served; the message is the reply's `error`."""
-
-
-def socket_path(run_dir: Path) -> Path:
-    return run_dir / SOCKET_NAME
 
 
 # -- client code version ----------------------------------------------------------------------------
@@ -214,15 +213,32 @@ async def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout: float |
 # -- requests -------------------------------------------------------------------------------------------
 
 
-async def handle_request(line: bytes, restarter: Restarter) -> Reply:
-    """One request line -> its reply. Never raises: every failure is an `{"ok": false}` reply."""
+@dataclass
+class Plane:
+    """What the control verbs act on: the client restarts, the run's status, and how to stop it."""
+
+    restarter: Restarter
+    status: Callable[[], Reply] = lambda: {}
+    """The run's status (`swarmrl status`) beside each task's clients."""
+    down: Callable[[], None] = lambda: None
+    """Ask `up` to stop, as Ctrl-C does."""
+
+
+async def handle_request(verb: str, data: bytes, plane: Plane) -> Reply:
+    """One request (`verb`, its JSON body) -> its reply. Never raises: every failure is an
+    `{"ok": false}` reply."""
     try:
-        req = json.loads(line)
+        req = json.loads(data) if data.strip() else {}
         if not isinstance(req, dict):
             raise ControlError(f"a request is a JSON object, got {type(req).__name__}")
-        verb = req.get("verb")
+        restarter = plane.restarter
         if verb == "list":
             return restarter.status()
+        if verb == "status":
+            return {"ok": True, **plane.status(), "tasks": restarter.status()["tasks"]}
+        if verb == "down":
+            plane.down()
+            return {"ok": True, "stopping": True}
         if verb == "restart":
             task, version = req.get("task"), req.get("version")
             if not isinstance(task, str) or not task:
@@ -230,63 +246,51 @@ async def handle_request(line: bytes, restarter: Restarter) -> Reply:
             if version is not None and not isinstance(version, str):
                 raise ControlError(f"version must be a string, got {version!r}")
             return await restarter.restart(task, version or None)
-        raise ControlError(f"unknown verb {verb!r}; verbs: ['list', 'restart']")
+        raise ControlError(f"unknown verb {verb!r}; verbs: {list(VERBS)}")
     except json.JSONDecodeError as exc:
-        return {"ok": False, "error": f"request is not JSON ({exc}): {line[:200]!r}"}
+        return {"ok": False, "error": f"request is not JSON ({exc}): {data[:200]!r}"}
     except ControlError as exc:
         return {"ok": False, "error": str(exc)}
     except Exception as exc:  # a failed restart must not take the swarm down; the caller hears why
-        log.exception("control request failed: %r", line[:200])
+        log.exception("control request %s failed: %r", verb, data[:200])
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-class ControlServer:
-    """The Unix-socket server of `handle_request` at `<run_dir>/control.sock`."""
+class ControlService:
+    """`handle_request` served on `swarm.ctl.<verb>` with `nats.micro` (service `swarmrl-control`)."""
 
-    def __init__(self, path: Path, handle: Callable[[bytes], Awaitable[Reply]]) -> None:
-        self.path = path
-        self.handle = handle
-        self.server: asyncio.AbstractServer | None = None
-        self.requests: set[asyncio.Task[None]] = set()
+    def __init__(self, nats_url: str, plane: Plane, run_dir: Path) -> None:
+        self.nats_url, self.plane, self.run_dir = nats_url, plane, run_dir
+        self.nc: Any = None
+        self.service: Any = None
 
-    async def start(self) -> ControlServer:
-        # Owner-only from the first moment: the umask covers the bind, the chmod any odd filesystem.
-        old = os.umask(0o177)
-        try:
-            self.server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=MAX_REQUEST)
-        finally:
-            os.umask(old)
-        os.chmod(self.path, 0o600)
+    async def start(self) -> ControlService:
+        from nats import micro
+
+        from swarmrl.schemas import subjects as S
+        from swarmrl.services.common import bus
+
+        self.nc = await bus.connect(self.nats_url, "up-control")
+        self.service = await micro.add_service(
+            self.nc, name=SERVICE_NAME, version="1.0.0", description="control of a running swarmrl up",
+            metadata={"run_dir": str(self.run_dir)},
+        )  # fmt: skip
+        for verb in VERBS:
+
+            async def serve(req: Any, verb: str = verb) -> None:
+                reply = await handle_request(verb, req.data, self.plane)
+                await req.respond(json.dumps(reply).encode())
+
+            await self.service.add_endpoint(name=verb, subject=S.control_subject(verb), handler=serve)
         return self
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.requests.add(task)
-        try:
-            while line := await reader.readline():
-                writer.write(json.dumps(await self.handle(line)).encode() + b"\n")
-                await writer.drain()
-        except (ConnectionError, ValueError) as exc:  # ValueError: a line over the limit
-            log.warning("control connection dropped: %s", exc)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                writer.write(json.dumps({"ok": False, "error": "swarmrl up is stopping"}).encode() + b"\n")
-            raise
-        finally:
-            self.requests.discard(task)
-            writer.close()
-
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            for t in list(self.requests):
-                t.cancel()
-            await asyncio.gather(*self.requests, return_exceptions=True)
+        if self.service is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), timeout=5)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+                await self.service.stop()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
 
 
 # -- `swarmrl up` wiring --------------------------------------------------------------------------------
@@ -294,22 +298,29 @@ class ControlServer:
 
 @dataclass
 class Control:
-    server: ControlServer | None
+    service: ControlService | None
     restarter: Restarter
 
     async def close(self) -> None:
-        if self.server is not None:
-            await self.server.close()
+        if self.service is not None:
+            await self.service.close()
         await self.restarter.close()
 
 
 async def start_control(
-    sup: Supervisor, swarm: Any, run_dir: Path, clients: dict[str, list[str]], ids: AgentIds
+    sup: Supervisor,
+    swarm: Any,
+    run_dir: Path,
+    clients: dict[str, list[str]],
+    ids: AgentIds,
+    nats_url: str,
+    status: Callable[[], Reply],
+    down: Callable[[], None],
 ) -> Control:
-    """What `up.supervise` starts: restarts of `swarm`'s clients (`clients`: task -> the names
-    started by `up`; each generation gets new identities from `ids`, the old ones are revoked) over
-    `<run_dir>/control.sock`. A socket that cannot be made (a path over the 108-byte limit of Unix
-    sockets) is logged and the run goes on without live restarts."""
+    """What `up.supervise` starts: the control plane on `nats_url` (service credentials), with
+    restarts of `swarm`'s clients (`clients`: task -> the names started by `up`; each generation gets
+    new identities from `ids`, the old ones are revoked), `status` and `down`. A control plane that
+    cannot start is logged and the run goes on without it."""
     from swarmrl.launch import spawn_clients
 
     def spawn(task: str, generation: int, version: str) -> list[str]:
@@ -329,10 +340,13 @@ async def start_control(
         on_change=write_pids,
         on_retired=ids.revoke,
     )
-    server = ControlServer(socket_path(run_dir), lambda line: handle_request(line, restarter))
+    service = ControlService(nats_url, Plane(restarter, status, down), run_dir)
     try:
-        await server.start()
-    except OSError as exc:
-        log.warning("no control socket at %s (%s): `swarmrl clients` will not reach this run", run_dir, exc)
+        await asyncio.wait_for(service.start(), timeout=30)
+    except Exception as exc:
+        log.warning(
+            "no control plane on NATS (%r): `swarmrl clients/status/down` will not reach this run", exc
+        )
+        await service.close()
         return Control(None, restarter)
-    return Control(server, restarter)
+    return Control(service, restarter)

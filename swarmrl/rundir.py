@@ -17,8 +17,13 @@ Where runs live and how the tools find them again, from any directory:
   that directory still exists, else None.
 - `write_pid(run_dir)` / `clear_pid(run_dir)`: `swarmrl up` keeps `<run_dir>/up.pid` while it runs
   (the pid and the process start time, so a pid the kernel has since reused is never signalled).
-- `down(argv)`: `swarmrl down [--run-dir DIR]` sends SIGTERM to the `swarmrl up` of DIR, or of the
-  latest run found as above (falling back to the older `runs/.up.pid` of the current directory).
+- `write_service_file(run_dir, url)`: `swarmrl up` writes the swarm's service URL, owner-only, to
+  `<run_dir>/service.json`, where `swarmrl clients`, `status` and `down` find it on this machine
+  (elsewhere they take `$SWARMRL_NATS`).
+- `down(argv)`: `swarmrl down [--run-dir DIR]` asks the swarm to stop through its control plane
+  (`swarm.ctl.down`; with `$SWARMRL_NATS`, from any machine); where that cannot be reached it sends
+  SIGTERM to the `swarmrl up` of DIR, or of the latest run found as above (falling back to the older
+  `runs/.up.pid` of the current directory).
 
 Stdlib only: the CLI imports this for `swarmrl down` and `swarmrl query`, which must start fast.
 """
@@ -41,6 +46,8 @@ RUNS = Path("runs")
 LATEST_LINK = RUNS / "latest"
 LATEST_POINTER = "latest-run"
 PID_NAME = "up.pid"
+SERVICE_FILE = "service.json"
+"""`{"nats": <service URL>}`, owner-only: the run's service credentials for its control plane."""
 LEGACY_PID_FILE = RUNS / ".up.pid"
 
 
@@ -172,18 +179,47 @@ def _candidates(run_dir: Path | None) -> list[Path]:
     return list(unique.values())
 
 
+def write_service_file(run_dir: Path, url: str) -> Path:
+    """Write `<run_dir>/service.json` (mode 0600 from its creation: it holds the service password)."""
+    import json
+
+    path = run_dir / SERVICE_FILE
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"nats": url}, f)
+    return path
+
+
 def down(argv: list[str] | None = None) -> int:
     """`swarmrl down`: ask a running `swarmrl up` to stop (SIGTERM; it then stops every service
     and writes its report)."""
     p = argparse.ArgumentParser(
         prog="swarmrl down",
-        description="Stop a running `swarmrl up` (from any directory): sends it SIGTERM; it then stops "
-        "every service and writes the run's report. Without --run-dir it stops the latest run: "
+        description="Stop a running `swarmrl up`: through its control plane (swarm.ctl.down; with "
+        "$SWARMRL_NATS from any machine, else with the run's service.json), or else by SIGTERM to its pid; it "
+        "then stops every service and writes the run's report. Without --run-dir it stops the latest run: "
         f"./{LATEST_LINK} if present, else the run recorded in $SWARMRL_HOME/{LATEST_POINTER} "
         f"(now {latest_pointer()}).",
     )
     p.add_argument("--run-dir", type=Path, default=None, help="the run directory of the swarm to stop")
     args = p.parse_args(argv)
+    if os.environ.get("SWARMRL_NATS") or any(
+        (run / SERVICE_FILE).exists() for run in (args.run_dir, latest_run_dir()) if run is not None
+    ):
+        from swarmrl.clients import ClientsError, request
+
+        try:
+            reply = request("down", {}, args.run_dir, timeout=30)
+        except ClientsError as exc:  # not reachable: the pid file, on this machine
+            print(f"swarmrl down: {exc}; trying the run's pid file", file=sys.stderr)
+        else:
+            if reply.get("ok"):
+                print("swarmrl down: asked the swarm to stop (swarm.ctl.down)")
+                return 0
+            print(f"swarmrl down: {reply.get('error', reply)}", file=sys.stderr)
+            return 1
     candidates = _candidates(args.run_dir)
     looked = [str(c) for c in candidates]
     for path in candidates:

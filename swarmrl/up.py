@@ -198,7 +198,16 @@ async def supervise(
 
     deadline = time.monotonic() + run.minutes * 60
     reason = "interrupted"
-    control = await start_control(sup, swarm, run_dir, clients, ids)
+    started = time.time()
+
+    def status() -> dict[str, Any]:
+        """`swarmrl status`: what this run is doing now."""
+        return {
+            "run_dir": str(run_dir), "uptime_s": round(time.time() - started, 1), "processes": sup.pids(),
+            "restarts": dict(sup.restarts), "progress": progress.cells(),
+        }  # fmt: skip
+
+    control = await start_control(sup, swarm, run_dir, clients, ids, service_url, status, stop.set)
     try:
         while not stop.is_set():
             # Any other exit is a crash: the child is restarted after a backoff and resumes from its
@@ -265,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     from swarmrl.infra.credentials import AgentRegistry
     from swarmrl.launch import OUTSIDE, AgentIds, spawn_clients, spawn_services
     from swarmrl.log import setup_logging
-    from swarmrl.rundir import clear_pid, make_run_dir, write_pid
+    from swarmrl.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.swarm import resolve_base
 
     setup_logging("up")
@@ -280,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         server = NatsServer(store_dir=run_dir / "nats", log_file=run_dir / "logs" / "nats.log").start()
         service_url, conf_dir = server.service_url, server.conf_dir
+    write_service_file(run_dir, service_url)  # for `swarmrl clients/status/down` on this machine
     ids = AgentIds(AgentRegistry(conf_dir), service_url, swarm, run_dir)
     connect_file = ids.mint([OUTSIDE])[OUTSIDE]
     sup = Supervisor(run_dir / "logs")

@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
 
 import nats
 from nats.aio.client import Client as NATS
@@ -61,16 +60,13 @@ ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
 """On a truncated dead letter: the hex SHA-256 of the original payload."""
 
 
-async def connect(url: str, name: str, client: NATS | None = None) -> NATS:
-    """Connect with reconnects forever: a broker restart pauses a service, it never kills it.
-
-    `client`: a not yet connected client to connect (a subclass of nats-py's), instead of a new one.
-    """
+async def connect(url: str, name: str) -> NATS:
+    """Connect with reconnects forever: a broker restart pauses a service, it never kills it."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
 
-    nc = client if client is not None else NATS()
+    nc = NATS()
     await nc.connect(
         servers=[u.strip() for u in url.split(",")],
         name=name,
@@ -147,19 +143,6 @@ async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
         return await js.create_key_value(bucket=S.MODELS_BUCKET, history=16, replicas=stream_replicas())
 
 
-class Received(Protocol):
-    """What a dead letter needs of the message it keeps: nats-py's `Msg`, the ledger's `Delivery`."""
-
-    @property
-    def subject(self) -> str: ...
-    @property
-    def reply(self) -> str: ...
-    @property
-    def data(self) -> bytes: ...
-    @property
-    def metadata(self) -> Msg.Metadata: ...
-
-
 @dataclass
 class DeadLetters:
     """Publishes bad input to `swarm.dlq.<service>` with the original bytes and the reason; counts it.
@@ -173,7 +156,7 @@ class DeadLetters:
     counts: Counter[str] = field(default_factory=Counter)
 
     async def send(
-        self, msg: Received | None, reason: str, *, data: bytes | None = None, subject: str = ""
+        self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = ""
     ) -> None:
         code = reason.split(":", 1)[0]
         subject = subject or (msg.subject if msg is not None else "")
@@ -247,12 +230,14 @@ async def durable_pull(
     max_deliver: int = -1,
     start_seq: int = 0,
     ack_policy: AckPolicy = AckPolicy.EXPLICIT,
+    pending_bytes_limit: int = 256 * 1024 * 1024,
 ) -> JetStreamContext.PullSubscription:
     """Bind to (creating if needed) a durable pull consumer; a restarted service resumes from its ack floor.
 
     `start_seq` > 0 makes a newly created consumer start at that stream sequence (an existing one
     keeps its position: delete it first to reposition). `AckPolicy.ALL`: one ack covers every
-    earlier message, for a consumer that handles messages strictly in order.
+    earlier message, for a consumer that handles messages strictly in order. `pending_bytes_limit`:
+    nats-py drops what arrives beyond it as a slow consumer (0: no limit).
     """
     cfg = ConsumerConfig(
         durable_name=durable,
@@ -264,7 +249,9 @@ async def durable_pull(
         max_deliver=max_deliver,
         filter_subject=subject if subject != ">" else None,
     )
-    return await js.pull_subscribe(subject, durable=durable, stream=stream, config=cfg)
+    return await js.pull_subscribe(
+        subject, durable=durable, stream=stream, config=cfg, pending_bytes_limit=pending_bytes_limit
+    )
 
 
 async def batches(

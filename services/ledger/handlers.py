@@ -2,7 +2,7 @@
 
 Consumes: EPISODES (`swarm.ep.>`), SAMPLES (`swarm.samples.>`), METRICS (`swarm.metrics.>`) and
 DLQ (`swarm.dlq.>`), each with its durable consumer `ledger-<stream>` (`bus.durable_pull`), read in
-batches by `pull.BatchPuller`.
+batches with nats-py's `PullSubscription.fetch` (`_batches`).
 Publishes: `swarm.dlq.ledger` (bad input, original bytes and reason).
 Writes: Parquet part files under `<run_dir>/ledger/` (`store.PartWriter`); a message is acked only
 after the file holding its row is durable.
@@ -30,22 +30,23 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import duckdb
+import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.tasks import until_stopped
-from swarmrl.services.ledger.client import Delivery, PullClient
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
-from swarmrl.services.ledger.pull import BatchPuller, pull_batches
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES, Row, dead_letter_row
@@ -69,14 +70,15 @@ class Ledger:
         """Rows written per table, plus `redelivered` (late redeliveries, ignored)."""
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._pullers: list[BatchPuller] = []
+        self.fetched: Counter[str] = Counter()
+        """Messages fetched per stream (redeliveries included), for the final log line."""
         self.nc: NATS | None = None
         self.dlq: bus.DeadLetters | None = None
 
     async def start(self) -> None:
         removed = await asyncio.to_thread(self.writer.prepare)
         hwm = await asyncio.to_thread(self._recover)
-        self.nc = await bus.connect(self.cfg.nats, SERVICE, client=PullClient())
+        self.nc = await bus.connect(self.cfg.nats, SERVICE)
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
         self.dlq = bus.DeadLetters(js, SERVICE)
@@ -110,13 +112,11 @@ class Ledger:
                 max_ack_pending=max(50_000, 2 * (self.cfg.flush_rows + self.cfg.fetch_batch)),
                 start_seq=sink.durable_seq + 1,
                 ack_policy=AckPolicy.ALL,
+                # No byte cap (a fetch is `fetch_batch` messages): a message nats-py dropped as a slow
+                # consumer would be acked by the cumulative ack of a later one, and so lost.
+                pending_bytes_limit=0,
             )
-            await sub.unsubscribe()  # the consumer stays; it is read through a BatchPuller (pull.py)
-            # Dead letters are recorded with their headers (service, subject, reason); the rest is not.
-            puller = BatchPuller(self.nc, stream, durable, headers=stream == S.DLQ_STREAM)
-            await puller.start()
-            self._pullers.append(puller)
-            self._tasks.append(asyncio.create_task(self._consume(sink, puller), name=f"ledger-{stream}"))
+            self._tasks.append(asyncio.create_task(self._consume(sink, sub), name=f"ledger-{stream}"))
         self._tasks.append(asyncio.create_task(self._log_stats(), name="ledger-stats"))
 
     def _recover(self) -> dict[str, int]:
@@ -136,8 +136,6 @@ class Ledger:
         """Flush what is buffered (then ack it), and disconnect."""
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for puller in self._pullers:
-            await puller.close()
         if self.nc is not None and not self.nc.is_closed:
             # flush, not drain: the acks just sent must reach the server, but draining waits on the
             # pull subscriptions' expired fetch requests for its whole timeout.
@@ -147,17 +145,46 @@ class Ledger:
                 log.warning("final ack flush failed: %r", exc)
             await self.nc.close()
         log.info(
-            "ledger stopped: rows %s dead letters %s pulls %s",
+            "ledger stopped: rows %s dead letters %s fetched %s",
             dict(self.counts),
             dict(self.dlq.counts) if self.dlq else {},
-            {p.stream: (p.requests, p.delivered) for p in self._pullers},
+            dict(self.fetched),
         )
 
-    async def _consume(self, sink: StreamSink, puller: BatchPuller) -> None:
-        batches = pull_batches(
-            puller, self._stop, self.cfg.fetch_batch, self.cfg.poll_interval_s, self.cfg.stop_drain_s
-        )
-        async for msgs in batches:
+    async def _batches(
+        self, sink: StreamSink, sub: JetStreamContext.PullSubscription
+    ) -> AsyncIterator[list[Msg]]:
+        """Fetched batches, [] when nothing came within `poll_interval_s` (so a timed flush is on time).
+
+        Like `bus.batches`, less its poison check: one ack here acks every earlier message too. Once
+        the stop is set it goes on for up to `stop_drain_s` until a batch comes back short, so what
+        the streams held at the stop is still recorded."""
+        cfg, loop = self.cfg, asyncio.get_running_loop()
+        deadline = None
+        while True:
+            if self._stop.is_set():
+                deadline = deadline or loop.time() + cfg.stop_drain_s
+                if loop.time() >= deadline:
+                    return
+            try:
+                msgs = await sub.fetch(cfg.fetch_batch, timeout=cfg.poll_interval_s)
+            except TimeoutError:  # nothing new (nats.errors.TimeoutError is one too)
+                msgs = []
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+                if self._stop.is_set():
+                    return
+                await asyncio.sleep(0.2)
+                continue
+            except ServiceUnavailableError:  # the consumer's leader is gone; its replicas elect another
+                await asyncio.sleep(0.5)
+                continue
+            self.fetched[sink.stream] += len(msgs)
+            yield msgs
+            if deadline is not None and len(msgs) < cfg.fetch_batch:
+                return
+
+    async def _consume(self, sink: StreamSink, sub: JetStreamContext.PullSubscription) -> None:
+        async for msgs in self._batches(sink, sub):
             complete = await self._handle(sink, msgs)
             if sink.due(self.cfg, idle=not msgs):
                 await self._start_flush(sink)
@@ -170,7 +197,7 @@ class Ledger:
         await self._finish_flush(sink)
         await self._ack_settled(sink)
 
-    def _ingester(self, stream: str) -> Callable[[Delivery, int], tuple[str, Row]]:
+    def _ingester(self, stream: str) -> Callable[[Msg, int], tuple[str, Row]]:
         """The function that turns one message of `stream` into its (table, row), or raises why not."""
         ingest = self.ingest
         if stream == S.EPISODES_STREAM:
@@ -182,7 +209,7 @@ class Ledger:
         return lambda msg, seq: self._dead_letter_row(stream, msg, seq)
 
     @staticmethod
-    def _dead_letter_row(stream: str, msg: Delivery, seq: int) -> tuple[str, Row]:
+    def _dead_letter_row(stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
         h = msg.headers or {}
         return "dead_letters", dead_letter_row(
             subject=msg.subject,
@@ -195,15 +222,13 @@ class Ledger:
             seq=seq,
         )
 
-    async def _handle(self, sink: StreamSink, msgs: list[Delivery]) -> bool:
+    async def _handle(self, sink: StreamSink, msgs: list[Msg]) -> bool:
         """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
         not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
         ingest = self._ingester(sink.stream)
         for msg in msgs:  # one plain loop: no coroutine per message, awaits only for the rare cases
-            seq = msg.seq
+            seq = msg.metadata.sequence.stream  # nats-py raises NotJSMessageError for a non-JetStream one
             if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
-                if not seq:  # no ack subject: not a consumer's message (it could not be acked either)
-                    raise ValueError(f"not a JetStream delivery: subject={msg.subject} reply={msg.reply!r}")
                 self.counts["redelivered"] += 1
                 if seq <= sink.durable_seq:
                     await self._ack(msg)
@@ -224,7 +249,7 @@ class Ledger:
             sink.add(table, row, msg, seq)
         return True
 
-    async def _dead_letter(self, msg: Delivery, reason: str) -> bool:
+    async def _dead_letter(self, msg: Msg, reason: str) -> bool:
         # Retry until the DLQ takes it: acking without that would drop the message silently, and
         # processing later messages first would break the restart rule above.
         assert self.dlq is not None
@@ -266,7 +291,7 @@ class Ledger:
         buffers: dict[str, TableBuffer],
         rows: int,
         top: int,
-        covering: Delivery | None,
+        covering: Msg | None,
     ) -> None:
         delay = 0.5
         while True:
@@ -299,10 +324,9 @@ class Ledger:
             msg, sink.last = sink.last, None
             await self._ack(msg)
 
-    async def _ack(self, msg: Delivery) -> None:
+    async def _ack(self, msg: Msg) -> None:
         try:
-            assert self.nc is not None
-            await self.nc.publish(msg.reply)  # an empty message to the ack subject, as nats-py's `Msg.ack`
+            await msg.ack()
         except Exception as exc:  # a lost ack only means a redelivery, which durable_seq skips
             log.debug("ack failed subject=%s: %r", msg.subject, exc)
 

@@ -5,21 +5,16 @@ back, or a `Rejected`/`WireError` whose text is `<code>: <detail>` (codes in
 `swarmrl.services.common.lifecycle.DEAD_LETTER_CODES`). DLQ messages need no validation: they are
 recorded as they are (`tables.dead_letter_row`).
 
-Decoding takes a fast path (`swarmrl.schemas.fastcodec`: msgspec types generated from the records)
-that accepts only what the codec would accept, with the same field values, at about half its CPU;
-whatever the fast path refuses is decoded again by the codec itself, which names the fault. So a bad
+Decoding is the wire codec's (`swarmrl.schemas.decode`), as for every other consumer, so a bad
 message gets exactly the codec's reason.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
     ActionResult,
     EvalResult,
-    Event,
     MergeStats,
     Sample,
     SampleDrops,
@@ -30,30 +25,12 @@ from swarmrl.schemas import (
 )
 from swarmrl.schemas import subjects as S
 from swarmrl.schemas.events import Record
-from swarmrl.schemas.fastcodec import FastDecoder
 from swarmrl.services.common.lifecycle import EpisodeTracker, episode_of
 from swarmrl.services.ledger.tables import Row, event_row, metric_row, sample_row
-
-_FAST: dict[Any, FastDecoder | None] = {
-    model: FastDecoder.for_model(model, packed=True)
-    for model in (Event, Sample, TrainStep, EvalResult, SampleDrops, MergeStats, ActionResult)
-}
-"""Each record's fast decoder; None where `fastcodec` does not translate the model (codec only).
-Packed: token ids and logprobs come as arrays, which `tables.check_ints` keeps as they are."""
-_FAST_EVENT = _FAST[Event]  # looked up once: hashing the `Event` union costs more than a dict hit
-
-
-def _fast(fast: FastDecoder | None, data: bytes, max_bytes: int) -> Any | None:
-    """The fast path's record when it accepts `data`; None: for the codec to decode and judge."""
-    return fast.decode(data) if fast is not None and len(data) <= max_bytes else None
 
 
 class Rejected(ValueError):
     """An input that breaks a rule beyond the wire contract (event ordering); `str()` is the reason."""
-
-
-_MAX_RECORD_BYTES = 64 * 1024 * 1024
-"""`codec.decode`'s default size limit, which samples and metrics are held to."""
 
 
 def _last_token(subject: str) -> str:
@@ -89,7 +66,7 @@ class Ingest:
     def episode(self, subject: str, data: bytes, stream: str, seq: int, received: float) -> tuple[str, Row]:
         """An episode event -> a row of `events` or `llm_calls`; updates the ordering state."""
         episode_id, kind = episode_of(subject)  # the subject's own faults first, before the payload's
-        ev = _fast(_FAST_EVENT, data, self.max_event_bytes) or decode_event(data, self.max_event_bytes)
+        ev = decode_event(data, self.max_event_bytes)
         if ev.episode_id != episode_id or ev.kind != kind:  # lifecycle.check_subject, with the parse reused
             raise WireError(
                 "subject", f"payload is {ev.kind} of episode {ev.episode_id} but subject is {subject}"
@@ -104,7 +81,7 @@ class Ingest:
         return table, row
 
     def sample(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
-        record = _fast(_FAST[Sample], data, _MAX_RECORD_BYTES) or decode(data, Sample)
+        record = decode(data, Sample)
         try:
             expected = S.samples_subject(record.model)
         except ValueError as exc:
@@ -115,7 +92,7 @@ class Ingest:
 
     def metric(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
         cls = _metric_type(subject)
-        record = _fast(_FAST[cls], data, _MAX_RECORD_BYTES) or decode(data, cls)
+        record = decode(data, cls)
         model = getattr(record, "model", None)
         if model is not None and _last_token(subject) != model:
             raise WireError("subject", f"{cls.__name__} of model {model} on subject {subject!r}")

@@ -9,7 +9,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from swarmrl.services.ledger.client import Delivery
+from nats.aio.msg import Msg
+
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.tables import Row
@@ -28,7 +29,7 @@ class StreamSink:
     """Every message of the stream up to this sequence is on disk or dead-lettered."""
     last_seq: int = 0
     """Every message up to this sequence is handled: buffered, on disk or dead-lettered."""
-    last: Delivery | None = None
+    last: Msg | None = None
     """The message at `last_seq` if not yet acked (its ack acks everything before it)."""
     writing: asyncio.Task[None] | None = None
     """The write of the previous buffers, while in progress."""
@@ -39,7 +40,7 @@ class StreamSink:
     large_at: float = float("-inf")
     """When the last large write was taken (`flush_idle_rows` rows or `flush_bytes`): a burst."""
 
-    def add(self, table: str, row: Row, msg: Delivery, seq: int) -> None:
+    def add(self, table: str, row: Row, msg: Msg, seq: int) -> None:
         if not self.rows:
             self.first_at = time.monotonic()
         buffer = self.buffers.get(table)

@@ -25,7 +25,6 @@ from swarmrl.schemas import (
     WireError,
 )
 from swarmrl.schemas import subjects as S
-from swarmrl.schemas.fastcodec import fields, ints_checked, model_of
 
 STR, I64, F64, BOOL, BLOB = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.binary()
 INTS, FLOATS, STRS = pa.list_(I64), pa.list_(F64), pa.list_(STR)
@@ -254,17 +253,14 @@ def to_json(obj: object) -> str:
         raise WireError("schema", f"free-form field is not JSON-representable: {exc}") from exc
 
 
-def check_ints(table: str, row: Row, ints_fit: bool = False) -> Row:
-    """Pack the numeric lists of `row` into arrays; raise WireError('schema') if an int exceeds int64.
-    `ints_fit`: the decoder saw to it already (`fastcodec.ints_checked`), so only lists are packed."""
-    for col in () if ints_fit else _INT_COLS[table]:
+def check_ints(table: str, row: Row) -> Row:
+    """Pack the numeric lists of `row` into arrays; raise WireError('schema') if an int exceeds int64."""
+    for col in _INT_COLS[table]:
         x = row.get(col)
         if x is not None and not _I64_MIN <= x <= _I64_MAX:
             raise WireError("schema", f"{table}.{col} = {x} does not fit in 64 bits")
     for col, typecode in NUMERIC_LISTS[table].items():
         values = row[col]
-        if type(values) is array and values.typecode == typecode:  # packed by the fast decoder
-            continue
         try:
             # Through struct: a third of the CPU of `array(typecode, values)`, which converts value by value.
             row[col] = array(typecode, struct.pack(f"{len(values)}{typecode}", *values))
@@ -274,8 +270,7 @@ def check_ints(table: str, row: Row, ints_fit: bool = False) -> Row:
 
 
 def _record_row(table: str, record: Any, stream: str, seq: int) -> Row:
-    # A pydantic model's `__dict__` or a fast-decoded Struct's fields: much cheaper than model_dump.
-    row: Row = fields(record)
+    row: Row = dict(record.__dict__)  # the fields' values: much cheaper than model_dump
     for key in _JSON_FIELDS.get(table, ()):
         if key in row:
             row[key] = to_json(row[key])
@@ -288,12 +283,12 @@ def event_row(ev: Event, stream: str, seq: int) -> tuple[str, Row]:
     if ev.kind == "llm":
         row = _record_row("llm_calls", ev, stream, seq)
         row["n_prompt"], row["n_output"] = len(ev.prompt_ids), len(ev.output_ids)
-        return "llm_calls", check_ints("llm_calls", row, ints_checked(ev))
-    return "events", check_ints("events", _record_row("events", ev, stream, seq), ints_checked(ev))
+        return "llm_calls", check_ints("llm_calls", row)
+    return "events", check_ints("events", _record_row("events", ev, stream, seq))
 
 
 def sample_row(sample: Sample, stream: str, seq: int) -> Row:
-    row = check_ints("samples", _record_row("samples", sample, stream, seq), ints_checked(sample))
+    row = check_ints("samples", _record_row("samples", sample, stream, seq))
     row["n_tokens"], row["n_trained"] = len(sample.token_ids), sum(row["loss_mask"])
     if not _I64_MIN <= row["n_trained"] <= _I64_MAX:  # a mask is 0/1 by contract; this one is not
         raise WireError("schema", f"samples.loss_mask sums to {row['n_trained']}, beyond 64 bits")
@@ -309,8 +304,8 @@ METRIC_TABLES: dict[type, str] = {
 def metric_row(
     record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult, stream: str, seq: int
 ) -> tuple[str, Row]:
-    table = METRIC_TABLES[model_of(record)]
-    return table, check_ints(table, _record_row(table, record, stream, seq), ints_checked(record))
+    table = METRIC_TABLES[type(record)]
+    return table, check_ints(table, _record_row(table, record, stream, seq))
 
 
 def dead_letter_row(

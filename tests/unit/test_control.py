@@ -1,7 +1,8 @@
-"""The control channel of `swarmrl up` (swarmrl/control.py) and its CLI (swarmrl/clients.py).
+"""The control plane of `swarmrl up` (swarmrl/control.py) and its CLI (swarmrl/clients.py).
 
 Requests go through `handle_request` directly, restarts through a real `Supervisor` with small
-stand-in client processes (a few lines of Python that drain on SIGTERM like the runner does).
+stand-in client processes (a few lines of Python that drain on SIGTERM like the runner does), and
+the CLI through a real nats-server (`swarm.ctl.*`, served with `nats.micro`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from swarmrl import clients as clients_cli
 from swarmrl.control import (
-    ControlServer,
+    ControlService,
+    Plane,
     Restarter,
     TaskClients,
     builtin_client_version,
@@ -67,15 +70,17 @@ async def _ready(sup: Supervisor, names: list[str]) -> None:
     raise AssertionError(f"clients {names} never got ready")
 
 
-async def _req(r: Restarter, req: object) -> dict:
-    return await handle_request(json.dumps(req).encode(), r)
+async def _req(r: Restarter, req: dict[str, Any]) -> dict:
+    return await handle_request(req.pop("verb"), json.dumps(req).encode(), Plane(r))
 
 
 async def test_bad_requests_get_clear_errors(tmp_path: Path) -> None:
     r = _restarter(tmp_path, n=0)
-    assert (await handle_request(b"{nope\n", r))["error"].startswith("request is not JSON")
-    assert "JSON object" in (await _req(r, ["restart"]))["error"]
-    assert (await _req(r, {"verb": "reboot"}))["error"] == "unknown verb 'reboot'; verbs: ['list', 'restart']"
+    assert (await handle_request("list", b"{nope\n", Plane(r)))["error"].startswith("request is not JSON")
+    assert "JSON object" in (await handle_request("restart", b'["restart"]', Plane(r)))["error"]
+    assert (await _req(r, {"verb": "reboot"}))["error"] == (
+        "unknown verb 'reboot'; verbs: ['list', 'restart', 'status', 'down']"
+    )
     assert "needs a task name" in (await _req(r, {"verb": "restart"}))["error"]
     reply = await _req(r, {"verb": "restart", "task": "x"})
     assert reply == {"ok": False, "error": "unknown task 'x'; tasks: ['calc', 'guess']"}
@@ -122,31 +127,57 @@ async def test_a_client_that_ignores_sigterm_is_killed_after_drain_and_grace(tmp
     r.sup.stop(timeout=0.5)
 
 
-async def test_socket_is_owner_only_and_serves_the_cli(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+async def test_the_cli_drives_the_swarm_over_nats(
+    tmp_path: Path, nats_server: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`swarmrl clients restart/list`, `swarmrl status` and `swarmrl down` through `swarm.ctl.*` on a
+    real nats-server, with the service URL from the run's owner-only service.json, then from
+    $SWARMRL_NATS (as on another machine); agents cannot reach the control plane."""
+    from swarmrl.rundir import SERVICE_FILE, down, write_service_file
+    from swarmrl.schemas import subjects as S
+
     r = _restarter(tmp_path, n=1)
     await _ready(r.sup, ["client-calc-0"])
-    path = tmp_path / "control.sock"
-    server = await ControlServer(path, lambda line: handle_request(line, r)).start()
+    stopped: list[int] = []
+    plane = Plane(r, status=lambda: {"run_dir": str(tmp_path), "uptime_s": 1.0, "processes": {"merger": 7},
+                                     "restarts": {}, "progress": {"step": "3/10"}},
+                  down=lambda: stopped.append(1))  # fmt: skip
+    service = await ControlService(nats_server.service_url, plane, tmp_path).start()
+    monkeypatch.delenv("SWARMRL_NATS", raising=False)
+    run = ["--run-dir", str(tmp_path)]
     try:
-        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        rc = await asyncio.to_thread(clients_cli.main, ["restart", "nope", "--run-dir", str(tmp_path)])
+        rc = await asyncio.to_thread(clients_cli.main, ["restart", "calc", *run])
+        assert rc == 1 and "no running swarm" in capsys.readouterr().err  # no service.json yet
+        path = write_service_file(tmp_path, nats_server.service_url)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and path.name == SERVICE_FILE
+        rc = await asyncio.to_thread(clients_cli.main, ["restart", "nope", *run])
         assert rc == 1 and "unknown task 'nope'; tasks: ['calc', 'guess']" in capsys.readouterr().err
-        argv = ["restart", "calc", "--version", "v2", "--run-dir", str(tmp_path)]
-        assert await asyncio.to_thread(clients_cli.main, argv) == 0
+        assert await asyncio.to_thread(clients_cli.main, ["restart", "calc", "--version", "v2", *run]) == 0
         out = capsys.readouterr().out
         assert (
             "replaced calc clients client-calc-0" in out and "client-calc-0-g1" in out and "version v2" in out
         )
-        assert await asyncio.to_thread(clients_cli.main, ["list", "--run-dir", str(tmp_path)]) == 0
+        monkeypatch.setenv("SWARMRL_NATS", nats_server.service_url)  # another machine: no run dir
+        assert await asyncio.to_thread(clients_cli.main, ["list"]) == 0
         out = capsys.readouterr().out
         assert "calc: generation 1, version v2: client-calc-0-g1" in out and "guess: generation 0" in out
+        assert await asyncio.to_thread(clients_cli.status, []) == 0
+        out = capsys.readouterr().out
+        assert "progress: step 3/10" in out and "merger (7)" in out and "calc: generation 1" in out
+        # An agent identity is in another account: the control subjects do not reach the swarm's.
+        import nats
+
+        agent = await nats.connect(**nats_server.agent.nats_options())
+        with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
+            await agent.request(S.control_subject("down"), b"{}", timeout=1.0)
+        await agent.close()
+        assert stopped == []
+        assert await asyncio.to_thread(down, []) == 0 and stopped == [1]
+        assert "asked the swarm to stop" in capsys.readouterr().out
     finally:
-        await server.close()
-    assert not path.exists()
-    rc = await asyncio.to_thread(clients_cli.main, ["restart", "calc", "--run-dir", str(tmp_path)])
-    assert rc == 1 and "no running swarm" in capsys.readouterr().err
+        await service.close()
+    rc = await asyncio.to_thread(clients_cli.main, ["list"])
+    assert rc == 1 and "no swarm answers on swarm.ctl.list" in capsys.readouterr().err
     r.sup.stop(timeout=2)
 
 

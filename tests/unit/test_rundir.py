@@ -175,3 +175,4 @@ def test_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert cli.VERBS["down"] == ("swarmrl.rundir", "down")
     assert cli.VERBS["clients"] == ("swarmrl.clients", "main")
+    assert cli.VERBS["status"] == ("swarmrl.clients", "status")

@@ -1,14 +1,14 @@
 import pytest
+from nats.aio.msg import Msg
 
 from swarmrl.services.ledger import sink as sink_module
-from swarmrl.services.ledger.client import Delivery, ack_seq
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.tables import dead_letter_row
 
 
-def _msg(reply: str, data: bytes = b"x") -> Delivery:
-    return Delivery("swarm.dlq.merger", reply, data, ack_seq(reply))
+def _msg(reply: str, data: bytes = b"x") -> Msg:
+    return Msg(_client=None, subject="swarm.dlq.merger", reply=reply, data=data)  # type: ignore[arg-type]
 
 
 def test_sink_flushes_on_rows_bytes_or_age_and_hands_over_its_buffers() -> None:
