@@ -149,6 +149,7 @@ async def play_episode(
     temperature: float = 1.0,
     max_tokens: int = 64,
     group_key: str = "",
+    group_size: int = 0,
     abort_rate: float = 0.0,
     tool_actions: bool = False,
 ) -> Outcome:
@@ -164,6 +165,7 @@ async def play_episode(
         task={"name": spec.name},
         eval=eval,
         group_key=group_key,
+        group_size=group_size,
         heartbeat_s=5.0,
     ) as ep:
         if spec.roles:
@@ -279,6 +281,7 @@ async def run_client(
                         temperature=temperature,
                         max_tokens=max_tokens,
                         group_key=key,
+                        group_size=num_repeat,
                         abort_rate=abort_rate,
                         tool_actions=tool_actions,
                     )

@@ -157,6 +157,7 @@ class SwarmClient:
         agents: list[str] | None = None,
         agent_models: dict[str, list[str]] | None = None,
         group_key: str = "",
+        group_size: int = 0,
         task: dict[str, Any] | None = None,
         eval: bool = False,
         episode_id: str | None = None,
@@ -174,6 +175,8 @@ class SwarmClient:
             agent_models: Per agent, the models its token may call (e.g. `{"caller": ["alpha"],
                 "reporter": ["beta"]}`); an agent not listed may call all of `models`.
             group_key: Advantage group; defaults to `task_id`.
+            group_size: How many episodes this client plays in the group (its GRPO group size); the
+                trainer forms the group from that many. 0: not declared (the trainer's `num_repeat`).
             task: Free-form task description recorded by the ledger; its `"name"`, when present, is
                 the task the gateway's task mixing weighs (`--task-weight`).
             eval: Evaluation episode: recorded, never trained on.
@@ -193,6 +196,7 @@ class SwarmClient:
             agents=list(agents or per_agent or ["agent"]),
             agent_models=per_agent,
             group_key=group_key,
+            group_size=group_size,
             task=dict(task or {}),
             eval=eval,
             episode_id=episode_id
@@ -272,6 +276,7 @@ class Episode:
         episode_id: str,
         heartbeat_s: float,
         token_ttl_s: float,
+        group_size: int = 0,
     ) -> None:
         if client.owner and S.episode_owner(episode_id) != client.owner:
             raise SwarmError(
@@ -281,7 +286,7 @@ class Episode:
         self.client = client
         self.episode_id = episode_id
         self.task_id, self.models, self.agents, self.agent_models = task_id, models, agents, agent_models
-        self.group_key, self.task, self.eval = group_key, task, eval
+        self.group_key, self.group_size, self.task, self.eval = group_key, group_size, task, eval
         self.heartbeat_s, self.token_ttl_s = heartbeat_s, token_ttl_s
         self.tokens: dict[str, str] = {}
         self.base_url = ""
@@ -343,6 +348,7 @@ class Episode:
             BeginEvent,
             task_id=self.task_id,
             group_key=self.group_key,
+            group_size=self.group_size,
             task=self.task,
             models=self.models,
             agents=self.agents,

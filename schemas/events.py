@@ -54,6 +54,9 @@ class BeginEvent(EventBase):
     """Task (prompt) identity; GRPO groups are formed over episodes of the same group key."""
     group_key: str = ""
     """Group for advantage normalisation; empty means task_id."""
+    group_size: int = Field(default=0, ge=0, le=1_000_000)
+    """Episodes the client plays in this group (its GRPO group size); the trainer forms the group from
+    that many. 0: not declared, the trainer's own `num_repeat` applies."""
     task: dict[str, Any] = Field(default_factory=dict)
     """Free-form task description (name, params), recorded by the ledger."""
     models: list[SubjectToken] = Field(default_factory=list)
@@ -149,6 +152,8 @@ class Sample(Record):
     agent: str
     task_id: str
     group_key: str
+    group_size: int = Field(default=0, ge=0, le=1_000_000)
+    """The begin event's `group_size` (0: not declared)."""
     task: str = ""
     """Task name for per-task metrics (cocktail training): the begin event's `task["name"]` when it
     is a string, else empty."""

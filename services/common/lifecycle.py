@@ -27,6 +27,7 @@ DEAD_LETTER_CODES = (
     "after_end",
     "poison",
     "unknown_kind",
+    "group_size",
     "demand",
 )
 

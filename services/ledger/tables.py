@@ -50,6 +50,7 @@ TABLES: dict[str, pa.Schema] = {
             # begin
             ("task_id", STR),
             ("group_key", STR),
+            ("group_size", I64),
             ("task", STR),
             ("models", STRS),
             ("agents", STRS),
@@ -93,6 +94,7 @@ TABLES: dict[str, pa.Schema] = {
             ("agent", STR),
             ("task_id", STR),
             ("group_key", STR),
+            ("group_size", I64),
             ("task", STR),
             ("client_id", STR),
             ("client_version", STR),

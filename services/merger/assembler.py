@@ -104,6 +104,7 @@ def assemble(
                     agent=agent,
                     task_id=begin.task_id,
                     group_key=begin.group,
+                    group_size=begin.group_size,
                     task=task,
                     client_id=begin.client_id,
                     client_version=begin.client_version,

@@ -6,7 +6,10 @@ A trainer holds one model's samples only, and the merger counts `index`/`n_sampl
 model), so an agent that also calls other models completes here with this model's samples alone.
 
 Policy:
-- a group is ready once it holds `num_repeat` complete episodes; exactly the `num_repeat` oldest
+- a group's size is what its client declared on `begin` (`Sample.group_size`), else the trainer's
+  `num_repeat`; a sample whose declared size disagrees with its group's is refused (`mismatch`: the
+  caller dead-letters it, code `group_size`) rather than re-slicing the group;
+- a group is ready once it holds its size of complete episodes; exactly that many of the oldest
   complete episodes are emitted, the rest stay and start the next group of the same key;
 - a group not ready `timeout_s` after its oldest pending sample arrived is flushed: with at least
   `min_group_size` complete episodes it is emitted as a partial group; otherwise all its samples are
@@ -80,6 +83,7 @@ class GroupBuffer:
         self.min_group_size = min_group_size
         self.pending: dict[str, dict[str, Episode]] = {}  # group_key -> episode_id -> Episode
         self.held: dict[tuple[str, str, int], str] = {}  # (episode, agent, index) -> group_key
+        self.sizes: dict[str, int] = {}  # group_key -> its size, while it has pending episodes
         self.counts: Counter[str] = Counter() if counts is None else counts
         self.lost: OrderedDict[str, int] = OrderedDict()  # group_key -> dropped episodes not yet used
         self.max_lost_keys = 100_000
@@ -90,6 +94,20 @@ class GroupBuffer:
         self.lost.move_to_end(group_key)
         while len(self.lost) > self.max_lost_keys:  # forgotten credit only means waiting for the timeout
             self.lost.popitem(last=False)
+
+    def size(self, sample: Sample) -> int:
+        """The group size `sample` declares: its client's, else this trainer's `num_repeat`."""
+        return sample.group_size or self.num_repeat
+
+    def mismatch(self, sample: Sample) -> str | None:
+        """Why `sample` cannot join its group (a dead-letter reason), or None."""
+        size, held = self.size(sample), self.sizes.get(sample.group_key)
+        if held is None or held == size:
+            return None
+        return (
+            f"group_size: episode {sample.episode_id} declares {size} episodes for group {sample.group_key!r}, "
+            f"whose other episodes declared {held}"
+        )
 
     def __len__(self) -> int:
         """Samples held (not yet emitted or dropped)."""
@@ -103,6 +121,7 @@ class GroupBuffer:
             self.pending[key][sample.episode_id].agents[sample.agent][sample.index].handle = handle
             return
         episodes = self.pending.setdefault(sample.group_key, {})
+        self.sizes.setdefault(sample.group_key, self.size(sample))
         if sample.episode_id not in episodes:
             episodes[sample.episode_id] = Episode(sample.episode_id, first_seen=now)
         episodes[sample.episode_id].agents.setdefault(sample.agent, {})[sample.index] = Held(
@@ -115,13 +134,13 @@ class GroupBuffer:
         ready: list[Group] = []
         dropped: list[Held] = []
         for key in list(self.pending):
-            episodes = self.pending[key]
+            episodes, size = self.pending[key], self.sizes[key]
             complete = [ep for ep in episodes.values() if ep.complete()]  # dicts keep arrival order
-            while len(complete) >= self.num_repeat:
-                take, complete = complete[: self.num_repeat], complete[self.num_repeat :]
+            while len(complete) >= size:
+                take, complete = complete[:size], complete[size:]
                 ready.append(Group(key, self._release(key, take)))
-            if complete and len(complete) + self.lost.get(key, 0) >= self.num_repeat:
-                self._use_credit(key, self.num_repeat - len(complete))
+            if complete and len(complete) + self.lost.get(key, 0) >= size:
+                self._use_credit(key, size - len(complete))
                 if len(complete) >= self.min_group_size:
                     self.counts["short_groups"] += 1
                     ready.append(Group(key, self._release(key, complete), partial=True))
@@ -132,7 +151,7 @@ class GroupBuffer:
                     dropped.extend(lost_dropped)
                 complete = []
             if not episodes:
-                del self.pending[key]
+                del self.pending[key], self.sizes[key]
                 continue
             oldest = min(ep.first_seen for ep in episodes.values())
             if now - oldest < self.timeout_s:
@@ -145,7 +164,7 @@ class GroupBuffer:
             else:
                 self.counts["timeout_dropped_groups"] += 1
                 timed_out += self._release(key, complete)
-            del self.pending[key]
+            del self.pending[key], self.sizes[key]
             self.counts["timeout_dropped_samples"] += len(timed_out)
             dropped.extend(timed_out)
         return ready, dropped

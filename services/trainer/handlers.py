@@ -60,6 +60,8 @@ class SampleIntake:
         """("hold"|"stale", sample) | ("drop", counter) | ("dead", reason). Raises WireError on bad bytes."""
         sample = decode_sample(msg.data)
         reason = check_sample(sample, self.model, self.vocab_size)
+        if reason is None:
+            reason = self.buffer.mismatch(sample)
         if reason is not None:
             return "dead", reason
         if sample.sample_id in self.already_trained:

@@ -30,6 +30,7 @@ def make_sample(
     seed: int | None = None,
     logprob: float = -1.0,
     task: str = "",
+    group_size: int = 0,
 ) -> Sample:
     """A prompt of `prompt` tokens then `gen` generated ones (loss_mask 1, behaviour logprob `logprob`)."""
     rng = random.Random(seed if seed is not None else zlib.crc32(f"{episode}.{agent}.{index}".encode()))
@@ -41,6 +42,7 @@ def make_sample(
         agent=agent,
         task_id=group,
         group_key=group,
+        group_size=group_size,
         task=task,
         token_ids=[rng.randrange(3, vocab) for _ in range(n)],
         loss_mask=[0] * prompt + [1] * gen,

@@ -24,6 +24,25 @@ def test_group_ready_at_num_repeat_distinct_episodes() -> None:
     assert len(buf) == 1  # the other group waits
 
 
+def test_a_group_has_the_size_its_client_declared_and_a_disagreeing_sample_is_refused() -> None:
+    """The trainer's num_repeat (3) applies only to groups that declared none: a client playing
+    groups of 2 gets groups of 2, not groups re-sliced to 3 nor a wait for a timeout."""
+    buf = _buffer()
+    first = make_sample("e1", 1.0, group_size=2)
+    assert buf.mismatch(first) is None
+    buf.add(first, "h1", now=0.0)
+    wrong = make_sample("e9", 0.0, group_size=4)
+    assert buf.mismatch(wrong) == (
+        "group_size: episode e9 declares 4 episodes for group 'g', whose other episodes declared 2"
+    )
+    assert buf.mismatch(make_sample("e8", 0.0, group="h", group_size=4)) is None  # another group
+    buf.add(make_sample("e2", 0.0, group_size=2), "h2", now=0.0)
+    ready, dropped = buf.pop_ready(now=0.0)
+    assert dropped == [] and [g.episodes for g in ready] == [2] and not ready[0].partial
+    assert buf.sizes == {}  # forgotten with the group: the key may start over with another size
+    assert buf.mismatch(wrong) is None
+
+
 def test_multi_sample_episode_counts_once_and_only_when_complete() -> None:
     buf = _buffer(num_repeat=2)
     buf.add(make_sample("e1", 1.0, index=0, n_samples=2), "a", now=0.0)
