@@ -133,8 +133,10 @@ async def run_evaluator(
     max_tokens: int = 64,
     final: int = -1,
 ) -> None:
-    """Evaluate each task at version 0, every `every`-th version and version `final` of its lead
-    model (the model of its first role), until `stop` is set.
+    """Evaluate each task at version 0, then whenever its lead model (the model of its first role)
+    is `every` versions past the last one evaluated, and at version `final`, until `stop` is set.
+    Versions that came while an evaluation ran are not queued: the newest is evaluated (the engine
+    serves the newest weights, so a queued older version would be measured on newer ones).
 
     `tasks` maps a task to its roles (role -> model). Per evaluation it publishes the team outcome
     (`metric="success"`, model = the lead) and, for a multi-role task, each role's own metric under
@@ -144,7 +146,8 @@ async def run_evaluator(
     kv = await swarm.js.key_value(S.MODELS_BUCKET)
     watcher = await kv.watchall()
     versions: dict[str, int] = {}
-    done: set[tuple[str, int]] = set()
+    last: dict[str, int] = {}
+    """Task -> the version of its last evaluation."""
     divergence = {task: Divergence(task) for task in tasks}
 
     async def on_step(msg: Any) -> None:
@@ -160,19 +163,22 @@ async def run_evaluator(
         await swarm.nc.subscribe(S.train_metrics_subject(lead), cb=on_step)
     try:
         while not stop.is_set():
-            try:
-                entry = await watcher.updates(timeout=1.0)
-            except Exception:  # nats.py raises TimeoutError flavours on an idle watch
-                continue
-            if entry is None or entry.value is None:
-                continue
-            model, version = entry.key, decode(entry.value, ModelVersion).version
-            versions[model] = version
+            timeout = 1.0
+            while True:  # every update waiting now, the newest version of each model kept
+                try:
+                    entry = await watcher.updates(timeout=timeout)
+                except Exception:  # nats.py raises TimeoutError flavours on an idle watch
+                    break
+                timeout = 0.05
+                if entry is not None and entry.value is not None:
+                    versions[entry.key] = max(
+                        versions.get(entry.key, -1), decode(entry.value, ModelVersion).version
+                    )
             for task, roles in tasks.items():
-                lead = next(iter(roles.values()))
-                if lead != model or (task, version) in done or (version % every and version != final):
+                version, before = versions.get(next(iter(roles.values()))), last.get(task)
+                if version is None or not due(version, before, every, final):
                     continue
-                done.add((task, version))
+                last[task] = version
                 success = await _evaluate_and_publish(
                     swarm, task, roles, version, versions, limit=limit, samples=samples,
                     temperature=temperature, max_tokens=max_tokens,
@@ -182,6 +188,13 @@ async def run_evaluator(
     finally:
         await watcher.stop()
         await swarm.close()
+
+
+def due(version: int, last: int | None, every: int, final: int) -> bool:
+    """Whether a task last evaluated at `last` (None: never) is due an evaluation at `version`."""
+    if last is None:
+        return True
+    return version > last and (version - last >= every or version == final)
 
 
 async def _evaluate_and_publish(

@@ -107,7 +107,8 @@ class RunConf(_Strict):
     minutes: float = Field(default=15.0, gt=0)
     """Wall-clock budget."""
     eval_every: int = Field(default=10, ge=1)
-    """Evaluate every N versions of each task's lead model (its first role's model)."""
+    """Evaluate each task's lead model (its first role's model) every N versions; when an evaluation
+    takes longer than N versions, the next one is of the newest version."""
     eval_limit: int = Field(default=0, ge=0)
     """Eval instances per task (0 = the whole held-out set)."""
     eval_samples: int = Field(default=4, ge=1)

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-backlog", type=int,
         help="gateway admission control: hold new groups while this many samples wait for a trainer "
         "(default -1 = two trainer steps' worth, 0 = off)")  # fmt: skip
-    add("--eval-every", type=int, help="evaluate every N model versions (default 10)")
+    add("--eval-every", type=int,
+        help="evaluate every N model versions (default 10); one that falls behind takes the newest version")  # fmt: skip
     add("--eval-limit", type=int, help="eval instances per task (default 0 = the whole held-out set)")
     add("--eval-samples", type=int, help="episodes per held-out instance (default 4; success is their mean)")
     add("--eval-temperature", type=float,
