@@ -1,4 +1,4 @@
-"""The evaluator's warning when held-out success and the train reward diverge."""
+"""The evaluator: when it evaluates, and its warning when held-out success and the train reward diverge."""
 
 from __future__ import annotations
 
