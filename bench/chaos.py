@@ -263,6 +263,7 @@ def summarize(
         "up_returncode": rc,
         "up_stopped": stopped,
         "wall_s": round(wall_s, 1),
+        "started_ts": injector.t0,
         "faults_per_kind": dict(Counter(f["kind"] for f in faults)),
         "restarts": restart_counts(run_dir),
         "lost": len(acct["lost"]),
@@ -433,7 +434,7 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         "| model | task | version | success | n | minutes into the run |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    t0 = min((f["ts"] - f["t"] for f in r["faults"]), default=None)
+    t0 = r.get("started_ts", min((f["ts"] - f["t"] for f in r["faults"]), default=None))
     for p in a["eval_curve"]:
         minutes = f"{(p['ts'] - t0) / 60:.1f}" if t0 is not None else "-"
         lines.append(
