@@ -203,6 +203,8 @@ class TaskCursor:
         self.streams = {
             spec.name: itertools.islice(spec.train_tasks(seed), self.drawn[spec.name], None) for spec in tasks
         }
+        self.saved = state.rounds
+        self._saving = asyncio.Lock()
 
     @classmethod
     async def resume(cls, swarm: SwarmClient, seed: int, tasks: list[TaskSpec]) -> TaskCursor:
@@ -225,12 +227,18 @@ class TaskCursor:
         name = rng.choices(list(weights), weights=list(weights.values()))[0]
         instance = next(self.streams[name])
         self.drawn[name] += 1
-        state = ClientState(seed=self.seed, rounds=self.rounds, drawn=dict(self.drawn))
-        try:
-            await self.swarm.save_state(state)
-        except Exception as exc:  # the place is best kept, never worth stopping the client for
-            log.warning("could not save the place in the task streams (round %d): %r", self.rounds, exc)
-        return self.specs[name], instance, self.rounds
+        round_ = self.rounds
+        # One save at a time, each of the newest place: a retried older save can never land after a
+        # newer one (the KV key would go back), and a round whose place a later save covered is done.
+        async with self._saving:
+            if self.saved < round_:
+                state = ClientState(seed=self.seed, rounds=self.rounds, drawn=dict(self.drawn))
+                try:
+                    await self.swarm.save_state(state)
+                    self.saved = state.rounds
+                except Exception as exc:  # the place is best kept, never worth stopping the client for
+                    log.warning("could not save the place in the task streams (round %d): %r", round_, exc)
+        return self.specs[name], instance, round_
 
 
 async def run_client(

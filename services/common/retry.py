@@ -14,6 +14,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 log = logging.getLogger("swarmrl.retry")
 
@@ -34,17 +35,23 @@ class Stopping(Exception):
 async def retry(
     stop: asyncio.Event, action: Callable[..., Awaitable[object]], *args: Any, **kwargs: Any
 ) -> None:
-    """Await `action(*args, **kwargs)` until it succeeds, backing off on transient failures."""
-    delay = 0.1
-    while True:
-        try:
-            await action(*args, **kwargs)
-            return
-        except TRANSIENT as exc:
-            if stop.is_set():
-                raise Stopping from exc
-            log.warning(
-                "%s failed (%s: %s); retrying in %.1fs", action.__name__, type(exc).__name__, exc, delay
-            )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """Await `action(*args, **kwargs)` until it succeeds, backing off (0.1 s doubling to 5 s) on
+    transient failures; a stop request turns the next one into `Stopping`."""
+
+    def log_retry(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning("%s failed (%s: %s); retrying in %.1fs", action.__name__, type(exc).__name__, exc, delay)
+
+    try:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TRANSIENT),
+            stop=lambda _: stop.is_set(),
+            wait=wait_exponential(multiplier=0.1, max=5.0),
+            before_sleep=log_retry,
+            reraise=True,
+        ):
+            with attempt:
+                await action(*args, **kwargs)
+    except TRANSIENT as exc:  # re-raised by tenacity only once the stop was requested
+        raise Stopping from exc
