@@ -421,7 +421,7 @@ async def bench(args: argparse.Namespace) -> dict:
         },
         "configs": configs,
         "ledger_alone_drain": _drain_summary(drains[None]),
-        "largest_swarm": (swarm := swarm_rate(args.out)),
+        "largest_swarm": (swarm := swarm_rate(REPO / "bench" / "results")),
         "headroom": round(drains[None]["events_per_s"] / swarm["events_per_s"], 1) if swarm else None,
         "others": [
             {
