@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import nats
 from nats.aio.client import Client as NATS
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -60,6 +60,9 @@ TRANSIENT = (
     nats.errors.NoRespondersError,
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
+    # a stream (or KV bucket) between leaders: a node of a cluster died and its replicas elect another
+    NoStreamResponseError,
+    ServiceUnavailableError,
 )
 
 
