@@ -260,20 +260,33 @@ async def batches(
     batch: int = 256,
     timeout: float = 0.5,
     *,
-    dead_letters: DeadLetters,
+    dead_letters: DeadLetters | None,
     max_deliveries: int = MAX_DELIVERIES,
+    drain_s: float = 0.0,
 ) -> AsyncIterator[list[Msg]]:
     """Yield fetched batches until `stop` is set; an empty fetch yields [] so callers can flush on time.
 
     A message delivered more than `max_deliveries` times is dead-lettered as `poison` and acked
     instead of yielded (`drop_poison`): a message that crashes its service cannot crash-loop it.
+    `dead_letters=None`: no such check, for a consumer whose one ack acks every earlier message
+    (`AckPolicy.ALL`), where acking a poison message would ack the batch before it. `drain_s`: once
+    `stop` is set, go on for up to this long until a batch comes back short, so what the stream held
+    at the stop is still taken.
     """
-    while not stop.is_set():
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+    while True:
+        if stop.is_set():
+            deadline = loop.time() + drain_s if deadline is None else deadline
+            if loop.time() >= deadline:
+                return
         try:
             msgs = await sub.fetch(batch, timeout=timeout)
         except TimeoutError:  # nats.errors.TimeoutError, or the plain one nats.py raises as a fetch expires
             msgs = []
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+            if stop.is_set():
+                return
             await asyncio.sleep(0.2)
             continue
         except ServiceUnavailableError:
@@ -281,4 +294,6 @@ async def batches(
             # replicas have not elected another yet; the consumer and its messages are safe.
             await asyncio.sleep(0.5)
             continue
-        yield await drop_poison(msgs, dead_letters, max_deliveries)
+        yield msgs if dead_letters is None else await drop_poison(msgs, dead_letters, max_deliveries)
+        if deadline is not None and len(msgs) < batch:
+            return

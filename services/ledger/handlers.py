@@ -2,7 +2,7 @@
 
 Consumes: EPISODES (`swarm.ep.>`), SAMPLES (`swarm.samples.>`), METRICS (`swarm.metrics.>`) and
 DLQ (`swarm.dlq.>`), each with its durable consumer `ledger-<stream>` (`bus.durable_pull`), read in
-batches with nats-py's `PullSubscription.fetch` (`_batches`).
+batches with nats-py's `PullSubscription.fetch` (`bus.batches`).
 Publishes: `swarm.dlq.ledger` (bad input, original bytes and reason).
 Writes: Parquet part files under `<run_dir>/ledger/` (`store.PartWriter`); a message is acked only
 after the file holding its row is durable.
@@ -30,15 +30,14 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import duckdb
-import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy
-from nats.js.errors import NotFoundError, ServiceUnavailableError
+from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
@@ -151,40 +150,15 @@ class Ledger:
             dict(self.fetched),
         )
 
-    async def _batches(
-        self, sink: StreamSink, sub: JetStreamContext.PullSubscription
-    ) -> AsyncIterator[list[Msg]]:
-        """Fetched batches, [] when nothing came within `poll_interval_s` (so a timed flush is on time).
-
-        Like `bus.batches`, less its poison check: one ack here acks every earlier message too. Once
-        the stop is set it goes on for up to `stop_drain_s` until a batch comes back short, so what
-        the streams held at the stop is still recorded."""
-        cfg, loop = self.cfg, asyncio.get_running_loop()
-        deadline = None
-        while True:
-            if self._stop.is_set():
-                deadline = deadline or loop.time() + cfg.stop_drain_s
-                if loop.time() >= deadline:
-                    return
-            try:
-                msgs = await sub.fetch(cfg.fetch_batch, timeout=cfg.poll_interval_s)
-            except TimeoutError:  # nothing new (nats.errors.TimeoutError is one too)
-                msgs = []
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
-                if self._stop.is_set():
-                    return
-                await asyncio.sleep(0.2)
-                continue
-            except ServiceUnavailableError:  # the consumer's leader is gone; its replicas elect another
-                await asyncio.sleep(0.5)
-                continue
-            self.fetched[sink.stream] += len(msgs)
-            yield msgs
-            if deadline is not None and len(msgs) < cfg.fetch_batch:
-                return
-
     async def _consume(self, sink: StreamSink, sub: JetStreamContext.PullSubscription) -> None:
-        async for msgs in self._batches(sink, sub):
+        cfg = self.cfg
+        # No poison check (one ack acks every earlier message); after a stop, what the stream held
+        # is still recorded (`stop_drain_s`).
+        batches = bus.batches(
+            sub, self._stop, cfg.fetch_batch, cfg.poll_interval_s, dead_letters=None, drain_s=cfg.stop_drain_s
+        )
+        async for msgs in batches:
+            self.fetched[sink.stream] += len(msgs)
             complete = await self._handle(sink, msgs)
             if sink.due(self.cfg, idle=not msgs):
                 await self._start_flush(sink)
