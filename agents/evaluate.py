@@ -7,7 +7,10 @@ a policy that is right 60% of the time at every token is often right 100% of the
 
 Consumes KV `swarm-models[<model>]` updates; runs eval episodes (`eval=True`: recorded by the
 ledger, never trained on) through the same SDK and OpenAI endpoint as any client; publishes one
-`EvalResult` per task and version to `swarm.metrics.eval.<model>`. Needs service credentials
+`EvalResult` per task and version to `swarm.metrics.eval.<model>`. An episode the infrastructure
+failed (the gateway or engine unreachable or restarting, NATS between leaders: `INFRA`) is played
+again, up to `attempts` times; one that still fails is left out of the rate and counted in the log,
+never scored as the model's failure. Any other error is the episode's failure. Needs service credentials
 (agents may not publish metrics). Also follows the lead models' train steps
 (`swarm.metrics.train.<model>`) and warns when a task's held-out success falls well below its best
 while its train reward does not (`Divergence`).
@@ -21,13 +24,20 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import openai
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from swarmrl.agents.runner import Outcome, play_episode, roles_of
-from swarmrl.agents.sdk import SwarmClient
+from swarmrl.agents.sdk import TRANSIENT, SwarmClient
 from swarmrl.agents.tasks import get_task
 from swarmrl.schemas import EvalResult, ModelVersion, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
 
 log = logging.getLogger("swarmrl.evaluator")
+
+INFRA = (openai.APIConnectionError, openai.InternalServerError, *TRANSIENT)
+"""Failures of the swarm, not of the policy: connection refused or timed out, a 5xx from the
+gateway (engine unreachable, NATS without a stream leader), NATS timeouts."""
 
 
 @dataclass
@@ -88,9 +98,11 @@ async def evaluate(
     parallel: int = 16,
     temperature: float = 1.0,
     max_tokens: int = 64,
+    attempts: int = 4,
 ) -> EvalOutcome:
     """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each instance played
-    `samples` times; `roles` maps each role to its model (or is the model of a single-agent task)."""
+    `samples` times; `roles` maps each role to its model (or is the model of a single-agent task).
+    An episode failed by the infrastructure (`INFRA`) is played again, `attempts` times in all."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     spec = get_task(task)
@@ -98,24 +110,40 @@ async def evaluate(
     instances = spec.eval_tasks()
     instances = (instances[:limit] if limit else instances) * samples
     gate = asyncio.Semaphore(parallel)
+    unscored: list[BaseException] = []
 
     async def one(instance: Any) -> Outcome | None:
         async with gate:
             try:
-                return await play_episode(
-                    swarm, spec, instance, role_map, eval=True, temperature=temperature, max_tokens=max_tokens
-                )
-            except Exception as exc:  # an eval episode that failed counts as a failure, loudly
-                log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
+                async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(INFRA), stop=stop_after_attempt(attempts),
+                    wait=wait_exponential(multiplier=1.0, max=20.0), reraise=True,
+                ):  # fmt: skip
+                    with attempt:
+                        return await play_episode(
+                            swarm, spec, instance, role_map, eval=True, temperature=temperature,
+                            max_tokens=max_tokens,
+                        )  # fmt: skip
+            except INFRA as exc:
+                unscored.append(exc)
                 return None
+            except Exception as exc:  # the episode's own failure counts as a failure, loudly
+                log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
+                return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
+        raise AssertionError("unreachable")
 
-    results = await asyncio.gather(*(one(i) for i in instances))
+    results = [r for r in await asyncio.gather(*(one(i) for i in instances)) if r is not None]
+    if unscored:
+        log.warning(
+            "task %s: %d of %d eval episodes left out, failed by the swarm %d times each (last: %r)",
+            task, len(unscored), len(instances), attempts, unscored[-1],
+        )  # fmt: skip
     metrics: dict[str, list[float]] = {}
     for r in results:
-        for name, value in (r.metrics if r else {}).items():
+        for name, value in r.metrics.items():
             metrics.setdefault(name, []).append(value)
     return EvalOutcome(
-        success=sum(bool(r and r.success) for r in results) / max(len(results), 1),
+        success=sum(r.success for r in results) / max(len(results), 1),
         episodes=len(results),
         metrics={name: (sum(v) / len(v), len(v)) for name, v in metrics.items()},
     )
@@ -131,12 +159,14 @@ async def run_evaluator(
     samples: int = 1,
     temperature: float = 1.0,
     max_tokens: int = 64,
-    final: int = -1,
+    finish: asyncio.Event | None = None,
 ) -> None:
     """Evaluate each task at version 0, then whenever its lead model (the model of its first role)
-    is `every` versions past the last one evaluated, and at version `final`, until `stop` is set.
-    Versions that came while an evaluation ran are not queued: the newest is evaluated (the engine
-    serves the newest weights, so a queued older version would be measured on newer ones).
+    is `every` versions past the last one evaluated, until `stop` is set. Once `finish` is set (the
+    run is over, its trainers stopped), evaluate each task's newest version unless it already was,
+    then return: the run's final figure is the policy it ends with. Versions that came while an
+    evaluation ran are not queued: the newest is evaluated (the engine serves the newest weights, so
+    a queued older version would be measured on newer ones).
 
     `tasks` maps a task to its roles (role -> model). Per evaluation it publishes the team outcome
     (`metric="success"`, model = the lead) and, for a multi-role task, each role's own metric under
@@ -163,7 +193,8 @@ async def run_evaluator(
         await swarm.nc.subscribe(S.train_metrics_subject(lead), cb=on_step)
     try:
         while not stop.is_set():
-            timeout = 1.0
+            finishing = finish is not None and finish.is_set()
+            timeout = 0.05 if finishing else 1.0
             while True:  # every update waiting now, the newest version of each model kept
                 try:
                     entry = await watcher.updates(timeout=timeout)
@@ -176,25 +207,25 @@ async def run_evaluator(
                     )
             for task, roles in tasks.items():
                 version, before = versions.get(next(iter(roles.values()))), last.get(task)
-                if version is None or not due(version, before, every, final):
+                if version is None or not due(version, before, 1 if finishing else every):
                     continue
                 last[task] = version
                 success = await _evaluate_and_publish(
                     swarm, task, roles, version, versions, limit=limit, samples=samples,
                     temperature=temperature, max_tokens=max_tokens,
                 )  # fmt: skip
-                if warning := divergence[task].check(version, success):
+                if success is not None and (warning := divergence[task].check(version, success)):
                     log.warning("%s", warning)
+            if finishing:
+                return
     finally:
         await watcher.stop()
         await swarm.close()
 
 
-def due(version: int, last: int | None, every: int, final: int) -> bool:
+def due(version: int, last: int | None, every: int) -> bool:
     """Whether a task last evaluated at `last` (None: never) is due an evaluation at `version`."""
-    if last is None:
-        return True
-    return version > last and (version - last >= every or version == final)
+    return last is None or version - last >= every
 
 
 async def _evaluate_and_publish(
@@ -204,10 +235,14 @@ async def _evaluate_and_publish(
     version: int,
     versions: dict[str, int],
     **kwargs: Any,
-) -> float:
-    """Evaluate `task` at `version`, publish the results; returns the team outcome's success rate."""
+) -> float | None:
+    """Evaluate `task` at `version`, publish the results; returns the team outcome's success rate
+    (None: no episode could be played, nothing is published)."""
     spec = get_task(task)
     out = await evaluate(swarm, task, roles, **kwargs)
+    if out.episodes == 0:
+        log.error("eval task=%s version=%d: no episode could be played; nothing published", task, version)
+        return None
     lead = next(iter(roles.values()))
     results = [
         EvalResult(model=lead, step=version, task=task, success_rate=out.success, n=out.episodes,

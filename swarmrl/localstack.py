@@ -33,6 +33,8 @@ class Stack:
     gateway: GatewayService
     engines: dict[str, EngineCore]
     """Every model's engine, by model name (`engine` is the first one's)."""
+    engine_servers: dict[str, BackgroundServer]
+    """Every engine's HTTP server, by model name (a test stops one to fail the engine)."""
 
     @property
     def base_url(self) -> str:
@@ -76,13 +78,13 @@ async def generation_stack(
                 pass
             await asyncio.sleep(0.05)
     try:
-        yield Stack(server, engines[model], https[model].url, service, engines)
+        yield Stack(server, engines[model], https[model].url, service, engines, https)
     finally:
         stop.set()
         await task
         await nc.close()
         for http in https.values():
-            http.stop()
+            http.stop()  # idempotent: a test may have stopped it
         for engine in engines.values():
             engine.close()
 

@@ -1,4 +1,5 @@
-"""`swarmrl up`: the whole swarm on one machine, training until the budget is spent.
+"""`swarmrl up`: the whole swarm on one machine, training until the budget is spent, then a final
+evaluation of the policy it ends with (clients and trainers stopped first).
 
 Starts NATS (embedded unless --nats), then per model an engine and a trainer, one gateway, merger
 and ledger, each task's client processes and an evaluator; shows live progress and writes a run
@@ -22,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +34,13 @@ from swarmrl.swarm import Swarm, SwarmConfigError
 
 if TYPE_CHECKING:
     from swarmrl.launch import AgentIds
+    from swarmrl.progress import Progress
 
 log = logging.getLogger("swarmrl.up")
 MODEL = "policy"
 """The model name of the short form (flags only, no --config)."""
+FINAL_EVAL_S = 900.0
+"""Longest wait for the final evaluation after the run ended (a whole held-out set, machine idle)."""
 
 # Flags that override a field of the same name in the description's [run], every [models.*] and
 # every [tasks.*]; a flag left at None was not given and keeps the file's value.
@@ -184,11 +189,12 @@ async def supervise(
     progress = Progress(service_url, list(swarm.models), run.steps, live=not args.no_display)
     await progress.start()
     evaluated = {name: t.roles for name, t in swarm.tasks.items() if t.eval and _builtin(name)}
+    finish = asyncio.Event()
     evaluator = asyncio.create_task(
         run_evaluator(
             service_url, evaluated, stop, every=run.eval_every, limit=run.eval_limit,
             samples=run.eval_samples, temperature=run.eval_temperature, max_tokens=run.max_tokens,
-            final=run.steps,
+            finish=finish,
         )
     )  # fmt: skip
     trainers = trainer_procs(swarm)
@@ -199,6 +205,8 @@ async def supervise(
 
     deadline = time.monotonic() + run.minutes * 60
     reason = "interrupted"
+    ended = False
+    """The run ended on its own (budget spent, a trainer finished), not by Ctrl-C or a crash loop."""
     started = time.time()
 
     def status() -> dict[str, Any]:
@@ -213,33 +221,24 @@ async def supervise(
         while not stop.is_set():
             # Any other exit is a crash: the child is restarted after a backoff and resumes from its
             # durable state; only a crash loop ends the run (the reason carries its last log lines).
-            restarts = sum(sup.restarts.values())
-            if crash_loop := sup.heal(finished):
+            if crash_loop := _heal(sup, run_dir, finished):
                 reason = crash_loop
                 break
-            if sum(sup.restarts.values()) != restarts:  # restarted children have new pids
-                (run_dir / "pids.json").write_text(json.dumps(sup.pids()))
             # The first trainer to finish ends the run: in a team its partner could not go on alone
             # (the finished model's samples would pile up and admission control would hold the team).
             if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
-                reason = f"a trainer finished: {progress.steps_line()}"
-                # one last eval of each final version, unless it is already running or done
-                final = [
-                    t
-                    for t, roles in evaluated.items()
-                    if progress.step_of[next(iter(roles.values()))] >= run.steps
-                ]
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(progress.eval_seen(run.steps, len(final)), timeout=300)
+                reason, ended = f"a trainer finished: {progress.steps_line()}", True
                 break
             if time.monotonic() > deadline:
-                reason = f"time budget of {run.minutes:g} min spent at {progress.steps_line()}"
+                reason, ended = f"time budget of {run.minutes:g} min spent at {progress.steps_line()}", True
                 break
             due = sup.next_due()
             tick = 1.0 if due is None else min(1.0, max(0.05, due - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=tick)
             progress.render()
+        if ended and evaluated:
+            await _final_eval(sup, run_dir, trainers, finish, evaluator, stop, progress)
     finally:
         stop.set()
         evaluator.cancel()
@@ -248,6 +247,49 @@ async def supervise(
         await progress.stop()
         await control.close()
     return reason
+
+
+def _heal(sup: Supervisor, run_dir: Path, finished: Callable[[str, int], bool]) -> str | None:
+    """`Supervisor.heal`, and `pids.json` rewritten when a restarted child has a new pid."""
+    restarts = sum(sup.restarts.values())
+    crash_loop = sup.heal(finished)
+    if sum(sup.restarts.values()) != restarts:
+        (run_dir / "pids.json").write_text(json.dumps(sup.pids()))
+    return crash_loop
+
+
+async def _final_eval(
+    sup: Supervisor,
+    run_dir: Path,
+    trainers: list[str],
+    finish: asyncio.Event,
+    evaluator: asyncio.Task[None],
+    stop: asyncio.Event,
+    progress: Progress,
+) -> None:
+    """Measure the policy the run ends with: stop the clients (they drain) and the trainers (their
+    last version is in KV), so the machine is the evaluator's and the weights hold still, then let
+    the evaluator take each task's newest version. The services it plays through are still healed;
+    Ctrl-C (`stop`) cuts it short."""
+    from swarmrl.control import DRAIN_S, GRACE_S
+
+    log.info("final evaluation: stopping clients and trainers, evaluating the newest versions")
+    clients = [n for n in sup.procs if n.startswith("client")]
+    await asyncio.to_thread(sup.stop, clients, DRAIN_S + GRACE_S)
+    await asyncio.to_thread(sup.stop, list(trainers), 30)
+    stopped = {*clients, *trainers}
+    finish.set()
+    waiter = asyncio.create_task(stop.wait())
+    deadline = time.monotonic() + FINAL_EVAL_S
+    while not evaluator.done() and not stop.is_set() and time.monotonic() < deadline:
+        if crash_loop := _heal(sup, run_dir, lambda name, rc: name in stopped):
+            log.error("final evaluation abandoned: %s", crash_loop)
+            break
+        await asyncio.wait({evaluator, waiter}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        progress.render()
+    waiter.cancel()
+    if not evaluator.done():
+        log.warning("final evaluation not finished; the report shows the last one that did")
 
 
 def _watch_nats(sup: Supervisor, server: NatsServer) -> None:

@@ -20,6 +20,9 @@ Policy:
   soon as complete + lost episodes reach `num_repeat` (dropped at once if fewer than
   `min_group_size` are complete), instead of waiting for the timeout. Each such group uses up the
   credit it needed.
+- an episode the trainer itself drops on arrival (a stale sample: `discard`) is lost the same way,
+  and its other samples go with it: without this its group never completes, its held siblings count
+  as backlog for admission control, and the swarm idles until the group timeout.
 
 Every sample is held with an opaque `handle` (the NATS message) so the caller can ack it later.
 """
@@ -86,6 +89,7 @@ class GroupBuffer:
         self.sizes: dict[str, int] = {}  # group_key -> its size, while it has pending episodes
         self.counts: Counter[str] = Counter() if counts is None else counts
         self.lost: OrderedDict[str, int] = OrderedDict()  # group_key -> dropped episodes not yet used
+        self.discarded: OrderedDict[str, None] = OrderedDict()  # episodes dropped here, newest last
         self.max_lost_keys = 100_000
 
     def note_lost(self, group_key: str) -> None:
@@ -94,6 +98,23 @@ class GroupBuffer:
         self.lost.move_to_end(group_key)
         while len(self.lost) > self.max_lost_keys:  # forgotten credit only means waiting for the timeout
             self.lost.popitem(last=False)
+
+    def discard(self, sample: Sample) -> list[Held]:
+        """`sample` will not be trained (the caller drops it): its whole episode is lost to its group.
+        Returns the episode's samples held so far, which the caller drops with it."""
+        episode = sample.episode_id
+        if episode in self.discarded:
+            return []
+        self.discarded[episode] = None
+        while len(self.discarded) > self.max_lost_keys:
+            self.discarded.popitem(last=False)
+        self.note_lost(sample.group_key)
+        held = self.pending.get(sample.group_key, {}).get(episode)
+        return self._release(sample.group_key, [held]) if held is not None else []
+
+    def is_discarded(self, sample: Sample) -> bool:
+        """Whether `sample`'s episode was discarded: it is dropped on arrival like its sibling."""
+        return sample.episode_id in self.discarded
 
     def size(self, sample: Sample) -> int:
         """The group size `sample` declares: its client's, else this trainer's `num_repeat`."""

@@ -5,8 +5,9 @@ Publishes: bad messages to `swarm.dlq.trainer` (original bytes + reason), then a
 
 A sample is either
 - held (unacked) in the `GroupBuffer` until the step that trains it is checkpointed (`ack_all`),
-- dropped with a reason and counted: stale on arrival, or later when its group is dropped (timeout,
-  zero advantage, too small after staleness); acked once a TrainStep reports it (`drop` callback),
+- dropped with a reason and counted: stale on arrival (its episode then leaves its group, siblings
+  and all), or later when its group is dropped (timeout, zero advantage, too small after
+  staleness); acked once a TrainStep reports it (`drop` callback),
 - acked at once when its last checkpointed step already trained it (a redelivery),
 - dead-lettered (malformed, wrong model, untrainable) and acked; so are, after their step, the
   samples of an optimizer update the learner did not apply for a non-finite loss or gradient.
@@ -66,7 +67,7 @@ class SampleIntake:
             return "dead", reason
         if sample.sample_id in self.already_trained:
             return "drop", "already_trained"
-        if staleness(sample, version) > self.max_staleness:
+        if staleness(sample, version) > self.max_staleness or self.buffer.is_discarded(sample):
             return "stale", sample
         if len(sample.token_ids) > self.max_tokens:
             self.counts["truncated"] += 1
@@ -93,8 +94,9 @@ class SampleIntake:
                 )
             elif action == "stale":
                 assert isinstance(detail, Sample)
-                self.counts["dropped_stale"] += 1
-                self.drop([Held(detail, msg, now)], "stale")
+                siblings = self.buffer.discard(detail)  # its episode leaves its group
+                self.counts["dropped_stale"] += 1 + len(siblings)
+                self.drop([Held(detail, msg, now), *siblings], "stale")
             elif action == "drop":
                 self.counts[str(detail)] += 1
                 await msg.ack()

@@ -41,8 +41,8 @@ def test_a_tasks_own_reward_is_used_in_a_cocktail() -> None:
 def test_evaluations_are_every_n_versions_and_take_the_newest_when_behind() -> None:
     from swarmrl.agents.evaluate import due
 
-    assert due(0, None, 10, 300) and due(7, None, 10, 300)  # the first version seen
-    assert not due(9, 0, 10, 300) and due(10, 0, 10, 300)
-    assert due(23, 10, 10, 300)  # an evaluation took 13 versions: the newest is next, not v20
-    assert not due(23, 23, 10, 300) and not due(22, 23, 10, 300)
-    assert due(300, 295, 10, 300)  # the final version always
+    assert due(0, None, 10) and due(7, None, 10)  # the first version seen
+    assert not due(9, 0, 10) and due(10, 0, 10)
+    assert due(23, 10, 10)  # an evaluation took 13 versions: the newest is next, not v20
+    assert not due(23, 23, 10) and not due(22, 23, 10)
+    assert due(296, 295, 1)  # the final evaluation (every=1): any version not yet evaluated

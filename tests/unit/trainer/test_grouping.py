@@ -119,6 +119,24 @@ def test_lost_episodes_leaving_too_few_drop_the_group_at_once() -> None:
     assert len(buf) == 0
 
 
+def test_an_episode_discarded_on_arrival_leaves_its_group_with_its_held_samples() -> None:
+    """A sample the trainer drops on arrival (stale) takes its episode out of its group: the group
+    completes with the others at once, not at the timeout, and the episode's other samples, held or
+    still to come, are dropped with it."""
+    buf = _buffer(num_repeat=4)
+    for i in range(2):
+        buf.add(make_sample(f"e{i}", float(i)), f"h{i}", now=0.0)
+    buf.add(make_sample("e2", 1.0, index=0, n_samples=2), "h2a", now=0.0)
+    siblings = buf.discard(make_sample("e2", 1.0, index=1, n_samples=2))
+    assert [h.handle for h in siblings] == ["h2a"] and buf.is_discarded(make_sample("e2", 0.0))
+    assert buf.discard(make_sample("e2", 1.0, index=1, n_samples=2)) == []  # counted out once
+    assert buf.pop_ready(now=1.0) == ([], [])  # 2 complete + 1 lost < 4
+    buf.add(make_sample("e3", 0.0), "h3", now=1.0)
+    (group,), dropped = buf.pop_ready(now=1.0)  # long before the 10 s timeout
+    assert dropped == [] and group.partial and [h.handle for h in group.items] == ["h0", "h1", "h3"]
+    assert len(buf) == 0 and buf.lost == {}
+
+
 def _team_episode(eid: str, a_reward: float, b_reward: float) -> tuple[list[LlmEvent], list[RewardEvent]]:
     """Agent a calls alpha (a 2-turn chain, then a retry with an edited history: 2 samples) and beta
     once; agent b calls alpha once. Each agent has its own reward."""
