@@ -327,6 +327,10 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from swarmrl.config import default_of
+    from swarmrl.services.trainer.config import TrainerConfig
+    from swarmrl.swarm import RunConf, TaskConf
+
     p = argparse.ArgumentParser(
         prog="python -m swarmrl.agents.runner",
         description=__doc__,
@@ -353,10 +357,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ROLE=MODEL",
         help="model of each role of a multi-role task (repeatable), e.g. --role caller=alpha",
     )
-    p.add_argument("--num-repeat", type=int, default=8, help="episodes per task instance (GRPO group size)")
-    p.add_argument("--concurrency", type=int, default=2, help="groups played at once")
+    # defaults: the declarations `swarmrl up` reads (one default per setting)
+    p.add_argument("--num-repeat", type=int, default=default_of(TrainerConfig, "num_repeat"),
+                   help="episodes per task instance (GRPO group size, declared on `begin`)")  # fmt: skip
+    p.add_argument(
+        "--concurrency", type=int, default=default_of(TaskConf, "concurrency"), help="groups played at once"
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--max-tokens", type=int, default=64, help="max tokens per reply")
+    p.add_argument(
+        "--max-tokens", type=int, default=default_of(RunConf, "max_tokens"), help="max tokens per reply"
+    )
     p.add_argument(
         "--seed",
         type=int,
@@ -367,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--abort-rate",
         type=float,
-        default=0.0,
+        default=default_of(RunConf, "abort_rate"),
         help="chaos: probability per turn of failing the episode on purpose (it is aborted)",
     )
     p.add_argument(

@@ -28,7 +28,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import nats
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
@@ -48,6 +47,8 @@ from swarmrl.schemas import (
     EventBase,
     HeartbeatEvent,
     RewardEvent,
+    TokenReply,
+    TokenRequest,
     decode,
     encode,
 )
@@ -317,36 +318,29 @@ class Episode:
 
     async def begin(self) -> Episode:
         """Get the episode's API tokens from the gateway, then publish `begin`."""
-        request: dict[str, Any] = {
-            "episode_id": self.episode_id,
-            "agents": self.agents,
-            "models": self.models,
-            "ttl_s": self.token_ttl_s,
-            "group_key": self.group_key or self.task_id,  # resolved as the merger and trainer do
-            "eval": self.eval,
-            **self._common(),
-        }
-        if self.agent_models:
-            request["agent_models"] = self.agent_models
-        if isinstance(self.task.get("name"), str):
-            request["task"] = self.task["name"]
+        request = TokenRequest(
+            agents=self.agents, models=self.models, ttl_s=self.token_ttl_s,
+            group_key=self.group_key or self.task_id,  # resolved as the merger and trainer do
+            eval=self.eval, agent_models=self.agent_models or {},
+            task=self.task["name"] if isinstance(self.task.get("name"), str) else "", **self._common(),
+        )  # fmt: skip
         while True:
             reply = await _retrying(
                 self.client.nc.request,
                 S.token_subject(S.episode_owner(self.episode_id)),
-                msgpack.packb(request),
+                encode(request),
                 timeout=10.0,
                 retry_s=self.client.retry_s,
             )
-            answer = msgpack.unpackb(reply.data, raw=False)
+            answer = decode(reply.data, TokenReply)
             # Admission control (the trainer is behind) or task mixing (this task is ahead of its
             # share): the gateway asks new groups to wait.
-            if "retry_after_s" not in answer:
+            if answer.retry_after_s is None:
                 break
-            await asyncio.sleep(float(answer["retry_after_s"]))
-        if "error" in answer:
-            raise SwarmError(f"gateway refused a token for episode {self.episode_id}: {answer['error']}")
-        self.tokens, self.base_url = dict(answer["tokens"]), str(answer["base_url"])
+            await asyncio.sleep(answer.retry_after_s)
+        if answer.error is not None or answer.tokens is None or answer.base_url is None:
+            raise SwarmError(f"gateway refused a token for episode {self.episode_id}: {answer.error}")
+        self.tokens, self.base_url = dict(answer.tokens), answer.base_url
         await self._publish(
             BeginEvent,
             task_id=self.task_id,

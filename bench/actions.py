@@ -11,7 +11,7 @@ between actions (sleeps: the benchmark measures the external resources, not the 
 action's code sleeps for its trace run time: on a 2-core machine, units (warm sandbox workers), not
 cores, are the resource being scheduled; worker start-up, sandboxing and NATS hops are real.
 
-**Simulation mode**: the same scheduler code in virtual time (`services/actions/simulate.py`) at
+**Simulation mode**: the same scheduler code in virtual time (`bench/actions_simulate.py`) at
 10,000 concurrent trajectories and 1,000 units.
 
 Pools, the same for every policy of a mode: `fifo` and `elastic` get `--units` CPU units and
@@ -30,14 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actions_simulate import SimResult, percentile, simulate
+from actions_trace import TrajectorySpec, Turn, make_trace
 from benchutil import RESULTS, machine
 
 from swarmrl.machine import describe
 from swarmrl.schemas import ActionRequest, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.scheduler import PoolSpec
-from swarmrl.services.actions.simulate import SimResult, percentile, simulate
-from swarmrl.services.actions.trace import TrajectorySpec, Turn, make_trace
 
 POLICIES = ("static", "fifo", "elastic")
 MEM_MB = 1 << 20  # memory is not the constraint studied here
@@ -147,8 +147,9 @@ with its reward, a test suite whose cases elastic may run in parallel)."""
 
 
 async def run_real(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    from localstack import embedded_engine
+
     from swarmrl.bootstrap import build_model
-    from swarmrl.localstack import embedded_engine
 
     out: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as d:
@@ -322,7 +323,7 @@ def write(out: dict[str, Any], path: Path) -> None:
         "",
         f"{describe(out['machine'])}. Command: `{out['command']}`; {out['wall_s']:.0f} s.",
         "",
-        "RL-shaped traces (`services/actions/trace.py`, seed "
+        "RL-shaped traces (`bench/actions_trace.py`, seed "
         f"{a['seed']}): waves of trajectories at step boundaries, each a few turns of LLM think time "
         "then one action; python actions with lognormal (heavy-tailed) run times, 20% judge calls. "
         "Two traces: *rigid*, " + TRACE_TEXT["rigid"] + "; *suites*, " + TRACE_TEXT["suites"] + ". "
@@ -346,7 +347,7 @@ def write(out: dict[str, Any], path: Path) -> None:
                 f"## Simulation, {name} trace ({a['sim_steps']} steps x {a['sim_trajectories']} "
                 f"trajectories, {a['sim_units']} CPU units, {a['sim_slots']} judge slots)",
                 out["sim"][name], out["sim_ratios"][name],
-                "The same scheduler code in virtual time (`services/actions/simulate.py`); simulation "
+                "The same scheduler code in virtual time (`bench/actions_simulate.py`); simulation "
                 "wall seconds (static, fifo, elastic): "
                 + ", ".join(f"{r['wall_s']:.1f}" for r in out["sim"][name]) + ".",
             )  # fmt: skip

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from benchutil import RESULTS, machine, write_json
+from engine_throughput import measure_throughput
+from localstack import generation_stack
 
 from swarmrl.agents import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import generation_stack
 from swarmrl.services.common import bus
-from swarmrl.services.engine.bench_engine import measure_throughput
 from swarmrl.services.engine.client import EngineClient
 
 MODEL = "policy"

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from benchutil import RESULTS, machine, write_json
+from localstack import generation_stack
 
 from swarmrl.agents import SwarmClient
 from swarmrl.agents.runner import play, reply_message
 from swarmrl.agents.tasks.guess_number import SPEC, GuessNumber, GuessNumberEnv
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import generation_stack
 from swarmrl.machine import describe
 from swarmrl.schemas import BeginEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S

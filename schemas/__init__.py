@@ -20,6 +20,8 @@ from swarmrl.schemas.events import (
     RewardEvent,
     Sample,
     SampleDrops,
+    TokenReply,
+    TokenRequest,
     TrainStep,
 )
 
@@ -43,6 +45,8 @@ __all__ = [
     "RewardEvent",
     "Sample",
     "SampleDrops",
+    "TokenReply",
+    "TokenRequest",
     "TrainStep",
     "WireError",
     "decode",

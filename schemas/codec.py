@@ -29,8 +29,10 @@ class WireError(ValueError):
         self.detail = detail
 
 
-def encode(record: BaseModel) -> bytes:
-    return msgpack.packb(record.model_dump(mode="python"), use_bin_type=True)
+def encode(record: BaseModel, exclude_none: bool = False) -> bytes:
+    """`record` as a msgpack map (`exclude_none`: fields at None are left out, for replies whose
+    readers test which keys are present)."""
+    return msgpack.packb(record.model_dump(mode="python", exclude_none=exclude_none), use_bin_type=True)
 
 
 def _unpack(data: bytes, max_bytes: int) -> dict[str, Any]:

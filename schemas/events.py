@@ -333,6 +333,42 @@ class ClientState(Record):
     ts: float = Field(default_factory=time.time)
 
 
+class TokenRequest(Record):
+    """Request on `swarm.auth.token.<name>` (request/reply): the API tokens of one of the asker's own
+    episodes, one per agent (schemas/README.md "Episode tokens")."""
+
+    episode_id: str
+    """The episode; it must be the asker's (its id starts with the asker's name)."""
+    agents: list[str] = Field(default_factory=list)
+    """Agent names of the episode; default: the keys of `agent_models`, else `["agent"]`."""
+    models: list[str] = Field(default_factory=list)
+    """Models the episode may call; default: the union of `agent_models`. None at all is refused."""
+    agent_models: dict[str, list[str]] = Field(default_factory=dict)
+    """Agent -> the models its token names; an agent not listed gets all of `models`."""
+    ttl_s: float = 3600.0
+    """Token lifetime, above 0 and at most the gateway's maximum."""
+    group_key: str = ""
+    """The episode's GRPO group (`begin`'s `group_key`, or its `task_id`): groups are admitted whole."""
+    task: str = ""
+    """The task's name; a gateway that mixes tasks by weight needs it for a training episode."""
+    eval: bool = False
+    """A held-out episode: always admitted, never trained on."""
+    client_id: str = ""
+    client_version: str = ""
+
+
+class TokenReply(Record):
+    """Reply to a `TokenRequest`: `tokens` (agent -> token) with `base_url`, or `retry_after_s` (the
+    gateway holds new groups: ask again that much later), or `error` (why the request is refused).
+    Fields that do not apply are left out of the map."""
+
+    tokens: dict[str, str] | None = None
+    base_url: str | None = None
+    """The OpenAI-compatible endpoint the tokens are for."""
+    retry_after_s: float | None = None
+    error: str | None = None
+
+
 class ModelVersion(Record):
     """Value of KV `swarm-models[<model>]`: the weights an engine should serve."""
 

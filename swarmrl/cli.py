@@ -7,7 +7,7 @@ swarmrl status             what a running swarm is doing (processes, restarts, s
 swarmrl clients restart TASK   replace a task's client processes in a running swarm (live code iteration)
 swarmrl credentials mint NAME  give an agent client its own NATS identity (revoke, list: also live)
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, actions,
-                           action-worker)
+                           action-worker); `--config swarm.toml [--model M]` configures it as `up` would
 swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
 swarmrl research STUDY.toml    run a study (arms x seeds of swarm runs), resumable; statistics and a report
 swarmrl bootstrap-model    build the tiny offline model used on CPU
@@ -47,13 +47,61 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: swarmrl serve {{{','.join(SERVICES)}}} [--help]", file=sys.stderr)
             return 2
         name, entry = SERVE_ENTRIES.get(rest[0], (f"swarmrl.services.{rest[0]}.main", "main"))
-        return int(getattr(importlib.import_module(name), entry)(rest[1:]) or 0)
+        return int(
+            getattr(importlib.import_module(name), entry)(_resolve_description(rest[0], rest[1:])) or 0
+        )
     if verb not in VERBS:
         print(f"swarmrl: unknown command {verb!r}; try `swarmrl --help`", file=sys.stderr)
         return 2
     name, entry = VERBS[verb]
     module = importlib.import_module(name)
     return int(getattr(module, entry)(rest) or 0)
+
+
+def _resolve_description(service: str, argv: list[str]) -> list[str]:
+    """`argv` with a `--config` swarm description (TOML, or `up`'s swarm.json) replaced by the file
+    of `service`'s configuration resolved from it, as `swarmrl up` resolves it (`--model` picks the
+    model of an engine or trainer; its base is built if it is a preset). Other `--config` files are
+    the service's own resolved configuration and pass as they are."""
+    import argparse
+    import json
+    import tempfile
+    from pathlib import Path
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    pre.add_argument("--model")
+    known, _ = pre.parse_known_args(argv)
+    path = known.config
+    if path is None or not path.is_file():
+        return argv
+    if path.suffix != ".toml" and "models" not in json.loads(path.read_text() or "{}"):
+        return argv
+    from swarmrl.config import write_config_file
+    from swarmrl.swarm import SwarmConfigError, build, load, resolve_base, service_classes, service_config
+
+    if service not in service_classes():
+        raise SystemExit(
+            f"swarmrl serve {service}: --config takes its resolved configuration (JSON), not a swarm description"
+        )
+    try:
+        swarm = build(load(path) if path.suffix == ".toml" else json.loads(path.read_text()), str(path))
+        model = known.model or (next(iter(swarm.models)) if len(swarm.models) == 1 else None)
+        placement = {}
+        if service in ("trainer", "engine") and model in swarm.models:
+            build_it = "--print-config" not in argv  # printing builds nothing
+            placement["model_path"] = str(resolve_base(swarm.models[model], build=build_it))
+        cfg = service_config(swarm, service, model, **placement)
+    except SwarmConfigError as exc:
+        raise SystemExit(f"swarmrl serve {service}: {exc}") from None
+    resolved = write_config_file(Path(tempfile.mkdtemp(prefix="swarmrl-")) / f"{service}.json", service, cfg)
+    out, skip = [], False
+    for arg in argv:  # every --config goes; the resolved one comes first, so flags still override it
+        if skip or arg == "--config" or arg.startswith("--config="):
+            skip = arg == "--config"
+            continue
+        out.append(arg)
+    return ["--config", str(resolved), *out]
 
 
 if __name__ == "__main__":

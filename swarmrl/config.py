@@ -1,13 +1,19 @@
 """Config base for every service and command: a pydantic-settings class whose field docstrings are the
-`--help` text. Values come from the command line (`--kebab-case`), then `SWARMRL_<FIELD>` env vars."""
+`--help` text. Values come from the command line (`--kebab-case`), then the process's resolved
+configuration file (`--config`, as `swarmrl up` writes one per process), then `SWARMRL_<FIELD>`
+env vars, then the field's one declared default."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from collections.abc import Sequence
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
 C = TypeVar("C", bound=BaseSettings)
@@ -26,6 +32,51 @@ class ServiceConfig(BaseSettings):
     """NATS URL(s), comma-separated, with service credentials (nats://service:PASSWORD@host:port)."""
     log_level: str = "INFO"
     """Logging level (DEBUG, INFO, WARNING)."""
+    config: Path | None = None
+    """Configuration file: this process's resolved configuration (JSON, as `swarmrl up` writes it to
+    `<run dir>/config/<process>.json`), or a swarm description (TOML; with `--model NAME` for a
+    model's engine or trainer), which then configures this service exactly as `swarmrl up` would.
+    Flags override it."""
+    print_config: bool = False
+    """Print the resolved configuration as JSON and exit."""
+
+
+UNFILED = frozenset({"config", "print_config", "nats", "secret"})
+"""Fields never written to a configuration file: credentials (they come by environment) and the
+file options themselves."""
+
+
+def config_dict(cfg: BaseModel) -> dict[str, Any]:
+    """`cfg` as JSON-ready values, without the `UNFILED` fields."""
+    return cfg.model_dump(mode="json", exclude=set(UNFILED) & set(type(cfg).model_fields))
+
+
+def write_config_file(path: Path, service: str, cfg: BaseModel) -> Path:
+    """Write `service`'s resolved configuration `cfg` to `path` (what `--config` reads back)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"service": service, "config": config_dict(cfg)}, indent=2) + "\n")
+    return path
+
+
+def read_config_file(path: Path, service: str) -> dict[str, Any]:
+    """The values of a file `write_config_file` wrote for `service`; a clear exit otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"--config {path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--config {path}: not a resolved configuration (JSON): {exc}") from None
+    if (
+        not isinstance(data, dict)
+        or data.get("service") != service
+        or not isinstance(data.get("config"), dict)
+    ):
+        raise SystemExit(
+            f"--config {path}: not a resolved configuration of {service} (service: {data.get('service')!r})"
+            if isinstance(data, dict)
+            else f"--config {path}: not a resolved configuration"
+        )
+    return dict(data["config"])
 
 
 def password_on_command_line(argv: Sequence[str]) -> str | None:
@@ -44,10 +95,26 @@ def password_on_command_line(argv: Sequence[str]) -> str | None:
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None, prog: str) -> C:
-    """Parse `argv` into `cls`; `--help` prints every field with its docstring. A password on the
-    command line is refused (exit 2): set the URL with `SWARMRL_NATS` instead."""
-    if reason := password_on_command_line(list(argv or [])):
+    """Parse `argv` into `cls` over the values of `--config FILE` (a resolved configuration of the
+    service `prog` names last); `--help` prints every field with its docstring, `--print-config` the
+    result as JSON (then exits). A password on the command line is refused (exit 2): set the URL
+    with `SWARMRL_NATS` instead."""
+    argv = list(argv or [])
+    if reason := password_on_command_line(argv):
         print(f"{prog}: error: {reason}", file=sys.stderr)
         raise SystemExit(2)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    values = read_config_file(known.config, prog.rsplit(" ", 1)[-1]) if known.config else {}
     cls.model_config["cli_prog_name"] = prog
-    return CliApp.run(cls, cli_args=list(argv or []))
+    cfg = CliApp.run(cls, cli_args=argv, **values)
+    if getattr(cfg, "print_config", False):
+        print(json.dumps(config_dict(cfg), indent=2))
+        raise SystemExit(0)
+    return cfg
+
+
+def default_of(cls: type[BaseModel], field: str) -> Any:
+    """The one declared default of `cls.field` (for a command line that does not parse `cls`)."""
+    return cls.model_fields[field].get_default(call_default_factory=True)

@@ -15,11 +15,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from swarmrl.agents.tasks import get_task
+from swarmrl.config import ServiceConfig, write_config_file
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import free_port
 from swarmrl.schemas import subjects as S
 from swarmrl.supervisor import Supervisor
-from swarmrl.swarm import Swarm
+from swarmrl.swarm import Swarm, service_config
 
 SERVE = ["-m", "swarmrl.cli", "serve"]
 CONNECT_FILE = "connect.json"
@@ -70,9 +71,39 @@ def client_name(process: str) -> str:
     return S.owner_name(process.removeprefix("client-"))
 
 
-def spawn_services(
-    sup: Supervisor, swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path, service_url: str
-) -> None:
+@dataclass
+class Proc:
+    """One service process of a swarm: its name under `up`, its service and its whole configuration."""
+
+    name: str
+    service: str
+    config: ServiceConfig
+
+
+def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> list[Proc]:
+    """Every service process of `swarm` on this machine, in start order, each configured by
+    `service_config` (the description over the declared defaults) plus where it runs here."""
+    procs = [Proc("ledger", "ledger", service_config(swarm, "ledger", run_dir=run_dir))]
+    engines = []
+    for name in swarm.models:
+        cfg = service_config(swarm, "engine", name, model_path=str(model_dirs[name]), port=free_port())
+        procs.append(Proc(_proc("engine", name, swarm), "engine", cfg))
+        engines.append(f"{name}=http://127.0.0.1:{cfg.port}")
+    procs.append(Proc("merger", "merger", service_config(swarm, "merger")))
+    for name in swarm.models:
+        cfg = service_config(swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir))
+        procs.append(Proc(_proc("trainer", name, swarm), "trainer", cfg))
+    procs.append(
+        Proc("gateway", "gateway", service_config(swarm, "gateway", engine=engines, port=free_port()))
+    )
+    if uses_actions(swarm):
+        procs.append(Proc("actions", "actions", service_config(swarm, "actions")))
+    return procs
+
+
+def spawn_services(sup: Supervisor, procs: list[Proc], run_dir: Path, service_url: str) -> None:
+    """Start `procs`, each as `swarmrl serve NAME --config <run dir>/config/<process>.json`: the file
+    holds its resolved configuration (what `--print-config` prints), credentials go by environment."""
     # One torch thread each: engines and trainers share the cores, and oversubscribing them was ~4x slower.
     env = {
         "SWARMRL_NATS": service_url,
@@ -80,31 +111,9 @@ def spawn_services(
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
     }
-    sup.spawn("ledger", [*SERVE, "ledger", "--run-dir", str(run_dir)], env)
-    engines = []
-    for name, m in swarm.models.items():
-        port = free_port()
-        argv = [*SERVE, "engine", "--model", name, "--model-path", str(model_dirs[name]), "--port", str(port)]
-        argv += ["--seed", str(swarm.run.seed)]
-        sup.spawn(_proc("engine", name, swarm), [*argv, *m.engine_args], env)
-        engines += ["--engine", f"{name}=http://127.0.0.1:{port}"]
-    sup.spawn("merger", [*SERVE, "merger"], env)
-    for name, m in swarm.models.items():
-        argv = [
-            *SERVE, "trainer", "--model", name, "--model-path", str(model_dirs[name]), "--run-dir", str(run_dir),
-            "--num-repeat", str(m.num_repeat), "--batch-groups", str(m.batch_groups), "--lr", str(m.lr),
-            "--max-steps", str(swarm.run.steps), "--max-tokens-per-micro-batch", str(m.micro_batch_tokens),
-            "--seed", str(swarm.run.seed),
-        ]  # fmt: skip
-        sup.spawn(_proc("trainer", name, swarm), [*argv, *m.trainer_args], env)
-    # Admission control bounds one backlog for all models: the tightest model's.
-    backlog = min(m.backlog() for m in swarm.models.values())
-    gateway = [*SERVE, "gateway", *engines, "--port", str(free_port()), "--max-backlog", str(backlog)]
-    if len(swarm.tasks) > 1:
-        gateway += [arg for t, w in swarm.weights().items() for arg in ("--task-weight", f"{t}={w:.6g}")]
-    sup.spawn("gateway", gateway, env)
-    if uses_actions(swarm):
-        sup.spawn("actions", [*SERVE, "actions", "--policy", swarm.run.actions], env)
+    for proc in procs:
+        path = write_config_file(run_dir / "config" / f"{proc.name}.json", proc.service, proc.config)
+        sup.spawn(proc.name, [*SERVE, proc.service, "--config", str(path)], env)
 
 
 def uses_actions(swarm: Swarm) -> bool:

@@ -11,7 +11,10 @@ the offending entry.
     [models.caller]                # one table per trainable model (name = subject token)
     base = "tiny"                  # a bootstrap preset (built offline on first use) or an HF model dir
     warm_start = ["team_calculator.caller"]   # preset only: SFT sources (task or task.role)
+
+    [models.caller.trainer]        # any `swarmrl serve trainer` setting (`--help`), e.g.
     lr = 1e-4
+    kl_coef = 0.01
 
     [models.reporter]
     base = "tiny-llama"
@@ -22,6 +25,18 @@ the offending entry.
     roles = { caller = "caller", reporter = "reporter" }   # role (agent) -> model
     clients = 2                    # client processes playing this task
     # command = ["node", "agents/examples/js/agent.mjs"]   # default: the built-in Python runner
+
+    [gateway]                      # likewise [merger], [ledger], [actions]: that service's settings
+    max_backlog = 64
+
+Every service setting is declared once, in its service's config class (`services/<name>/config.py`),
+with its one default and docstring. A section of the description holds only the settings it changes;
+what a process gets is `service_config`: the section over the defaults (and over `SWARMRL_<FIELD>`
+environment variables), plus what the run derives
+(seed, steps, the gateway's backlog bound and task weights) and where the process runs (ports, model
+directory, run directory). `swarmrl up` writes that per process to `<run dir>/config/<process>.json`
+and starts `swarmrl serve NAME --config <that file>`; `swarmrl serve NAME --config swarm.toml
+[--model M]` on another machine resolves the same object.
 """
 
 from __future__ import annotations
@@ -32,6 +47,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from swarmrl.config import ServiceConfig
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -45,7 +62,7 @@ class _Strict(BaseModel):
 
 
 class ModelConf(_Strict):
-    """One trainable model: its base weights, its engine and its trainer."""
+    """One trainable model: its base weights, and the settings of its engine and its trainer."""
 
     base: str = "tiny"
     """Bootstrap preset name (`tiny`, `tiny-llama`; built offline on first use) or an HF model directory."""
@@ -53,24 +70,10 @@ class ModelConf(_Strict):
     """SFT sources of a preset's warm start (`calculator`, `team_calculator.caller`); None = the preset's own."""
     warm_start_steps: int | None = Field(default=None, ge=0)
     """SFT steps of a preset's warm start; None = the preset's default for its sources."""
-    lr: float = Field(default=1e-4, gt=0)
-    """Trainer learning rate."""
-    num_repeat: int = Field(default=8, ge=2)
-    """GRPO group size: episodes per task instance (every model of a task must agree)."""
-    batch_groups: int = Field(default=4, ge=1)
-    """Groups per trainer step."""
-    micro_batch_tokens: int = Field(default=512, ge=2)
-    """Trainer packed-row length (longer samples are truncated; small rows are fastest on CPU)."""
-    max_backlog: int = Field(default=-1, ge=-1)
-    """Gateway admission control for this model: hold new groups while this many samples wait
-    (-1 = two trainer steps' worth, 0 = off)."""
-    trainer_args: list[str] = []
-    """Extra `swarmrl serve trainer` flags, e.g. ["--kl-coef=0.01"]."""
-    engine_args: list[str] = []
-    """Extra `swarmrl serve engine` flags."""
-
-    def backlog(self) -> int:
-        return self.max_backlog if self.max_backlog >= 0 else 2 * self.batch_groups * self.num_repeat
+    trainer: dict[str, Any] = {}
+    """Settings of this model's trainer (`swarmrl serve trainer --help`), e.g. {lr = 1e-4}."""
+    engine: dict[str, Any] = {}
+    """Settings of this model's engine (`swarmrl serve engine --help`), e.g. {max_batch = 32}."""
 
 
 class TaskConf(_Strict):
@@ -127,10 +130,49 @@ class RunConf(_Strict):
     actions service, scheduled with this policy; `off` runs them inside the client processes."""
 
 
+def service_classes() -> dict[str, type[ServiceConfig]]:
+    """Each service's config class: the one declaration of its settings."""
+    from swarmrl.services.actions.config import ActionsConfig
+    from swarmrl.services.engine.config import EngineConfig
+    from swarmrl.services.gateway.config import GatewayConfig
+    from swarmrl.services.ledger.config import LedgerConfig
+    from swarmrl.services.merger.config import MergerConfig
+    from swarmrl.services.trainer.config import TrainerConfig
+
+    return {
+        "trainer": TrainerConfig, "engine": EngineConfig, "gateway": GatewayConfig, "merger": MergerConfig,
+        "ledger": LedgerConfig, "actions": ActionsConfig,
+    }  # fmt: skip
+
+
+PLACED: dict[str, frozenset[str]] = {
+    "trainer": frozenset({"model", "model_path", "run_dir", "seed", "max_steps"}),
+    "engine": frozenset({"model", "model_path", "host", "port", "seed", "weight_version"}),
+    "gateway": frozenset({"host", "port", "public_url", "engine", "tokenizer", "task_weight"}),
+    "merger": frozenset(),
+    "ledger": frozenset({"run_dir"}),
+    "actions": frozenset({"policy"}),
+}
+"""Per service, the settings a description does not set: where the process runs (ports, model and
+run directories, engine URLs) and what the run derives (seed, steps, task weights, the actions
+policy of `[run]`). Credentials and the config-file options are never set by one either."""
+
+PLACEHOLDERS: dict[str, dict[str, Any]] = {"trainer": {"model_path": "."}}
+"""Required settings that only placement fills, for checking a section before anything is placed."""
+
+
 class Swarm(_Strict):
     run: RunConf = RunConf()
     models: dict[str, ModelConf]
     tasks: dict[str, TaskConf]
+    gateway: dict[str, Any] = {}
+    """Settings of the gateway (`swarmrl serve gateway --help`), e.g. {max_backlog = 64}."""
+    merger: dict[str, Any] = {}
+    """Settings of the merger (`swarmrl serve merger --help`)."""
+    ledger: dict[str, Any] = {}
+    """Settings of the ledger (`swarmrl serve ledger --help`)."""
+    actions: dict[str, Any] = {}
+    """Settings of the actions service (`swarmrl serve actions --help`); its policy is `run.actions`."""
 
     @model_validator(mode="after")
     def _check(self) -> Swarm:
@@ -138,6 +180,8 @@ class Swarm(_Strict):
 
         if not self.models:
             raise ValueError("no [models.<name>] table: a swarm trains at least one model")
+        for where, service, section in self._sections():
+            _check_section(where, service, section)
         if not self.tasks:
             raise ValueError("no [tasks.<name>] table: a swarm plays at least one task")
         for name in [*self.models, *self.tasks]:
@@ -170,7 +214,7 @@ class Swarm(_Strict):
                 raise ValueError(
                     f"[tasks.{name}].roles: the task's roles are {sorted(spec.roles)}, got {sorted(task.roles)}"
                 )
-            repeats = {m: self.models[m].num_repeat for m in set(task.roles.values())}
+            repeats = {m: self.trainer(m).num_repeat for m in set(task.roles.values())}
             if len(set(repeats.values())) > 1:
                 raise ValueError(f"[tasks.{name}]: its models disagree on num_repeat (group size): {repeats}")
         unused = set(self.models) - {m for t in self.tasks.values() for m in t.roles.values()}
@@ -187,11 +231,82 @@ class Swarm(_Strict):
         return list(dict.fromkeys(self.tasks[task].roles.values()))
 
     def num_repeat(self, task: str) -> int:
-        return self.models[self.task_models(task)[0]].num_repeat
+        """The GRPO group size of `task`: its lead model's trainer's (all its models agree)."""
+        return self.trainer(self.task_models(task)[0]).num_repeat
+
+    def _sections(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(where in the description, service, section) of every service section."""
+        out = [
+            (f"models.{n}.{svc}", svc, getattr(m, svc))
+            for n, m in self.models.items()
+            for svc in ("trainer", "engine")
+        ]
+        return out + [(svc, svc, getattr(self, svc)) for svc in ("gateway", "merger", "ledger", "actions")]
+
+    def trainer(self, model: str) -> Any:
+        """`model`'s trainer configuration as far as the description decides it (no placement)."""
+        return service_config(self, "trainer", model, **PLACEHOLDERS["trainer"])
+
+    def backlog(self) -> int:
+        """The gateway's admission bound: its own setting, or (-1) two trainer steps' worth of the
+        tightest model (one bound serves every model)."""
+        own = int(self.gateway.get("max_backlog", -1))
+        if own >= 0:
+            return own
+        return min(2 * t.batch_groups * t.num_repeat for t in map(self.trainer, self.models))
 
     def weights(self) -> dict[str, float]:
         total = sum(t.weight for t in self.tasks.values())
         return {name: t.weight / total for name, t in self.tasks.items()}
+
+
+def _check_section(where: str, service: str, section: dict[str, Any]) -> None:
+    """Each key of `section` is a setting of `service` that a description may set, with a valid value;
+    the values are replaced by their validated form (a flag's "0.01" becomes 0.01)."""
+    from swarmrl.config import UNFILED
+
+    cls = service_classes()[service]
+    for key in section:
+        if key not in cls.model_fields:
+            raise ValueError(
+                f"{where}.{key}: not a setting of the {service} (see `swarmrl serve {service} --help`)"
+            )
+        if key in PLACED[service] or key in UNFILED:
+            raise ValueError(
+                f"{where}.{key}: set by `swarmrl up` where it places the {service}, not by a description"
+            )
+    try:
+        valid = cls.model_validate({**PLACEHOLDERS.get(service, {}), **section})
+    except ValidationError as exc:
+        raise ValueError(
+            "\n  ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        ) from None
+    section.update(valid.model_dump(mode="json", include=set(section)))
+
+
+def service_values(swarm: Swarm, service: str, model: str | None = None) -> dict[str, Any]:
+    """What the description decides for `service` (of `model`, for a trainer or engine): its section,
+    and what the run derives. Placement (ports, directories, engine URLs) is the caller's."""
+    run = swarm.run
+    if service in ("trainer", "engine"):
+        if model not in swarm.models:
+            raise SwarmConfigError(f"the {service} of which model? --model is one of {sorted(swarm.models)}")
+        values = {**getattr(swarm.models[model], service), "model": model, "seed": run.seed}
+        return values | {"max_steps": run.steps} if service == "trainer" else values
+    values = dict(getattr(swarm, service))
+    if service == "gateway":
+        values["max_backlog"] = swarm.backlog()
+        if len(swarm.tasks) > 1:
+            values["task_weight"] = [f"{t}={w:.6g}" for t, w in swarm.weights().items()]
+    if service == "actions" and run.actions != "off":
+        values["policy"] = run.actions
+    return values
+
+
+def service_config(swarm: Swarm, service: str, model: str | None = None, **placement: Any) -> Any:
+    """`service`'s whole configuration: its declared defaults, `SWARMRL_<FIELD>` environment
+    variables over them, then the description's values and `placement` (where the process runs)."""
+    return service_classes()[service](**service_values(swarm, service, model), **placement)
 
 
 def check_bases(swarm: Swarm) -> None:
@@ -217,12 +332,13 @@ def check_bases(swarm: Swarm) -> None:
             )
 
 
-def resolve_base(m: ModelConf) -> Path:
-    """The model directory of `m`'s base, building a preset on first use (cached)."""
-    from swarmrl.bootstrap.presets import PRESETS, ensure_model
+def resolve_base(m: ModelConf, build: bool = True) -> Path:
+    """The model directory of `m`'s base, building a preset on first use (cached; `build=False`:
+    where it is or will be)."""
+    from swarmrl.bootstrap.presets import PRESETS, ensure_model, model_dir
 
     if m.base in PRESETS:
-        return ensure_model(m.base, m.warm_start, m.warm_start_steps)
+        return (ensure_model if build else model_dir)(m.base, m.warm_start, m.warm_start_steps)
     return Path(m.base).expanduser().resolve()
 
 

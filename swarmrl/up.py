@@ -25,7 +25,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel
 
 from swarmrl.config import password_on_command_line
 from swarmrl.infra.nats_server import NatsServer
@@ -42,57 +44,58 @@ MODEL = "policy"
 FINAL_EVAL_S = 900.0
 """Longest wait for the final evaluation after the run ended (a whole held-out set, machine idle)."""
 
-# Flags that override a field of the same name in the description's [run], every [models.*] and
-# every [tasks.*]; a flag left at None was not given and keeps the file's value.
+# Flags that override a setting of the swarm description; a flag left at None was not given and
+# keeps the file's value. Each flag's type, default and help come from the setting's one declaration.
 RUN_FLAGS = ("steps", "minutes", "eval_every", "eval_limit", "eval_samples", "eval_temperature",
-             "max_tokens", "abort_rate", "actions", "seed")  # fmt: skip
-MODEL_FLAGS = ("lr", "num_repeat", "batch_groups", "micro_batch_tokens", "max_backlog")
+             "max_tokens", "abort_rate", "seed", "actions")  # fmt: skip
+"""[run] fields."""
 TASK_FLAGS = ("clients", "concurrency")
+"""Fields of every [tasks.*]."""
+TRAINER_FLAGS = {"lr": "lr", "num_repeat": "num_repeat", "batch_groups": "batch_groups",
+                 "micro_batch_tokens": "max_tokens_per_micro_batch"}  # fmt: skip
+"""Flag -> setting of every [models.*.trainer]."""
+GATEWAY_FLAGS = {"max_backlog": "max_backlog"}
+"""Flag -> setting of [gateway]."""
+
+
+def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], field: str) -> None:
+    """`--flag` overriding `cls.field`: its type, choices and docstring, and its default in the help."""
+    info = cls.model_fields[field]
+    kind, choices = info.annotation, None
+    if get_origin(kind) is Literal:
+        kind, choices = str, list(get_args(kind))
+    doc = " ".join((info.description or "").split()).replace("%", "%%")
+    p.add_argument(f"--{flag.replace('_', '-')}", type=kind, choices=choices,  # type: ignore[arg-type]
+                   help=f"{doc} (default {info.get_default(call_default_factory=True)})")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `swarmrl up` flags (`swarmrl research` validates a study's flags against them)."""
+    from swarmrl.services.gateway.config import GatewayConfig
+    from swarmrl.services.trainer.config import TrainerConfig
+    from swarmrl.swarm import RunConf, TaskConf
+
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = p.add_argument
     add("--config", type=Path, default=None, help="swarm description (TOML); flags below override it")
-    add(
-        "--steps",
-        type=int,
-        help="trainer steps per model (default 300); the run ends when the first trainer reaches them or when --minutes is spent",
-    )
-    add("--minutes", type=float, help="wall-clock budget (default 15)")
     add("--task", default=None,
         help="task(s) and mixing weights, e.g. calculator (default) or calculator=0.7,guess_number=0.3")  # fmt: skip
     add("--model", default="", help="HF model dir or bootstrap preset to train (default: preset `tiny`)")
-    add("--clients", type=int, help="client processes per task (default 2; 0 = only outside agents)")
-    add("--concurrency", type=int, help="GRPO groups each client plays at once (default 2)")
-    add("--num-repeat", type=int, help="episodes per group, the GRPO group size (default 8)")
-    add("--batch-groups", type=int, help="groups per trainer step (default 4)")
-    add("--lr", type=float, help="trainer learning rate (default 1e-4)")
-    add("--micro-batch-tokens", type=int,
-        help="trainer packed-row length (default 512); longer samples are truncated. Small rows are fastest "
-        "on CPU (attention over a packed row is quadratic in its length); raise it for long episodes or GPU")  # fmt: skip
-    add("--max-backlog", type=int,
-        help="gateway admission control: hold new groups while this many samples wait for a trainer "
-        "(default -1 = two trainer steps' worth, 0 = off)")  # fmt: skip
-    add("--eval-every", type=int,
-        help="evaluate every N model versions (default 10); one that falls behind takes the newest version")  # fmt: skip
-    add("--eval-limit", type=int, help="eval instances per task (default 0 = the whole held-out set)")
-    add("--eval-samples", type=int, help="episodes per held-out instance (default 4; success is their mean)")
-    add("--eval-temperature", type=float,
-        help="eval sampling temperature (default 1.0 measures the policy being trained; 0 is greedy)")  # fmt: skip
-    add("--max-tokens", type=int, help="max tokens per model reply (default 48)")
-    add("--abort-rate", type=float, help="chaos: per-turn probability a client fails an episode (default 0)")
-    add("--seed", type=int,
-        help="seed of the trainers, engine samplers and clients' task streams (default 0, as always)")  # fmt: skip
-    add("--actions", choices=["elastic", "fifo", "static", "off"],
-        help="run the tasks' tools (calculator) as sandboxed python actions through the actions service, "
-        "scheduled by this policy (default elastic); off: in the client processes")  # fmt: skip
+    for flag in RUN_FLAGS:
+        _add_setting(p, flag, RunConf, flag)
+    for flag in TASK_FLAGS:
+        _add_setting(p, flag, TaskConf, flag)
+    for flag, field in TRAINER_FLAGS.items():
+        _add_setting(p, flag, TrainerConfig, field)
+    for flag, field in GATEWAY_FLAGS.items():
+        _add_setting(p, flag, GatewayConfig, field)
     add("--trainer-arg", action="append", default=[], metavar="ARG",
-        help="extra flag for every trainer, repeatable (e.g. --trainer-arg=--group-timeout-s=30); "
-        "see `swarmrl serve trainer --help`")  # fmt: skip
+        help="any other trainer setting, as its `swarmrl serve trainer` flag, for every model; repeatable "
+        "(e.g. --trainer-arg=--group-timeout-s=30)")  # fmt: skip
+    add("--print-config", action="store_true",
+        help="print the resolved configuration of every process as JSON and exit")  # fmt: skip
     add("--run-dir", type=Path, default=None, help="run directory (default runs/<timestamp>)")
     add("--nats", default=os.environ.get("SWARMRL_NATS", ""),
         help="join this NATS cluster (service URL, default $SWARMRL_NATS) instead of starting one; "
@@ -140,28 +143,46 @@ def swarm_from_args(args: argparse.Namespace) -> Swarm:
                 raise SwarmConfigError(f"--task {unknown} not in {args.config} (tasks: {sorted(tasks)})")
             for name, w in weights.items():
                 tasks[name]["weight"] = w
-    _override(data["run"], args, RUN_FLAGS)
+    _override(data["run"], args, dict(zip(RUN_FLAGS, RUN_FLAGS, strict=True)))
+    trainer = _trainer_args(args.trainer_arg)
     for m in models.values():
         if not isinstance(m, dict):
             raise SwarmConfigError(f"{source}: every [models.<name>] must be a table")
-        _override(m, args, MODEL_FLAGS)
+        section = m.setdefault("trainer", {})
+        section.update(trainer)
+        _override(section, args, TRAINER_FLAGS)
         if args.model:
             m["base"], m["warm_start"], m["warm_start_steps"] = args.model, None, None
-        m["trainer_args"] = [*m.get("trainer_args", []), *args.trainer_arg]
+    _override(data.setdefault("gateway", {}), args, GATEWAY_FLAGS)
     for t in tasks.values():
         if not isinstance(t, dict):
             raise SwarmConfigError(f"{source}: every [tasks.<name>] must be a table")
-        _override(t, args, TASK_FLAGS)
+        _override(t, args, dict(zip(TASK_FLAGS, TASK_FLAGS, strict=True)))
     swarm = build(data, source)
     check_bases(swarm)
     return swarm
 
 
-def _override(section: dict[str, Any], args: argparse.Namespace, flags: tuple[str, ...]) -> None:
-    """Set each of `flags` given on the command line as the same-named field of `section`."""
-    for flag in flags:
+def _trainer_args(argv: list[str]) -> dict[str, Any]:
+    """`--trainer-arg` flags as trainer settings (parsed by the trainer's own command line)."""
+    from pydantic_settings import CliSettingsSource
+
+    from swarmrl.services.trainer.config import TrainerConfig
+
+    if not argv:
+        return {}
+    try:
+        return dict(CliSettingsSource(TrainerConfig, cli_parse_args=argv, cli_kebab_case=True,
+                                      cli_implicit_flags=True, cli_exit_on_error=False)())  # fmt: skip
+    except Exception as exc:  # an unknown flag or a bad value, with the parser's words
+        raise SwarmConfigError(f"--trainer-arg {' '.join(argv)}: {exc}") from None
+
+
+def _override(section: dict[str, Any], args: argparse.Namespace, flags: dict[str, str]) -> None:
+    """Set each of `flags` (flag -> field) given on the command line as its field of `section`."""
+    for flag, field in flags.items():
         if getattr(args, flag) is not None:
-            section[flag] = getattr(args, flag)
+            section[field] = getattr(args, flag)
 
 
 async def supervise(
@@ -292,6 +313,22 @@ async def _final_eval(
         log.warning("final evaluation not finished; the report shows the last one that did")
 
 
+def resolved_configs(swarm: Swarm, run_dir: Path) -> dict[str, Any]:
+    """What `--print-config` prints: each service process's resolved configuration (ports are picked
+    again at the start) and each built-in client's command line; nothing is built or started."""
+    from swarmrl.config import config_dict
+    from swarmrl.launch import client_argv, plan_services
+    from swarmrl.swarm import resolve_base
+
+    dirs = {name: resolve_base(m, build=False) for name, m in swarm.models.items()}
+    out: dict[str, Any] = {p.name: {"service": p.service, "config": config_dict(p.config)}
+                           for p in plan_services(swarm, dirs, run_dir)}  # fmt: skip
+    for task, t in swarm.tasks.items():
+        for i in range(t.clients):
+            out[f"client-{task}-{i}"] = {"argv": client_argv(swarm, task)}
+    return out
+
+
 def _watch_nats(sup: Supervisor, server: NatsServer) -> None:
     """Supervise the embedded nats-server like a service: if it dies it is restarted on its own
     store and port, and the services (`bus.connect` reconnects forever) carry on."""
@@ -313,9 +350,12 @@ def _builtin(task: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.print_config:
+        print(json.dumps(resolved_configs(args.swarm, args.run_dir or Path("runs/<timestamp>")), indent=2))
+        return 0
     from swarmrl.control import DRAIN_S, GRACE_S, default_client_version
     from swarmrl.infra.credentials import AgentRegistry
-    from swarmrl.launch import OUTSIDE, AgentIds, spawn_clients, spawn_services
+    from swarmrl.launch import OUTSIDE, AgentIds, plan_services, spawn_clients, spawn_services
     from swarmrl.log import setup_logging
     from swarmrl.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.swarm import resolve_base
@@ -346,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     reason = "?"
     try:
         asyncio.run(_bootstrap_streams(service_url))
-        spawn_services(sup, swarm, model_dirs, run_dir, service_url)
+        spawn_services(sup, plan_services(swarm, model_dirs, run_dir), run_dir, service_url)
         clients = {
             task: spawn_clients(sup, swarm, task, ids, version=default_client_version(swarm, task))
             for task in swarm.tasks

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import nats
 import pytest
+from localstack import Stack, generation_stack
 from nats.js import JetStreamContext
 
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import Stack, generation_stack
 from swarmrl.services.common import bus
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.handlers import Merger

@@ -40,10 +40,11 @@ class GatewayConfig(ServiceConfig):
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024)
     """Largest HTTP request body: a larger one gets 413, by its Content-Length before it is read, or
     as soon as a chunked body passes the limit."""
-    max_backlog: int = Field(default=0, ge=0)
+    max_backlog: int = Field(default=-1, ge=-1)
     """Admission control: while a model's trainer has this many untrained samples (queued or held),
-    token requests for new GRPO groups get `retry_after_s` and the client waits. 0 = off. See
-    `services/gateway/admission.py`."""
+    token requests for new GRPO groups get `retry_after_s` and the client waits. 0 = off; -1 = two
+    trainer steps' worth (batch_groups x num_repeat x 2 of the swarm description's tightest model;
+    off for a gateway run without one). See `services/gateway/admission.py`."""
     task_weight: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Task mixing as TASK=WEIGHT (repeatable, or comma-separated; env SWARMRL_TASK_WEIGHT=a=0.7,b=0.3): new
     GRPO groups of a task ahead of its share wait (`retry_after_s`), and token requests must name one

@@ -19,11 +19,10 @@ import socket
 import time
 from typing import Any
 
-import msgpack
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from swarmrl.schemas import LlmEvent, encode
+from swarmrl.schemas import LlmEvent, TokenReply, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
@@ -32,7 +31,7 @@ from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.errors import ApiError, too_large
-from swarmrl.services.gateway.grants import parse_token_request
+from swarmrl.services.gateway.grants import check_token_request
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
 from swarmrl.services.gateway.tokens import Claims, check_ttl, mint
 
@@ -98,7 +97,8 @@ class GatewayService:
 
     async def on_token(self, msg: Msg) -> None:
         try:
-            req = parse_token_request(msgpack.unpackb(msg.data, raw=False), self.gateway.models)
+            grant = check_token_request(msg.data, self.gateway.models)
+            req = grant.request
             owner = msg.subject.rsplit(".", 1)[-1]  # the server lets a client ask only on its own
             if S.episode_owner(req.episode_id) != owner:
                 raise ValueError(
@@ -108,9 +108,9 @@ class GatewayService:
             mixer = self.admission.mixer
             if mixer is not None and not req.eval:
                 mixer.check(req.task)  # an unweighted task would slip past the mix
-            wait = await self.admission.check(list(req.models), req.group_key, req.eval, req.task)
+            wait = await self.admission.check(list(grant.models), req.group_key, req.eval, req.task)
             if wait > 0:
-                await msg.respond(msgpack.packb({"retry_after_s": wait}))
+                await msg.respond(encode(TokenReply(retry_after_s=wait), exclude_none=True))
                 return
             expires = time.time() + ttl_s
             tokens = {
@@ -118,13 +118,13 @@ class GatewayService:
                     self.gateway.secret,
                     Claims(req.episode_id, agent, models, expires, req.client_id, req.client_version),
                 )
-                for agent, models in req.agent_models.items()
+                for agent, models in grant.agent_models.items()
             }
-            answer: dict[str, Any] = {"tokens": tokens, "base_url": self.base_url}
+            answer = TokenReply(tokens=tokens, base_url=self.base_url)
         except Exception as exc:  # bad token request: answer with the reason, never crash
             log.warning("token request refused: %s", exc)
-            answer = {"error": str(exc)}
-        await msg.respond(msgpack.packb(answer))
+            answer = TokenReply(error=str(exc))
+        await msg.respond(encode(answer, exclude_none=True))
 
     async def on_llm(self, msg: Msg) -> None:
         try:

@@ -21,8 +21,9 @@ class TrainerConfig(ServiceConfig):
     """Seed for torch/numpy/random (set before the model is loaded)."""
 
     # Optimiser ---------------------------------------------------------------------------------
-    lr: float = 1e-5
-    """AdamW learning rate (constant; no schedule, training runs for as long as samples arrive)."""
+    lr: float = Field(default=1e-4, gt=0)
+    """AdamW learning rate (constant; no schedule, training runs for as long as samples arrive). The
+    default suits the tiny bootstrap models; models of a billion parameters want about 1e-6."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -31,8 +32,9 @@ class TrainerConfig(ServiceConfig):
     """Recompute activations in the backward pass (less memory, ~30% slower); for large models on GPU."""
 
     # Groups and batches ------------------------------------------------------------------------
-    num_repeat: int = Field(default=4, ge=2)
-    """Episodes per GRPO group: a group is ready once it holds this many complete episodes."""
+    num_repeat: int = Field(default=8, ge=2)
+    """Episodes per GRPO group: a group is ready once it holds this many complete episodes (a group
+    whose client declared its size on `begin` has that size)."""
     group_timeout_s: float = Field(default=300.0, gt=0)
     """A group not ready this long after its first sample is flushed: trained if it has at least
     `min_group_size` complete episodes, otherwise its samples are dropped (acked and counted)."""
@@ -61,7 +63,7 @@ class TrainerConfig(ServiceConfig):
     """Weight of the k3 KL estimator to the initial model; 0 loads no reference model."""
 
     # Compute -----------------------------------------------------------------------------------
-    max_tokens_per_micro_batch: int = Field(default=4096, ge=2)
+    max_tokens_per_micro_batch: int = Field(default=512, ge=2)
     """Tokens per packed micro-batch row; longer samples are truncated to it (and counted). Attention over
     a packed row costs (row length)^2 with sdpa (the block-diagonal mask is dense), so on CPU rows of a
     few samples are fastest; on GPU raise it to fill memory."""

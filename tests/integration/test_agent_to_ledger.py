@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from localstack import generation_stack, llm_events
 
 from swarmrl.agents import SwarmClient
 from swarmrl.agents.runner import play_episode
 from swarmrl.agents.tasks import get_task
 from swarmrl.agents.tasks.guess_number import GuessNumber
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import generation_stack, llm_events
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.handlers import Ledger
 from swarmrl.services.ledger.query import connect

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from localstack import embedded_engine
 from transformers import AutoModelForCausalLM
 
-from swarmrl.localstack import embedded_engine
 from swarmrl.services.engine.client import EngineClient
 from swarmrl.services.engine.engine_core import EngineCore
 

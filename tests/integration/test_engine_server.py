@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from localstack import embedded_engine
 
 from swarmrl.infra.nats_server import NatsServer, free_port
-from swarmrl.localstack import embedded_engine
 from swarmrl.schemas import ModelVersion, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from localstack import embedded_engine
 
-from swarmrl.localstack import embedded_engine
 from swarmrl.services.engine.client import EngineClient, EngineError
 from swarmrl.services.engine.engine_core import EngineCore
 from tests.conftest import wait_for

@@ -7,10 +7,10 @@ import asyncio
 import logging
 
 import pytest
+from localstack import Stack
 
 from swarmrl.agents.evaluate import evaluate
 from swarmrl.agents.sdk import SwarmClient
-from swarmrl.localstack import Stack
 from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.server import create_app
 

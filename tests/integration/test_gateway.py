@@ -9,9 +9,9 @@ import time
 import nats
 import openai
 import pytest
+from localstack import llm_events
 
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import llm_events
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.tokens import Claims, mint
 

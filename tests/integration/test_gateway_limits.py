@@ -14,10 +14,10 @@ import httpx
 import nats
 import openai
 import pytest
+from localstack import llm_events
 
 from swarmrl.agents import SwarmError
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import llm_events
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.tokens import TokenError, verify
 

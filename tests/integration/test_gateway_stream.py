@@ -9,8 +9,8 @@ import time
 import httpx
 import openai
 import pytest
+from localstack import llm_events
 
-from swarmrl.localstack import llm_events
 from swarmrl.services.gateway.prompts import parse_reply
 from tests.conftest import wait_for
 

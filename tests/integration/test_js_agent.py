@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localstack import generation_stack
 from nats.js import JetStreamContext
 
 from swarmrl.agents.tasks.calculator import TOOLS, Calculator, CalculatorEnv, eval_tasks, train_tasks
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import generation_stack
 from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.handlers import Merger

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from localstack import embedded_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmrl.infra.nats_server import free_port
-from swarmrl.localstack import embedded_engine
 from swarmrl.services.actions.judge import JudgeManager
 from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.engine_core import EngineCore

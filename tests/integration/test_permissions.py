@@ -18,7 +18,15 @@ from nats.aio.client import Client as NATS
 from swarmrl.agents.sdk import SwarmClient, SwarmError
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.schemas import MAX_EVENT_BYTES, BeginEvent, ModelVersion, RewardEvent, Sample, encode
+from swarmrl.schemas import (
+    MAX_EVENT_BYTES,
+    BeginEvent,
+    ModelVersion,
+    RewardEvent,
+    Sample,
+    TokenRequest,
+    encode,
+)
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.service import GatewayService
@@ -71,10 +79,8 @@ async def stream_counts(server: NatsServer) -> dict[str, int]:
 
 
 def token_request(episode_id: str) -> bytes:
-    return msgpack.packb(
-        {"episode_id": episode_id, "agents": ["agent"], "models": ["policy"], "ttl_s": 60.0, "group_key": "g",
-         "eval": False, "client_id": "c", "client_version": "v"}
-    )  # fmt: skip
+    return encode(TokenRequest(episode_id=episode_id, models=["policy"], ttl_s=60.0, group_key="g",
+                               client_id="c", client_version="v"))  # fmt: skip
 
 
 async def test_an_agent_publishes_its_own_episodes_and_gets_its_tokens(

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import nats
 import pytest
+from localstack import generation_stack, llm_events
 
 from swarmrl.agents import SwarmClient
 from swarmrl.agents.runner import play_episode
 from swarmrl.agents.tasks.base import Message, TaskSpec, Turn
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.localstack import generation_stack, llm_events
 from swarmrl.schemas import Sample, decode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.handlers import Merger

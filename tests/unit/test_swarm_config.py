@@ -43,11 +43,22 @@ def test_a_team_swarm_maps_roles_to_models_and_the_first_role_leads() -> None:
         (team(tasks={"nope": {}}), "nope"),
         ({"models": {"a": {}, "b": {}}, "tasks": {"calculator": {}}}, "calculator"),
         ({"models": {"a.b": {}}, "tasks": {"calculator": {}}}, "a.b"),
-        ({"models": {"a": {"lr": 0}}, "tasks": {"calculator": {}}}, "models.a.lr"),
+        ({"models": {"a": {"lr": 0}}, "tasks": {"calculator": {}}}, "models.a.lr"),  # not its table
+        ({"models": {"a": {"trainer": {"lr": 0}}}, "tasks": {"calculator": {}}}, "models.a.trainer.lr"),
+        ({"models": {"a": {"trainer": {"lrr": 1}}}, "tasks": {"calculator": {}}}, "models.a.trainer.lrr"),
+        (
+            {"models": {"a": {"trainer": {"run_dir": "x"}}}, "tasks": {"calculator": {}}},
+            "set by `swarmrl up`",
+        ),
+        ({"models": {"a": {}}, "tasks": {"calculator": {}}, "gateway": {"port": 1}}, "gateway.port"),
+        (
+            {"models": {"a": {}}, "tasks": {"calculator": {}}, "merger": {"merge_mode": "x"}},
+            "merger.merge_mode",
+        ),
         ({"models": {"a": {"color": 1}}, "tasks": {"calculator": {}}}, "color"),
         ({"models": {"a": {}, "b": {}}, "tasks": {"calculator": {"roles": {"agent": "a"}}}}, "'b'"),
         (
-            team(models={"caller": {"num_repeat": 4}, "reporter": {"base": "tiny-llama"}}),
+            team(models={"caller": {"trainer": {"num_repeat": 4}}, "reporter": {"base": "tiny-llama"}}),
             "num_repeat",
         ),
     ],
@@ -60,7 +71,7 @@ def test_a_bad_description_is_refused_with_the_offending_entry_named(data: dict,
 
 def test_duplicate_tables_and_missing_files_are_named(tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
-    f.write_text("[models.a]\nlr = 1e-4\n[models.a]\nlr = 2e-4\n")
+    f.write_text("[models.a]\nbase = 'tiny'\n[models.a]\nbase = 'tiny'\n")
     with pytest.raises(SwarmConfigError, match="not valid TOML.*line 3"):
         load(f)
     with pytest.raises(SwarmConfigError, match="does not exist"):
@@ -84,7 +95,7 @@ def test_flags_override_the_file_and_a_missing_base_is_refused(
     )
     swarm = args.swarm
     assert (
-        swarm.run.minutes == 3 and swarm.models["reporter"].lr == 5e-5 and swarm.models["caller"].lr == 5e-5
+        swarm.run.minutes == 3 and swarm.trainer("reporter").lr == 5e-5 and swarm.trainer("caller").lr == 5e-5
     )
     assert swarm.tasks["team_calculator"].clients == 0
     with pytest.raises(SystemExit) as exit_:

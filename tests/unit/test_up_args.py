@@ -16,11 +16,19 @@ def test_defaults_parse() -> None:
     ("argv", "message"),
     [
         (["--task", "calculator,nope"], "[tasks.nope]: unknown built-in task"),
-        (["--num-repeat", "1"], "models.policy.num_repeat: Input should be greater than or equal to 2"),
+        (
+            ["--num-repeat", "1"],
+            "models.policy.trainer.num_repeat: Input should be greater than or equal to 2",
+        ),
         (["--eval-samples", "0"], "run.eval_samples: Input should be greater than or equal to 1"),
         (["--abort-rate", "1.5"], "run.abort_rate: Input should be less than 1"),
-        (["--lr", "0"], "models.policy.lr: Input should be greater than 0"),
-        (["--max-backlog", "-2"], "models.policy.max_backlog: Input should be greater than or equal to -1"),
+        (["--lr", "0"], "models.policy.trainer.lr: Input should be greater than 0"),
+        (["--max-backlog", "-2"], "gateway.max_backlog: Input should be greater than or equal to -1"),
+        (["--trainer-arg=--no-such-setting"], "--trainer-arg --no-such-setting"),
+        (
+            ["--trainer-arg=--kl-coef=-1"],
+            "models.policy.trainer.kl_coef: Input should be greater than or equal to 0",
+        ),
         (["--clients", "-1"], "tasks.calculator.clients: Input should be greater than or equal to 0"),
     ],
 )

@@ -156,6 +156,7 @@ export class Episode {
   async begin({ signal, heartbeatS = 5 } = {}) {
     const { tokens, baseUrl } = await this.client.requestTokens(
       {
+        v: 1, // a `TokenRequest` record (schemas/README.md, "Episode tokens")
         episode_id: this.episodeId,
         agents: this.agents,
         models: this.models,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from swarmrl.launch import spawn_clients, spawn_services
+from swarmrl.launch import plan_services, spawn_clients
 from swarmrl.up import parse_args
 
 
@@ -26,21 +26,17 @@ class Ids:
         return {n: Path(f"/x/{n}.json") for n in names}
 
 
-def launched(argv: list[str]) -> Recorder:
+def launched(argv: list[str]) -> tuple[Recorder, dict[str, Any]]:
+    """The clients `up` would start, and the resolved configuration of each service process."""
     swarm = parse_args(argv).swarm
     sup = Recorder()
-    spawn_services(sup, swarm, {"policy": Path("/m")}, Path("/r"), "nats://s")  # type: ignore[arg-type]
     spawn_clients(sup, swarm, "calculator", Ids())  # type: ignore[arg-type]
-    return sup
-
-
-def seed_of(argv: list[str]) -> str:
-    return argv[argv.index("--seed") + 1]
+    return sup, {p.name: p.config for p in plan_services(swarm, {"policy": Path("/m")}, Path("/r"))}
 
 
 def test_the_seed_reaches_every_process() -> None:
-    sup = launched(["--seed", "3"])
-    assert seed_of(sup.spawned["trainer"][0]) == "3" and seed_of(sup.spawned["engine"][0]) == "3"
+    sup, configs = launched(["--seed", "3"])
+    assert configs["trainer"].seed == 3 and configs["engine"].seed == 3
     assert [sup.spawned[f"client-calculator-{i}"][1]["SWARMRL_CLIENT_SEED"] for i in (0, 1)] == [
         "31000",
         "31001",
@@ -48,8 +44,8 @@ def test_the_seed_reaches_every_process() -> None:
 
 
 def test_seed_0_is_what_up_always_did() -> None:
-    sup = launched([])
-    assert parse_args([]).swarm.run.seed == 0 and seed_of(sup.spawned["trainer"][0]) == "0"
+    sup, configs = launched([])
+    assert parse_args([]).swarm.run.seed == 0 and configs["trainer"].seed == 0
     assert [sup.spawned[f"client-calculator-{i}"][1]["SWARMRL_CLIENT_SEED"] for i in (0, 1)] == [
         "1000",
         "1001",

@@ -16,9 +16,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from actions_trace import TrajectorySpec
+
 from swarmrl.services.actions.model import RESOURCES, Action, Demand
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
-from swarmrl.services.actions.trace import TrajectorySpec
 
 THINK_DONE, RUN_DONE, WAKE = 0, 1, 2
 
