@@ -32,6 +32,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
+from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from swarmrl.infra.credentials import AgentCredential
@@ -300,6 +301,15 @@ class Episode:
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
 
+    def _token_request(self) -> TokenRequest:
+        """This episode's `TokenRequest` (validated: a bad one is never sent)."""
+        return TokenRequest(
+            agents=self.agents, models=self.models, ttl_s=self.token_ttl_s,
+            group_key=self.group_key or self.task_id,  # resolved as the merger and trainer do
+            eval=self.eval, agent_models=self.agent_models or {},
+            task=self.task["name"] if isinstance(self.task.get("name"), str) else "", **self._common(),
+        )  # fmt: skip
+
     def _common(self) -> dict[str, Any]:
         return {
             "episode_id": self.episode_id,
@@ -318,12 +328,10 @@ class Episode:
 
     async def begin(self) -> Episode:
         """Get the episode's API tokens from the gateway, then publish `begin`."""
-        request = TokenRequest(
-            agents=self.agents, models=self.models, ttl_s=self.token_ttl_s,
-            group_key=self.group_key or self.task_id,  # resolved as the merger and trainer do
-            eval=self.eval, agent_models=self.agent_models or {},
-            task=self.task["name"] if isinstance(self.task.get("name"), str) else "", **self._common(),
-        )  # fmt: skip
+        try:
+            request = self._token_request()
+        except ValidationError as exc:  # e.g. a NaN lifetime: refused before it is sent
+            raise SwarmError(f"bad token request for episode {self.episode_id}: {exc}") from None
         while True:
             reply = await _retrying(
                 self.client.nc.request,

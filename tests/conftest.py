@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nats
 import pytest
-from localstack import Stack, generation_stack
 from nats.js import JetStreamContext
 
 from swarmrl.agents.sdk import SwarmClient
@@ -16,6 +16,9 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.services.common import bus
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.handlers import Merger
+
+if TYPE_CHECKING:  # bench/ is on pytest's path, not on a subprocess's that imports this file
+    from localstack import Stack
 
 
 @pytest.fixture
@@ -86,6 +89,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def stack(swarm_nats: NatsServer, tiny_model_dir: Path) -> AsyncIterator[Stack]:
     """Engine + gateway (HTTP and NATS) serving the tiny model as `policy`."""
+    from localstack import generation_stack
+
     async with generation_stack(swarm_nats, tiny_model_dir) as s:
         yield s
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 # Failures where the request may never have reached the engine; generation has no side effects,
 # so resending is safe.
@@ -150,9 +157,13 @@ def parse_weight_version(value: Any) -> int | None:
 class EngineClient:
     """One engine's HTTP API. Use as `async with EngineClient(url) as engine: ...`."""
 
-    def __init__(self, base_url: str, *, timeout: float = 600.0, retries: int = 5) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = 600.0, retries: int = 5, retry_s: float | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
+        self.retry_s = retry_s
+        """Retry connection failures this long instead of `retries` times: ride out an engine restart."""
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
 
     async def __aenter__(self) -> EngineClient:
@@ -284,18 +295,18 @@ class EngineClient:
             await asyncio.sleep(interval)
 
     def _retrying(self) -> AsyncRetrying:
-        """Connection failures are retried with backoff, `retries` attempts in all."""
+        """Connection failures are retried with backoff: `retries` attempts in all, or for `retry_s`."""
+        stop = stop_after_attempt(self.retries) if self.retry_s is None else stop_after_delay(self.retry_s)
         return AsyncRetrying(
             retry=retry_if_exception_type(_RETRYABLE),
-            stop=stop_after_attempt(self.retries),
-            wait=wait_exponential(multiplier=0.2, max=5.0),
+            stop=stop,
+            wait=wait_exponential(multiplier=0.2, max=2.0),
         )
 
     def _unreachable(self, exc: RetryError) -> EngineError:
         cause = exc.last_attempt.exception()
-        return EngineError(
-            0, f"engine at {self.base_url} unreachable after {self.retries} attempts: {cause!r}"
-        )
+        tried = f"{self.retries} attempts" if self.retry_s is None else f"{self.retry_s:g} s"
+        return EngineError(0, f"engine at {self.base_url} unreachable for {tried}: {cause!r}")
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:

@@ -37,6 +37,9 @@ class GatewayConfig(ServiceConfig):
     """Episodes whose calls are remembered for exact token reuse (least recently used are forgotten)."""
     request_timeout_s: float = 300.0
     """Engine request timeout."""
+    engine_retry_s: float = Field(default=60.0, ge=0)
+    """How long a completion waits for an engine it cannot reach before the agent gets a 502: an
+    engine restarting after a crash (about 30 s on 2 busy cores) is ridden out, its episodes go on."""
     max_request_bytes: int = Field(default=MAX_REQUEST_BYTES, ge=1024)
     """Largest HTTP request body: a larger one gets 413, by its Content-Length before it is read, or
     as soon as a chunked body passes the limit."""

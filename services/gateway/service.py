@@ -58,7 +58,7 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
     handles = {}
     for name, url in engines.items():
-        engine = EngineClient(url, timeout=cfg.request_timeout_s)
+        engine = EngineClient(url, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s)
         await engine.wait_ready(timeout=600)
         path = tokenizers.get(name) or (await engine.model_info()).get("tokenizer_path")
         tok = AutoTokenizer.from_pretrained(path)

@@ -136,7 +136,7 @@ async def test_client_generates_and_reloads_weights(fresh: str, perturbed_dir: P
 async def test_client_errors_are_clear() -> None:
     async with EngineClient(f"http://127.0.0.1:{free_port()}", retries=2) as client:
         assert not await client.health()
-        with pytest.raises(EngineError, match="unreachable after 2 attempts"):
+        with pytest.raises(EngineError, match="unreachable for 2 attempts"):
             await client.generate([1], GREEDY)
         with pytest.raises(TimeoutError, match="not healthy after 0.3s"):
             await client.wait_ready(timeout=0.3, interval=0.1)

@@ -1,5 +1,5 @@
-"""The evaluator on a real stack: an episode the swarm fails is played again, never scored as the
-model's failure."""
+"""An engine restart on a real stack: the gateway rides it out, and an eval episode the swarm still
+fails is played again, never scored as the model's failure."""
 
 from __future__ import annotations
 
@@ -16,10 +16,36 @@ from swarmrl.services.engine.server import create_app
 
 
 async def _down(stack: Stack) -> int:
-    """Stop the engine's HTTP server (the gateway answers 502); returns its port."""
+    """Stop the engine's HTTP server (the gateway cannot reach it); returns its port."""
     server = stack.engine_servers["policy"]
     await asyncio.to_thread(server.stop)
     return int(server.url.rsplit(":", 1)[1])
+
+
+async def _back(stack: Stack, port: int, after_s: float) -> None:
+    """The engine restarts on its port `after_s` seconds later."""
+    await asyncio.sleep(after_s)
+    server = await asyncio.to_thread(lambda: BackgroundServer(create_app(stack.engine), port=port).start())
+    stack.engine_servers["policy"] = server  # stopped with the stack
+
+
+@pytest.mark.timeout(120)
+async def test_a_completion_waits_out_an_engine_restart(stack: Stack) -> None:
+    """Before, the gateway gave up on an unreachable engine after ~3 s and every episode in flight
+    failed with a 502 (409 of them per engine kill in `just chaos`); an engine restarts in ~30 s."""
+    swarm = await SwarmClient.connect(stack.nats.service_url, client_id="c", code_version="t")
+    try:
+        async with swarm.episode("restart", models=["policy"], heartbeat_s=0) as ep:
+            llm = ep.openai(max_retries=0)
+            port = await _down(stack)
+            restart = asyncio.create_task(_back(stack, port, after_s=6.0))
+            reply = await llm.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "2+2?"}], max_tokens=4
+            )
+            await restart
+            assert reply.choices[0].message is not None
+    finally:
+        await swarm.close()
 
 
 @pytest.mark.timeout(180)
@@ -28,6 +54,8 @@ async def test_eval_episodes_failed_by_the_engine_are_played_again_or_left_out(
 ) -> None:
     swarm = await SwarmClient.connect(stack.nats.service_url, client_id="evaluator", code_version="t")
     kw = {"limit": 2, "samples": 1, "max_tokens": 8}
+    for handle in stack.gateway.gateway.models.values():  # a gateway that gives up on the engine after 1 s
+        handle.engine.retry_s = 1.0
     try:
         up = await evaluate(swarm, "calculator", "policy", **kw)
         assert up.episodes == 2
@@ -39,12 +67,8 @@ async def test_eval_episodes_failed_by_the_engine_are_played_again_or_left_out(
         assert down.episodes == 0 and down.success == 0.0
         assert "2 of 2 eval episodes left out" in caplog.text
 
-        async def back() -> None:  # the engine restarts while the evaluator waits to try again
-            await asyncio.sleep(5.0)  # longer than the gateway's own retries of the engine (~3 s)
-            server = BackgroundServer(create_app(stack.engine), port=port).start()
-            stack.engine_servers["policy"] = server  # stopped with the stack
-
-        restart = asyncio.create_task(back())
+        # the engine restarts while the evaluator waits to try again (the gateway gave up)
+        restart = asyncio.create_task(_back(stack, port, after_s=5.0))
         again = await evaluate(swarm, "calculator", "policy", attempts=4, **kw)
         await restart
         assert again.episodes == 2

@@ -157,7 +157,7 @@ async def test_dead_engine_gives_errors_not_hangs(tiny_model_dir: Path) -> None:
     finally:
         await judge.close()
     assert [o.status for o in outs] == ["error"] * 4
-    assert all("unreachable after 2 attempts" in o.error for o in outs)
+    assert all("unreachable for 2 attempts" in o.error for o in outs)
     assert judge.counts["engine_errors"] == judge.counts["batches"] >= 1
 
 

@@ -76,7 +76,7 @@ def test_the_planner_is_shown_the_knobs_and_corrected_by_the_validator(planner, 
     first, second = p.requests
     system = first["messages"][0]["content"]
     assert first["model"] == "planner-1" and "learning rates on calculator" in first["messages"][1]["content"]
-    for knob in ("- lr: trainer learning rate", "- eval-limit:", "calculator", "auc_success", "train_steps"):
+    for knob in ("- lr: AdamW learning rate", "- eval-limit:", "calculator", "auc_success", "train_steps"):
         assert knob in system
     feedback = second["messages"][-1]["content"]
     assert "arms.high.flags.learning_rate: unknown swarmrl up flag" in feedback
