@@ -15,7 +15,7 @@ from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.services.common import bus
 from swarmrl.services.merger.config import MergerConfig
-from swarmrl.services.merger.handlers import Merger
+from swarmrl.services.merger.service import Merger
 
 if TYPE_CHECKING:  # bench/ is on pytest's path, not on a subprocess's that imports this file
     from localstack import Stack

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(LedgerConfig, argv, "swarmrl serve ledger")
     setup_logging("ledger", cfg.log_level)
     # Imported here so `--help` stays fast (duckdb, pyarrow and nats load only to run).
-    from swarmrl.services.ledger.handlers import run
+    from swarmrl.services.ledger.service import run
 
     asyncio.run(run(cfg))
     return 0

@@ -1,6 +1,6 @@
 """What one stream's consumer holds between flushes: buffered rows and the position they cover.
 
-Pure logic (no I/O); `handlers.py` decides when to add, flush and ack.
+Pure logic (no I/O); `service.py` decides when to add, flush and ack.
 """
 
 from __future__ import annotations

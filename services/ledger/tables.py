@@ -1,7 +1,7 @@
 """The ledger's tables: one Arrow schema per table and the functions that turn records into rows.
 
 Pure logic (no NATS, no files). Every row carries `stream` and `stream_seq`, the JetStream position of
-the message it came from: that is what makes restarts exact (see `handlers.py`). Column meanings are
+the message it came from: that is what makes restarts exact (see `service.py`). Column meanings are
 documented in `services/ledger/README.md`.
 """
 

@@ -11,7 +11,7 @@ from swarmrl.services.merger.config import MergerConfig
 
 
 async def _serve(cfg: MergerConfig) -> None:
-    from swarmrl.services.merger.handlers import Merger  # lazy: keeps `--help` fast
+    from swarmrl.services.merger.service import Merger  # lazy: keeps `--help` fast
 
     merger = Merger(cfg)
     loop = asyncio.get_running_loop()

@@ -16,7 +16,7 @@ from swarmrl.services.trainer.config import TrainerConfig
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TrainerConfig, argv, prog="swarmrl serve trainer")
     setup_logging("trainer", cfg.log_level)
-    from swarmrl.services.trainer.loop import Trainer  # torch/transformers: only once the flags parse
+    from swarmrl.services.trainer.service import Trainer  # torch/transformers: only once the flags parse
 
     async def run() -> None:
         trainer = Trainer(cfg)

@@ -15,8 +15,8 @@ from swarmrl.agents.tasks import get_task
 from swarmrl.agents.tasks.guess_number import GuessNumber
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.handlers import Ledger
 from swarmrl.services.ledger.query import connect
+from swarmrl.services.ledger.service import Ledger
 from tests.conftest import wait_for
 
 

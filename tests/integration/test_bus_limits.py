@@ -18,7 +18,7 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import MAX_EVENT_BYTES, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.merger.handlers import Merger
+from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import merger_settled, publish, read_stream, stream_count
 from tests.unit.merger.factories import begin

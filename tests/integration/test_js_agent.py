@@ -25,7 +25,7 @@ from swarmrl.infra.credentials import AgentCredential
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S
-from swarmrl.services.merger.handlers import Merger
+from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import read_stream, samples, stream_count
 

@@ -21,8 +21,8 @@ from swarmrl.schemas import MAX_EVENT_BYTES, EvalResult, Event, MergeStats, Samp
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.handlers import Ledger
 from swarmrl.services.ledger.query import connect
+from swarmrl.services.ledger.service import Ledger
 from tests.conftest import wait_for
 from tests.unit.ledger.factories import episode, train_step
 

@@ -9,7 +9,7 @@ from nats.js import JetStreamContext
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import subjects as S
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.handlers import Ledger
+from swarmrl.services.ledger.service import Ledger
 from tests.conftest import wait_for
 from tests.integration.test_ledger import count, publish_all
 from tests.unit.ledger.factories import episode

@@ -14,7 +14,7 @@ from swarmrl.schemas import EndEvent, HeartbeatEvent, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.merger.config import MergerConfig
-from swarmrl.services.merger.handlers import Merger
+from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import (
     chain_episode,

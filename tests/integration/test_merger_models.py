@@ -21,7 +21,7 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import AbortEvent, EndEvent, Event, Sample, decode_sample
 from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.config import MergerConfig
-from swarmrl.services.merger.handlers import Merger
+from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import merge_stats, merger_settled, publish, read_stream, stream_count
 from tests.unit.merger.factories import begin, chain, reward

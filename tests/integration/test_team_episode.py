@@ -18,7 +18,7 @@ from swarmrl.agents.tasks.base import Message, TaskSpec, Turn
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import Sample, decode
 from swarmrl.schemas import subjects as S
-from swarmrl.services.merger.handlers import Merger
+from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 
 

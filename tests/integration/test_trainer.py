@@ -19,7 +19,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.learner import NonFiniteWeights
-from swarmrl.services.trainer.loop import Trainer
+from swarmrl.services.trainer.service import Trainer
 from tests.conftest import wait_for
 from tests.unit.trainer.samples import OVERFLOWING_ADAMW, make_sample
 

@@ -9,7 +9,7 @@ from nats.aio.msg import Msg
 
 from swarmrl.schemas import encode
 from swarmrl.services.trainer.grouping import GroupBuffer, Held
-from swarmrl.services.trainer.handlers import SampleIntake
+from swarmrl.services.trainer.intake import SampleIntake
 from tests.unit.trainer.samples import make_sample
 
 

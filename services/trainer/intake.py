@@ -28,7 +28,7 @@ from swarmrl.services.trainer.batching import truncate
 from swarmrl.services.trainer.grouping import GroupBuffer, Held
 from swarmrl.services.trainer.grpo import check_sample, staleness
 
-log = logging.getLogger("swarmrl.trainer.handlers")
+log = logging.getLogger("swarmrl.trainer.intake")
 
 
 class SampleIntake:

@@ -49,7 +49,7 @@ from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.diversity import Diversity
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held
 from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
-from swarmrl.services.trainer.handlers import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
+from swarmrl.services.trainer.intake import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
 
 log = logging.getLogger("swarmrl.trainer")
