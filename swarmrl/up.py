@@ -197,6 +197,12 @@ async def supervise(
     `clients` (task -> client process names) can be replaced meanwhile: `swarmrl clients restart`."""
     import signal
 
+    # First, before the imports below (a second or more on a loaded machine): a Ctrl-C meanwhile
+    # would reach asyncio's default handler, cancel this task and skip the clean stop.
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+
     from swarmrl.agents.evaluate import run_evaluator
     from swarmrl.control import start_control
     from swarmrl.launch import trainer_procs
@@ -204,9 +210,6 @@ async def supervise(
 
     swarm: Swarm = args.swarm
     run = swarm.run
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     progress = Progress(service_url, list(swarm.models), run.steps, live=not args.no_display)
     await progress.start()
     evaluated = {name: t.roles for name, t in swarm.tasks.items() if t.eval and _builtin(name)}
