@@ -97,7 +97,7 @@ async def evaluate(
     samples: int = 1,
     parallel: int = 16,
     temperature: float = 1.0,
-    max_tokens: int = 64,
+    max_tokens: int,
     attempts: int = 4,
 ) -> EvalOutcome:
     """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each instance played
@@ -158,7 +158,7 @@ async def run_evaluator(
     limit: int = 0,
     samples: int = 1,
     temperature: float = 1.0,
-    max_tokens: int = 64,
+    max_tokens: int,
     finish: asyncio.Event | None = None,
 ) -> None:
     """Evaluate each task at version 0, then whenever its lead model (the model of its first role)

@@ -75,17 +75,22 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     path = known.config
     if path is None or not path.is_file():
         return argv
-    if path.suffix != ".toml" and "models" not in json.loads(path.read_text() or "{}"):
-        return argv
     from swarmrl.config import write_config_file
     from swarmrl.swarm import SwarmConfigError, build, load, resolve_base, service_classes, service_config
 
+    if path.suffix != ".toml":  # a JSON description has models; else it is the service's own file
+        try:
+            data = json.loads(path.read_text() or "{}")
+        except json.JSONDecodeError:
+            return argv  # `--config` of the service itself says what is wrong with it
+        if not isinstance(data, dict) or "models" not in data:
+            return argv
     if service not in service_classes():
         raise SystemExit(
             f"swarmrl serve {service}: --config takes its resolved configuration (JSON), not a swarm description"
         )
     try:
-        swarm = build(load(path) if path.suffix == ".toml" else json.loads(path.read_text()), str(path))
+        swarm = build(load(path) if path.suffix == ".toml" else data, str(path))
         model = known.model or (next(iter(swarm.models)) if len(swarm.models) == 1 else None)
         placement = {}
         if service in ("trainer", "engine") and model in swarm.models:

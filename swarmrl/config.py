@@ -66,16 +66,9 @@ def read_config_file(path: Path, service: str) -> dict[str, Any]:
         raise SystemExit(f"--config {path}: no such file") from None
     except json.JSONDecodeError as exc:
         raise SystemExit(f"--config {path}: not a resolved configuration (JSON): {exc}") from None
-    if (
-        not isinstance(data, dict)
-        or data.get("service") != service
-        or not isinstance(data.get("config"), dict)
-    ):
-        raise SystemExit(
-            f"--config {path}: not a resolved configuration of {service} (service: {data.get('service')!r})"
-            if isinstance(data, dict)
-            else f"--config {path}: not a resolved configuration"
-        )
+    found = data.get("service") if isinstance(data, dict) else None
+    if found != service or not isinstance(data.get("config"), dict):
+        raise SystemExit(f"--config {path}: not a resolved configuration of {service} (service: {found!r})")
     return dict(data["config"])
 
 

@@ -146,13 +146,19 @@ def client_argv(swarm: Swarm, task: str) -> list[str]:
     ]  # fmt: skip
 
 
+def client_names(swarm: Swarm, task: str, generation: int = 0) -> list[str]:
+    """Process names of `task`'s clients in restart generation `generation` (0: the first)."""
+    suffix = f"-g{generation}" if generation else ""
+    return [f"client-{task}-{i}{suffix}" for i in range(swarm.tasks[task].clients)]
+
+
 def spawn_clients(
     sup: Supervisor, swarm: Swarm, task: str, ids: AgentIds, generation: int = 0, version: str = ""
 ) -> list[str]:
     """Start `task`'s client processes; returns their process names. `generation` counts restarts
     (`swarmrl clients restart`), so every generation has its own names, identities, seeds and logs."""
     t = swarm.tasks[task]
-    names = [f"client-{task}-{i}" + (f"-g{generation}" if generation else "") for i in range(t.clients)]
+    names = client_names(swarm, task, generation)
     files = ids.mint(names)
     for i, name in enumerate(names):
         env = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -28,7 +27,6 @@ class Progress:
         self.live = Live(console=self.console, refresh_per_second=2, transient=False) if live else None
         self._last_log = 0.0
         self._nc: Any = None
-        self._new_eval = asyncio.Event()
 
     async def start(self) -> None:
         self._nc = await bus.connect(self.nats_url, "up-progress")
@@ -47,7 +45,6 @@ class Progress:
                 ev = decode(msg.data, EvalResult)
                 key = ev.task if ev.metric == "success" else f"{ev.task} {ev.model}:{ev.metric}"
                 self.evals.setdefault(key, []).append(ev)
-                self._new_eval.set()
             elif msg.subject == S.MERGE_METRICS_SUBJECT:
                 st = decode(msg.data, MergeStats)
                 self.episodes += st.status == "merged"
@@ -66,15 +63,6 @@ class Progress:
 
     def steps_line(self) -> str:
         return ", ".join(f"{m} step {s}" for m, s in self.step_of.items())
-
-    async def eval_seen(self, version: int, tasks: int) -> None:
-        """Until `tasks` tasks have a team-outcome eval of (their lead model's) `version`."""
-        while (
-            sum(any(e.step == version and e.metric == "success" for e in evs) for evs in self.evals.values())
-            < tasks
-        ):
-            self._new_eval.clear()
-            await self._new_eval.wait()
 
     def cells(self) -> dict[str, str]:
         """The progress values, by column name (shared by the live table and the log line)."""

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from swarmrl.config import ServiceConfig
+from swarmrl.config import UNFILED, ServiceConfig, default_of
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -250,7 +250,7 @@ class Swarm(_Strict):
     def backlog(self) -> int:
         """The gateway's admission bound: its own setting, or (-1) two trainer steps' worth of the
         tightest model (one bound serves every model)."""
-        own = int(self.gateway.get("max_backlog", -1))
+        own = int(self.gateway.get("max_backlog", default_of(service_classes()["gateway"], "max_backlog")))
         if own >= 0:
             return own
         return min(2 * t.batch_groups * t.num_repeat for t in map(self.trainer, self.models))
@@ -263,8 +263,6 @@ class Swarm(_Strict):
 def _check_section(where: str, service: str, section: dict[str, Any]) -> None:
     """Each key of `section` is a setting of `service` that a description may set, with a valid value;
     the values are replaced by their validated form (a flag's "0.01" becomes 0.01)."""
-    from swarmrl.config import UNFILED
-
     cls = service_classes()[service]
     for key in section:
         if key not in cls.model_fields:

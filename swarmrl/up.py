@@ -320,15 +320,14 @@ def resolved_configs(swarm: Swarm, run_dir: Path) -> dict[str, Any]:
     """What `--print-config` prints: each service process's resolved configuration (ports are picked
     again at the start) and each built-in client's command line; nothing is built or started."""
     from swarmrl.config import config_dict
-    from swarmrl.launch import client_argv, plan_services
+    from swarmrl.launch import client_argv, client_names, plan_services
     from swarmrl.swarm import resolve_base
 
     dirs = {name: resolve_base(m, build=False) for name, m in swarm.models.items()}
     out: dict[str, Any] = {p.name: {"service": p.service, "config": config_dict(p.config)}
                            for p in plan_services(swarm, dirs, run_dir)}  # fmt: skip
-    for task, t in swarm.tasks.items():
-        for i in range(t.clients):
-            out[f"client-{task}-{i}"] = {"argv": client_argv(swarm, task)}
+    for task in swarm.tasks:
+        out |= {name: {"argv": client_argv(swarm, task)} for name in client_names(swarm, task)}
     return out
 
 
