@@ -232,6 +232,7 @@ def summarize(
     checks = {
         "up exited 0": rc == 0,
         "lost = 0": not acct["lost"],
+        "every dropped episode's models told (lost-episode records)": acct["lost_records_missing_count"] == 0,
         "doubled = 0": doubled == 0,
         "aborted / never-ended episodes without samples": not (acct["aborted_with_samples"] or acct["never_ended_with_samples"]),
         "eval episodes without samples": not acct["eval_with_samples"],
@@ -398,6 +399,7 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         f"| ended, samples present exactly once (= merge stats' timelines, ids unique) | {a['ended_samples_exactly_once']} |",
         *[f"| ended, no samples: {k} | {v} |" for k, v in a["ended_without_samples_with_reason"].items()],
         f"| ended, lost (no samples and no reason) | {len(a['lost'])} |",
+        f"| dropped episodes whose models got no lost-episode record | {a['lost_records_missing_count']} |",
         f"| aborted (`abort`) | {ep['aborted']} (with samples: {len(a['aborted_with_samples'])}) |",
         f"| never ended | {ep['never_ended']} (with samples: {len(a['never_ended_with_samples'])}; "
         f"merge status {ep['never_ended_by_merge_status']}) |",

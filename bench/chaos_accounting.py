@@ -7,7 +7,8 @@ Parquet files, and checks:
 - every ended training episode (an `end`, not eval) has its merge stats, and its samples exactly
   once: as many as the stats kept, sample ids unique, every token the model generated in it on a
   loss-masked position of its samples; an ended episode without samples must have a reason in its
-  stats (`empty`, `aborted: merge failed`, ...), else it is *lost*;
+  stats (`empty`, `aborted: merge failed`, ...), else it is *lost*; every model of a dropped
+  training episode has its lost-episode record (`swarm.samples.<model>.lost`), once;
 - aborted and never-ended episodes (their client killed: timed out by the merger) have no samples;
 - each sample id, train step (model, step) and merge stats record once (*doubled* otherwise);
 - how many distinct task instances (`task_id`) the training episodes played, per episode begun, and
@@ -39,6 +40,7 @@ from swarmrl.launch import client_name
 from swarmrl.schemas import (
     EvalResult,
     LlmEvent,
+    LostEpisode,
     MergeStats,
     SampleDrops,
     TrainStep,
@@ -118,6 +120,8 @@ class Streams:
     samples: dict[str, list[tuple[int, str, str, int]]] = field(default_factory=dict)
     """sample id -> [(SAMPLES seq, episode id, model, trained tokens)], one entry per copy."""
     merges: dict[str, list[MergeStats]] = field(default_factory=dict)
+    lost: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(episode id, model) -> copies of its lost-episode record (`swarm.samples.<model>.lost`)."""
     steps: list[TrainStep] = field(default_factory=list)
     drops: list[SampleDrops] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
@@ -165,6 +169,9 @@ def _add(out: Streams, stream: str, m: Msg) -> None:
         elif isinstance(ev, LlmEvent):
             ep.generated += len(ev.output_ids)
             out.llm_ts.append(ev.ts)
+    elif stream == S.SAMPLES_STREAM and m.subject.endswith(".lost"):
+        lost = decode(m.data, LostEpisode)
+        out.lost[(lost.episode_id, lost.model)] += 1
     elif stream == S.SAMPLES_STREAM:
         s = decode_sample(m.data)
         out.samples.setdefault(s.sample_id, []).append((m.seq, s.episode_id, s.model, sum(s.loss_mask)))
@@ -271,7 +278,17 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
         "samples": sum(len(c) - 1 for c in st.samples.values()),
         "train_steps": sum(n - 1 for n in Counter((t.model, t.step) for t in st.steps).values()),
         "merge_stats": sum(len(v) - 1 for v in st.merges.values()),
+        "lost_records": sum(n - 1 for n in st.lost.values()),
     }
+    # Every model a dropped training episode sends no sample must have been told (its trainer
+    # counts the episode out of its group with that record).
+    untold = sorted(
+        (eid, m)
+        for eid, stats in st.merges.items()
+        if eid in training and stats[0].status != "merged"
+        for m in stats[0].models
+        if (eid, m) not in st.lost
+    )
     training_acct = _trained(st, consumers)
     if training_acct.get("measured"):
         doubled["trained_samples"] = training_acct["trained_twice"]
@@ -296,6 +313,8 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
         "ended_samples_exactly_once": exactly_once,
         "ended_without_samples_with_reason": dict(accounted),
         "lost": lost,
+        "lost_records_missing": untold[:20],
+        "lost_records_missing_count": len(untold),
         "token_mismatch": token_mismatch[:20],
         "aborted_with_samples": with_samples(aborted),
         "never_ended_with_samples": with_samples(never),

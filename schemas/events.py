@@ -261,6 +261,22 @@ class MergeStats(Record):
     ts: float = Field(default_factory=time.time)
 
 
+class LostEpisode(Record):
+    """A training episode that will never send `model` a sample: the merger dropped it (aborted,
+    timed out, empty) or `model`'s role in it never acted. Published on the model's own
+    `swarm.samples.<model>.lost`, in the SAMPLES stream beside the samples, so the trainer learns of
+    it in stream order through its one durable consumer and counts it out of its GRPO group."""
+
+    episode_id: SubjectToken
+    model: SubjectToken
+    group_key: str
+    """The episode's GRPO group (begin's `group_key`, else its `task_id`)."""
+    status: Literal["merged", "aborted", "timeout", "empty"]
+    """The episode's merge status (`merged`: merged, but none of its samples is this model's)."""
+    reason: str = ""
+    ts: float = Field(default_factory=time.time)
+
+
 ActionKind = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 ActionStatus = Literal["ok", "error", "timeout", "killed", "rejected"]
 

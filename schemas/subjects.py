@@ -169,6 +169,12 @@ def samples_subject(model: str) -> str:
     return f"{SAMPLES_PREFIX}.{check_token(model, 'model name')}"
 
 
+def lost_subject(model: str) -> str:
+    """Where the merger says an episode will send `model` no sample (`LostEpisode`): in SAMPLES, so
+    the model's trainer reads it in order with the samples."""
+    return f"{samples_subject(model)}.lost"
+
+
 def train_metrics_subject(model: str) -> str:
     return f"{METRICS_PREFIX}.train.{check_token(model, 'model name')}"
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import nats
 from nats.aio.client import Client as NATS
@@ -114,26 +112,6 @@ async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:
         await js.update_stream(cfg)
 
 
-async def first_seq_since(nc: NATS, stream: str, subject: str, since: datetime) -> int | None:
-    """Stream sequence of the first `subject` message stored at or after `since`; None if none yet.
-
-    A consumer that should start at a time is started at this sequence instead: nats-py's ordered
-    consumer, when it recreates itself after a reconnect, keeps `opt_start_time` next to the start
-    sequence it resumes from, which the server refuses (10094), and the subscription then stays dead.
-    """
-    request = {
-        "start_time": since.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        "next_by_subj": subject,
-    }
-    reply = await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps(request).encode(), timeout=10)
-    answer = json.loads(reply.data)
-    if "error" in answer:
-        if answer["error"].get("code") == 404:
-            return None
-        raise RuntimeError(f"stream {stream}: first {subject} message since {since}: {answer['error']}")
-    return int(answer["message"]["seq"])
-
-
 async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
     try:
         return await js.key_value(S.MODELS_BUCKET)
@@ -223,7 +201,7 @@ async def durable_pull(
     js: JetStreamContext,
     stream: str,
     durable: str,
-    subject: str = ">",
+    subject: str | list[str] = ">",
     *,
     ack_wait_s: float = 60.0,
     max_ack_pending: int = 50_000,
@@ -237,8 +215,10 @@ async def durable_pull(
     `start_seq` > 0 makes a newly created consumer start at that stream sequence (an existing one
     keeps its position: delete it first to reposition). `AckPolicy.ALL`: one ack covers every
     earlier message, for a consumer that handles messages strictly in order. `pending_bytes_limit`:
-    nats-py drops what arrives beyond it as a slow consumer (0: no limit).
+    nats-py drops what arrives beyond it as a slow consumer (0: no limit). Several subjects make one
+    consumer that delivers them in stream order (`filter_subjects`).
     """
+    subjects = [subject] if isinstance(subject, str) else subject
     cfg = ConsumerConfig(
         durable_name=durable,
         ack_policy=ack_policy,
@@ -247,10 +227,11 @@ async def durable_pull(
         ack_wait=ack_wait_s,
         max_ack_pending=max_ack_pending,
         max_deliver=max_deliver,
-        filter_subject=subject if subject != ">" else None,
+        filter_subject=subjects[0] if len(subjects) == 1 and subjects[0] != ">" else None,
+        filter_subjects=subjects if len(subjects) > 1 else None,
     )
     return await js.pull_subscribe(
-        subject, durable=durable, stream=stream, config=cfg, pending_bytes_limit=pending_bytes_limit
+        subjects[0], durable=durable, stream=stream, config=cfg, pending_bytes_limit=pending_bytes_limit
     )
 
 

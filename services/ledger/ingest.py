@@ -15,6 +15,7 @@ from swarmrl.schemas import (
     MAX_EVENT_BYTES,
     ActionResult,
     EvalResult,
+    LostEpisode,
     MergeStats,
     Sample,
     SampleDrops,
@@ -26,7 +27,7 @@ from swarmrl.schemas import (
 from swarmrl.schemas import subjects as S
 from swarmrl.schemas.events import Record
 from swarmrl.services.common.lifecycle import EpisodeTracker, episode_of
-from swarmrl.services.ledger.tables import Row, event_row, metric_row, sample_row
+from swarmrl.services.ledger.tables import Row, event_row, lost_row, metric_row, sample_row
 
 
 class Rejected(ValueError):
@@ -81,6 +82,12 @@ class Ingest:
         return table, row
 
     def sample(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
+        """A sample -> `samples`; a lost-episode record (`swarm.samples.<model>.lost`) -> `lost_episodes`."""
+        if subject.endswith(".lost"):
+            lost = decode(data, LostEpisode)
+            if subject != S.lost_subject(lost.model):
+                raise WireError("subject", f"lost episode of model {lost.model} on subject {subject!r}")
+            return "lost_episodes", lost_row(lost, stream, seq)
         record = decode(data, Sample)
         try:
             expected = S.samples_subject(record.model)

@@ -33,6 +33,7 @@ VIEW_HELP = {
     "events": "every episode event except llm (begin, env, reward, end, abort, heartbeat)",
     "llm_calls": "every LLM call: exact prompt/output token ids, logprobs, policy version, messages",
     "samples": "training samples from the merger (token ids, loss mask, logprobs, reward)",
+    "lost_episodes": "training episodes that send a model no sample (dropped or its role idle), per model",
     "train_steps": "one row per trainer step (loss, reward mean/std, staleness, throughput)",
     "sample_drops": "samples a trainer dropped untrained between steps, with the reason (JSON map)",
     "evals": "evaluation results (success rate per model, step and task)",

@@ -18,6 +18,7 @@ from swarmrl.schemas import (
     ActionResult,
     EvalResult,
     Event,
+    LostEpisode,
     MergeStats,
     Sample,
     SampleDrops,
@@ -108,6 +109,18 @@ TABLES: dict[str, pa.Schema] = {
             ("n_calls", I64),
             ("n_tokens", I64),
             ("n_trained", I64),
+            ("ts", F64),
+        ]
+    ),
+    "lost_episodes": pa.schema(
+        _POSITION
+        + [
+            ("v", I64),
+            ("episode_id", STR),
+            ("model", STR),
+            ("group_key", STR),
+            ("status", STR),
+            ("reason", STR),
             ("ts", F64),
         ]
     ),
@@ -219,7 +232,7 @@ TABLES: dict[str, pa.Schema] = {
 # Which tables each stream feeds; a flush writes one stream's tables together (see store.py).
 STREAM_TABLES: dict[str, tuple[str, ...]] = {
     S.EPISODES_STREAM: ("events", "llm_calls"),
-    S.SAMPLES_STREAM: ("samples",),
+    S.SAMPLES_STREAM: ("samples", "lost_episodes"),
     S.METRICS_STREAM: ("train_steps", "sample_drops", "evals", "merges", "actions"),
     S.DLQ_STREAM: ("dead_letters",),
 }
@@ -287,6 +300,10 @@ def event_row(ev: Event, stream: str, seq: int) -> tuple[str, Row]:
         row["n_prompt"], row["n_output"] = len(ev.prompt_ids), len(ev.output_ids)
         return "llm_calls", check_ints("llm_calls", row)
     return "events", check_ints("events", _record_row("events", ev, stream, seq))
+
+
+def lost_row(lost: LostEpisode, stream: str, seq: int) -> Row:
+    return check_ints("lost_episodes", _record_row("lost_episodes", lost, stream, seq))
 
 
 def sample_row(sample: Sample, stream: str, seq: int) -> Row:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Literal
 
-from swarmrl.schemas import BeginEvent, LlmEvent, MergeStats, RewardEvent, Sample
+from swarmrl.schemas import BeginEvent, LlmEvent, LostEpisode, MergeStats, RewardEvent, Sample
 from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
 
 EVAL_REASON = "eval"
@@ -134,3 +134,23 @@ def assemble(
         sample_models=sorted({s.model for s in samples}),
     )
     return samples, stats
+
+
+def lost_episodes(stats: MergeStats) -> list[LostEpisode]:
+    """One record per trainable model of a training episode that sends that model no sample (the
+    episode was dropped, or the model's role never acted): its trainer counts the episode out of
+    its group instead of waiting for it until the group timeout."""
+    if stats.eval:
+        return []
+    sent = set(stats.sample_models or []) if stats.status == "merged" else set()
+    return [
+        LostEpisode(
+            episode_id=stats.episode_id,
+            model=m,
+            group_key=stats.group_key,
+            status=stats.status,
+            reason=stats.reason or f"no sample of model {m}",
+        )  # fmt: skip
+        for m in stats.models
+        if m not in sent
+    ]

@@ -3,6 +3,8 @@
 Consumes: EPISODES (`swarm.ep.<episode_id>.<kind>`) through the durable pull consumer
 `merger-episodes`.
 Publishes: `swarm.samples.<model>` (one `Sample` per surviving timeline, Nats-Msg-Id = sample_id),
+`swarm.samples.<model>.lost` (one `LostEpisode` per trainable model a training episode sends no
+sample, Nats-Msg-Id = `lost-<episode_id>-<model>`: its trainer counts it out of its group),
 `swarm.metrics.merge` (one `MergeStats` per episode, Nats-Msg-Id = `merge-<episode_id>`),
 `swarm.dlq.merger` (bad input with the original bytes and the reason).
 
@@ -25,7 +27,7 @@ is about what the streams end up holding, not about what a trainer may see in be
   merge error, a sample over the size limit) drops the episode whole (stats `aborted`, dead letter,
   no samples for any model); a failure from the first publish on is never turned into a drop (part
   of the samples may be stored): it propagates out of `run()` with the episode unacked, like a crash.
-- Aborted or timed out: stats only, no sample for any model.
+- Aborted or timed out: stats and a `LostEpisode` per model, no sample for any model.
 - A merger that dies (or fails) between two models' publishes leaves the episode unacked. Whoever
   consumes the durable next replays it in stream order, merges the same events into the same
   samples with the same ids, and publishes every one of them again: the duplicate window drops the
@@ -62,7 +64,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject
 from swarmrl.services.common.retry import Stopping, retry
-from swarmrl.services.merger.assembler import assemble, dropped_stats
+from swarmrl.services.merger.assembler import assemble, dropped_stats, lost_episodes
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
 from swarmrl.services.merger.recovery import Recovery
@@ -276,8 +278,16 @@ class Merger:
         )  # fmt: skip
 
     async def _close(self, stats: MergeStats, samples: list[tuple[str, bytes, str]] | None = None) -> None:
-        """Publish the episode's samples (subject, payload, msg id) and stats, then ack all its events."""
-        out = [*(samples or []), (S.MERGE_METRICS_SUBJECT, encode(stats), f"merge-{stats.episode_id}")]
+        """Publish the episode's samples (subject, payload, msg id), the models it sends no sample
+        (`LostEpisode`) and its stats, then ack all its events."""
+        out = [
+            *(samples or []),
+            *(
+                (S.lost_subject(r.model), encode(r), f"lost-{r.episode_id}-{r.model}")
+                for r in lost_episodes(stats)
+            ),
+            (S.MERGE_METRICS_SUBJECT, encode(stats), f"merge-{stats.episode_id}"),
+        ]
         results = await asyncio.gather(
             *(self._publish(subject, data, msg_id) for subject, data, msg_id in out), return_exceptions=True
         )

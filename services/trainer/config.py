@@ -88,10 +88,6 @@ class TrainerConfig(ServiceConfig):
     drop_report_s: float = Field(default=5.0, gt=0)
     """Samples dropped untrained (stale, zero advantage, ...) are reported on `swarm.metrics.drops`
     and acked this long after the first of them, if no step reported them sooner."""
-    merge_replay_s: float = Field(default=900.0, ge=0)
-    """On start, replay this much merge-stats history: episodes lost while no trainer listened still
-    count out of their groups (`GroupBuffer.note_lost`), so a restart does not wait out the group
-    timeout for them. Older ones only cost a group timeout."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -15,11 +15,14 @@ Policy:
   `min_group_size` complete episodes it is emitted as a partial group; otherwise all its samples are
   dropped. Incomplete episodes of a flushed group are always dropped.
 - a redelivered sample (same episode, agent and index) replaces the handle it was held with; it is never counted twice.
-- an episode of the group that was dropped (aborted, timed out or empty: the merger says so in its
-  merge stats) will never deliver samples: `note_lost` counts it out, and the group is emitted as
-  soon as complete + lost episodes reach `num_repeat` (dropped at once if fewer than
-  `min_group_size` are complete), instead of waiting for the timeout. Each such group uses up the
-  credit it needed.
+- an episode of the group that will never deliver samples (the merger dropped it, or this model's
+  role never acted: a `LostEpisode` record on `swarm.samples.<model>.lost`) is counted out by
+  `note_lost`, and the group is emitted as soon as complete + lost episodes reach its size (dropped
+  at once if fewer than `min_group_size` are complete), instead of waiting for the timeout. Each
+  such group uses up the credits it needed and carries their handles (`Group.lost`), so the lost
+  records are acked with the group's samples: a trainer that restarts before that gets both again.
+  A credit whose key has no pending episode `timeout_s` after it came is spent unused
+  (`spent`); a lost record redelivered for an episode already counted is spent at once.
 - an episode the trainer itself drops on arrival (a stale sample: `discard`) is lost the same way,
   and its other samples go with it: without this its group never completes, its held siblings count
   as backlog for admission control, and the swarm idles until the group timeout.
@@ -43,6 +46,15 @@ class Held:
     sample: Sample
     handle: Any
     received: float
+
+
+@dataclass
+class Credit:
+    """A lost episode not yet counted out of a group, with the handle that acks its record."""
+
+    episode_id: str
+    handle: Any
+    arrived: float
 
 
 @dataclass
@@ -71,6 +83,8 @@ class Group:
     items: list[Held]
     partial: bool = False
     """Emitted by the timeout with fewer than `num_repeat` episodes."""
+    lost: list[Any] = field(default_factory=list)
+    """Handles of the lost-episode records this group counted out: acked with its samples."""
 
     @property
     def episodes(self) -> int:
@@ -88,33 +102,46 @@ class GroupBuffer:
         self.held: dict[tuple[str, str, int], str] = {}  # (episode, agent, index) -> group_key
         self.sizes: dict[str, int] = {}  # group_key -> its size, while it has pending episodes
         self.counts: Counter[str] = Counter() if counts is None else counts
-        self.lost: OrderedDict[str, int] = OrderedDict()  # group_key -> dropped episodes not yet used
-        self.discarded: OrderedDict[str, None] = OrderedDict()  # episodes dropped here, newest last
-        self.max_lost_keys = 100_000
+        self.lost: dict[str, list[Credit]] = {}  # group_key -> lost episodes not yet counted out
+        self.credits: dict[str, Credit] = {}  # episode_id -> its credit, while unused
+        self.gone: OrderedDict[str, None] = OrderedDict()  # episodes lost or discarded, newest last
+        self.max_gone = 100_000
+        self.spent: list[Any] = []
+        """Handles of lost records no group will use (see the module docstring): the caller acks them."""
 
-    def note_lost(self, group_key: str) -> None:
-        """One episode of `group_key` was dropped upstream and will never deliver samples."""
-        self.lost[group_key] = self.lost.get(group_key, 0) + 1
-        self.lost.move_to_end(group_key)
-        while len(self.lost) > self.max_lost_keys:  # forgotten credit only means waiting for the timeout
-            self.lost.popitem(last=False)
+    def note_lost(self, group_key: str, episode_id: str, handle: Any = None, now: float = 0.0) -> None:
+        """Episode `episode_id` of `group_key` will never deliver samples; `handle` acks its record."""
+        if (credit := self.credits.get(episode_id)) is not None:  # redelivered while held
+            credit.handle = handle
+            return
+        if episode_id in self.gone:  # counted before (and used, or discarded here): nothing to add
+            if handle is not None:
+                self.spent.append(handle)
+            return
+        self.gone[episode_id] = None
+        while len(self.gone) > self.max_gone:
+            self.gone.popitem(last=False)
+        self.credits[episode_id] = credit = Credit(episode_id, handle, now)
+        self.lost.setdefault(group_key, []).append(credit)
+        self.counts["lost_episodes"] += 1
 
-    def discard(self, sample: Sample) -> list[Held]:
+    def discard(self, sample: Sample, now: float = 0.0) -> list[Held]:
         """`sample` will not be trained (the caller drops it): its whole episode is lost to its group.
         Returns the episode's samples held so far, which the caller drops with it."""
         episode = sample.episode_id
-        if episode in self.discarded:
+        if episode in self.gone:
             return []
-        self.discarded[episode] = None
-        while len(self.discarded) > self.max_lost_keys:
-            self.discarded.popitem(last=False)
-        self.note_lost(sample.group_key)
+        self.note_lost(sample.group_key, episode, now=now)
         held = self.pending.get(sample.group_key, {}).get(episode)
         return self._release(sample.group_key, [held]) if held is not None else []
 
     def is_discarded(self, sample: Sample) -> bool:
-        """Whether `sample`'s episode was discarded: it is dropped on arrival like its sibling."""
-        return sample.episode_id in self.discarded
+        """Whether `sample`'s episode was discarded or reported lost: it is dropped on arrival."""
+        return sample.episode_id in self.gone
+
+    def lost_handles(self) -> list[Any]:
+        """Handles of the lost records held as credits (for in-progress heartbeats)."""
+        return [c.handle for credits in self.lost.values() for c in credits if c.handle is not None]
 
     def size(self, sample: Sample) -> int:
         """The group size `sample` declares: its client's, else this trainer's `num_repeat`."""
@@ -160,16 +187,17 @@ class GroupBuffer:
             while len(complete) >= size:
                 take, complete = complete[:size], complete[size:]
                 ready.append(Group(key, self._release(key, take)))
-            if complete and len(complete) + self.lost.get(key, 0) >= size:
-                self._use_credit(key, size - len(complete))
+            if complete and len(complete) + len(self.lost.get(key, [])) >= size:
+                used = self._use_credits(key, size - len(complete))
                 if len(complete) >= self.min_group_size:
                     self.counts["short_groups"] += 1
-                    ready.append(Group(key, self._release(key, complete), partial=True))
+                    ready.append(Group(key, self._release(key, complete), partial=True, lost=used))
                 else:  # too few left to have a baseline, and no more are coming
                     self.counts["lost_dropped_groups"] += 1
                     lost_dropped = self._release(key, complete)
                     self.counts["lost_dropped_samples"] += len(lost_dropped)
                     dropped.extend(lost_dropped)
+                    self.spent += used
                 complete = []
             if not episodes:
                 del self.pending[key], self.sizes[key]
@@ -188,12 +216,31 @@ class GroupBuffer:
             del self.pending[key], self.sizes[key]
             self.counts["timeout_dropped_samples"] += len(timed_out)
             dropped.extend(timed_out)
+        self._expire_credits(now)
         return ready, dropped
 
-    def _use_credit(self, key: str, used: int) -> None:
-        left = self.lost.pop(key, 0) - used
-        if left > 0:
+    def _use_credits(self, key: str, n: int) -> list[Any]:
+        """Count `n` lost episodes of `key` out; returns their records' handles."""
+        credits = self.lost.pop(key)
+        used, left = credits[:n], credits[n:]
+        if left:
             self.lost[key] = left
+        for c in used:
+            del self.credits[c.episode_id]
+        return [c.handle for c in used if c.handle is not None]
+
+    def _expire_credits(self, now: float) -> None:
+        """Spend the credits of keys without a pending episode once they are `timeout_s` old: their
+        group was emitted without them (by its timeout), or its samples never came."""
+        for key in [
+            k
+            for k, cs in self.lost.items()
+            if k not in self.pending and now - cs[-1].arrived >= self.timeout_s
+        ]:
+            credits = self.lost.pop(key)
+            for c in credits:
+                del self.credits[c.episode_id]
+            self.spent += [c.handle for c in credits if c.handle is not None]
 
     def _release(self, key: str, episodes: list[Episode]) -> list[Held]:
         out: list[Held] = []

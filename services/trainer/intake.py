@@ -1,6 +1,7 @@
 """NATS handlers of the trainer: the one place that decides what happens to a sample message.
 
-Consumes: `swarm.samples.<model>` (stream SAMPLES) through the trainer's durable pull consumer.
+Consumes: `swarm.samples.<model>` and `swarm.samples.<model>.lost` (stream SAMPLES, in stream order)
+through the trainer's durable pull consumer.
 Publishes: bad messages to `swarm.dlq.trainer` (original bytes + reason), then acks them.
 
 A sample is either
@@ -12,6 +13,10 @@ A sample is either
 - dead-lettered (malformed, wrong model, untrainable) and acked; so are, after their step, the
   samples of an optimizer update the learner did not apply for a non-finite loss or gradient.
 On a graceful stop every held sample is nak'ed so the next trainer gets it at once (`nak_all`).
+
+A lost-episode record (`LostEpisode`: an episode that sends this model no sample) is held as a
+credit of its group (`GroupBuffer.note_lost`) and acked with the group's samples; a malformed one
+is dead-lettered like a bad sample.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from collections.abc import Callable, Iterable
 
 from nats.aio.msg import Msg
 
-from swarmrl.schemas import Sample, WireError, decode_sample
+from swarmrl.schemas import LostEpisode, Sample, WireError, decode, decode_sample
+from swarmrl.schemas import subjects as S
 from swarmrl.services.common.bus import DeadLetters
 from swarmrl.services.trainer.batching import truncate
 from swarmrl.services.trainer.grouping import GroupBuffer, Held
@@ -46,6 +52,7 @@ class SampleIntake:
         already_trained: Iterable[str] = (),
     ) -> None:
         self.model = model
+        self.lost_subject = S.lost_subject(model)
         self.buffer = buffer
         self.dead_letters = dead_letters
         self.vocab_size = vocab_size
@@ -57,8 +64,14 @@ class SampleIntake:
         # Sample ids of the last checkpointed step: redelivered if we died between saving and acking.
         self.already_trained = set(already_trained)
 
-    def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | str | None]:
-        """("hold"|"stale", sample) | ("drop", counter) | ("dead", reason). Raises WireError on bad bytes."""
+    def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | LostEpisode | str | None]:
+        """("hold"|"stale", sample) | ("lost", record) | ("drop", counter) | ("dead", reason). Raises
+        WireError on bad bytes."""
+        if msg.subject == self.lost_subject:
+            lost = decode(msg.data, LostEpisode)
+            if lost.model != self.model:
+                return "dead", f"subject: lost episode of model {lost.model} on {msg.subject!r}"
+            return "lost", lost
         sample = decode_sample(msg.data)
         reason = check_sample(sample, self.model, self.vocab_size)
         if reason is None:
@@ -77,7 +90,7 @@ class SampleIntake:
     async def handle(self, msg: Msg, version: int, now: float) -> None:
         """Hold, drop or dead-letter one sample message; never raises."""
         action: str
-        detail: Sample | str | None
+        detail: Sample | LostEpisode | str | None
         try:
             action, detail = self._classify(msg, version)
         except WireError as exc:
@@ -92,9 +105,12 @@ class SampleIntake:
                 log.debug(
                     "subject=%s episode=%s held sample %s", msg.subject, detail.episode_id, detail.sample_id
                 )
+            elif action == "lost":
+                assert isinstance(detail, LostEpisode)
+                self.buffer.note_lost(detail.group_key, detail.episode_id, msg, now)
             elif action == "stale":
                 assert isinstance(detail, Sample)
-                siblings = self.buffer.discard(detail)  # its episode leaves its group
+                siblings = self.buffer.discard(detail, now)  # its episode leaves its group
                 self.counts["dropped_stale"] += 1 + len(siblings)
                 self.drop([Held(detail, msg, now), *siblings], "stale")
             elif action == "drop":
@@ -108,9 +124,9 @@ class SampleIntake:
             log.warning("subject=%s could not %s a sample; it will be redelivered", msg.subject, action)
 
 
-async def ack_all(held: Iterable[Held]) -> None:
-    for h in held:
-        await h.handle.ack()
+async def ack_all(handles: Iterable[Msg]) -> None:
+    for handle in handles:
+        await handle.ack()
 
 
 async def dead_letter_all(held: Iterable[Held], dead_letters: DeadLetters, reasons: dict[str, str]) -> None:
@@ -121,16 +137,16 @@ async def dead_letter_all(held: Iterable[Held], dead_letters: DeadLetters, reaso
         await h.handle.ack()
 
 
-async def nak_all(held: Iterable[Held]) -> None:
-    """Hand held samples back for immediate redelivery (on stop); best effort, ack_wait covers failures."""
+async def nak_all(handles: Iterable[Msg]) -> None:
+    """Hand held messages back for immediate redelivery (on stop); best effort, ack_wait covers failures."""
     try:
-        for h in held:
-            await h.handle.nak()
+        for handle in handles:
+            await handle.nak()
     except Exception as exc:  # connection already gone: JetStream redelivers after ack_wait anyway
         log.warning("could not nak held samples (%s); they are redelivered after ack_wait", exc)
 
 
-async def keep_alive(held: Iterable[Held]) -> None:
-    """Reset the ack timer of samples still waiting for their group or their step."""
-    for h in held:
-        await h.handle.in_progress()
+async def keep_alive(handles: Iterable[Msg]) -> None:
+    """Reset the ack timer of messages still waiting for their group or their step."""
+    for handle in handles:
+        await handle.in_progress()

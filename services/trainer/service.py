@@ -22,22 +22,17 @@ import logging
 import statistics
 import time
 from collections import Counter, deque
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import (
-    MergeStats,
     ModelVersion,
     Sample,
     SampleDrops,
     TrainStep,
-    WireError,
-    decode,
     encode,
 )
 from swarmrl.schemas import subjects as S
@@ -65,6 +60,11 @@ class Trainer:
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
         self.ready: deque[Group] = deque()
         self.inflight: list[Held] = []
+        self.inflight_lost: list[Msg] = []
+        """The lost-episode records of the groups being trained: acked with their samples."""
+        self.spent: list[Msg] = []
+        """Lost-episode records no group will use, and those of dropped groups: acked with the next
+        drop report or step (`GroupBuffer.spent`)."""
         self.dropped: list[tuple[Held, str]] = []
         self._dropped_since = 0.0
         """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
@@ -95,21 +95,11 @@ class Trainer:
             return
         log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, weights)
         nc = await bus.connect(self.cfg.nats, f"trainer-{self.cfg.model}")
-        # Lost episodes must be counted out of groups whose samples a restarted trainer gets again:
-        # replay recent merge stats (an ordered consumer, no durable state), then follow live ones.
-        since = datetime.now(UTC) - timedelta(seconds=self.cfg.merge_replay_s)
-        first = await bus.first_seq_since(nc, S.METRICS_STREAM, S.MERGE_METRICS_SUBJECT, since)
-        replay = (
-            ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
-            if first is None
-            else ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=first)
-        )
         js = nc.jetstream()
-        await js.subscribe(S.MERGE_METRICS_SUBJECT, cb=self._on_merge, ordered_consumer=True, config=replay)
         try:
             await self._serve(js, found[1] if found else self.base)
         finally:
-            await nak_all(self._held())
+            await nak_all(self._handles())
             await nc.flush()  # acks and naks are fire-and-forget publishes: make sure they left
             await nc.close()  # not drain(): draining a pull subscription waits out its timeout
             if learner.accelerator.num_processes > 1:
@@ -120,9 +110,9 @@ class Trainer:
         assert learner is not None
         self.kv = await bus.models_kv(js)
         await self._put_version(weights)
-        subject = S.samples_subject(cfg.model)
+        subjects = [S.samples_subject(cfg.model), S.lost_subject(cfg.model)]  # one consumer: stream order
         durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
-        sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subject, ack_wait_s=cfg.ack_wait_s)
+        sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subjects, ack_wait_s=cfg.ack_wait_s)
         self.dead_letters = bus.DeadLetters(js, "trainer")
         intake = SampleIntake(
             cfg.model, self.buffer, self.dead_letters,
@@ -140,6 +130,8 @@ class Trainer:
                 await intake.handle(msg, self.version, now)
             ready, dropped = self.buffer.pop_ready(now)
             self._drop(dropped, "dropped_group")
+            self.spent += self.buffer.spent
+            self.buffer.spent = []
             for group in ready:
                 self._observe(group)
                 if await self._score(group) is not None:
@@ -153,9 +145,12 @@ class Trainer:
                     step_task = asyncio.create_task(self._step(js, batch))
             if self.dropped and now - self._dropped_since > cfg.drop_report_s:
                 await self._report_drops(js)
+            elif self.spent and step_task is None:
+                spent, self.spent = self.spent, []
+                await ack_all(spent)
             if now - last_keep_alive > cfg.ack_wait_s / 3:
                 last_keep_alive = now
-                await keep_alive(self._held())
+                await keep_alive(self._handles())
         if step_task is not None:
             await step_task
 
@@ -165,27 +160,15 @@ class Trainer:
         if warning := self.diversity.observe(sample.task or self.cfg.model, sample.task_id):
             log.warning("model=%s %s", self.cfg.model, warning)
 
-    async def _on_merge(self, msg: Msg) -> None:
-        """An episode the merger dropped (aborted, timed out, empty) will never send samples: count
-        it out of its GRPO group so the group does not wait for it (`GroupBuffer.note_lost`)."""
-        try:
-            stats = decode(msg.data, MergeStats)
-        except WireError:  # the ledger dead-letters bad metrics; here one only costs a group timeout
-            return
-        if stats.eval or self.cfg.model not in stats.models:
-            return
-        # A merged team episode whose role of this model never acted sends this model nothing either.
-        no_samples = stats.sample_models is not None and self.cfg.model not in stats.sample_models
-        if stats.status != "merged" or no_samples:
-            self.buffer.note_lost(stats.group_key)
-            self.counts["lost_episodes"] += 1
-
-    def _held(self) -> list[Held]:
-        """Every unacked sample this trainer holds: waiting for a group, queued, or being trained."""
-        return [
+    def _handles(self) -> list[Msg]:
+        """Every unacked message this trainer holds: samples waiting for a group, queued, being
+        trained or dropped and not yet reported, and the lost-episode records that go with them."""
+        held = [
             *self.buffer.all_held(), *(h for g in self.ready for h in g.items), *self.inflight,
             *(h for h, _ in self.dropped),
         ]  # fmt: skip
+        lost = [*self.buffer.lost_handles(), *(m for g in self.ready for m in g.lost), *self.inflight_lost]
+        return [*(h.handle for h in held), *lost, *self.spent]
 
     def _drop(self, held: list[Held], reason: str) -> None:
         if held and not self.dropped:
@@ -204,7 +187,8 @@ class Trainer:
         await retry(
             self.stopping, js.publish, S.drops_metrics_subject(self.cfg.model), encode(msg), headers=headers
         )
-        await ack_all(h for h, _ in reported)
+        spent, self.spent = self.spent, []
+        await ack_all([*(h.handle for h, _ in reported), *spent])
         log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(dropped))
 
     def _done(self) -> bool:
@@ -223,6 +207,7 @@ class Trainer:
             return score
         self.counts[f"{score.status}_groups"] += 1
         self._drop(group.items, score.status)
+        self.spent += group.lost
         return None
 
     def _score_samples(self, samples: list[Sample]) -> GroupScore:
@@ -244,6 +229,7 @@ class Trainer:
             self.ready.extendleft(g for g, _ in reversed(taken))
             return None
         self.inflight = [h for g, _ in taken for h in g.items]
+        self.inflight_lost = [m for g, _ in taken for m in g.lost]
         return [Scored(h.sample, a) for g, s in taken for h, a in zip(g.items, s.advantages, strict=True)]
 
     async def _step(self, js: JetStreamContext, items: list[Scored]) -> None:
@@ -275,9 +261,10 @@ class Trainer:
         await self._publish_metrics(
             js, trained, version, result.stats, time.perf_counter() - started, dropped
         )
-        await ack_all(self.inflight)
-        await ack_all(h for h, _ in reported)
-        self.inflight = []
+        spent, self.spent = self.spent, []
+        await ack_all(h.handle for h in self.inflight)
+        await ack_all([*self.inflight_lost, *(h.handle for h, _ in reported), *spent])
+        self.inflight, self.inflight_lost = [], []
         await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints)
         if self._done():
             log.info("model=%s reached max_steps=%d", self.cfg.model, self.cfg.max_steps)

@@ -48,6 +48,9 @@ def test_chaos_loses_and_doubles_nothing(tmp_path: Path, tiny_model_dir: Path) -
     assert r["doubled"] == 0, acct["doubled"]
     assert acct["ended_samples_exactly_once"] > 0
     assert r["checks"]["aborted / never-ended episodes without samples"], acct
+    assert r["checks"]["every dropped episode's models told (lost-episode records)"], acct[
+        "lost_records_missing"
+    ]
     assert r["checks"]["ledger rows = stream messages"], acct["ledger"]
     assert r["checks"]["no dead letters"], acct["dead_letter_list"]
     assert r["checks"]["every fault recovered"], r["recovery"]

@@ -7,7 +7,17 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from swarmrl.schemas import AbortEvent, EndEvent, Event, MergeStats, Sample, decode, decode_sample, encode
+from swarmrl.schemas import (
+    AbortEvent,
+    EndEvent,
+    Event,
+    LostEpisode,
+    MergeStats,
+    Sample,
+    decode,
+    decode_sample,
+    encode,
+)
 from swarmrl.schemas import subjects as S
 from tests.unit.merger.factories import begin, chain, reward
 
@@ -45,7 +55,13 @@ async def read_stream(js: JetStreamContext, stream: str) -> list[Any]:
 
 
 async def samples(js: JetStreamContext) -> list[Sample]:
-    return [decode_sample(m.data) for m in await read_stream(js, S.SAMPLES_STREAM)]
+    msgs = await read_stream(js, S.SAMPLES_STREAM)
+    return [decode_sample(m.data) for m in msgs if not m.subject.endswith(".lost")]
+
+
+async def lost_episodes(js: JetStreamContext) -> list[LostEpisode]:
+    msgs = await read_stream(js, S.SAMPLES_STREAM)
+    return [decode(m.data, LostEpisode) for m in msgs if m.subject.endswith(".lost")]
 
 
 async def merge_stats(js: JetStreamContext) -> list[MergeStats]:

@@ -23,7 +23,14 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
-from tests.integration.merger_support import merge_stats, merger_settled, publish, read_stream, stream_count
+from tests.integration.merger_support import (
+    lost_episodes,
+    merge_stats,
+    merger_settled,
+    publish,
+    read_stream,
+    stream_count,
+)
 from tests.unit.merger.factories import begin, chain, reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +106,8 @@ async def samples_by_model(js: JetStreamContext) -> dict[str, list[Sample]]:
     """Every stored sample, by the model of the subject it was stored under."""
     out: dict[str, list[Sample]] = defaultdict(list)
     for m in await read_stream(js, S.SAMPLES_STREAM):
-        out[m.subject.rsplit(".", 1)[-1]].append(decode_sample(m.data))
+        if not m.subject.endswith(".lost"):
+            out[m.subject.rsplit(".", 1)[-1]].append(decode_sample(m.data))
     return dict(out)
 
 
@@ -181,4 +189,9 @@ async def test_an_aborted_or_timed_out_two_model_episode_yields_no_sample_for_ei
         "silent": ("timeout", 4, 0, ["alpha", "beta"]),
     }
     assert ids(await samples_by_model(js)) == {"alpha": ["ended.a.alpha.0"], "beta": ["ended.b.beta.0"]}
+    # each model's trainer is told, on its own samples subject, that the dropped episodes send it nothing
+    lost = sorted((r.episode_id, r.model, r.status) for r in await lost_episodes(js))
+    assert lost == [
+        (e, m, st) for e, st in (("gave-up", "aborted"), ("silent", "timeout")) for m in ("alpha", "beta")
+    ]
     assert await stream_count(js, S.DLQ_STREAM) == 0

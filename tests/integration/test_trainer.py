@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.schemas import ModelVersion, Sample, SampleDrops, TrainStep, decode, encode
+from swarmrl.schemas import LostEpisode, ModelVersion, Sample, SampleDrops, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.trainer.config import TrainerConfig
@@ -133,52 +133,64 @@ async def test_trainer_steps_publishes_versions_and_resumes(
     await nc.close()
 
 
+async def publish_lost(
+    js: nats.js.JetStreamContext, episode: str, group_key: str, model: str = MODEL
+) -> None:
+    lost = LostEpisode(
+        episode_id=episode, model=model, group_key=group_key, status="aborted", reason="killed"
+    )
+    await js.publish(S.lost_subject(model), encode(lost), headers={"Nats-Msg-Id": f"lost-{episode}-{model}"})
+
+
 @pytest.mark.timeout(90)
 async def test_a_group_with_a_dropped_episode_is_trained_without_waiting_for_the_timeout(
     swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from swarmrl.schemas import MergeStats
-
+    """The merger's lost-episode record comes through the trainer's own consumer, in stream order
+    with the samples; it is acked with the group's samples once their step is checkpointed."""
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
+    await bus.ensure_streams(js)
+    await publish(js, group("short")[:3])  # the 4th episode's client aborted: the merger says so
+    await publish_lost(js, "short-ep3", "short")
+    await publish_lost(js, "x", "short", model="other")  # another model's trainer reads that one
     cfg = config(
         swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1,
         group_timeout_s=3600,  # only the merger's word can release the group in time
     )  # fmt: skip
     trainer = Trainer(cfg)
-    run = asyncio.create_task(trainer.run())
-    await publish(js, group("short")[:3])  # the 4th episode's client aborted: the merger says so
-    dropped = MergeStats(episode_id="short-ep3", status="aborted", group_key="short", models=[MODEL])
-    other_model = dropped.model_copy(update={"episode_id": "x", "models": ["other"]})
-    while not run.done() and trainer.counts["lost_episodes"] == 0:  # until the trainer subscribed
-        await js.publish(S.MERGE_METRICS_SUBJECT, encode(other_model))
-        await js.publish(S.MERGE_METRICS_SUBJECT, encode(dropped))
-        await asyncio.sleep(0.2)
-    await asyncio.wait_for(run, timeout=45)
+    await asyncio.wait_for(trainer.run(), timeout=45)
     (step,) = [
         decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
     ]
-    assert step.samples == 3 and step.extra["short_groups"] == 1
+    assert step.samples == 3 and step.extra["short_groups"] == 1 and step.extra["lost_episodes"] == 1
+    info = await js.consumer_info(S.SAMPLES_STREAM, S.durable_name("trainer", S.SAMPLES_STREAM, MODEL))
+    assert info.num_ack_pending == 0 and info.num_pending == 0  # the record was acked with the group
     await nc.close()
 
 
-@pytest.mark.timeout(90)
-async def test_a_restarted_trainer_counts_episodes_lost_while_it_was_down(
+@pytest.mark.timeout(120)
+async def test_a_restarted_trainer_gets_the_lost_records_of_the_groups_it_had_not_trained(
     swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The merger said so before any trainer listened (a trainer crashed meanwhile): the replayed merge
-    stats still release the group. Before, this group waited out the group timeout, and with
-    admission holding new groups on the backlog it held, the chaos run stalled for 7 minutes."""
-    from swarmrl.schemas import MergeStats
-
+    """A trainer that stops with a group formed but untrained hands back its samples and the lost
+    record that completed it; the next trainer gets both and trains the group at once. Before the
+    record existed, a restarted trainer replayed merge stats by time, and a group whose record it
+    missed waited out the group timeout while admission held new groups on its backlog (the chaos
+    run stalled for 7 minutes)."""
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
     await bus.ensure_streams(js)
-    dropped = MergeStats(episode_id="gone-ep3", status="timeout", group_key="gone", models=[MODEL])
-    await js.publish(S.MERGE_METRICS_SUBJECT, encode(dropped))
+    await publish_lost(js, "gone-ep3", "gone")
     await publish(js, group("gone")[:3])
-    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1, group_timeout_s=3600)
-    await asyncio.wait_for(Trainer(cfg).run(), timeout=45)
+    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, max_steps=1, group_timeout_s=3600)
+    first = Trainer(cfg)  # waits for a second group that never comes
+    run = asyncio.create_task(first.run())
+    await wait_for(lambda: len(first.ready) == 1 or run.done(), what="the first trainer formed the group")
+    first.stop()
+    await asyncio.wait_for(run, timeout=30)
+    assert first.state.step == 0
+    await asyncio.wait_for(Trainer(cfg.model_copy(update={"batch_groups": 1})).run(), timeout=45)
     (step,) = [
         decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
     ]

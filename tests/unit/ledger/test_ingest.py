@@ -1,7 +1,7 @@
 import msgpack
 import pytest
 
-from swarmrl.schemas import MergeStats, WireError, encode
+from swarmrl.schemas import LostEpisode, MergeStats, WireError, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.ledger.ingest import Ingest, Rejected
 from tests.unit.ledger.factories import episode, train_step
@@ -71,6 +71,19 @@ def test_metrics_are_routed_by_subject() -> None:
     )
     assert _code(ingest.metric, S.train_metrics_subject("other"), encode(step), "METRICS", 3) == "subject"
     assert _code(ingest.metric, S.eval_metrics_subject("policy"), encode(step), "METRICS", 4) == "schema"
+
+
+def test_lost_episode_records_have_their_own_table_and_their_model_subject() -> None:
+    ingest = Ingest()
+    lost = LostEpisode(episode_id="e", model="policy", group_key="g", status="timeout", reason="silent")
+    table, row = ingest.sample(S.lost_subject("policy"), encode(lost), "SAMPLES", 7)
+    assert table == "lost_episodes" and (row["episode_id"], row["model"], row["stream_seq"]) == (
+        "e",
+        "policy",
+        7,
+    )
+    assert _code(ingest.sample, S.lost_subject("other"), encode(lost), "SAMPLES", 8) == "subject"
+    assert _code(ingest.sample, S.samples_subject("policy"), encode(lost), "SAMPLES", 9) == "schema"
 
 
 def test_a_call_finishing_after_the_abort_is_recorded_but_not_after_the_end() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from swarmrl.services.merger.assembler import assemble
+from swarmrl.services.merger.assembler import assemble, dropped_stats, lost_episodes
 from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
 from tests.unit.merger.factories import begin, chain, llm, logprobs, reward
 
@@ -144,6 +144,15 @@ def test_stats_name_only_the_models_that_got_samples() -> None:
     (a1,) = chain(1, model="alpha")
     _, stats = assemble(begin(agents=["a", "b"], models=["alpha", "beta"]), [a1], [])
     assert stats.models == ["alpha", "beta"] and stats.sample_models == ["alpha"]
+    assert [(r.model, r.status) for r in lost_episodes(stats)] == [("beta", "merged")]
+
+
+def test_a_dropped_training_episode_is_lost_to_every_model_and_an_eval_one_to_none() -> None:
+    dropped = dropped_stats("ep1", chain(1), "aborted", "client killed", begin(models=["alpha", "beta"]))
+    assert [(r.episode_id, r.model, r.group_key, r.reason) for r in lost_episodes(dropped)] == [
+        ("ep1", m, dropped.group_key, "client killed") for m in ("alpha", "beta")
+    ]
+    assert lost_episodes(dropped.model_copy(update={"eval": True})) == []
 
 
 @pytest.mark.parametrize(

@@ -97,12 +97,13 @@ def test_redelivery_replaces_handle_without_duplicating() -> None:
 
 def test_a_lost_episode_is_counted_out_instead_of_waited_for() -> None:
     buf = _buffer(num_repeat=4)
-    buf.note_lost("g")  # the merger dropped one episode of the group (e.g. its client aborted)
+    buf.note_lost("g", "lost0", "L0", now=0.0)  # the merger dropped one episode (its client aborted)
     for i in range(3):
         buf.add(make_sample(f"e{i}", float(i % 2)), f"h{i}", now=0.0)
     (group,), dropped = buf.pop_ready(now=1.0)  # long before the 10 s timeout
     assert dropped == [] and group.partial and group.episodes == 3
-    assert buf.counts["short_groups"] == 1 and "g" not in buf.lost  # the credit is used up
+    assert group.lost == ["L0"]  # the record's handle goes with the group: acked with its samples
+    assert buf.counts["short_groups"] == 1 and "g" not in buf.lost and buf.lost_handles() == []
     for i in range(3, 6):  # the next round of the same key waits for a full group again
         buf.add(make_sample(f"e{i}", float(i % 2)), f"h{i}", now=2.0)
     assert buf.pop_ready(now=3.0) == ([], [])
@@ -110,13 +111,40 @@ def test_a_lost_episode_is_counted_out_instead_of_waited_for() -> None:
 
 def test_lost_episodes_leaving_too_few_drop_the_group_at_once() -> None:
     buf = _buffer(num_repeat=4, min_group_size=2)
-    for _ in range(3):
-        buf.note_lost("g")
+    for i in range(3):
+        buf.note_lost("g", f"lost{i}", f"L{i}", now=0.0)
     buf.add(make_sample("e0", 1.0), "h0", now=0.0)
     ready, dropped = buf.pop_ready(now=1.0)
     assert ready == [] and [h.handle for h in dropped] == ["h0"]
     assert buf.counts["lost_dropped_groups"] == 1 and buf.counts["timeout_dropped_samples"] == 0
-    assert len(buf) == 0
+    assert len(buf) == 0 and buf.spent == ["L0", "L1", "L2"]  # acked with the drop
+
+
+def test_a_redelivered_lost_record_counts_once() -> None:
+    """After a restart (or an ack timeout) the same record comes again: held, it keeps the newest
+    handle; already used, it is spent at once, and never counts out a second episode."""
+    buf = _buffer(num_repeat=4)
+    buf.note_lost("g", "lost0", "old", now=0.0)
+    buf.note_lost("g", "lost0", "new", now=0.5)
+    assert buf.lost_handles() == ["new"] and buf.counts["lost_episodes"] == 1
+    for i in range(3):
+        buf.add(make_sample(f"e{i}", float(i % 2)), f"h{i}", now=0.0)
+    (group,), _ = buf.pop_ready(now=1.0)
+    assert group.lost == ["new"]
+    buf.note_lost("g", "lost0", "again", now=2.0)
+    assert buf.spent == ["again"] and buf.lost == {} and buf.counts["lost_episodes"] == 1
+
+
+def test_an_unused_lost_record_is_spent_after_the_timeout() -> None:
+    """A record whose group never shows up (all its episodes were lost) or was emitted without it is
+    not held forever: once its key has nothing pending for `timeout_s`, it is spent."""
+    buf = _buffer(num_repeat=4)  # timeout 10 s
+    buf.note_lost("nobody", "lost0", "L0", now=0.0)
+    buf.note_lost("busy", "lost1", "L1", now=0.0)
+    buf.add(make_sample("e0", 1.0, group="busy"), "h0", now=5.0)
+    assert buf.pop_ready(now=9.0) == ([], []) and buf.spent == []
+    buf.pop_ready(now=10.0)
+    assert buf.spent == ["L0"] and buf.lost_handles() == ["L1"]  # "busy" still waits for its group
 
 
 def test_an_episode_discarded_on_arrival_leaves_its_group_with_its_held_samples() -> None:
