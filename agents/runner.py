@@ -28,7 +28,7 @@ from typing import Any
 
 from swarmrl.agents.sdk import Episode, SwarmClient
 from swarmrl.agents.tasks import TaskSpec, get_task
-from swarmrl.config import password_on_command_line
+from swarmrl.core.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import ClientState
 
@@ -261,7 +261,7 @@ async def run_client(
 
     `task` is one task name or several with weights (`calculator=0.7,guess_number=0.3`): each group
     picks its task by weight."""
-    from swarmrl.swarm import parse_task_weights
+    from swarmrl.agents.config import parse_task_weights
 
     swarm = await SwarmClient.connect(nats_url)
     weights = parse_task_weights(task)
@@ -327,9 +327,9 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from swarmrl.config import default_of
+    from swarmrl.agents.config import RunConf, TaskConf
+    from swarmrl.core.config import default_of
     from swarmrl.services.trainer.config import TrainerConfig
-    from swarmrl.swarm import RunConf, TaskConf
 
     p = argparse.ArgumentParser(
         prog="python -m swarmrl.agents.runner",
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         if not connect_file:
             p.error("no $SWARMRL_CONNECT_FILE (or --nats URL): say where the swarm is")
         where = AgentCredential.read(connect_file)
-    from swarmrl.log import setup_logging
+    from swarmrl.core.log import setup_logging
 
     setup_logging("client")
 

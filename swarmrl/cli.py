@@ -25,7 +25,7 @@ SERVE_ENTRIES = {"action-worker": ("swarmrl.services.actions.main", "worker_main
 # verb -> (module, entry function called with the remaining arguments)
 VERBS = {
     "up": ("swarmrl.up", "main"),
-    "down": ("swarmrl.rundir", "down"),
+    "down": ("swarmrl.clients", "down"),
     "clients": ("swarmrl.clients", "main"),
     "status": ("swarmrl.clients", "status"),
     "credentials": ("swarmrl.credentials", "main"),
@@ -75,7 +75,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     path = known.config
     if path is None or not path.is_file():
         return argv
-    from swarmrl.config import write_config_file
+    from swarmrl.core.config import write_config_file
     from swarmrl.swarm import SwarmConfigError, build, load, resolve_base, service_classes, service_config
 
     if path.suffix != ".toml":  # a JSON description has models; else it is the service's own file

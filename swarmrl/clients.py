@@ -4,7 +4,7 @@
     swarmrl clients restart calculator --version v2 --run-dir runs/exp1
     swarmrl clients list
     swarmrl status                                  # processes, restarts, steps, eval, clients
-    swarmrl down                                    # see `swarmrl.rundir.down`
+    swarmrl down                                    # see `down` below
 
 It needs the swarm's service credentials: `$SWARMRL_NATS` (the service URL, from any machine that
 reaches the swarm's NATS), else the run's own `service.json` (written owner-only by `swarmrl up` in
@@ -19,14 +19,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from swarmrl.rundir import SERVICE_FILE, latest_run_dir
+from swarmrl.core.rundir import (
+    LATEST_LINK,
+    LATEST_POINTER,
+    SERVICE_FILE,
+    latest_pointer,
+    latest_run_dir,
+    pid_candidates,
+    read_pid,
+    start_time,
+)
 
 DEFAULT_TIMEOUT_S = 180.0
 """A restart waits for the old clients to drain (30 s) and exit (15 s more at worst)."""
@@ -178,3 +189,59 @@ def status(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def down(argv: list[str] | None = None) -> int:
+    """`swarmrl down`: ask a running `swarmrl up` to stop (SIGTERM; it then stops every service
+    and writes its report)."""
+    p = argparse.ArgumentParser(
+        prog="swarmrl down",
+        description="Stop a running `swarmrl up`: through its control plane (swarm.ctl.down; with "
+        "$SWARMRL_NATS from any machine, else with the run's service.json), or else by SIGTERM to its pid; it "
+        "then stops every service and writes the run's report. Without --run-dir it stops the latest run: "
+        f"./{LATEST_LINK} if present, else the run recorded in $SWARMRL_HOME/{LATEST_POINTER} "
+        f"(now {latest_pointer()}).",
+    )
+    p.add_argument("--run-dir", type=Path, default=None, help="the run directory of the swarm to stop")
+    args = p.parse_args(argv)
+    if os.environ.get("SWARMRL_NATS") or any(
+        (run / SERVICE_FILE).exists() for run in (args.run_dir, latest_run_dir()) if run is not None
+    ):
+        try:
+            reply = request("down", {}, args.run_dir, timeout=30)
+        except ClientsError as exc:  # not reachable: the pid file, on this machine
+            print(f"swarmrl down: {exc}; trying the run's pid file", file=sys.stderr)
+        else:
+            if reply.get("ok"):
+                print("swarmrl down: asked the swarm to stop (swarm.ctl.down)")
+                return 0
+            print(f"swarmrl down: {reply.get('error', reply)}", file=sys.stderr)
+            return 1
+    candidates = pid_candidates(args.run_dir)
+    looked = [str(c) for c in candidates]
+    for path in candidates:
+        try:
+            pid, started = read_pid(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, IndexError) as exc:
+            print(f"swarmrl down: unreadable pid file {path}: {exc}", file=sys.stderr)
+            return 1
+        now = start_time(pid)
+        reused = started is not None and now is not None and now != started
+        try:
+            if reused:
+                raise ProcessLookupError  # that pid is another process now
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            print(f"swarmrl down: process {pid} is gone; removed the stale pid file {path}", file=sys.stderr)
+            continue
+        except PermissionError:
+            print(f"swarmrl down: not allowed to signal process {pid} (from {path})", file=sys.stderr)
+            return 1
+        print(f"swarmrl down: asked swarmrl up (pid {pid}, {path}) to stop")
+        return 0
+    print(f"swarmrl down: no running swarm found (looked for {', '.join(looked)})", file=sys.stderr)
+    return 1

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from swarmrl.config import password_on_command_line
+from swarmrl.core.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.launch import CONNECT_FILE
 
@@ -29,7 +29,7 @@ def _locate(args: argparse.Namespace) -> tuple[Path, Path | None]:
     """(conf dir, run dir or None)."""
     if args.conf_dir is not None:
         return args.conf_dir, args.run_dir
-    from swarmrl.rundir import latest_run_dir
+    from swarmrl.core.rundir import latest_run_dir
 
     run_dir = args.run_dir or latest_run_dir()
     if run_dir is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from swarmrl.agents.tasks import get_task
-from swarmrl.config import ServiceConfig, write_config_file
+from swarmrl.core.config import ServiceConfig, write_config_file
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import free_port
 from swarmrl.schemas import subjects as S

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from swarmrl.config import password_on_command_line
+from swarmrl.core.config import password_on_command_line
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
@@ -71,9 +71,9 @@ def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], fi
 
 def build_parser() -> argparse.ArgumentParser:
     """The `swarmrl up` flags (`swarmrl research` validates a study's flags against them)."""
+    from swarmrl.agents.config import RunConf, TaskConf
     from swarmrl.services.gateway.config import GatewayConfig
     from swarmrl.services.trainer.config import TrainerConfig
-    from swarmrl.swarm import RunConf, TaskConf
 
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,7 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def swarm_from_args(args: argparse.Namespace) -> Swarm:
     """The swarm description: the config file (or the short form's defaults) with the flags applied."""
-    from swarmrl.swarm import build, check_bases, load, parse_task_weights
+    from swarmrl.agents.config import parse_task_weights
+    from swarmrl.swarm import build, check_bases, load
 
     if args.config is not None:
         data: dict[str, Any] = load(args.config)
@@ -319,7 +320,7 @@ async def _final_eval(
 def resolved_configs(swarm: Swarm, run_dir: Path) -> dict[str, Any]:
     """What `--print-config` prints: each service process's resolved configuration (ports are picked
     again at the start) and each built-in client's command line; nothing is built or started."""
-    from swarmrl.config import config_dict
+    from swarmrl.core.config import config_dict
     from swarmrl.launch import client_argv, client_names, plan_services
     from swarmrl.swarm import resolve_base
 
@@ -356,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(resolved_configs(args.swarm, args.run_dir or Path("runs/<timestamp>")), indent=2))
         return 0
     from swarmrl.control import DRAIN_S, GRACE_S, default_client_version
+    from swarmrl.core.log import setup_logging
+    from swarmrl.core.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.infra.credentials import AgentRegistry
     from swarmrl.launch import OUTSIDE, AgentIds, plan_services, spawn_clients, spawn_services
-    from swarmrl.log import setup_logging
-    from swarmrl.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.swarm import resolve_base
 
     setup_logging("up")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from swarmrl.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig
 
 KIND_RESOURCE = {"python": "cpu", "judge": "accel"}
 """Which unit pool runs each action kind."""

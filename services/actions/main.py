@@ -8,8 +8,8 @@ import os
 import signal
 import socket
 
-from swarmrl.config import parse_config
-from swarmrl.log import setup_logging
+from swarmrl.core.config import parse_config
+from swarmrl.core.log import setup_logging
 from swarmrl.services.actions.config import ActionsConfig, WorkerConfig
 
 

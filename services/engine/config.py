@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from swarmrl.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig
 
 
 class EngineConfig(ServiceConfig):
     model: str = "tiny"
     """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
     model_path: str = ""
-    """HF model directory to serve at start; empty: the default tiny model (built on first use)."""
+    """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
+    base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""
     host: str = "127.0.0.1"
     """Interface the HTTP API listens on (embedded backend and launched SGLang)."""
     port: int = 30000

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import asyncio
 
-from swarmrl.config import parse_config
-from swarmrl.log import setup_logging
+from swarmrl.core.config import parse_config
+from swarmrl.core.log import setup_logging
 from swarmrl.services.engine.config import EngineConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EngineConfig, argv, "swarmrl serve engine")
+    if not cfg.model_path and not cfg.sglang_url:
+        raise SystemExit(
+            "swarmrl serve engine: --model-path is required (an HF model directory; `swarmrl bootstrap-model` "
+            "builds the default tiny model and prints where)"
+        )
     setup_logging("engine", cfg.log_level)
     # Imported here so `--help` stays fast (torch, transformers and nats load only to run).
     from swarmrl.services.engine.service import run

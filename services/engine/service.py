@@ -75,9 +75,10 @@ class EngineService:
             torch.set_num_threads(cfg.torch_threads)
         path = cfg.model_path
         if not path:
-            from swarmrl.bootstrap.model import ensure_default_model
-
-            path = str(await asyncio.to_thread(ensure_default_model, progress=False))
+            raise ValueError(
+                "engine: no --model-path: give an HF model directory (`swarmrl bootstrap-model` builds the "
+                "default tiny model and prints where)"
+            )
         self._engine = await asyncio.to_thread(
             EngineCore, path, max_batch=cfg.max_batch, device=cfg.device, dtype=cfg.dtype,
             weight_version=str(cfg.weight_version), seed=cfg.seed, context_length=cfg.context_length or None,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from swarmrl.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig
 from swarmrl.services.gateway.mixing import parse_weights
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from swarmrl.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig
 from swarmrl.schemas import MAX_EVENT_BYTES
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from swarmrl.config import parse_config
-from swarmrl.log import setup_logging
+from swarmrl.core.config import parse_config
+from swarmrl.core.log import setup_logging
 from swarmrl.services.ledger.config import LedgerConfig
 
 

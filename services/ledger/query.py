@@ -2,7 +2,7 @@
 
 Reads the Parquet files the ledger wrote under `<run_dir>/ledger/`; needs no NATS and no running
 service. `connect(run_dir)` gives the same views to Python code (report writer, tests, notebooks).
-Without a run dir it reads `$SWARMRL_RUN_DIR`, else the latest run (`swarmrl.rundir.latest_run_dir`:
+Without a run dir it reads `$SWARMRL_RUN_DIR`, else the latest run (`swarmrl.core.rundir.latest_run_dir`:
 `./runs/latest`, else the run recorded in `$SWARMRL_HOME/latest-run`), so it works from any directory.
 
 The table format never cuts a cell: on a terminal long cells wrap inside their column; into a pipe or
@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from swarmrl.rundir import LATEST_LINK, latest_pointer, latest_run_dir
+from swarmrl.core.rundir import LATEST_LINK, latest_pointer, latest_run_dir
 from swarmrl.services.ledger.views import register_views
 
 VIEW_HELP = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig
 from swarmrl.services.merger.timelines import MergeMode, MergeOptions
 
 

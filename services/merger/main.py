@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from swarmrl.config import parse_config
-from swarmrl.log import setup_logging
+from swarmrl.core.config import parse_config
+from swarmrl.core.log import setup_logging
 from swarmrl.services.merger.config import MergerConfig
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from swarmrl.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig
 
 
 class TrainerConfig(ServiceConfig):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarmrl.rundir import swarmrl_home
+from swarmrl.core.rundir import swarmrl_home
 
 # Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
 BUILDER_VERSION = "2"

@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(study_dir: Path | None) -> None:
-    from swarmrl.log import setup_logging as setup
+    from swarmrl.core.log import setup_logging as setup
 
     setup("research")
     if study_dir is not None:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return sub(argv)
     p = parser()
     args = p.parse_args(argv)
-    from swarmrl.config import password_on_command_line
+    from swarmrl.core.config import password_on_command_line
 
     if reason := password_on_command_line(argv):
         p.error(reason)

@@ -133,7 +133,8 @@ async def test_the_cli_drives_the_swarm_over_nats(
     """`swarmrl clients restart/list`, `swarmrl status` and `swarmrl down` through `swarm.ctl.*` on a
     real nats-server, with the service URL from the run's owner-only service.json, then from
     $SWARMRL_NATS (as on another machine); agents cannot reach the control plane."""
-    from swarmrl.rundir import SERVICE_FILE, down, write_service_file
+    from swarmrl.clients import down
+    from swarmrl.core.rundir import SERVICE_FILE, write_service_file
     from swarmrl.schemas import subjects as S
 
     r = _restarter(tmp_path, n=1)

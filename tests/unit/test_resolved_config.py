@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from swarmrl.config import UNFILED
+from swarmrl.core.config import UNFILED
 from swarmrl.launch import plan_services, spawn_services
 from swarmrl.swarm import PLACED, build, load, resolve_base, service_classes
 from swarmrl.up import parse_args

@@ -1,4 +1,4 @@
-"""Run directories, the latest-run pointers and `swarmrl down` (swarmrl/rundir.py), through the CLI."""
+"""Run directories, the latest-run pointers (swarmrl/core/rundir.py) and `swarmrl down` (swarmrl/clients.py), through the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl import cli, rundir
+from swarmrl import cli
+from swarmrl.core import rundir
 
 
 @pytest.fixture(autouse=True)
@@ -173,6 +174,6 @@ def test_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
         "swarmrl clients restart TASK   replace a task's client processes in a running swarm "
         "(live code iteration)" in out
     )
-    assert cli.VERBS["down"] == ("swarmrl.rundir", "down")
+    assert cli.VERBS["down"] == ("swarmrl.clients", "down")
     assert cli.VERBS["clients"] == ("swarmrl.clients", "main")
     assert cli.VERBS["status"] == ("swarmrl.clients", "status")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.swarm import SwarmConfigError, build, load, parse_task_weights
+from swarmrl.agents.config import parse_task_weights
+from swarmrl.swarm import SwarmConfigError, build, load
 from swarmrl.up import parse_args
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl import rundir
+from swarmrl.core import rundir
 from swarmrl.services.ledger.query import main
 from tests.unit.ledger.factories import dead_letter_run
 

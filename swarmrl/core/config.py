@@ -13,10 +13,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
 C = TypeVar("C", bound=BaseSettings)
+
+
+class SwarmConfigError(ValueError):
+    """The swarm description is invalid; the message names the offending entry."""
+
+
+class Strict(BaseModel):
+    """A table of the swarm description: unknown keys are errors, field docstrings are the help."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class ServiceConfig(BaseSettings):

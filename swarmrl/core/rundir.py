@@ -1,4 +1,4 @@
-"""Run directories, the "latest run" pointers, and `swarmrl down`.
+"""Run directories, the "latest run" pointers, and the pid and service files of a running `up`.
 
 Where runs live and how the tools find them again, from any directory:
 
@@ -20,9 +20,8 @@ Where runs live and how the tools find them again, from any directory:
 - `write_service_file(run_dir, url)`: `swarmrl up` writes the swarm's service URL, owner-only, to
   `<run_dir>/service.json`, where `swarmrl clients`, `status` and `down` find it on this machine
   (elsewhere they take `$SWARMRL_NATS`).
-- `down(argv)`: `swarmrl down [--run-dir DIR]` asks the swarm to stop through its control plane
-  (`swarm.ctl.down`; with `$SWARMRL_NATS`, from any machine); where that cannot be reached it sends
-  SIGTERM to the `swarmrl up` of DIR, or of the latest run found as above (falling back to the older
+- `read_pid` / `pid_candidates`: where `swarmrl down` (`swarmrl.clients.down`) looks for the pid of
+  the `swarmrl up` to stop: DIR's, or the latest run's found as above (falling back to the older
   `runs/.up.pid` of the current directory).
 
 Stdlib only: the CLI imports this for `swarmrl down` and `swarmrl query`, which must start fast.
@@ -30,17 +29,14 @@ Stdlib only: the CLI imports this for `swarmrl down` and `swarmrl query`, which 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
-import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-log = logging.getLogger("swarmrl.rundir")
+log = logging.getLogger("swarmrl.core.rundir")
 
 RUNS = Path("runs")
 LATEST_LINK = RUNS / "latest"
@@ -128,7 +124,7 @@ def pid_file(run_dir: Path) -> Path:
     return run_dir / PID_NAME
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process start time (clock ticks since boot, /proc/PID/stat field 22), or None where
     /proc is not there. With the pid it names one process for good: pids are reused."""
     try:
@@ -145,7 +141,7 @@ def write_pid(run_dir: Path, pid: int | None = None) -> Path:
     """
     pid = os.getpid() if pid is None else pid
     path = pid_file(run_dir)
-    path.write_text(f"{pid} {_start_time(pid) or ''}".strip() + "\n")
+    path.write_text(f"{pid} {start_time(pid) or ''}".strip() + "\n")
     return path
 
 
@@ -157,12 +153,12 @@ def clear_pid(run_dir: Path) -> None:
             path.unlink()
 
 
-def _read_pid(path: Path) -> tuple[int, str | None]:
+def read_pid(path: Path) -> tuple[int, str | None]:
     fields = path.read_text().split()
     return int(fields[0]), (fields[1] if len(fields) > 1 else None)
 
 
-def _candidates(run_dir: Path | None) -> list[Path]:
+def pid_candidates(run_dir: Path | None) -> list[Path]:
     if run_dir is not None:
         return [pid_file(run_dir)]
     found: list[Path] = []
@@ -190,61 +186,3 @@ def write_service_file(run_dir: Path, url: str) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump({"nats": url}, f)
     return path
-
-
-def down(argv: list[str] | None = None) -> int:
-    """`swarmrl down`: ask a running `swarmrl up` to stop (SIGTERM; it then stops every service
-    and writes its report)."""
-    p = argparse.ArgumentParser(
-        prog="swarmrl down",
-        description="Stop a running `swarmrl up`: through its control plane (swarm.ctl.down; with "
-        "$SWARMRL_NATS from any machine, else with the run's service.json), or else by SIGTERM to its pid; it "
-        "then stops every service and writes the run's report. Without --run-dir it stops the latest run: "
-        f"./{LATEST_LINK} if present, else the run recorded in $SWARMRL_HOME/{LATEST_POINTER} "
-        f"(now {latest_pointer()}).",
-    )
-    p.add_argument("--run-dir", type=Path, default=None, help="the run directory of the swarm to stop")
-    args = p.parse_args(argv)
-    if os.environ.get("SWARMRL_NATS") or any(
-        (run / SERVICE_FILE).exists() for run in (args.run_dir, latest_run_dir()) if run is not None
-    ):
-        from swarmrl.clients import ClientsError, request
-
-        try:
-            reply = request("down", {}, args.run_dir, timeout=30)
-        except ClientsError as exc:  # not reachable: the pid file, on this machine
-            print(f"swarmrl down: {exc}; trying the run's pid file", file=sys.stderr)
-        else:
-            if reply.get("ok"):
-                print("swarmrl down: asked the swarm to stop (swarm.ctl.down)")
-                return 0
-            print(f"swarmrl down: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
-    candidates = _candidates(args.run_dir)
-    looked = [str(c) for c in candidates]
-    for path in candidates:
-        try:
-            pid, started = _read_pid(path)
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, IndexError) as exc:
-            print(f"swarmrl down: unreadable pid file {path}: {exc}", file=sys.stderr)
-            return 1
-        now = _start_time(pid)
-        reused = started is not None and now is not None and now != started
-        try:
-            if reused:
-                raise ProcessLookupError  # that pid is another process now
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            print(f"swarmrl down: process {pid} is gone; removed the stale pid file {path}", file=sys.stderr)
-            continue
-        except PermissionError:
-            print(f"swarmrl down: not allowed to signal process {pid} (from {path})", file=sys.stderr)
-            return 1
-        print(f"swarmrl down: asked swarmrl up (pid {pid}, {path}) to stop")
-        return 0
-    print(f"swarmrl down: no running swarm found (looked for {', '.join(looked)})", file=sys.stderr)
-    return 1

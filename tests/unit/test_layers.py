@@ -1,0 +1,42 @@
+"""The layers: services, the wire contract, clients and infrastructure import the ground floor
+(`swarmrl.core`) and each other as below, never the roof (`swarmrl.cli`, `swarmrl.up`, launch, the
+supervisor, research, bootstrap). Every import counts, those inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ALLOWED = {
+    "schemas": {"schemas"},
+    "swarmrl/core": {"core"},
+    "infra": {"core", "schemas", "infra"},
+    "services": {"core", "schemas", "infra", "services"},
+    # the SDK and the built-in runner (the trainer's declared group size is a default they read)
+    "agents": {"core", "schemas", "infra", "agents", "services"},
+}
+
+
+def imported(path: Path) -> set[str]:
+    """The `swarmrl.<X>` packages `path` imports (X), wherever in the file."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [
+                f"{node.module}.{a.name}" for a in node.names if node.module == "swarmrl"
+            ]
+        out |= {n.split(".")[1] for n in names if n.startswith("swarmrl.")}
+    return out
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_a_layer_imports_only_what_is_below_it(layer: str) -> None:
+    files = sorted((ROOT / layer).rglob("*.py"))
+    assert files, layer
+    wrong = {str(f.relative_to(ROOT)): sorted(bad) for f in files if (bad := imported(f) - ALLOWED[layer])}
+    assert not wrong, f"{layer} imports above its layer: {wrong}"
