@@ -8,9 +8,10 @@ the runner that plays them, so a client imports its own settings and not the com
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from swarmrl.core.config import Strict, SwarmConfigError
 
@@ -30,7 +31,71 @@ class TaskConf(Strict):
     """Client command line (argv); None = the built-in Python runner. It gets the connection details
     in `SWARMRL_CONNECT_FILE` (JSON: nats_url, user, password, models) and `SWARMRL_TASK`."""
     eval: bool = True
-    """Evaluate held-out success (built-in tasks only)."""
+    """Evaluate held-out success (built-in and dataset tasks; a `command` client's task has no
+    held-out set here)."""
+
+    # A dataset task (`data` set): rows of prompts and a reward function, played by the built-in runner.
+    data: list[str] = []
+    """Dataset task: local JSONL / JSON / Parquet / CSV files, or one directory a `datasets` dataset
+    was saved to (`save_to_disk`). Relative paths are against the swarm file's folder; nothing is
+    downloaded."""
+    eval_data: list[str] = []
+    """The held-out rows, in the same formats; empty: `heldout` of `data` is carved off (or the
+    `test` / `validation` split of a saved `DatasetDict`)."""
+    heldout: float = Field(default=0.1, gt=0, lt=1)
+    """Share of `data` held out for evaluation when `eval_data` is not given."""
+    split_seed: int = 0
+    """Seed of the held-out carve (the same rows on every machine and every run)."""
+    prompt: str = "prompt"
+    """Column with the user prompt (text)."""
+    messages: str = ""
+    """Column with the opening chat messages (a list of OpenAI messages) instead of `prompt`."""
+    system: str = ""
+    """System prompt put before a text prompt."""
+    reward: str = ""
+    """The reward function, `file.py:function` (relative to the swarm file's folder) or
+    `package.module:function`; TRL's signature: `f(prompts, completions, **columns) -> list[float]`
+    (each argument a list, one entry per completion; sync or async)."""
+    answer: str = ""
+    """Column of reference answers, for an SFT warm start (`warm_start = ["<this task>"]` on a
+    bootstrap model); never required."""
+    warm_start_rows: int = Field(default=0, ge=0)
+    """Training rows (the first, in file order) the warm start may use; 0: all of them."""
+    success_at: float = 1.0
+    """An episode counts as a success (held-out success) when its reward is at least this."""
+
+    @field_validator("data", "eval_data", mode="before")
+    @classmethod
+    def _paths(cls, v: object) -> object:
+        return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _dataset(self) -> TaskConf:
+        if self.data and self.command is not None:
+            raise ValueError("a dataset task (data = ...) is played by the built-in runner: drop `command`")
+        if self.data and not self.reward:
+            raise ValueError("a dataset task needs reward = \"file.py:function\" (or \"module:function\")")
+        if not self.data and (self.eval_data or self.reward):
+            raise ValueError("eval_data / reward are for a dataset task: give data = [...] too")
+        return self
+
+    def resolve_paths(self, base: Path) -> TaskConf:
+        """Data files and a `file.py:function` reward made absolute against `base` (the swarm file's
+        folder), so a client started anywhere finds them."""
+        file, sep, fn = self.reward.rpartition(":")
+        if sep and (file.endswith(".py") or "/" in file):
+            reward = f"{(base / file).resolve()}:{fn}"
+        elif sep and (base / (file.replace(".", "/") + ".py")).exists():  # a module beside the swarm file
+            reward = f"{(base / (file.replace('.', '/') + '.py')).resolve()}:{fn}"
+        else:
+            reward = self.reward
+        return self.model_copy(
+            update={
+                "data": [str((base / p).resolve()) for p in self.data],
+                "eval_data": [str((base / p).resolve()) for p in self.eval_data],
+                "reward": reward,
+            }
+        )
 
     @field_validator("weight")
     @classmethod

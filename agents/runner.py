@@ -90,6 +90,8 @@ async def play(
             break
         if abort_rate and random.random() < abort_rate:
             raise ChaosAbort(f"simulated agent failure after turn {turns}")
+    if hasattr(env, "settle"):  # a reward to await (a dataset task's); a RewardError aborts the episode
+        await env.settle()
     await ep.reward(env.reward)
     return Outcome(instance.task_id, env.reward, env.success, turns)
 
@@ -392,9 +394,22 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         help="on SIGTERM: seconds the groups in flight get to finish before they are aborted",
     )
+    p.add_argument(
+        "--tasks-file",
+        default=os.environ.get("SWARMRL_TASKS_FILE", ""),
+        help="JSON of the swarm's dataset tasks (`swarmrl up` writes <run>/config/tasks.json and passes it "
+        "as $SWARMRL_TASKS_FILE): their rows and reward functions are loaded from it",
+    )
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
         p.error(reason)
+    if args.tasks_file:
+        from swarmrl.agents.tasks.dataset import DatasetError, read_tasks_file
+
+        try:
+            read_tasks_file(args.tasks_file)
+        except (OSError, ValueError, DatasetError) as exc:
+            p.error(f"--tasks-file {args.tasks_file}: {exc}")
     where: AgentCredential | str = args.nats
     if not where:
         connect_file = os.environ.get("SWARMRL_CONNECT_FILE")

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from swarmrl.agents.tasks import get_task
+from swarmrl.agents.tasks.dataset import write_tasks_file
 from swarmrl.core.config import ServiceConfig, write_config_file
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import free_port
@@ -160,6 +161,7 @@ def spawn_clients(
     t = swarm.tasks[task]
     names = client_names(swarm, task, generation)
     files = ids.mint(names)
+    tasks_file = write_tasks_file(ids.run_dir / "config" / "tasks.json", swarm.tasks)
     for i, name in enumerate(names):
         env = {
             "PYTHONUNBUFFERED": "1",
@@ -172,6 +174,8 @@ def spawn_clients(
         }
         if version:
             env["SWARMRL_CODE_VERSION"] = version
+        if tasks_file is not None:  # the dataset tasks' rows and reward functions
+            env["SWARMRL_TASKS_FILE"] = str(tasks_file)
         argv = client_argv(swarm, task)
         if t.command is None:
             argv += ["--seed", env["SWARMRL_CLIENT_SEED"]]

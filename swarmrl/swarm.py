@@ -115,7 +115,7 @@ class Swarm(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Swarm:
-        from swarmrl.agents.tasks import TASKS
+        from swarmrl.agents.tasks import BUILTIN, TASKS
 
         if not self.models:
             raise ValueError("no [models.<name>] table: a swarm trains at least one model")
@@ -127,11 +127,13 @@ class Swarm(Strict):
             if not _NAME_RE.match(name):
                 raise ValueError(f"name {name!r} must be 1-64 of [A-Za-z0-9_-] (it becomes a NATS subject)")
         for name, task in self.tasks.items():
-            spec = TASKS.get(name)
-            if spec is None and task.command is None:
+            spec = None if task.data else TASKS.get(name)
+            if task.data and name in BUILTIN:
+                raise ValueError(f"[tasks.{name}]: {name} is a built-in task; name your dataset task otherwise")
+            if spec is None and task.command is None and not task.data:
                 raise ValueError(
                     f"[tasks.{name}]: unknown built-in task; known: {sorted(TASKS)} "
-                    "(a task of your own needs a `command`)"
+                    "(a task of your own needs `data` and `reward`, or a `command`)"
                 )
             if not task.roles:
                 if spec is not None and spec.roles:
@@ -289,11 +291,21 @@ def _errors(exc: ValidationError) -> str:
 
 
 def build(data: dict[str, Any], source: str) -> Swarm:
-    """Validate a swarm description (the parsed TOML, or the short form's dict)."""
+    """Validate a swarm description (the parsed TOML, or the short form's dict), then load its dataset
+    tasks (paths against the file's folder) and register them in this process."""
+    from swarmrl.agents.tasks.dataset import DatasetError, register_data_tasks
+
     try:
-        return Swarm.model_validate(data)
+        swarm = Swarm.model_validate(data)
     except ValidationError as exc:
         raise SwarmConfigError(f"invalid swarm description {source}:\n{_errors(exc)}") from None
+    base = Path(source).parent if Path(source).is_file() else Path.cwd()
+    swarm.tasks = {name: t.resolve_paths(base) if t.data else t for name, t in swarm.tasks.items()}
+    try:
+        register_data_tasks(swarm.tasks)
+    except DatasetError as exc:
+        raise SwarmConfigError(f"swarm description {source}: {exc}") from None
+    return swarm
 
 
 def load(path: Path) -> dict[str, Any]:

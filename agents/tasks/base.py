@@ -54,7 +54,9 @@ class StepResult:
 
 
 class Env(Protocol):
-    """One episode of a task."""
+    """One episode of a task. An environment whose reward needs awaiting (a dataset task's reward
+    function may be async) also has `async def settle()`, which players await once the episode is
+    done and before they read `reward` and `success`."""
 
     reward: float
     success: bool
@@ -119,7 +121,8 @@ class TaskSpec:
     """The fixed held-out eval set (same list on every call and every machine)."""
     demonstration: Callable[[Any, random.Random], list[Message]] | None
     """(instance, rng) -> a full synthetic episode (messages) for the SFT warm start; None for a
-    multi-role task (see `role_demonstrations`)."""
+    multi-role task (see `role_demonstrations`), or a task that has none (it cannot be a warm-start
+    source then)."""
     parse_reply: Callable[[Message], Any]
     """Assistant message -> the parsed action (None when invalid)."""
     tools: list[dict[str, Any]] | None = None
@@ -146,10 +149,13 @@ class TaskSpec:
     role_oracle: Callable[[Any, Turn], Message] | None = None
     """(instance, turn) -> a correct reply for that turn: the scripted partner when one role's model
     is measured alone (`swarmrl bootstrap-model --eval` on a `task.role` source)."""
+    sft_tasks: Callable[[int], Iterator[Any]] | None = None
+    """Seed -> the instances a warm start demonstrates; None: `train_tasks`."""
+    fingerprint: str = ""
+    """Hash of what the task's instances are made from beyond its code (a dataset's rows): part of the
+    cache key of a model warm-started on it."""
 
     def __post_init__(self) -> None:
-        if not self.roles and self.demonstration is None:
-            raise ValueError(f"task {self.name!r}: a single-agent task needs a demonstration")
         if self.roles and self.role_demonstrations is None:
             raise ValueError(f"task {self.name!r}: a multi-role task needs role_demonstrations")
         unknown = (set(self.role_metrics) | set(self.role_tools) | set(self.role_sft_weights)) - set(

@@ -8,6 +8,7 @@ Multi-role tasks: `evaluate_offline(model, "team_calculator.caller")` measures o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -147,6 +148,8 @@ def evaluate_offline(
                     still.append(i)
             active = still
         for env in envs:
+            if hasattr(env, "settle"):  # a dataset task's reward function (sync or async)
+                asyncio.run(env.settle())
             rewards.append(env.reward)
             successes.append(env.success)
             turns.append(getattr(env, "turns", 0))

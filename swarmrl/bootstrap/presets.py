@@ -213,7 +213,11 @@ def model_dir(
     covering the builder version and the builder's and tasks' source code too."""
     resolved = resolve_sources(preset, sources)
     steps = default_steps(preset, resolved) if steps is None else steps
+    from swarmrl.agents.tasks import TASKS
+
+    data = ",".join(TASKS[parse_source(s)[0]].fingerprint for s in resolved)  # a dataset task's rows
     key = f"{BUILDER_VERSION}:{preset}:{','.join(resolved)}:{seed}:{steps}:{source_digest()}"
+    key += f":{data}" if data.strip(",") else ""  # models warm-started on built-in tasks keep their keys
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     return swarmrl_home() / "models" / f"{preset}-{'+'.join(resolved)}-{steps}s-seed{seed}-{digest}"
 

@@ -68,7 +68,11 @@ def source_demonstration(source: str) -> tuple[Demonstrate, list[dict[str, Any]]
     task, role = parse_source(source)
     spec = TASKS[task]
     if role is None:
-        assert spec.demonstration is not None  # TaskSpec refuses a single-agent task without one
+        if spec.demonstration is None:
+            raise ValueError(
+                f"task {task!r} has no demonstrations to warm-start from (a dataset task needs its answer column: "
+                f"answer = \"<column>\")"
+            )
         return spec.demonstration, spec.tools
     role_demonstrations = spec.role_demonstrations
     assert role_demonstrations is not None  # TaskSpec refuses a multi-role task without them
@@ -98,7 +102,8 @@ def demonstration_batches(
     """
     rng = random.Random(seed)
     names = list(sources or get_preset(DEFAULT_PRESET).sources)
-    streams = {name: TASKS[parse_source(name)[0]].train_tasks(seed) for name in names}
+    specs = {name: TASKS[parse_source(name)[0]] for name in names}
+    streams = {name: (spec.sft_tasks or spec.train_tasks)(seed) for name, spec in specs.items()}
     demos = {name: source_demonstration(name) for name in names}
     # Tool sources are also shown without the tool specs in the system prompt. Those specs make every
     # context ~200 tokens long, which dilutes the attention a tiny model needs to learn copying

@@ -1,0 +1,295 @@
+"""Dataset tasks: rows of prompts and a reward function of the user's own, played like a built-in task.
+
+A `[tasks.<name>]` table with `data = [...]` (see `swarmrl.agents.config.TaskConf`) becomes a
+`TaskSpec` here (`data_task`), registered under its name (`register_data_tasks`) in every process
+that plays, evaluates or warm-starts it: `swarmrl up` when it reads the swarm description, each
+built-in client from the run's `config/tasks.json` (`$SWARMRL_TASKS_FILE`).
+
+- Rows come from local files through `datasets` (JSONL/JSON, Parquet, CSV: `load_dataset` with
+  `data_files`; a `save_to_disk` directory: `load_from_disk`), never from a hub. A row whose prompt
+  is missing or empty is an error naming the row, at load, before any process starts.
+- Held-out rows: `eval_data`, else the `test`/`validation` split of a saved `DatasetDict`, else a
+  `heldout` share of `data` carved with `split_seed` (the same rows everywhere).
+- An instance is one row (`DataRow`); its `task_id` (`<task>-<row>`, `<task>-eval<row>`) is stable,
+  so GRPO groups and a restarted client's stream are too.
+- One episode is one model call: the opening messages (system + prompt, or the row's messages), the
+  reply, then the reward: `reward(prompts=[...], completions=[...], **{column: [value]})`, TRL's
+  convention (completions are strings for a text prompt, `[{"role": "assistant", ...}]` lists for a
+  messages prompt; every other column by name). Sync or async. An exception, or anything but one
+  finite number, is a `RewardError` naming the function and the row: the runner aborts that episode
+  with the message as its reason (recorded in the ledger) and carries on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import itertools
+import json
+import math
+import random
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swarmrl.agents.config import TaskConf
+from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+EVAL_SPLITS = ("test", "validation")
+
+
+class DatasetError(ValueError):
+    """A dataset task cannot be built: the message names the task, the file or row, and the fix."""
+
+
+class RewardError(RuntimeError):
+    """The reward function failed or answered something other than one finite number."""
+
+
+@dataclass(frozen=True)
+class DataRow:
+    """One row of a dataset task: a task instance."""
+
+    task_id: str
+    columns: Mapping[str, Any]
+
+
+def _load_files(name: str, paths: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Rows of `paths` by split: `{"train": rows}` for files, every split of a saved `DatasetDict`."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise DatasetError(f"task {name}: no such data file or directory: {missing}")
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        try:
+            loaded = datasets.load_from_disk(paths[0])
+        except FileNotFoundError as exc:
+            raise DatasetError(f"task {name}: {paths[0]} is not a dataset saved with save_to_disk ({exc})") from None
+        if isinstance(loaded, datasets.DatasetDict):
+            return {split: ds.to_list() for split, ds in loaded.items()}
+        return {"train": loaded.to_list()}
+    kinds = {FORMATS.get(Path(p).suffix.lower()) for p in paths}
+    if None in kinds or len(kinds) != 1:
+        raise DatasetError(
+            f"task {name}: data files must all be one of {sorted(FORMATS)} (or one save_to_disk directory); "
+            f"got {paths}"
+        )
+    (kind,) = kinds
+    try:
+        ds = datasets.load_dataset(kind, data_files=paths, split="train")
+    except Exception as exc:  # the reader's own message names the file and what is wrong in it
+        raise DatasetError(f"task {name}: cannot read {paths}: {type(exc).__name__}: {exc}") from None
+    return {"train": ds.to_list()}
+
+
+def _check_rows(name: str, conf: TaskConf, rows: list[dict[str, Any]], where: str) -> None:
+    if not rows:
+        raise DatasetError(f"task {name}: {where} has no rows")
+    column = conf.messages or conf.prompt
+    needed = [c for c in (column, conf.answer) if c]
+    absent = [c for c in needed if c not in rows[0]]
+    if absent:
+        raise DatasetError(f"task {name}: {where} has no column {absent}; its columns: {sorted(rows[0])}")
+    bad = [i for i, row in enumerate(rows) if not _opening_ok(row.get(column), bool(conf.messages))]
+    if bad:
+        what = "a list of chat messages with role and content" if conf.messages else "non-empty text"
+        raise DatasetError(
+            f"task {name}: {where}: column {column!r} must be {what}; rows {bad[:10]}"
+            f"{f' and {len(bad) - 10} more' if len(bad) > 10 else ''} are not (nothing is dropped silently: fix them)"
+        )
+
+
+def _opening_ok(value: Any, messages: bool) -> bool:
+    if not messages:
+        return isinstance(value, str) and bool(value.strip())
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+    )
+
+
+def load_reward(spec: str) -> Callable[..., Any]:
+    """`path/to/file.py:function` or `package.module:function` -> the function.
+
+    Raises:
+        DatasetError: the file, module or function does not exist, or is not callable.
+    """
+    target, sep, fn_name = spec.rpartition(":")
+    if not sep or not target or not fn_name:
+        raise DatasetError(f"reward {spec!r}: expected 'file.py:function' or 'module:function'")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.exists():
+                raise DatasetError(f"reward {spec!r}: no such file {path}")
+            module_name = f"swarmrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+            loader_spec = importlib.util.spec_from_file_location(module_name, path)
+            assert loader_spec is not None and loader_spec.loader is not None
+            module = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except DatasetError:
+        raise
+    except Exception as exc:
+        raise DatasetError(f"reward {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise DatasetError(f"reward {spec!r}: {target} has no function {fn_name!r}")
+    return fn
+
+
+class DataEnv:
+    """One episode of a dataset task: the opening messages, one reply, then the reward (`settle`)."""
+
+    def __init__(self, task: DataTask, row: DataRow) -> None:
+        self.task, self.row = task, row
+        self.reward = 0.0
+        self.success = False
+        self.completion: str | None = None
+
+    def reset(self) -> list[Message]:
+        return self.task.opening(self.row)
+
+    def step(self, reply: Message) -> StepResult:
+        if self.completion is not None:
+            raise RuntimeError(f"step() after the episode ended ({self.row.task_id})")
+        self.completion = message_text(reply)
+        return StepResult(messages=[], done=True)
+
+    async def settle(self) -> None:
+        """Score the reply with the task's reward function (awaited if it is async)."""
+        assert self.completion is not None, "settle() before the reply"
+        self.reward = await self.task.score(self.row, self.completion)
+        self.success = self.reward >= self.task.conf.success_at
+
+
+class DataTask:
+    """A dataset task's rows, splits and reward; `spec()` is what the rest of swarmrl plays."""
+
+    def __init__(self, name: str, conf: TaskConf) -> None:
+        self.name, self.conf = name, conf
+        splits = _load_files(name, conf.data)
+        train = splits.get("train") or next(iter(splits.values()))
+        held: list[dict[str, Any]] | None = None
+        if conf.eval_data:
+            eval_splits = _load_files(name, conf.eval_data)
+            held = eval_splits.get("test") or eval_splits.get("validation") or next(iter(eval_splits.values()))
+        elif split := next((s for s in EVAL_SPLITS if s in splits), None):
+            held = splits[split]
+        if held is None:  # carve the held-out share, the same rows everywhere
+            order = list(range(len(train)))
+            random.Random(conf.split_seed).shuffle(order)
+            n_eval = max(1, round(conf.heldout * len(train)))
+            if n_eval >= len(train):
+                raise DatasetError(f"task {name}: {len(train)} rows leave none to train on after heldout={conf.heldout}")
+            held_idx, train_idx = set(order[:n_eval]), order[n_eval:]
+            self.train = [DataRow(f"{name}-{i}", train[i]) for i in sorted(train_idx)]
+            self.eval = [DataRow(f"{name}-{i}", train[i]) for i in sorted(held_idx)]
+        else:
+            self.train = [DataRow(f"{name}-{i}", row) for i, row in enumerate(train)]
+            self.eval = [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)]
+        _check_rows(name, conf, [r.columns for r in self.train], "the training rows")
+        _check_rows(name, conf, [r.columns for r in self.eval], "the held-out rows")
+        self.reward_fn = load_reward(conf.reward)
+        self.fingerprint = self._fingerprint()
+
+    def _fingerprint(self) -> str:
+        """Hash of the rows and the settings that shape them (a cached warm start from other rows
+        would silently be another model)."""
+        h = hashlib.sha256(self.conf.model_dump_json(exclude={"weight", "clients", "concurrency"}).encode())
+        for row in itertools.chain(self.train, self.eval):
+            h.update(json.dumps(row.columns, sort_keys=True, default=str).encode())
+        return h.hexdigest()[:16]
+
+    def opening(self, row: DataRow) -> list[Message]:
+        if self.conf.messages:
+            return [dict(m) for m in row.columns[self.conf.messages]]
+        system = [{"role": "system", "content": self.conf.system}] if self.conf.system else []
+        return [*system, {"role": "user", "content": row.columns[self.conf.prompt]}]
+
+    async def score(self, row: DataRow, completion: str) -> float:
+        """The reward of `completion` for `row` (TRL's calling convention; see the module docstring)."""
+        column = self.conf.messages or self.conf.prompt
+        prompt = row.columns[column]
+        reply: Any = [{"role": "assistant", "content": completion}] if self.conf.messages else completion
+        extra = {k: [v] for k, v in row.columns.items() if k not in ("prompts", "completions", column)}
+        where = f"reward {self.conf.reward} on {row.task_id}"
+        try:
+            out = self.reward_fn(prompts=[prompt], completions=[reply], **extra)
+            if inspect.isawaitable(out):
+                out = await out
+        except Exception as exc:
+            raise RewardError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        values = list(out) if isinstance(out, list | tuple) else None
+        if values is None or len(values) != 1:
+            raise RewardError(f"{where} returned {out!r}: need a list with one float per completion")
+        value = values[0]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise RewardError(f"{where} returned {value!r} for the completion: need a finite number")
+        return float(value)
+
+    def train_stream(self, seed: int, rows: list[DataRow] | None = None) -> Iterator[DataRow]:
+        """Endless passes over the training rows, each shuffled from (seed, pass)."""
+        rows = self.train if rows is None else rows
+        for epoch in itertools.count():
+            order = list(rows)
+            random.Random(f"{seed}/{epoch}").shuffle(order)
+            yield from order
+
+    def demonstrate(self, row: DataRow, rng: random.Random) -> list[Message]:
+        return [*self.opening(row), {"role": "assistant", "content": str(row.columns[self.conf.answer])}]
+
+    def spec(self) -> TaskSpec:
+        conf = self.conf
+        warm = self.train[: conf.warm_start_rows] if conf.warm_start_rows else self.train
+        return TaskSpec(
+            name=self.name,
+            make_env=lambda row: DataEnv(self, row),
+            train_tasks=self.train_stream,
+            eval_tasks=lambda: list(self.eval),
+            demonstration=self.demonstrate if conf.answer else None,
+            parse_reply=message_text,
+            sft_tasks=lambda seed: self.train_stream(seed, warm),
+            fingerprint=self.fingerprint,
+        )
+
+
+def data_task(name: str, conf: TaskConf) -> TaskSpec:
+    """The `TaskSpec` of dataset task `name` (its rows loaded and checked, its reward imported)."""
+    return DataTask(name, conf).spec()
+
+
+def register_data_tasks(tasks: Mapping[str, TaskConf]) -> list[str]:
+    """Build and register every dataset task of `tasks` (by name) in this process; returns their names."""
+    from swarmrl.agents.tasks import register
+
+    names = []
+    for name, conf in tasks.items():
+        if conf.data:
+            register(data_task(name, conf))
+            names.append(name)
+    return names
+
+
+def write_tasks_file(path: Path, tasks: Mapping[str, TaskConf]) -> Path | None:
+    """Write the dataset tasks of `tasks` to `path` (JSON) for the clients; None when there are none."""
+    data = {name: conf.model_dump(mode="json") for name, conf in tasks.items() if conf.data}
+    if not data:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def read_tasks_file(path: str | Path) -> list[str]:
+    """Register the dataset tasks `write_tasks_file` wrote; returns their names."""
+    data = json.loads(Path(path).read_text())
+    return register_data_tasks({name: TaskConf.model_validate(conf) for name, conf in data.items()})
