@@ -74,7 +74,7 @@ class TaskConf(Strict):
         if self.data and self.command is not None:
             raise ValueError("a dataset task (data = ...) is played by the built-in runner: drop `command`")
         if self.data and not self.reward:
-            raise ValueError("a dataset task needs reward = \"file.py:function\" (or \"module:function\")")
+            raise ValueError('a dataset task needs reward = "file.py:function" (or "module:function")')
         if not self.data and (self.eval_data or self.reward):
             raise ValueError("eval_data / reward are for a dataset task: give data = [...] too")
         return self

@@ -25,8 +25,9 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -54,6 +55,8 @@ from swarmrl.schemas import (
     encode,
 )
 from swarmrl.schemas import subjects as S
+
+T = TypeVar("T")
 
 log = logging.getLogger("swarmrl.sdk")
 
@@ -209,6 +212,47 @@ class SwarmClient:
             heartbeat_s=heartbeat_s,
             token_ttl_s=token_ttl_s,
         )
+
+    async def group(
+        self,
+        task_id: str,
+        play: Callable[[Episode], Awaitable[T]],
+        *,
+        size: int | None = None,
+        group_key: str = "",
+        **episode: Any,
+    ) -> list[T | BaseException]:
+        """Play one GRPO group: `size` episodes of `task_id` at once, each opened around `play(ep)`.
+
+        A trainer learns from a group only: the spread of rewards over several tries at the same task
+        instance. This is the one call that plays one.
+
+        Args:
+            task_id: The task instance every episode of the group plays.
+            play: `async (ep) -> result`: one try (call the model with `ep.openai()` or `ep.base_url`
+                + `ep.token()`, publish `await ep.reward(r)`). An exception aborts that episode only.
+            size: Episodes in the group, declared on each `begin` (`group_size`); default: the
+                trainer's declared default (`num_repeat`).
+            group_key: Default: unique to this call, so this group never mixes with another.
+            **episode: Passed to `episode()` (`models`, `task`, `agent_models`, ...).
+
+        Returns:
+            Per episode, what `play` returned, or the exception that aborted it.
+        """
+        if size is None:
+            from swarmrl.core.config import default_of
+            from swarmrl.services.trainer.config import TrainerConfig
+
+            size = int(default_of(TrainerConfig, "num_repeat"))
+        if size < 1:
+            raise ValueError(f"a group needs at least one episode, got size={size}")
+        key = group_key or f"{task_id}@{self.client_id}-{os.urandom(4).hex()}"
+
+        async def one() -> T:
+            async with self.episode(task_id, group_key=key, group_size=size, **episode) as ep:
+                return await play(ep)
+
+        return list(await asyncio.gather(*(one() for _ in range(size)), return_exceptions=True))
 
     async def publish(self, event: EventBase) -> None:
         """Publish one event idempotently (Nats-Msg-Id), retrying transient errors. An event over the

@@ -70,7 +70,9 @@ def _load_files(name: str, paths: list[str]) -> dict[str, list[dict[str, Any]]]:
         try:
             loaded = datasets.load_from_disk(paths[0])
         except FileNotFoundError as exc:
-            raise DatasetError(f"task {name}: {paths[0]} is not a dataset saved with save_to_disk ({exc})") from None
+            raise DatasetError(
+                f"task {name}: {paths[0]} is not a dataset saved with save_to_disk ({exc})"
+            ) from None
         if isinstance(loaded, datasets.DatasetDict):
             return {split: ds.to_list() for split, ds in loaded.items()}
         return {"train": loaded.to_list()}
@@ -139,7 +141,9 @@ def load_reward(spec: str) -> Callable[..., Any]:
     except DatasetError:
         raise
     except Exception as exc:
-        raise DatasetError(f"reward {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
+        raise DatasetError(
+            f"reward {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
+        ) from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise DatasetError(f"reward {spec!r}: {target} has no function {fn_name!r}")
@@ -181,7 +185,9 @@ class DataTask:
         held: list[dict[str, Any]] | None = None
         if conf.eval_data:
             eval_splits = _load_files(name, conf.eval_data)
-            held = eval_splits.get("test") or eval_splits.get("validation") or next(iter(eval_splits.values()))
+            held = (
+                eval_splits.get("test") or eval_splits.get("validation") or next(iter(eval_splits.values()))
+            )
         elif split := next((s for s in EVAL_SPLITS if s in splits), None):
             held = splits[split]
         if held is None:  # carve the held-out share, the same rows everywhere
@@ -189,7 +195,9 @@ class DataTask:
             random.Random(conf.split_seed).shuffle(order)
             n_eval = max(1, round(conf.heldout * len(train)))
             if n_eval >= len(train):
-                raise DatasetError(f"task {name}: {len(train)} rows leave none to train on after heldout={conf.heldout}")
+                raise DatasetError(
+                    f"task {name}: {len(train)} rows leave none to train on after heldout={conf.heldout}"
+                )
             held_idx, train_idx = set(order[:n_eval]), order[n_eval:]
             self.train = [DataRow(f"{name}-{i}", train[i]) for i in sorted(train_idx)]
             self.eval = [DataRow(f"{name}-{i}", train[i]) for i in sorted(held_idx)]

@@ -38,6 +38,10 @@ class TrainerConfig(ServiceConfig):
     group_timeout_s: float = Field(default=300.0, gt=0)
     """A group not ready this long after its first sample is flushed: trained if it has at least
     `min_group_size` complete episodes, otherwise its samples are dropped (acked and counted)."""
+    stall_warn_s: float = Field(default=20.0, gt=0)
+    """Warn (log line naming the client, and the `stalled_groups` counter) about a group that has had
+    no new episode for this long while short of its size: a client playing fewer episodes per group
+    than the group size trains nothing, and hears so in seconds instead of at the group timeout."""
     min_group_size: int = Field(default=2, ge=2)
     """Fewest complete episodes a timed-out group needs to be trained (one episode has no baseline)."""
     skip_zero_adv_groups: bool = True

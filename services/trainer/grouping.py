@@ -58,6 +58,17 @@ class Credit:
 
 
 @dataclass
+class Stall:
+    """A group waiting for episodes that have not come (see `GroupBuffer.stalled`)."""
+
+    key: str
+    episodes: int
+    size: int
+    lost: int
+    clients: list[str]
+
+
+@dataclass
 class Episode:
     episode_id: str
     first_seen: float
@@ -106,6 +117,7 @@ class GroupBuffer:
         self.credits: dict[str, Credit] = {}  # episode_id -> its credit, while unused
         self.gone: OrderedDict[str, None] = OrderedDict()  # episodes lost or discarded, newest last
         self.max_gone = 100_000
+        self.warned: set[str] = set()  # group keys already reported by `stalled`
         self.spent: list[Any] = []
         """Handles of lost records no group will use (see the module docstring): the caller acks them."""
 
@@ -218,6 +230,20 @@ class GroupBuffer:
             dropped.extend(timed_out)
         self._expire_credits(now)
         return ready, dropped
+
+    def stalled(self, now: float, after_s: float) -> list[Stall]:
+        """Groups that have had no new episode for `after_s` while short of their size, each once: a
+        client that plays fewer episodes per group than the group size trains nothing, and should
+        hear so in seconds, not at the group timeout."""
+        out = []
+        self.warned &= set(self.pending)
+        for key, episodes in self.pending.items():
+            if key in self.warned or now - max(ep.first_seen for ep in episodes.values()) < after_s:
+                continue
+            self.warned.add(key)
+            clients = sorted({h.sample.client_id for ep in episodes.values() for h in ep.items()})
+            out.append(Stall(key, len(episodes), self.sizes[key], len(self.lost.get(key, [])), clients))
+        return out
 
     def _use_credits(self, key: str, n: int) -> list[Any]:
         """Count `n` lost episodes of `key` out; returns their records' handles."""

@@ -42,7 +42,7 @@ from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.diversity import Diversity
-from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held
+from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held, Stall
 from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
 from swarmrl.services.trainer.intake import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
@@ -128,6 +128,8 @@ class Trainer:
             now = time.monotonic()
             for msg in msgs:
                 await intake.handle(msg, self.version, now)
+            for stall in self.buffer.stalled(now, cfg.stall_warn_s):
+                self._warn_stall(stall)
             ready, dropped = self.buffer.pop_ready(now)
             self._drop(dropped, "dropped_group")
             self.spent += self.buffer.spent
@@ -153,6 +155,17 @@ class Trainer:
                 await keep_alive(self._handles())
         if step_task is not None:
             await step_task
+
+    def _warn_stall(self, stall: Stall) -> None:
+        self.counts["stalled_groups"] += 1
+        cfg = self.cfg
+        log.warning(
+            "model=%s group %r of client(s) %s has %d of its %d episodes (%d lost) and none new for %.0fs: it "
+            "trains when %d episodes of it arrive, or at the group timeout (%.0fs) with at least %d. Play a "
+            "whole group per task instance (SwarmClient.group, or group_size on begin and that many episodes)",
+            cfg.model, stall.key, ",".join(stall.clients), stall.episodes, stall.size, stall.lost, cfg.stall_warn_s,
+            stall.size, cfg.group_timeout_s, cfg.min_group_size,
+        )  # fmt: skip
 
     def _observe(self, group: Group) -> None:
         """Count a formed group's task instance (`Diversity`), whatever its scores."""

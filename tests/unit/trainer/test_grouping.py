@@ -213,3 +213,19 @@ def test_one_models_trainer_completes_groups_from_two_model_episodes() -> None:
         (h.sample.episode_id, h.sample.agent): a for h, a in zip(group.items, score.advantages, strict=True)
     }
     assert score.status == "ok" and len(set(adv.values())) == 4  # every (episode, agent) its own advantage
+
+
+def test_a_group_short_of_its_size_is_reported_once_after_its_last_episode_went_quiet() -> None:
+    """A client that plays one episode per task instance (the old README snippet) fills no group: the
+    trainer says so once, `after_s` after the group's newest episode, naming the client."""
+    buf = _buffer(num_repeat=4)  # timeout 10 s
+    buf.add(make_sample("e0", 1.0).model_copy(update={"client_id": "c"}), "h0", now=0.0)
+    buf.note_lost("g", "gone", "L", now=0.0)
+    assert buf.stalled(now=2.9, after_s=3.0) == []
+    buf.add(
+        make_sample("e1", 0.0).model_copy(update={"client_id": "c"}), "h1", now=2.0
+    )  # a new episode restarts the wait
+    assert buf.stalled(now=4.9, after_s=3.0) == []
+    (stall,) = buf.stalled(now=5.0, after_s=3.0)
+    assert (stall.key, stall.episodes, stall.size, stall.lost, stall.clients) == ("g", 2, 4, 1, ["c"])
+    assert buf.stalled(now=9.0, after_s=3.0) == []  # once per group
