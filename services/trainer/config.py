@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from swarmrl.core.config import ServiceConfig
@@ -22,8 +24,17 @@ class TrainerConfig(ServiceConfig):
 
     # Optimiser ---------------------------------------------------------------------------------
     lr: float = Field(default=1e-4, gt=0)
-    """AdamW learning rate (constant; no schedule, training runs for as long as samples arrive). The
-    default suits the tiny bootstrap models; models of a billion parameters want about 1e-6."""
+    """AdamW learning rate (peak of `lr_scheduler`). The default suits the tiny bootstrap models;
+    models of a billion parameters want about 1e-6."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over trainer steps (transformers' `get_scheduler`), after `warmup_steps`
+    of linear warmup from 0; `linear` and `cosine` decay to 0 at `max_steps`."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Trainer steps of linear learning-rate warmup (0: none)."""
+    mixed_precision: Literal["no", "bf16"] | None = None
+    """`bf16`: forward and backward under bf16 autocast (CPU and GPU, through Accelerate); the
+    weights and the optimizer state stay fp32. None: what `accelerate launch`'s config says (fp32
+    when the trainer runs alone)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -97,4 +108,6 @@ class TrainerConfig(ServiceConfig):
     def _check(self) -> TrainerConfig:
         if self.min_group_size > self.num_repeat:
             raise ValueError(f"min_group_size {self.min_group_size} > num_repeat {self.num_repeat}")
+        if self.lr_scheduler != "constant" and self.max_steps <= 0:
+            raise ValueError(f"lr_scheduler {self.lr_scheduler!r} decays to 0 at max_steps: give max_steps > 0")
         return self

@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, get_scheduler
 
 from swarmrl.services.trainer.batching import MicroBatch, Scored, empty_micro_batch, pack, pack_shared, shard
 from swarmrl.services.trainer.checkpoint import TrainerState, copy_tokenizer_files
@@ -74,7 +74,7 @@ class Learner:
         self, cfg: TrainerConfig, weights: str | Path, accelerator: Accelerator | None = None
     ) -> None:
         self.cfg = cfg
-        self.accelerator = accelerator or Accelerator()
+        self.accelerator = accelerator or Accelerator(mixed_precision=cfg.mixed_precision)
         set_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
         if cfg.gradient_checkpointing:
@@ -86,6 +86,12 @@ class Learner:
         self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        # Stepped once per trainer step, on every process alike (not prepared: Accelerate would step
+        # it once per process); its state is checkpointed beside the optimizer's.
+        schedule = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
+        self.scheduler = get_scheduler(
+            schedule, self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps
+        )
         self.ref: torch.nn.Module | None = None
         if cfg.kl_coef > 0:  # the reference is the base model, never a resumed checkpoint
             ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32).eval()
@@ -145,6 +151,8 @@ class Learner:
                 continue
             grad_norms.append(norm)
             sums = {name: sums[name] + part[name] for name in _SUMS}
+        if grad_norms:  # the schedule counts trainer steps that changed the weights
+            self.scheduler.step()
         if acc.num_processes > 1:  # each process knows only its own shard's samples
             skipped = {sid: why for d in gather_object([skipped]) for sid, why in d.items()}
         total = dict(zip(_SUMS, self._all_sum([sums[k] for k in _SUMS]), strict=True))
@@ -287,6 +295,7 @@ class Learner:
         state_dict = acc.get_state_dict(self.model)  # collective under FSDP: gathers a full state dict
         acc.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict, is_main_process=self.is_main)
         torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{acc.process_index}.pt")
+        torch.save(self.scheduler.state_dict(), tmp / f"scheduler-rank{acc.process_index}.pt")
         acc.wait_for_everyone()
         if self.is_main:
             copy_tokenizer_files(self.cfg.model_path, tmp)
@@ -303,6 +312,9 @@ class Learner:
             )
         # Our own file; under FSDP2 the state holds DTensors, which the weights-only unpickler rejects.
         self.optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        sched = checkpoint / f"scheduler-rank{self.accelerator.process_index}.pt"
+        if sched.is_file():  # checkpoints from before schedules start the schedule over
+            self.scheduler.load_state_dict(torch.load(sched, map_location="cpu", weights_only=False))
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

@@ -93,3 +93,69 @@ def test_kl_to_reference_starts_at_zero_and_grows(cfg: TrainerConfig) -> None:
     first = learner.train_step(_items(2), version=0).stats
     second = learner.train_step(_items(2), version=0).stats
     assert first["kl"] == pytest.approx(0.0, abs=1e-6) and second["kl"] > 1e-6
+
+
+def test_the_lr_schedule_warms_up_decays_and_resumes(cfg: TrainerConfig, tmp_path: Path) -> None:
+    cfg = cfg.model_copy(update={"lr_scheduler": "linear", "warmup_steps": 2, "max_steps": 6})
+    learner = Learner(cfg, cfg.model_path)
+    lrs = []
+    for _ in range(4):
+        lrs.append(learner.optimizer.param_groups[0]["lr"])
+        learner.train_step(_items(2), version=0)
+    assert lrs == pytest.approx(
+        [0.0, 5e-4, 1e-3, 0.75e-3]
+    )  # warmup to lr over 2 steps, then linear to 0 at 6
+    path = tmp_path / "checkpoints" / "tiny" / "step-4"
+    learner.save(path, TrainerState("tiny", 4, 4, []))
+    resumed = Learner(cfg, path)
+    resumed.load_optimizer(path)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # where the schedule was
+    with pytest.raises(ValueError, match="decays to 0 at max_steps"):
+        TrainerConfig.model_validate(cfg.model_dump() | {"max_steps": 0})
+
+
+BF16 = """
+import sys, torch
+from swarmrl.services.trainer.batching import Scored, pack
+from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.learner import Learner
+from tests.unit.trainer.samples import make_sample
+
+items = [Scored(make_sample(f"e{i}", 1.0, prompt=6, gen=8, vocab=500), 1.0) for i in range(4)]
+(mb,) = pack(items, 64)
+out = []
+for precision in sys.argv[2:]:  # one per process: Accelerate's state is process-wide
+    cfg = TrainerConfig(model_path=sys.argv[1], run_dir="unused", lr=1e-3, max_tokens_per_micro_batch=64,
+                        mixed_precision=precision)
+    learner = Learner(cfg, sys.argv[1])
+    before = learner._logprobs(learner.model, mb)
+    for _ in range(3):
+        learner.train_step(items, version=0)
+    after = learner._logprobs(learner.model, mb).mean().item()
+    dtypes = {str(p.dtype) for p in learner.model.parameters()}
+    out.append([learner.accelerator.mixed_precision, before.tolist(), after, sorted(dtypes)])
+print(out)
+"""
+
+
+def test_bf16_autocast_trains_with_fp32_weights(tiny_model_dir: Path) -> None:
+    """Each precision in its own process (Accelerate's mixed precision is process-wide): bf16 computes
+    other logprobs than fp32 (the autocast is on), still learns, and the weights stay fp32."""
+    import ast
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    runs = {}
+    for precision in ("no", "bf16"):
+        proc = subprocess.run(
+            [sys.executable, "-c", BF16, str(tiny_model_dir), precision], cwd=root, capture_output=True,
+            text=True, timeout=240,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        [(mode, before, after, dtypes)] = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+        assert mode == precision and dtypes == ["torch.float32"]
+        assert after > sum(before) / len(before) + 0.1  # learned
+        runs[precision] = before
+    assert runs["bf16"] != runs["no"]  # bf16 rounding: the forward ran under autocast
+    assert runs["bf16"] == pytest.approx(runs["no"], abs=0.1)
