@@ -264,11 +264,36 @@ def check_bases(swarm: Swarm) -> None:
                 raise SwarmConfigError(
                     f"[models.{name}]: warm_start and warm_start_steps apply to presets only, base is {path}"
                 )
+        elif _HUB_ID.match(m.base) and not path.exists():
+            hub_model(m.base, f"[models.{name}].base")  # fetched (or found in the hub cache) now, or refused
         else:
             raise SwarmConfigError(
                 f"[models.{name}].base: {m.base!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
                 "nor an HF model directory (a folder with config.json)"
             )
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_model(repo_id: str, where: str) -> Path:
+    """The local directory of hub model `repo_id`: from the Hugging Face cache, else downloaded
+    (`huggingface_hub`), else a `SwarmConfigError` saying how to bring it in offline."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not in the cache: try the hub, unless this machine is offline
+        pass
+    try:
+        return Path(snapshot_download(repo_id))
+    except Exception as exc:
+        raise SwarmConfigError(
+            f"{where}: {repo_id!r} looks like a Hugging Face hub id, and it is neither in the local hub cache "
+            f"nor downloadable here ({type(exc).__name__}). On a machine that reaches the hub: "
+            f"`huggingface-cli download {repo_id} --local-dir DIR`, copy DIR here and set base = \"DIR\" "
+            "(or copy the hub cache and point HF_HUB_CACHE at it)."
+        ) from None
 
 
 def resolve_base(m: ModelConf, build: bool = True) -> Path:
@@ -278,7 +303,10 @@ def resolve_base(m: ModelConf, build: bool = True) -> Path:
 
     if m.base in PRESETS:
         return (ensure_model if build else model_dir)(m.base, m.warm_start, m.warm_start_steps)
-    return Path(m.base).expanduser().resolve()
+    path = Path(m.base).expanduser()
+    if _HUB_ID.match(m.base) and not path.exists():
+        return hub_model(m.base, "base")
+    return path.resolve()
 
 
 def _errors(exc: ValidationError) -> str:

@@ -117,3 +117,49 @@ def test_the_short_form_is_one_model_policy_with_weighted_tasks() -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.toml")))
 def test_every_shipped_example_is_valid(name: str) -> None:
     assert parse_args(["--config", str(EXAMPLES / name)]).swarm.tasks
+
+
+HUB = """
+import sys
+from swarmrl.core.config import SwarmConfigError
+from swarmrl.swarm import build
+try:
+    swarm = build({"models": {"policy": {"base": sys.argv[1]}}, "tasks": {"calculator": {}}}, "test")
+    from swarmrl.swarm import check_bases, resolve_base
+    check_bases(swarm)
+    print("DIR", resolve_base(swarm.models["policy"]))
+except SwarmConfigError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_a_hub_id_is_found_in_the_hub_cache_or_refused_offline_saying_how(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A base like `Qwen/Qwen2.5-0.5B-Instruct`: the model from the Hugging Face cache when it is
+    there (no network needed), else, offline, an error naming the id and how to bring the weights in."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--tiny-chat" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_model_dir, snapshot)
+    (cache / "models--acme--tiny-chat" / "refs").mkdir()
+    (cache / "models--acme--tiny-chat" / "refs" / "main").write_text("0123abcd")
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+    def run(base: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", HUB, base], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    assert run("acme/tiny-chat") == f"DIR {snapshot}"
+    missing = run("acme/absent-model")
+    assert missing.startswith(
+        "ERROR [models.policy].base: 'acme/absent-model' looks like a Hugging Face hub id"
+    )
+    assert "huggingface-cli download acme/absent-model --local-dir DIR" in missing
