@@ -179,7 +179,12 @@ class NatsServer:
         ]
         offset = log.stat().st_size if log.exists() else 0
         with open(self.store_dir / "nats-server.stderr", "ab") as err:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            # Its own session: a terminal's Ctrl-C reaches only the parent (`swarmrl up`), which stops
+            # the services first and the server last; in the parent's group it died at once, and the
+            # clients could not drain nor the ledger ack its last rows.
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
