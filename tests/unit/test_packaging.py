@@ -27,3 +27,36 @@ def test_import_names_are_namespaced() -> None:
 
     assert swarmrl.schemas.__name__ == "swarmrl.schemas"
     assert swarmrl.agents.__name__ == "swarmrl.agents"
+
+
+# import name -> distribution, where they differ
+DISTRIBUTIONS = {"nats": "nats-py", "nkeys": "nats-py", "sglang": "sglang", "yaml": "pyyaml"}
+
+
+def test_every_imported_package_is_declared() -> None:
+    """Each third-party package the shipped folders import is a dependency (or an extra's) in
+    pyproject.toml, not something that happens to be installed by another package."""
+    import ast
+    import re
+    import sys
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = conf["dependencies"] + [d for extra in conf["optional-dependencies"].values() for d in extra]
+    declared = {re.split(r"[<>=\[ ;]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
+    imported: dict[str, str] = {}
+    for folder in ("swarmrl", "services", "schemas", "agents", "infra"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != "swarmrl":
+                        imported.setdefault(top, str(path.relative_to(ROOT)))
+    missing = {
+        top: where
+        for top, where in imported.items()
+        if DISTRIBUTIONS.get(top, top).lower().replace("_", "-") not in declared
+    }
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
