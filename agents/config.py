@@ -63,6 +63,12 @@ class TaskConf(Strict):
     """Training rows (the first, in file order) the warm start may use; 0: all of them."""
     success_at: float = 1.0
     """An episode counts as a success (held-out success) when its reward is at least this."""
+    env: str = ""
+    """An environment of your own, `file.py:Class` or `package.module:Class`
+    (`swarmrl.agents.tasks.environment`): multi-turn, with tools; its instances are the rows of
+    `data`, or come from the class."""
+    max_turns: int = Field(default=10, ge=1)
+    """Model calls per episode of an `env` task before it is cut (tool calls count)."""
 
     @field_validator("data", "eval_data", mode="before")
     @classmethod
@@ -71,29 +77,30 @@ class TaskConf(Strict):
 
     @model_validator(mode="after")
     def _dataset(self) -> TaskConf:
-        if self.data and self.command is not None:
-            raise ValueError("a dataset task (data = ...) is played by the built-in runner: drop `command`")
-        if self.data and not self.reward:
+        if self.own and self.command is not None:
+            raise ValueError("a dataset or env task is played by the built-in runner: drop `command`")
+        if self.env and self.reward:
+            raise ValueError("an env task's reward is its environment's: drop `reward`")
+        if self.data and not self.env and not self.reward:
             raise ValueError('a dataset task needs reward = "file.py:function" (or "module:function")')
         if not self.data and (self.eval_data or self.reward):
             raise ValueError("eval_data / reward are for a dataset task: give data = [...] too")
         return self
 
+    @property
+    def own(self) -> bool:
+        """A task of the user's own that the built-in runner plays (`data` or `env`)."""
+        return bool(self.data or self.env)
+
     def resolve_paths(self, base: Path) -> TaskConf:
-        """Data files and a `file.py:function` reward made absolute against `base` (the swarm file's
-        folder), so a client started anywhere finds them."""
-        file, sep, fn = self.reward.rpartition(":")
-        if sep and (file.endswith(".py") or "/" in file):
-            reward = f"{(base / file).resolve()}:{fn}"
-        elif sep and (base / (file.replace(".", "/") + ".py")).exists():  # a module beside the swarm file
-            reward = f"{(base / (file.replace('.', '/') + '.py')).resolve()}:{fn}"
-        else:
-            reward = self.reward
+        """Data files and a `file.py:name` reward or env made absolute against `base` (the swarm
+        file's folder), so a client started anywhere finds them."""
         return self.model_copy(
             update={
                 "data": [str((base / p).resolve()) for p in self.data],
                 "eval_data": [str((base / p).resolve()) for p in self.eval_data],
-                "reward": reward,
+                "reward": _resolve_object(self.reward, base),
+                "env": _resolve_object(self.env, base),
             }
         )
 
@@ -103,6 +110,16 @@ class TaskConf(Strict):
         if not v > 0:
             raise ValueError(f"weight must be > 0, got {v}")
         return v
+
+
+def _resolve_object(spec: str, base: Path) -> str:
+    """`file.py:name` (or a module beside the swarm file) made an absolute path; others as they are."""
+    file, sep, name = spec.rpartition(":")
+    if sep and (file.endswith(".py") or "/" in file):
+        return f"{(base / file).resolve()}:{name}"
+    if sep and (base / (file.replace(".", "/") + ".py")).exists():
+        return f"{(base / (file.replace('.', '/') + '.py')).resolve()}:{name}"
+    return spec
 
 
 class RunConf(Strict):

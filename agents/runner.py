@@ -73,8 +73,9 @@ async def play(
     env = spec.make_env(instance)
     messages = env.reset()
     turns = 0
+    tools = getattr(env, "tool_specs", None) or spec.tools  # an env task's tools are its own
     while True:
-        kwargs: dict[str, Any] = {"tools": spec.tools} if spec.tools else {}
+        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         resp = await llm.chat.completions.create(
             model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, **kwargs
         )

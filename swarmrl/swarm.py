@@ -127,13 +127,13 @@ class Swarm(Strict):
             if not _NAME_RE.match(name):
                 raise ValueError(f"name {name!r} must be 1-64 of [A-Za-z0-9_-] (it becomes a NATS subject)")
         for name, task in self.tasks.items():
-            spec = None if task.data else TASKS.get(name)
-            if task.data and name in BUILTIN:
-                raise ValueError(f"[tasks.{name}]: {name} is a built-in task; name your dataset task otherwise")
-            if spec is None and task.command is None and not task.data:
+            spec = None if task.own else TASKS.get(name)
+            if task.own and name in BUILTIN:
+                raise ValueError(f"[tasks.{name}]: {name} is a built-in task; name your own task otherwise")
+            if spec is None and task.command is None and not task.own:
                 raise ValueError(
                     f"[tasks.{name}]: unknown built-in task; known: {sorted(TASKS)} "
-                    "(a task of your own needs `data` and `reward`, or a `command`)"
+                    "(a task of your own needs `data` and `reward`, an `env`, or a `command`)"
                 )
             if not task.roles:
                 if spec is not None and spec.roles:
@@ -291,7 +291,7 @@ def hub_model(repo_id: str, where: str) -> Path:
         raise SwarmConfigError(
             f"{where}: {repo_id!r} looks like a Hugging Face hub id, and it is neither in the local hub cache "
             f"nor downloadable here ({type(exc).__name__}). On a machine that reaches the hub: "
-            f"`huggingface-cli download {repo_id} --local-dir DIR`, copy DIR here and set base = \"DIR\" "
+            f'`huggingface-cli download {repo_id} --local-dir DIR`, copy DIR here and set base = "DIR" '
             "(or copy the hub cache and point HF_HUB_CACHE at it)."
         ) from None
 
@@ -328,7 +328,7 @@ def build(data: dict[str, Any], source: str) -> Swarm:
     except ValidationError as exc:
         raise SwarmConfigError(f"invalid swarm description {source}:\n{_errors(exc)}") from None
     base = Path(source).parent if Path(source).is_file() else Path.cwd()
-    swarm.tasks = {name: t.resolve_paths(base) if t.data else t for name, t in swarm.tasks.items()}
+    swarm.tasks = {name: t.resolve_paths(base) if t.own else t for name, t in swarm.tasks.items()}
     try:
         register_data_tasks(swarm.tasks)
     except DatasetError as exc:

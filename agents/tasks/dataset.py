@@ -117,20 +117,20 @@ def _opening_ok(value: Any, messages: bool) -> bool:
     )
 
 
-def load_reward(spec: str) -> Callable[..., Any]:
-    """`path/to/file.py:function` or `package.module:function` -> the function.
+def load_object(spec: str, what: str = "reward") -> Callable[..., Any]:
+    """`path/to/file.py:name` or `package.module:name` -> that function (or class).
 
     Raises:
         DatasetError: the file, module or function does not exist, or is not callable.
     """
     target, sep, fn_name = spec.rpartition(":")
     if not sep or not target or not fn_name:
-        raise DatasetError(f"reward {spec!r}: expected 'file.py:function' or 'module:function'")
+        raise DatasetError(f"{what} {spec!r}: expected 'file.py:name' or 'module:name'")
     try:
         if target.endswith(".py"):
             path = Path(target)
             if not path.exists():
-                raise DatasetError(f"reward {spec!r}: no such file {path}")
+                raise DatasetError(f"{what} {spec!r}: no such file {path}")
             module_name = f"swarmrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
             loader_spec = importlib.util.spec_from_file_location(module_name, path)
             assert loader_spec is not None and loader_spec.loader is not None
@@ -146,8 +146,45 @@ def load_reward(spec: str) -> Callable[..., Any]:
         ) from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise DatasetError(f"reward {spec!r}: {target} has no function {fn_name!r}")
+        raise DatasetError(f"{what} {spec!r}: {target} has no {fn_name!r}")
     return fn
+
+
+def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
+    """The training and held-out rows of `conf.data` (see the module docstring for the splits)."""
+    splits = _load_files(name, conf.data)
+    train = splits.get("train") or next(iter(splits.values()))
+    held: list[dict[str, Any]] | None = None
+    if conf.eval_data:
+        eval_splits = _load_files(name, conf.eval_data)
+        held = eval_splits.get("test") or eval_splits.get("validation") or next(iter(eval_splits.values()))
+    elif split := next((s for s in EVAL_SPLITS if s in splits), None):
+        held = splits[split]
+    if held is not None:
+        return (
+            [DataRow(f"{name}-{i}", row) for i, row in enumerate(train)],
+            [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)],
+        )
+    order = list(range(len(train)))  # carve the held-out share, the same rows everywhere
+    random.Random(conf.split_seed).shuffle(order)
+    n_eval = max(1, round(conf.heldout * len(train)))
+    if n_eval >= len(train):
+        raise DatasetError(
+            f"task {name}: {len(train)} rows leave none to train on after heldout={conf.heldout}"
+        )
+    held_idx, train_idx = set(order[:n_eval]), order[n_eval:]
+    return (
+        [DataRow(f"{name}-{i}", train[i]) for i in sorted(train_idx)],
+        [DataRow(f"{name}-{i}", train[i]) for i in sorted(held_idx)],
+    )
+
+
+def train_stream(rows: list[DataRow], seed: int) -> Iterator[DataRow]:
+    """Endless passes over `rows`, each shuffled from (seed, pass)."""
+    for epoch in itertools.count():
+        order = list(rows)
+        random.Random(f"{seed}/{epoch}").shuffle(order)
+        yield from order
 
 
 class DataEnv:
@@ -180,33 +217,10 @@ class DataTask:
 
     def __init__(self, name: str, conf: TaskConf) -> None:
         self.name, self.conf = name, conf
-        splits = _load_files(name, conf.data)
-        train = splits.get("train") or next(iter(splits.values()))
-        held: list[dict[str, Any]] | None = None
-        if conf.eval_data:
-            eval_splits = _load_files(name, conf.eval_data)
-            held = (
-                eval_splits.get("test") or eval_splits.get("validation") or next(iter(eval_splits.values()))
-            )
-        elif split := next((s for s in EVAL_SPLITS if s in splits), None):
-            held = splits[split]
-        if held is None:  # carve the held-out share, the same rows everywhere
-            order = list(range(len(train)))
-            random.Random(conf.split_seed).shuffle(order)
-            n_eval = max(1, round(conf.heldout * len(train)))
-            if n_eval >= len(train):
-                raise DatasetError(
-                    f"task {name}: {len(train)} rows leave none to train on after heldout={conf.heldout}"
-                )
-            held_idx, train_idx = set(order[:n_eval]), order[n_eval:]
-            self.train = [DataRow(f"{name}-{i}", train[i]) for i in sorted(train_idx)]
-            self.eval = [DataRow(f"{name}-{i}", train[i]) for i in sorted(held_idx)]
-        else:
-            self.train = [DataRow(f"{name}-{i}", row) for i, row in enumerate(train)]
-            self.eval = [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)]
+        self.train, self.eval = load_rows(name, conf)
         _check_rows(name, conf, [r.columns for r in self.train], "the training rows")
         _check_rows(name, conf, [r.columns for r in self.eval], "the held-out rows")
-        self.reward_fn = load_reward(conf.reward)
+        self.reward_fn = load_object(conf.reward)
         self.fingerprint = self._fingerprint()
 
     def _fingerprint(self) -> str:
@@ -245,12 +259,7 @@ class DataTask:
         return float(value)
 
     def train_stream(self, seed: int, rows: list[DataRow] | None = None) -> Iterator[DataRow]:
-        """Endless passes over the training rows, each shuffled from (seed, pass)."""
-        rows = self.train if rows is None else rows
-        for epoch in itertools.count():
-            order = list(rows)
-            random.Random(f"{seed}/{epoch}").shuffle(order)
-            yield from order
+        return train_stream(self.train if rows is None else rows, seed)
 
     def demonstrate(self, row: DataRow, rng: random.Random) -> list[Message]:
         return [*self.opening(row), {"role": "assistant", "content": str(row.columns[self.conf.answer])}]
@@ -276,20 +285,22 @@ def data_task(name: str, conf: TaskConf) -> TaskSpec:
 
 
 def register_data_tasks(tasks: Mapping[str, TaskConf]) -> list[str]:
-    """Build and register every dataset task of `tasks` (by name) in this process; returns their names."""
+    """Build and register every dataset and env task of `tasks` (by name) in this process; returns
+    their names."""
     from swarmrl.agents.tasks import register
+    from swarmrl.agents.tasks.environment import env_task
 
     names = []
     for name, conf in tasks.items():
-        if conf.data:
-            register(data_task(name, conf))
+        if conf.own:
+            register(env_task(name, conf) if conf.env else data_task(name, conf))
             names.append(name)
     return names
 
 
 def write_tasks_file(path: Path, tasks: Mapping[str, TaskConf]) -> Path | None:
     """Write the dataset tasks of `tasks` to `path` (JSON) for the clients; None when there are none."""
-    data = {name: conf.model_dump(mode="json") for name, conf in tasks.items() if conf.data}
+    data = {name: conf.model_dump(mode="json") for name, conf in tasks.items() if conf.own}
     if not data:
         return None
     path.parent.mkdir(parents=True, exist_ok=True)

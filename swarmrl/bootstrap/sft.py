@@ -71,7 +71,7 @@ def source_demonstration(source: str) -> tuple[Demonstrate, list[dict[str, Any]]
         if spec.demonstration is None:
             raise ValueError(
                 f"task {task!r} has no demonstrations to warm-start from (a dataset task needs its answer column: "
-                f"answer = \"<column>\")"
+                f'answer = "<column>")'
             )
         return spec.demonstration, spec.tools
     role_demonstrations = spec.role_demonstrations

@@ -20,7 +20,7 @@ from swarmrl.agents.runner import play_episode
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.agents.tasks import TASKS, TaskSpec, register
 from swarmrl.agents.tasks.dataset import RewardError, data_task
-from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, RewardEvent, decode_event
+from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S
 
 REWARD = """
@@ -84,3 +84,33 @@ async def test_a_dataset_task_plays_evaluates_and_records_a_failing_reward(
         and "picky.py:picky" in abort.reason
         and "row with answer 3" in abort.reason
     )
+
+
+@pytest.fixture
+def count_env(tmp_path: Path) -> Iterator[TaskSpec]:
+    """The environment of `tests/unit/agents/test_environment.py`, registered as `count`."""
+    from swarmrl.agents.tasks.environment import env_task
+    from tests.unit.agents.test_environment import ENV
+
+    (tmp_path / "count.py").write_text(ENV)
+    spec = env_task("count", TaskConf(env="count.py:Count", max_turns=3).resolve_paths(tmp_path))
+    register(spec)
+    yield spec
+    TASKS.pop("count")
+
+
+@pytest.mark.timeout(120)
+async def test_an_env_task_plays_with_its_tools_on_the_stack(stack: Stack, count_env: TaskSpec) -> None:
+    """The environment's tool specs reach the model call (and the ledger's record of it); the
+    episode ends by the environment's word or the turn cap, with the environment's reward."""
+    swarm = await SwarmClient.connect(stack.nats.service_url, client_id="c", code_version="t")
+    try:
+        (row,) = count_env.eval_tasks()
+        out = await play_episode(swarm, count_env, row, "policy", max_tokens=8, group_key="g", group_size=1)
+        held = await evaluate(swarm, "count", "policy", samples=2, max_tokens=8)
+    finally:
+        await swarm.close()
+    assert out.reward in (0.0, 1.0) and 1 <= out.turns <= 3 and held.episodes == 2
+    calls = [e for e in await episode_events(stack) if isinstance(e, LlmEvent)]
+    assert calls and all(c.tools == count_env.make_env(row).tool_specs for c in calls)
+    assert calls[0].messages == [{"role": "user", "content": "How many letters are in apple?"}]

@@ -178,7 +178,7 @@ def test_bad_input_is_refused_with_what_to_fix(folder: Path) -> None:
     (folder / "rows.txt").write_text("x")
     with pytest.raises(DatasetError, match="must all be one of"):
         DataTask("t", conf(folder, data="rows.txt"))
-    with pytest.raises(DatasetError, match="has no function 'absent'"):
+    with pytest.raises(DatasetError, match="has no 'absent'"):
         DataTask("t", conf(folder, reward="rewards.py:absent"))
     with pytest.raises(DatasetError, match="no such file"):
         DataTask("t", conf(folder, reward="missing.py:f"))
