@@ -109,5 +109,7 @@ class TrainerConfig(ServiceConfig):
         if self.min_group_size > self.num_repeat:
             raise ValueError(f"min_group_size {self.min_group_size} > num_repeat {self.num_repeat}")
         if self.lr_scheduler != "constant" and self.max_steps <= 0:
-            raise ValueError(f"lr_scheduler {self.lr_scheduler!r} decays to 0 at max_steps: give max_steps > 0")
+            raise ValueError(
+                f"lr_scheduler {self.lr_scheduler!r} decays to 0 at max_steps: give max_steps > 0"
+            )
         return self

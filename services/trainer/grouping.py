@@ -21,8 +21,12 @@ Policy:
   at once if fewer than `min_group_size` are complete), instead of waiting for the timeout. Each
   such group uses up the credits it needed and carries their handles (`Group.lost`), so the lost
   records are acked with the group's samples: a trainer that restarts before that gets both again.
-  A credit whose key has no pending episode `timeout_s` after it came is spent unused
-  (`spent`); a lost record redelivered for an episode already counted is spent at once.
+  A record whose key has no pending episode is held only `hold_s` (its group's samples usually
+  follow within seconds): then it is acked (`spent`) and its credit kept in memory until
+  `timeout_s`. Held longer, the records of groups lost whole (every episode of a killed client)
+  counted as backlog for admission control, and the gateway held every new group for the group
+  timeout (the chaos run of 2026-11-26: no episode begun for 6 minutes). A lost record
+  redelivered for an episode already counted is spent at once.
 - an episode the trainer itself drops on arrival (a stale sample: `discard`) is lost the same way,
   and its other samples go with it: without this its group never completes, its held siblings count
   as backlog for admission control, and the swarm idles until the group timeout.
@@ -104,10 +108,16 @@ class Group:
 
 class GroupBuffer:
     def __init__(
-        self, num_repeat: int, timeout_s: float, min_group_size: int, counts: Counter[str] | None = None
+        self,
+        num_repeat: int,
+        timeout_s: float,
+        min_group_size: int,
+        counts: Counter[str] | None = None,
+        hold_s: float = 10.0,
     ) -> None:
         self.num_repeat = num_repeat
         self.timeout_s = timeout_s
+        self.hold_s = min(hold_s, timeout_s)
         self.min_group_size = min_group_size
         self.pending: dict[str, dict[str, Episode]] = {}  # group_key -> episode_id -> Episode
         self.held: dict[tuple[str, str, int], str] = {}  # (episode, agent, index) -> group_key
@@ -256,17 +266,18 @@ class GroupBuffer:
         return [c.handle for c in used if c.handle is not None]
 
     def _expire_credits(self, now: float) -> None:
-        """Spend the credits of keys without a pending episode once they are `timeout_s` old: their
-        group was emitted without them (by its timeout), or its samples never came."""
-        for key in [
-            k
-            for k, cs in self.lost.items()
-            if k not in self.pending and now - cs[-1].arrived >= self.timeout_s
-        ]:
-            credits = self.lost.pop(key)
+        """For keys without a pending episode: ack their records after `hold_s` (the credit stays),
+        and forget their credits after `timeout_s` (the group was emitted without them, by its
+        timeout, or its samples never came)."""
+        for key in [k for k in self.lost if k not in self.pending]:
+            credits = self.lost[key]
             for c in credits:
-                del self.credits[c.episode_id]
-            self.spent += [c.handle for c in credits if c.handle is not None]
+                if c.handle is not None and now - c.arrived >= self.hold_s:
+                    self.spent.append(c.handle)
+                    c.handle = None
+            if now - credits[-1].arrived >= self.timeout_s:
+                for c in self.lost.pop(key):
+                    del self.credits[c.episode_id]
 
     def _release(self, key: str, episodes: list[Episode]) -> list[Held]:
         out: list[Held] = []

@@ -147,6 +147,25 @@ def test_an_unused_lost_record_is_spent_after_the_timeout() -> None:
     assert buf.spent == ["L0"] and buf.lost_handles() == ["L1"]  # "busy" still waits for its group
 
 
+def test_a_record_without_pending_samples_is_acked_soon_and_its_credit_kept() -> None:
+    """Held until the group timeout, the records of groups lost whole (a killed client's) counted as
+    backlog, and admission held every new group for 5 minutes (chaos run, 2026-11-26). Now they are
+    acked after `hold_s`; the credit still counts the episode out if its group's samples come later."""
+    buf = GroupBuffer(num_repeat=4, timeout_s=300.0, min_group_size=2, hold_s=10.0)
+    buf.note_lost("g", "lost0", "L0", now=0.0)
+    buf.pop_ready(now=9.0)
+    assert buf.spent == [] and buf.lost_handles() == ["L0"]
+    buf.pop_ready(now=10.0)
+    assert buf.spent == ["L0"] and buf.lost_handles() == []  # acked: no longer backlog
+    for i in range(3):
+        buf.add(make_sample(f"e{i}", float(i % 2)), f"h{i}", now=60.0)
+    (group,), _ = buf.pop_ready(now=61.0)
+    assert group.episodes == 3 and group.partial and group.lost == []  # counted out all the same
+    buf.note_lost("k", "lost1", "L1", now=100.0)
+    buf.pop_ready(now=400.0)
+    assert "k" not in buf.lost and buf.credits == {}  # forgotten after the group timeout
+
+
 def test_an_episode_discarded_on_arrival_leaves_its_group_with_its_held_samples() -> None:
     """A sample the trainer drops on arrival (stale) takes its episode out of its group: the group
     completes with the others at once, not at the timeout, and the episode's other samples, held or
