@@ -90,7 +90,7 @@ def _load_files(name: str, paths: list[str]) -> dict[str, list[dict[str, Any]]]:
     return {"train": ds.to_list()}
 
 
-def _check_rows(name: str, conf: TaskConf, rows: list[dict[str, Any]], where: str) -> None:
+def _check_rows(name: str, conf: TaskConf, rows: list[Mapping[str, Any]], where: str) -> None:
     if not rows:
         raise DatasetError(f"task {name}: {where} has no rows")
     column = conf.messages or conf.prompt
