@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tasks-file",
         default=os.environ.get("SWARMRL_TASKS_FILE", ""),
-        help="JSON of the swarm's dataset tasks (`swarmrl up` writes <run>/config/tasks.json and passes it "
-        "as $SWARMRL_TASKS_FILE): their rows and reward functions are loaded from it",
+        help="JSON of the swarm's dataset and env tasks (`swarmrl up` writes <run>/config/tasks.json and "
+        "passes it as $SWARMRL_TASKS_FILE): their rows, reward functions and environments are loaded from it",
     )
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):

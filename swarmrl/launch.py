@@ -161,8 +161,7 @@ def spawn_clients(
     t = swarm.tasks[task]
     names = client_names(swarm, task, generation)
     files = ids.mint(names)
-    own = any(c.own for c in swarm.tasks.values())  # dataset and env tasks: the clients load them
-    tasks_file = write_tasks_file(ids.run_dir / "config" / "tasks.json", swarm.tasks) if own else None
+    tasks_file = write_tasks_file(ids.run_dir / "config" / "tasks.json", swarm.tasks)
     for i, name in enumerate(names):
         env = {
             "PYTHONUNBUFFERED": "1",

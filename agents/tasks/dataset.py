@@ -90,15 +90,18 @@ def _load_files(name: str, paths: list[str]) -> dict[str, list[dict[str, Any]]]:
     return {"train": ds.to_list()}
 
 
-def _check_rows(name: str, conf: TaskConf, rows: list[Mapping[str, Any]], where: str) -> None:
+def _check_rows(name: str, conf: TaskConf, rows: list[DataRow], where: str) -> None:
     if not rows:
         raise DatasetError(f"task {name}: {where} has no rows")
     column = conf.messages or conf.prompt
     needed = [c for c in (column, conf.answer) if c]
-    absent = [c for c in needed if c not in rows[0]]
+    absent = [c for c in needed if c not in rows[0].columns]
     if absent:
-        raise DatasetError(f"task {name}: {where} has no column {absent}; its columns: {sorted(rows[0])}")
-    bad = [i for i, row in enumerate(rows) if not _opening_ok(row.get(column), bool(conf.messages))]
+        raise DatasetError(
+            f"task {name}: {where} has no column {absent}; its columns: {sorted(rows[0].columns)}"
+        )
+    # by task id, `<task>-<row>` (`<task>-eval<row>`): the row's place in its file
+    bad = [r.task_id for r in rows if not _opening_ok(r.columns.get(column), bool(conf.messages))]
     if bad:
         what = "a list of chat messages with role and content" if conf.messages else "non-empty text"
         raise DatasetError(
@@ -218,8 +221,8 @@ class DataTask:
     def __init__(self, name: str, conf: TaskConf) -> None:
         self.name, self.conf = name, conf
         self.train, self.eval = load_rows(name, conf)
-        _check_rows(name, conf, [r.columns for r in self.train], "the training rows")
-        _check_rows(name, conf, [r.columns for r in self.eval], "the held-out rows")
+        _check_rows(name, conf, self.train, "the training rows")
+        _check_rows(name, conf, self.eval, "the held-out rows")
         self.reward_fn = load_object(conf.reward)
         self.fingerprint = self._fingerprint()
 

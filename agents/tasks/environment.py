@@ -58,7 +58,7 @@ class UserEnv:
         self.task, self.row = task, row
         self.env = task.cls(dict(row.columns))
         self.tools = task.bind_tools(self.env)
-        self.tool_specs = [tool_spec(fn) for fn in self.tools.values()] or None
+        self.tool_specs = task.tool_specs
         self.turns = 0
 
     @property
@@ -118,6 +118,11 @@ class EnvTask:
             self.train_tasks = lambda seed: (self._row(inst) for inst in self.cls.train_instances(seed))
         if not self.eval:
             raise DatasetError(f"task {name}: env {conf.env} has no held-out instances")
+        # Built once from a probe episode (fails at start, not in a client, if the class does not
+        # build or a tool has no spec): the specs are the class's, the same in every episode.
+        probe = self.cls(dict(self.eval[0].columns))
+        probe.reset()
+        self.tool_specs = [tool_spec(fn) for fn in self.bind_tools(probe).values()] or None
 
     def _row(self, instance: dict[str, Any]) -> DataRow:
         key = instance.get("task_id") or hashlib.sha1(
@@ -148,9 +153,6 @@ class EnvTask:
 def env_task(name: str, conf: TaskConf) -> TaskSpec:
     """The `TaskSpec` of environment task `name` (its class imported, its instances drawn)."""
     task = EnvTask(name, conf)
-    first = task.eval[0]
-    probe = UserEnv(task, first)  # fail at start, not in a client: the class builds and its tools have specs
-    probe.reset()
     if next(iter(task.train_tasks(0)), None) is None:
         raise DatasetError(f"task {name}: env {conf.env} has no training instances")
     return task.spec()

@@ -129,7 +129,8 @@ class GroupBuffer:
         self.max_gone = 100_000
         self.warned: set[str] = set()  # group keys already reported by `stalled`
         self.spent: list[Any] = []
-        """Handles of lost records no group will use (see the module docstring): the caller acks them."""
+        """Handles of lost records no group will use (see the module docstring), and the caller's of
+        groups it dropped: the caller acks them with its next drop report or step."""
 
     def note_lost(self, group_key: str, episode_id: str, handle: Any = None, now: float = 0.0) -> None:
         """Episode `episode_id` of `group_key` will never deliver samples; `handle` acks its record."""

@@ -62,9 +62,6 @@ class Trainer:
         self.inflight: list[Held] = []
         self.inflight_lost: list[Msg] = []
         """The lost-episode records of the groups being trained: acked with their samples."""
-        self.spent: list[Msg] = []
-        """Lost-episode records no group will use, and those of dropped groups: acked with the next
-        drop report or step (`GroupBuffer.spent`)."""
         self.dropped: list[tuple[Held, str]] = []
         self._dropped_since = 0.0
         """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
@@ -132,8 +129,6 @@ class Trainer:
                 self._warn_stall(stall)
             ready, dropped = self.buffer.pop_ready(now)
             self._drop(dropped, "dropped_group")
-            self.spent += self.buffer.spent
-            self.buffer.spent = []
             for group in ready:
                 self._observe(group)
                 if await self._score(group) is not None:
@@ -147,9 +142,8 @@ class Trainer:
                     step_task = asyncio.create_task(self._step(js, batch))
             if self.dropped and now - self._dropped_since > cfg.drop_report_s:
                 await self._report_drops(js)
-            elif self.spent and step_task is None:
-                spent, self.spent = self.spent, []
-                await ack_all(spent)
+            elif self.buffer.spent and step_task is None:
+                await ack_all(self._take_spent())
             if now - last_keep_alive > cfg.ack_wait_s / 3:
                 last_keep_alive = now
                 await keep_alive(self._handles())
@@ -181,7 +175,13 @@ class Trainer:
             *(h for h, _ in self.dropped),
         ]  # fmt: skip
         lost = [*self.buffer.lost_handles(), *(m for g in self.ready for m in g.lost), *self.inflight_lost]
-        return [*(h.handle for h in held), *lost, *self.spent]
+        return [*(h.handle for h in held), *lost, *self.buffer.spent]
+
+    def _take_spent(self) -> list[Msg]:
+        """The lost-episode records no group will use, or of dropped groups (`GroupBuffer.spent`),
+        handed over for acking."""
+        spent, self.buffer.spent = self.buffer.spent, []
+        return spent
 
     def _drop(self, held: list[Held], reason: str) -> None:
         if held and not self.dropped:
@@ -200,8 +200,7 @@ class Trainer:
         await retry(
             self.stopping, js.publish, S.drops_metrics_subject(self.cfg.model), encode(msg), headers=headers
         )
-        spent, self.spent = self.spent, []
-        await ack_all([*(h.handle for h, _ in reported), *spent])
+        await ack_all([*(h.handle for h, _ in reported), *self._take_spent()])
         log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(dropped))
 
     def _done(self) -> bool:
@@ -220,7 +219,7 @@ class Trainer:
             return score
         self.counts[f"{score.status}_groups"] += 1
         self._drop(group.items, score.status)
-        self.spent += group.lost
+        self.buffer.spent += group.lost
         return None
 
     def _score_samples(self, samples: list[Sample]) -> GroupScore:
@@ -274,9 +273,8 @@ class Trainer:
         await self._publish_metrics(
             js, trained, version, result.stats, time.perf_counter() - started, dropped
         )
-        spent, self.spent = self.spent, []
         await ack_all(h.handle for h in self.inflight)
-        await ack_all([*self.inflight_lost, *(h.handle for h, _ in reported), *spent])
+        await ack_all([*self.inflight_lost, *(h.handle for h, _ in reported), *self._take_spent()])
         self.inflight, self.inflight_lost = [], []
         await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints)
         if self._done():

@@ -171,7 +171,7 @@ def test_bad_input_is_refused_with_what_to_fix(folder: Path) -> None:
         {"question": None, "answer": 2, "kind": "add"},
     ]
     (folder / "holes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DatasetError, match=r"must be non-empty text; rows \[\d+(, \d+)?\]"):
+    with pytest.raises(DatasetError, match=r"must be non-empty text; rows \['t-1[01]'(, 't-11')?\]"):
         DataTask("t", conf(folder, data="holes.jsonl", heldout=0.5))
     with pytest.raises(DatasetError, match="no such data file"):
         DataTask("t", conf(folder, data="absent.jsonl"))

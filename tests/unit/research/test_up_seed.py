@@ -22,6 +22,8 @@ class Recorder:
 
 
 class Ids:
+    run_dir = Path("/x")  # no dataset task here: spawn_clients writes no tasks file under it
+
     def mint(self, names: list[str]) -> dict[str, Path]:
         return {n: Path(f"/x/{n}.json") for n in names}
 
