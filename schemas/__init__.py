@@ -1,6 +1,14 @@
 """The wire contract: event and sample types, msgpack codec, subject and stream names."""
 
-from swarmrl.schemas.codec import MAX_EVENT_BYTES, WireError, decode, decode_event, decode_sample, encode
+from swarmrl.schemas.codec import (
+    MAX_EVENT_BYTES,
+    WireError,
+    decode,
+    decode_event,
+    decode_metric,
+    decode_sample,
+    encode,
+)
 from swarmrl.schemas.events import (
     SCHEMA_VERSION,
     AbortEvent,
@@ -17,6 +25,7 @@ from swarmrl.schemas.events import (
     LlmEvent,
     LostEpisode,
     MergeStats,
+    MetricRecord,
     ModelVersion,
     RewardEvent,
     Sample,
@@ -43,6 +52,7 @@ __all__ = [
     "LlmEvent",
     "LostEpisode",
     "MergeStats",
+    "MetricRecord",
     "ModelVersion",
     "RewardEvent",
     "Sample",
@@ -53,6 +63,7 @@ __all__ = [
     "WireError",
     "decode",
     "decode_event",
+    "decode_metric",
     "decode_sample",
     "encode",
 ]

@@ -7,7 +7,18 @@ from typing import Any, TypeVar
 import msgpack
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from swarmrl.schemas.events import SUPPORTED_VERSIONS, Event, Sample
+from swarmrl.schemas import subjects as S
+from swarmrl.schemas.events import (
+    SUPPORTED_VERSIONS,
+    ActionResult,
+    EvalResult,
+    Event,
+    MergeStats,
+    MetricRecord,
+    Sample,
+    SampleDrops,
+    TrainStep,
+)
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 """Events larger than this are dead-lettered (the bundled NATS config allows 8 MiB messages)."""
@@ -100,3 +111,34 @@ def decode(data: bytes, cls: type[T], max_bytes: int = 64 * 1024 * 1024) -> T:
 
 def decode_sample(data: bytes) -> Sample:
     return decode(data, Sample)
+
+
+def metric_type(subject: str) -> type[MetricRecord]:
+    """The record a METRICS subject carries (compared against the names `schemas.subjects` builds);
+    WireError `subject` for any other subject."""
+    if subject == S.MERGE_METRICS_SUBJECT:
+        return MergeStats
+    if subject == S.ACTION_METRICS_SUBJECT:
+        return ActionResult
+    model = subject.rsplit(".", 1)[-1]
+    try:
+        if subject == S.train_metrics_subject(model):
+            return TrainStep
+        if subject == S.eval_metrics_subject(model):
+            return EvalResult
+        if subject == S.drops_metrics_subject(model):
+            return SampleDrops
+    except ValueError:  # the last token is not a valid model name
+        pass
+    raise WireError("subject", f"{subject!r} is not a metrics subject")
+
+
+def decode_metric(subject: str, data: bytes) -> MetricRecord:
+    """One METRICS message: the record its subject names, decoded and validated; a per-model record
+    must be on its own model's subject (WireError `subject` otherwise)."""
+    cls = metric_type(subject)
+    record = decode(data, cls)
+    model = getattr(record, "model", None)
+    if model is not None and subject.rsplit(".", 1)[-1] != model:
+        raise WireError("subject", f"{cls.__name__} of model {model} on subject {subject!r}")
+    return record

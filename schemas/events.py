@@ -336,6 +336,10 @@ class ActionResult(Record):
     ts: float = Field(default_factory=time.time)
 
 
+MetricRecord = TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult
+"""What the METRICS stream carries (`swarm.metrics.>`); `codec.decode_metric` tells them apart by subject."""
+
+
 class ClientState(Record):
     """Value of KV `swarm-clients[<owner>]`: where a client is in its task streams, so that a restarted
     client continues them instead of replaying their first instances (put after every instance drawn)."""

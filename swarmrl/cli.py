@@ -6,8 +6,8 @@ swarmrl down               stop a running `swarmrl up` (the latest run, --run-di
 swarmrl status             what a running swarm is doing (processes, restarts, steps, eval, clients)
 swarmrl clients restart TASK   replace a task's client processes in a running swarm (live code iteration)
 swarmrl credentials mint NAME  give an agent client its own NATS identity (revoke, list: also live)
-swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, actions,
-                           action-worker); `--config swarm.toml [--model M]` configures it as `up` would
+swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, tracker,
+                           actions, action-worker); `--config swarm.toml [--model M]` configures it as `up` would
 swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
 swarmrl research STUDY.toml    run a study (arms x seeds of swarm runs), resumable; statistics and a report
 swarmrl bootstrap-model    build the tiny offline model used on CPU
@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-SERVICES = ("gateway", "engine", "merger", "trainer", "ledger", "actions", "action-worker")
+SERVICES = ("gateway", "engine", "merger", "trainer", "ledger", "tracker", "actions", "action-worker")
 # service -> (module, entry); by default swarmrl.services.<name>.main:main
 SERVE_ENTRIES = {"action-worker": ("swarmrl.services.actions.main", "worker_main")}
 # verb -> (module, entry function called with the remaining arguments)

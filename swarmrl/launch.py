@@ -1,6 +1,7 @@
 """Process layout of a swarm on one machine: what `swarmrl up` starts for a `Swarm` description.
 
-Per model: one engine and one trainer. Once: ledger, merger, gateway (routing every model by name).
+Per model: one engine and one trainer. Once: ledger, merger, gateway (routing every model by name),
+and the tracker when `[tracker] track` (`up --track`) names one.
 Per task: `clients` client processes, the built-in Python runner or the task's own `command`. Every
 client gets its own NATS identity (`AgentIds`): a connect file (mode 0600) named by
 `$SWARMRL_CONNECT_FILE`, never on its command line. Outside agents get `connect.json` in the run dir.
@@ -99,6 +100,9 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
     )
     if uses_actions(swarm):
         procs.append(Proc("actions", "actions", service_config(swarm, "actions")))
+    tracker = service_config(swarm, "tracker", run_dir=run_dir)
+    if tracker.track:
+        procs.append(Proc("tracker", "tracker", tracker))
     return procs
 
 

@@ -29,6 +29,9 @@ the offending entry.
     [gateway]                      # likewise [merger], [ledger], [actions]: that service's settings
     max_backlog = 64
 
+    [tracker]                      # export every metric (`up --track` is the short form)
+    track = ["tensorboard", "wandb", "mlflow"]
+
 Every service setting is declared once, in its service's config class (`services/<name>/config.py`),
 with its one default and docstring. A section of the description holds only the settings it changes;
 what a process gets is `service_config`: the section over the defaults (and over `SWARMRL_<FIELD>`
@@ -76,11 +79,12 @@ def service_classes() -> dict[str, type[ServiceConfig]]:
     from swarmrl.services.gateway.config import GatewayConfig
     from swarmrl.services.ledger.config import LedgerConfig
     from swarmrl.services.merger.config import MergerConfig
+    from swarmrl.services.tracker.config import TrackerConfig
     from swarmrl.services.trainer.config import TrainerConfig
 
     return {
         "trainer": TrainerConfig, "engine": EngineConfig, "gateway": GatewayConfig, "merger": MergerConfig,
-        "ledger": LedgerConfig, "actions": ActionsConfig,
+        "ledger": LedgerConfig, "tracker": TrackerConfig, "actions": ActionsConfig,
     }  # fmt: skip
 
 
@@ -90,6 +94,7 @@ PLACED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"host", "port", "public_url", "engine", "tokenizer", "task_weight"}),
     "merger": frozenset(),
     "ledger": frozenset({"run_dir"}),
+    "tracker": frozenset({"run_dir"}),
     "actions": frozenset({"policy"}),
 }
 """Per service, the settings a description does not set: where the process runs (ports, model and
@@ -110,6 +115,9 @@ class Swarm(Strict):
     """Settings of the merger (`swarmrl serve merger --help`)."""
     ledger: dict[str, Any] = {}
     """Settings of the ledger (`swarmrl serve ledger --help`)."""
+    tracker: dict[str, Any] = {}
+    """Settings of the metrics exporter (`swarmrl serve tracker --help`), e.g. {track = ["tensorboard"]};
+    `up` starts it when `track` names a tracker."""
     actions: dict[str, Any] = {}
     """Settings of the actions service (`swarmrl serve actions --help`); its policy is `run.actions`."""
 
@@ -182,7 +190,9 @@ class Swarm(Strict):
             for n, m in self.models.items()
             for svc in ("trainer", "engine")
         ]
-        return out + [(svc, svc, getattr(self, svc)) for svc in ("gateway", "merger", "ledger", "actions")]
+        return out + [
+            (svc, svc, getattr(self, svc)) for svc in ("gateway", "merger", "ledger", "tracker", "actions")
+        ]
 
     def trainer(self, model: str) -> Any:
         """`model`'s trainer configuration as far as the description decides it (no placement)."""
@@ -218,7 +228,10 @@ def _check_section(where: str, service: str, section: dict[str, Any]) -> None:
         valid = cls.model_validate({**PLACEHOLDERS.get(service, {}), **section})
     except ValidationError as exc:
         raise ValueError(
-            "\n  ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            "\n  ".join(
+                f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
         ) from None
     section.update(valid.model_dump(mode="json", include=set(section)))
 

@@ -2,9 +2,10 @@
 evaluation of the policy it ends with (clients and trainers stopped first).
 
 Starts NATS (embedded unless --nats), then per model an engine and a trainer, one gateway, merger
-and ledger, each task's client processes and an evaluator; shows live progress and writes a run
-directory with the Parquet ledger, `report.md` and curve PNGs. Ctrl-C (or `swarmrl down`) stops
-everything cleanly.
+and ledger (and with `--track` the tracker, which exports every metric to TensorBoard, W&B and
+MLflow files under `<run dir>/track/`), each task's client processes and an evaluator; shows live
+progress and writes a run directory with the Parquet ledger, `report.md` and curve PNGs. Ctrl-C (or
+`swarmrl down`) stops everything cleanly.
 
 The swarm is described by `--config swarm.toml` (models, tasks, clients: see `swarmrl/swarm.py` and
 `examples/`), or by the flags alone (one model `policy`, `--task` with optional weights). Flags given
@@ -56,6 +57,8 @@ TRAINER_FLAGS = {"lr": "lr", "num_repeat": "num_repeat", "batch_groups": "batch_
 """Flag -> setting of every [models.*.trainer]."""
 GATEWAY_FLAGS = {"max_backlog": "max_backlog"}
 """Flag -> setting of [gateway]."""
+TRACKER_FLAGS = {"track": "track"}
+"""Flag -> setting of [tracker]."""
 
 
 def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], field: str) -> None:
@@ -64,6 +67,8 @@ def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], fi
     kind, choices = info.annotation, None
     if get_origin(kind) is Literal:
         kind, choices = str, list(get_args(kind))
+    elif get_origin(kind) is list:  # comma-separated; the setting's own validator splits it
+        kind = str
     doc = " ".join((info.description or "").split()).replace("%", "%%")
     p.add_argument(f"--{flag.replace('_', '-')}", type=kind, choices=choices,  # type: ignore[arg-type]
                    help=f"{doc} (default {info.get_default(call_default_factory=True)})")  # fmt: skip
@@ -73,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `swarmrl up` flags (`swarmrl research` validates a study's flags against them)."""
     from swarmrl.agents.config import RunConf, TaskConf
     from swarmrl.services.gateway.config import GatewayConfig
+    from swarmrl.services.tracker.config import TrackerConfig
     from swarmrl.services.trainer.config import TrainerConfig
 
     p = argparse.ArgumentParser(
@@ -91,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_setting(p, flag, TrainerConfig, field)
     for flag, field in GATEWAY_FLAGS.items():
         _add_setting(p, flag, GatewayConfig, field)
+    for flag, field in TRACKER_FLAGS.items():
+        _add_setting(p, flag, TrackerConfig, field)
     add("--trainer-arg", action="append", default=[], metavar="ARG",
         help="any other trainer setting, as its `swarmrl serve trainer` flag, for every model; repeatable "
         "(e.g. --trainer-arg=--group-timeout-s=30)")  # fmt: skip
@@ -124,7 +132,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def swarm_from_args(args: argparse.Namespace) -> Swarm:
     """The swarm description: the config file (or the short form's defaults) with the flags applied."""
     from swarmrl.agents.config import parse_task_weights
-    from swarmrl.swarm import build, check_bases, load
+    from swarmrl.services.tracker.config import check_installed
+    from swarmrl.swarm import build, check_bases, load, service_config
 
     if args.config is not None:
         data: dict[str, Any] = load(args.config)
@@ -155,12 +164,14 @@ def swarm_from_args(args: argparse.Namespace) -> Swarm:
         if args.model:
             m["base"], m["warm_start"], m["warm_start_steps"] = args.model, None, None
     _override(data.setdefault("gateway", {}), args, GATEWAY_FLAGS)
+    _override(data.setdefault("tracker", {}), args, TRACKER_FLAGS)
     for t in tasks.values():
         if not isinstance(t, dict):
             raise SwarmConfigError(f"{source}: every [tasks.<name>] must be a table")
         _override(t, args, dict(zip(TASK_FLAGS, TASK_FLAGS, strict=True)))
     swarm = build(data, source)
     check_bases(swarm)
+    check_installed(service_config(swarm, "tracker").track)  # the tracker runs here
     return swarm
 
 
@@ -400,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         # the clients drain (finish or abort their groups) as a restart lets them
         sup.stop([n for n in sup.procs if n.startswith("client")], timeout=DRAIN_S + GRACE_S)
         sup.stop([n for n in sup.procs if n.split("-")[0] in ("gateway", "trainer", "merger", "engine")], 30)
-        sup.stop(["ledger"], timeout=30)  # last, so it flushes everything the others produced
+        sup.stop(["ledger", "tracker"], timeout=30)  # last, so they take everything the others produced
         if server is not None:
             server.stop()
         clear_pid(run_dir)

@@ -13,48 +13,20 @@ from __future__ import annotations
 
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
-    ActionResult,
-    EvalResult,
     LostEpisode,
-    MergeStats,
     Sample,
-    SampleDrops,
-    TrainStep,
     WireError,
     decode,
     decode_event,
+    decode_metric,
 )
 from swarmrl.schemas import subjects as S
-from swarmrl.schemas.events import Record
 from swarmrl.services.common.lifecycle import EpisodeTracker, episode_of
 from swarmrl.services.ledger.tables import Row, event_row, lost_row, metric_row, sample_row
 
 
 class Rejected(ValueError):
     """An input that breaks a rule beyond the wire contract (event ordering); `str()` is the reason."""
-
-
-def _last_token(subject: str) -> str:
-    return subject.rsplit(".", 1)[-1]
-
-
-def _metric_type(subject: str) -> type[Record]:
-    """Which record a METRICS subject carries; compares against the names `schemas.subjects` builds."""
-    if subject == S.MERGE_METRICS_SUBJECT:
-        return MergeStats
-    if subject == S.ACTION_METRICS_SUBJECT:
-        return ActionResult
-    model = _last_token(subject)
-    try:
-        if subject == S.train_metrics_subject(model):
-            return TrainStep
-        if subject == S.eval_metrics_subject(model):
-            return EvalResult
-        if subject == S.drops_metrics_subject(model):
-            return SampleDrops
-    except ValueError:  # last token is not a valid model name
-        pass
-    raise WireError("subject", f"{subject!r} is not a metrics subject the ledger knows")
 
 
 class Ingest:
@@ -98,9 +70,5 @@ class Ingest:
         return "samples", sample_row(record, stream, seq)
 
     def metric(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
-        cls = _metric_type(subject)
-        record = decode(data, cls)
-        model = getattr(record, "model", None)
-        if model is not None and _last_token(subject) != model:
-            raise WireError("subject", f"{cls.__name__} of model {model} on subject {subject!r}")
-        return metric_row(record, stream, seq)  # type: ignore[arg-type]
+        """A metric record -> its table (`train_steps`, `evals`, ...), by subject (`decode_metric`)."""
+        return metric_row(decode_metric(subject, data), stream, seq)

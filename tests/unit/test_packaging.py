@@ -30,7 +30,13 @@ def test_import_names_are_namespaced() -> None:
 
 
 # import name -> distribution, where they differ
-DISTRIBUTIONS = {"nats": "nats-py", "nkeys": "nats-py", "sglang": "sglang", "yaml": "pyyaml"}
+DISTRIBUTIONS = {
+    "nats": "nats-py",
+    "nkeys": "nats-py",
+    "sglang": "sglang",
+    "yaml": "pyyaml",
+    "mlflow": "mlflow-skinny",
+}
 
 
 def test_every_imported_package_is_declared() -> None:

@@ -3,12 +3,17 @@ import pytest
 
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
+    ActionResult,
     BeginEvent,
+    EvalResult,
     LlmEvent,
+    MergeStats,
     RewardEvent,
     Sample,
+    SampleDrops,
     WireError,
     decode_event,
+    decode_metric,
     decode_sample,
     encode,
 )
@@ -138,3 +143,19 @@ def test_a_nonfinite_reward_is_a_schema_error(value: float) -> None:
     with pytest.raises(WireError) as err:
         decode_event(msgpack.packb(raw))
     assert err.value.code == "schema"
+
+
+def test_a_metric_is_decoded_as_the_record_its_subject_names() -> None:
+    records = {
+        S.eval_metrics_subject("m1"): EvalResult(model="m1", step=3, task="t", success_rate=0.5, n=2),
+        S.drops_metrics_subject("m1"): SampleDrops(model="m1", step=3),
+        S.MERGE_METRICS_SUBJECT: MergeStats(episode_id="e", status="empty"),
+        S.ACTION_METRICS_SUBJECT: ActionResult(action_id="a", episode_id="e", kind="python", status="ok"),
+    }
+    for subject, record in records.items():
+        assert decode_metric(subject, encode(record)) == record
+    drops = encode(SampleDrops(model="m1", step=3))
+    for subject in (S.drops_metrics_subject("m2"), "swarm.metrics.other", "swarm.metrics.train.a.b"):
+        with pytest.raises(WireError) as err:
+            decode_metric(subject, drops)
+        assert err.value.code == "subject", subject

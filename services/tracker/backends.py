@@ -1,0 +1,150 @@
+"""The trackers the exporter writes rows to, each through its library's public API, all offline.
+
+- `tensorboard`: `torch.utils.tensorboard.SummaryWriter` event files in `<run>/track/tensorboard/`;
+  each value at its row's step, with the record's wall-clock time.
+- `wandb`: a W&B run in offline mode under `<run>/track/wandb/` (`wandb sync` uploads it later);
+  each tag is plotted against its row's axis (`define_metric(tag, step_metric=axis)`), since W&B
+  keeps one step counter per run and the axes here are several. W&B stamps each row with the time
+  it was written, not the record's.
+- `mlflow`: an MLflow run in the local SQLite store `<run>/track/mlflow.db` (MLflow 3 keeps its
+  plain-file store for old data only), written with `MlflowClient.log_batch`; each value at its
+  row's step, with the record's time.
+
+A restarted exporter goes on in the same W&B run (`resume="allow"`; another offline folder, which
+`wandb sync` joins) and the same MLflow run (the ids are in `TrackState`); TensorBoard reads every
+event file of its folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from swarmrl.services.tracker.config import TrackerConfig
+from swarmrl.services.tracker.rows import Row
+
+MLFLOW_BATCH = 1000
+"""Metrics per `log_batch` call: MLflow refuses more."""
+
+
+class Backend(Protocol):
+    name: str
+    run_id: str
+    """The tracker's id of this run (empty where it has none)."""
+
+    def write(self, rows: list[Row]) -> None: ...
+
+    def flush(self) -> None:
+        """Make what was written durable where the library lets us (before the metrics are acked)."""
+
+    def close(self) -> None: ...
+
+
+class TensorBoard:
+    name = "tensorboard"
+    run_id = ""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir))
+
+    def write(self, rows: list[Row]) -> None:
+        for row in rows:
+            for tag, value in row.values.items():
+                self.writer.add_scalar(tag, value, global_step=row.step, walltime=row.ts)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB:
+    name = "wandb"
+
+    def __init__(
+        self, root: Path, project: str, name: str, run_id: str | None, config: dict[str, Any]
+    ) -> None:
+        import wandb
+
+        settings = wandb.Settings(console="off", silent=True, disable_git=True, disable_code=True,
+                                  disable_job_creation=True, save_code=False)  # fmt: skip
+        self.run = wandb.init(mode="offline", dir=root, project=project, name=name, id=run_id,
+                              resume="allow", config=config, settings=settings)  # fmt: skip
+        self.run_id: str = self.run.id
+        self._defined: set[str] = set()
+
+    def write(self, rows: list[Row]) -> None:
+        for row in rows:
+            for tag in row.values.keys() - self._defined:
+                self.run.define_metric(tag, step_metric=row.axis)
+                self._defined.add(tag)
+            self.run.log({**row.values, row.axis: row.step})
+
+    def flush(self) -> None:
+        """Nothing to do: wandb-core writes the run file on its own, and wholly at `finish`."""
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MLflow:
+    name = "mlflow"
+
+    def __init__(self, root: Path, project: str, name: str, run_id: str | None, tags: dict[str, str]) -> None:
+        from mlflow import MlflowClient
+
+        root = root.resolve()
+        self.client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+        self._pending: list[Any] = []
+        if run_id:
+            self.run_id = run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return
+        experiment = self.client.get_experiment_by_name(project)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self.client.create_experiment(
+                project, artifact_location=(root / "mlflow-artifacts").as_uri()
+            )
+        )
+        self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+    def write(self, rows: list[Row]) -> None:
+        from mlflow.entities import Metric
+
+        for row in rows:
+            ms = int(row.ts * 1000)
+            self._pending.extend(Metric(tag, value, ms, row.step) for tag, value in row.values.items())
+
+    def flush(self) -> None:
+        for i in range(0, len(self._pending), MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, metrics=self._pending[i : i + MLFLOW_BATCH])
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self.client.set_terminated(self.run_id)
+
+
+def open_backends(cfg: TrackerConfig, run_ids: dict[str, str]) -> list[Backend]:
+    """A backend per tracker of `cfg.track`, going on in the runs of `run_ids` (tracker -> id) if
+    given. The libraries are imported here, not before: each costs seconds."""
+    root = cfg.track_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    about = {"run_dir": str(cfg.run_dir.resolve())}
+    out: list[Backend] = []
+    for name in cfg.track:
+        if name == "tensorboard":
+            out.append(TensorBoard(root / "tensorboard"))
+        elif name == "wandb":
+            out.append(WandB(root, cfg.project, cfg.name(), run_ids.get(name), config=about))
+        elif name == "mlflow":
+            tags = {f"swarmrl.{k}": v for k, v in about.items()}
+            out.append(MLflow(root, cfg.project, cfg.name(), run_ids.get(name), tags=tags))
+        else:  # TrackerConfig validated the names
+            raise AssertionError(name)
+    return out

@@ -1,0 +1,91 @@
+"""Configuration of the tracker service (`swarmrl serve tracker --help` prints every field)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from swarmrl.core.config import ServiceConfig, SwarmConfigError
+
+TRACKERS: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard",),
+    "wandb": ("wandb",),
+    # mlflow-skinny's client; its local SQLite store runs on SQLAlchemy and Alembic
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+}
+"""Each tracker the exporter writes to, with the modules it needs (`pip install 'swarmrl[track]'`)."""
+
+
+def check_names(names: list[str]) -> list[str]:
+    """`names` without repeats, each a known tracker; else a SwarmConfigError naming the unknown one."""
+    for name in names:
+        if name not in TRACKERS:
+            raise SwarmConfigError(f"unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
+    return list(dict.fromkeys(names))
+
+
+def check_installed(names: list[str]) -> None:
+    """A SwarmConfigError naming the missing package and the extra that has it, unless every tracker
+    of `names` can run here. Checked where the tracker runs (`up`, `serve tracker`), not by every
+    reader of a swarm description: a trainer's machine needs no tracker package."""
+    for name in names:
+        missing = [m for m in TRACKERS[name] if importlib.util.find_spec(m) is None]
+        if missing:
+            raise SwarmConfigError(
+                f"tracker {name!r} needs the package(s) {', '.join(missing)}, which are not installed: "
+                "pip install 'swarmrl[track]'"
+            )
+
+
+class TrackerConfig(ServiceConfig):
+    run_dir: Path = Path("runs/latest")
+    """Run directory; the trackers write under `<run_dir>/track/`: `tensorboard/` (event files),
+    `wandb/` (offline runs) and `mlflow.db` (MLflow's local SQLite store), and the exporter's own
+    position in `state.json` (env SWARMRL_RUN_DIR)."""
+    track: Annotated[list[str], NoDecode] = []  # SWARMRL_TRACK=tensorboard,wandb: split below
+    """Trackers that get every metric of the swarm: any of tensorboard, wandb, mlflow (a list, or
+    comma-separated: `--track tensorboard,wandb`). Empty: `swarmrl up` starts no tracker. They need
+    `pip install 'swarmrl[track]'`; all three write offline, W&B in its offline mode."""
+    project: str = "swarmrl"
+    """W&B project and MLflow experiment the run is logged under."""
+    run_name: str = ""
+    """The run's name in W&B and MLflow; empty: the run directory's name."""
+    fetch_batch: int = Field(default=256, gt=0)
+    """Metrics pulled per fetch; each fetch is written to every tracker, then acked."""
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    """Once caught up, wait at most this long for new metrics before looking again (seconds)."""
+    stop_drain_s: float = Field(default=10.0, ge=0)
+    """On a stop (SIGTERM), go on exporting for up to this many seconds, until caught up with the
+    stream: `swarmrl up` stops the tracker last, after the final evaluation is published."""
+    ack_wait_s: float = Field(default=60.0, gt=0)
+    """JetStream redelivers a metric not acked within this many seconds."""
+    stats_interval_s: float = Field(default=30.0, gt=0)
+    """Log what was exported this often (seconds)."""
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        """`"tensorboard,wandb"` (a flag, an environment variable, a TOML string) or a JSON list as a
+        list; `--track a,b --track c` arrives as ["a,b", "c"]."""
+        if isinstance(v, str):
+            v = json.loads(v) if v.lstrip().startswith("[") else [v]
+        if isinstance(v, list):
+            return [part.strip() for item in v for part in str(item).split(",") if part.strip()]
+        return v
+
+    @field_validator("track")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        return check_names(v)
+
+    def track_dir(self) -> Path:
+        return self.run_dir / "track"
+
+    def name(self) -> str:
+        """The run's name in W&B and MLflow."""
+        return self.run_name or self.run_dir.resolve().name

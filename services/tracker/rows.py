@@ -1,0 +1,112 @@
+"""Metric records -> tracker rows: named values that share one point of one x-axis (pure, no NATS).
+
+Every record of the METRICS stream becomes one or more `Row`s. A tag is `<family>/<...>/<name>`, and
+each family has its own x-axis:
+
+| record (subject) | tags | x-axis (its tag) |
+| --- | --- | --- |
+| `TrainStep` (`swarm.metrics.train.<m>`) | `train/<m>/<field>` (loss, reward_mean, tokens_per_s, ...; `extra` by its keys), `train/<m>/dropped/<reason>` | trainer step (`train/<m>/step`) |
+| `SampleDrops` (`swarm.metrics.drops.<m>`) | `train/<m>/dropped/<reason>` (samples dropped) | the trainer's last step (`train/<m>/step`) |
+| `EvalResult` (`swarm.metrics.eval.<m>`) | `eval/<m>/<task>/<metric>` (success rate), `.../<metric>_n` (episodes) | policy version (`eval/<m>/version`) |
+| `MergeStats` (`swarm.metrics.merge`) | `merge/<field>` (calls, tokens before and after, ...), `merge/<status>` (running total) | merged episodes so far (`merge/episodes`) |
+| `ActionResult` (`swarm.metrics.action`) | `action/<kind>/<field>` (act_s, queued_s, run_s, units), `action/<kind>/<status>` (running total) | actions so far (`action/actions`) |
+
+Running counts (the merge and action axes, the status totals) go on in stream order across restarts:
+they are part of the exporter's state (`TrackState`), saved with its stream position, so a replay
+after a crash gives every record the step it had the first time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from swarmrl.schemas import ActionResult, EvalResult, MergeStats, MetricRecord, SampleDrops, TrainStep
+
+_TAG_SAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
+"""What every tracker accepts in a name (MLflow's rule is the narrowest); anything else becomes `_`."""
+
+TRAIN_FIELDS = ("loss", "reward_mean", "reward_std", "samples", "tokens", "trained_tokens", "tokens_per_s",
+                "staleness_mean", "staleness_max", "wall_s", "policy_version")  # fmt: skip
+MERGE_FIELDS = ("agents", "calls", "timelines_kept", "tokens_before", "tokens_after", "trained_tokens_before",
+                "trained_tokens_after")  # fmt: skip
+ACTION_FIELDS = ("act_s", "queued_s", "run_s", "units")
+MERGE_AXIS = "merge/episodes"
+ACTION_AXIS = "action/actions"
+
+
+def tag(*parts: str) -> str:
+    """A tracker-safe tag of `parts` joined by `/`."""
+    return _TAG_SAFE.sub("_", "/".join(parts))
+
+
+@dataclass(frozen=True)
+class Row:
+    """Values plotted at one point of one x-axis."""
+
+    axis: str
+    """The x-axis's own tag (`train/policy/step`): W&B plots `values` against it."""
+    step: int
+    """The point on that axis (trainer step, policy version, running count)."""
+    values: dict[str, float]
+    """Tag -> value."""
+    ts: float
+    """When the record was made (Unix seconds): the wall-clock time TensorBoard and MLflow keep."""
+
+
+@dataclass
+class RowMaker:
+    """Turns metric records into rows, keeping the running counts (`counts`) that some axes need."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def rows(self, record: MetricRecord) -> list[Row]:
+        if isinstance(record, TrainStep):
+            return self._train(record)
+        if isinstance(record, SampleDrops):
+            return [self._drops(record.model, record.step, record.dropped, record.ts)]
+        if isinstance(record, EvalResult):
+            return [self._eval(record)]
+        if isinstance(record, MergeStats):
+            return [self._merge(record)]
+        return [self._action(record)]
+
+    def _train(self, r: TrainStep) -> list[Row]:
+        values = {tag("train", r.model, name): float(getattr(r, name)) for name in TRAIN_FIELDS}
+        values |= {tag("train", r.model, key): value for key, value in r.extra.items()}
+        rows = [Row(tag("train", r.model, "step"), r.step, values, r.ts)]
+        if r.dropped:
+            rows.append(self._drops(r.model, r.step, r.dropped, r.ts))
+        return rows
+
+    @staticmethod
+    def _drops(model: str, step: int, dropped: dict[str, str], ts: float) -> Row:
+        """Samples dropped untrained, counted per reason."""
+        per_reason = Counter(dropped.values())
+        values = {tag("train", model, "dropped", reason): float(n) for reason, n in per_reason.items()}
+        return Row(tag("train", model, "step"), step, values, ts)
+
+    @staticmethod
+    def _eval(r: EvalResult) -> Row:
+        values = {
+            tag("eval", r.model, r.task, r.metric): r.success_rate,
+            tag("eval", r.model, r.task, f"{r.metric}_n"): float(r.n),
+        }
+        return Row(tag("eval", r.model, "version"), r.step, values, r.ts)
+
+    def _merge(self, r: MergeStats) -> Row:
+        self.counts[MERGE_AXIS] += 1
+        status = tag("merge", r.status)
+        self.counts[status] += 1
+        values = {tag("merge", name): float(getattr(r, name)) for name in MERGE_FIELDS}
+        values[status] = float(self.counts[status])
+        return Row(MERGE_AXIS, self.counts[MERGE_AXIS], values, r.ts)
+
+    def _action(self, r: ActionResult) -> Row:
+        self.counts[ACTION_AXIS] += 1
+        status = tag("action", r.kind, r.status)
+        self.counts[status] += 1
+        values = {tag("action", r.kind, name): float(getattr(r, name)) for name in ACTION_FIELDS}
+        values[status] = float(self.counts[status])
+        return Row(ACTION_AXIS, self.counts[ACTION_AXIS], values, r.ts)

@@ -1,0 +1,171 @@
+"""NATS side of the tracker: export every metric of the swarm to TensorBoard, W&B and MLflow.
+
+Consumes: METRICS (`swarm.metrics.>`: train steps, drops, evaluations, merges, actions) with the
+durable pull consumer `tracker-metrics`, in stream order, decoded with the wire codec
+(`schemas.decode_metric`, as the ledger does).
+Publishes: `swarm.dlq.tracker` (a metric that does not decode, with its bytes and the reason).
+Writes: the trackers' files under `<run_dir>/track/` (`backends.py`) and its position there
+(`state.py`).
+
+Each fetched batch becomes rows (`rows.RowMaker`), is written to every tracker and flushed, then the
+position is saved and the batch acked (one cumulative ack, `AckPolicy.ALL`). As in the ledger, the
+saved position, not the consumer's ack floor, says where the export is: at start the durable consumer
+is recreated right after it, so a restart goes on in stream order (metrics fetched but not acked
+by the process that died would otherwise come back only after newer ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy
+from nats.js.errors import NotFoundError
+
+from swarmrl.schemas import WireError, decode_metric
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.common.tasks import until_stopped
+from swarmrl.services.tracker.backends import Backend, open_backends
+from swarmrl.services.tracker.config import TrackerConfig
+from swarmrl.services.tracker.rows import Row, RowMaker
+from swarmrl.services.tracker.state import TrackState
+
+log = logging.getLogger("swarmrl.tracker")
+SERVICE = "tracker"
+
+
+class Tracker:
+    """The exporter: `start()`, then `wait()` until `request_stop()`, then `stop()`."""
+
+    def __init__(self, cfg: TrackerConfig) -> None:
+        self.cfg = cfg
+        self.state_path = cfg.track_dir() / "state.json"
+        self.state = TrackState.load(self.state_path)
+        self.maker = RowMaker(counts=Counter(self.state.counts))
+        self.backends: list[Backend] = []
+        self.counts: Counter[str] = Counter()
+        """Records and values exported, for the log."""
+        self.nc: NATS | None = None
+        self.dlq: bus.DeadLetters | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        # Before connecting: the libraries take seconds to import and open (nothing waits on us yet).
+        self.backends = open_backends(self.cfg, self.state.run_ids)
+        self.state.run_ids = {b.name: b.run_id for b in self.backends if b.run_id}
+        self.nc = await bus.connect(self.cfg.nats, SERVICE)
+        js = self.nc.jetstream()
+        await bus.ensure_streams(js)
+        self.dlq = bus.DeadLetters(js, SERVICE)
+        last = (await js.stream_info(S.METRICS_STREAM)).state.last_seq
+        if self.state.seq > last:  # the position is from another life of the stream
+            raise RuntimeError(
+                f"{self.state_path} says metrics up to seq {self.state.seq} were exported, but the stream "
+                f"ends at seq {last}: it was recreated; give this run a fresh --run-dir"
+            )
+        durable = S.durable_name(SERVICE, S.METRICS_STREAM)
+        try:  # reposition right after the saved position (see the module docstring)
+            await js.delete_consumer(S.METRICS_STREAM, durable)
+        except NotFoundError:
+            pass
+        sub = await bus.durable_pull(
+            js, S.METRICS_STREAM, durable, ack_wait_s=self.cfg.ack_wait_s,
+            start_seq=self.state.seq + 1, ack_policy=AckPolicy.ALL,
+        )  # fmt: skip
+        log.info(
+            "exporting %s to %s from seq %d (runs %s)",
+            S.METRICS_STREAM, ", ".join(self.cfg.track), self.state.seq + 1, self.state.run_ids,
+        )  # fmt: skip
+        self._tasks = [
+            asyncio.create_task(self._consume(sub), name="tracker-consume"),
+            asyncio.create_task(self._log_stats(), name="tracker-stats"),
+        ]
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        """Return when a stop is requested; re-raise if a loop died."""
+        await until_stopped(self._stop, self._tasks)
+
+    async def stop(self) -> None:
+        """Finish what was fetched, close the trackers' runs, disconnect."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for backend in self.backends:
+            await asyncio.to_thread(backend.close)
+        if self.nc is not None and not self.nc.is_closed:
+            try:  # the last ack must reach the server; a lost one only means a skipped redelivery
+                await self.nc.flush(timeout=5)
+            except Exception as exc:
+                log.warning("final ack flush failed: %r", exc)
+            await self.nc.close()
+        log.info("tracker stopped at seq %d: %s", self.state.seq, dict(self.counts))
+
+    async def _consume(self, sub: JetStreamContext.PullSubscription) -> None:
+        cfg = self.cfg
+        batches = bus.batches(
+            sub, self._stop, cfg.fetch_batch, cfg.poll_interval_s, dead_letters=None, drain_s=cfg.stop_drain_s
+        )
+        async for msgs in batches:
+            if msgs:
+                await self._export(msgs)
+
+    async def _export(self, msgs: list[Msg]) -> None:
+        """Rows of `msgs` to every tracker, then the position saved, then one ack for them all."""
+        rows: list[Row] = []
+        for msg in msgs:
+            seq = msg.metadata.sequence.stream
+            if seq <= self.state.seq:  # a late redelivery of something already exported
+                continue
+            try:
+                record = decode_metric(msg.subject, msg.data)
+            except Exception as exc:  # the one place that decides: what does not decode is dead-lettered
+                assert self.dlq is not None
+                reason = str(exc) if isinstance(exc, WireError) else f"internal: {exc!r}"
+                await self.dlq.send(msg, reason)  # a failure ends the service; the restart redoes it
+            else:
+                rows += self.maker.rows(record)
+                self.counts[type(record).__name__] += 1
+            self.state.seq = seq
+        await asyncio.to_thread(self._write, rows)
+        self.state.counts = Counter(self.maker.counts)
+        await asyncio.to_thread(self.state.save, self.state_path)
+        try:
+            await msgs[-1].ack()
+        except Exception as exc:  # the next start goes on from the saved position anyway
+            log.debug("ack failed subject=%s: %r", msgs[-1].subject, exc)
+
+    def _write(self, rows: list[Row]) -> None:
+        for backend in self.backends:
+            backend.write(rows)
+            backend.flush()
+        self.counts["values"] += sum(len(row.values) for row in rows)
+
+    async def _log_stats(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
+            except TimeoutError:
+                log.info("exported up to seq %d: %s", self.state.seq, dict(self.counts))
+
+
+async def run(cfg: TrackerConfig) -> None:
+    """Run the exporter until SIGINT/SIGTERM."""
+    import signal
+
+    tracker = Tracker(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, tracker.request_stop)
+    try:
+        await tracker.start()
+        await tracker.wait()
+    finally:
+        await tracker.stop()

@@ -1,0 +1,39 @@
+"""Where the exporter is: the last METRICS sequence written to every tracker, the running counts of
+the axes that count (`rows.RowMaker`), and each tracker's run id, in `<run_dir>/track/state.json`.
+
+Saved after every written batch, before its ack (an atomic rename), and read at start: the service
+resumes the stream right after `seq`, with the same counts and into the same tracker runs. A batch
+written but not saved when the process died is written again, at the same steps (at least once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TrackState:
+    seq: int = 0
+    """Last METRICS stream sequence written to every tracker."""
+    counts: Counter[str] = field(default_factory=Counter)
+    """The running counts (`RowMaker.counts`) as of `seq`."""
+    run_ids: dict[str, str] = field(default_factory=dict)
+    """Tracker -> the id of its run (W&B, MLflow), so a restart logs into the same run."""
+
+    @classmethod
+    def load(cls, path: Path) -> TrackState:
+        """The state saved at `path`; a fresh one if there is none."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls()
+        return cls(seq=int(data["seq"]), counts=Counter(data["counts"]), run_ids=dict(data["run_ids"]))
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"seq": self.seq, "counts": self.counts, "run_ids": self.run_ids}))
+        os.replace(tmp, path)
