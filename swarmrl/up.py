@@ -263,8 +263,8 @@ async def supervise(
     evaluator = asyncio.create_task(
         run_evaluator(
             service_url, evaluated, stop, every=run.eval_every, limit=run.eval_limit,
-            samples=run.eval_samples, temperature=run.eval_temperature, max_tokens=run.max_tokens,
-            finish=finish,
+            samples=run.eval_samples, temperature=run.eval_temperature, finish=finish,
+            max_tokens={task: swarm.max_tokens(task) for task in evaluated},
         )
     )  # fmt: skip
     trainers = trainer_procs(swarm)

@@ -142,6 +142,7 @@ class EnvTask:
     def spec(self) -> TaskSpec:
         return TaskSpec(
             name=self.name,
+            max_tokens=None,  # the environment's author says (TaskConf.max_tokens)
             make_env=lambda row: UserEnv(self, row),
             train_tasks=self.train_tasks,
             eval_tasks=lambda: list(self.eval),
