@@ -72,6 +72,10 @@ class TaskConf(Strict):
     `data`, or come from the class."""
     max_turns: int = Field(default=10, ge=1)
     """Model calls per episode of an `env` task before it is cut (tool calls count)."""
+    sandbox: bool = False
+    """`env` task: run its tools as sandboxed python actions through the actions service (scheduled
+    with `[run] actions`) instead of in the client. Its tools must then be plain functions of its
+    file (no `self`), and the file must run on the standard library alone: it is what the sandbox runs."""
 
     @field_validator("data", "eval_data", mode="before")
     @classmethod

@@ -25,7 +25,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -63,6 +64,8 @@ def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], fi
     """`--flag` overriding `cls.field`: its type, choices and docstring, and its default in the help."""
     info = cls.model_fields[field]
     kind, choices = info.annotation, None
+    if get_origin(kind) in (Union, UnionType):  # `int | None`: the flag takes an int
+        (kind,) = [a for a in get_args(kind) if a is not type(None)]
     if get_origin(kind) is Literal:
         kind, choices = str, list(get_args(kind))
     doc = " ".join((info.description or "").split()).replace("%", "%%")

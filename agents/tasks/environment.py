@@ -26,15 +26,22 @@ Tools are plain Python callables; their type hints and Google-style docstrings b
 specs (`transformers.utils.get_json_schema`). A reply with tool calls runs them in-process (each
 result, or `error: ...`, goes back as a `tool` message) and the episode goes on without calling
 `step`; a reply without tool calls goes to `step`. An episode ends when `step` says so, or after
-`max_turns` model calls. Sandboxed tools (`sandbox = true`, through the actions service) are not
-built yet.
+`max_turns` model calls.
+
+With `sandbox = true` the tools run as python actions through the actions service instead (the
+calculator task's route: isolated workers, scheduled per action): the action is the environment's
+file, run as a program that calls the named function on the call's arguments and prints its result.
+So sandboxed tools are plain functions of that file (a method would need the episode's state,
+which stays in the client) and the file imports only the standard library.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from swarmrl.agents.config import TaskConf
@@ -73,11 +80,14 @@ class UserEnv:
         opening = self.env.reset()
         return [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
 
-    def step(self, reply: Message) -> StepResult:
+    def step(self, reply: Message, tool_results: list[str | None] | None = None) -> StepResult:
+        """`tool_results`: the reply's tool calls as run in the sandbox (`EnvTask.tool_actions`),
+        None where this environment runs the call itself."""
         self.turns += 1
         calls = reply.get("tool_calls") or []
         if calls and self.tools:
-            messages = [self._run_tool(call) for call in calls]
+            results = tool_results or [None] * len(calls)
+            messages = [self._run_tool(call, result) for call, result in zip(calls, results, strict=True)]
             return StepResult(messages, done=self.turns >= self.task.conf.max_turns)
         out = self.env.step(reply)
         result = out if isinstance(out, StepResult) else StepResult(list(out[0]), bool(out[1]))
@@ -85,9 +95,11 @@ class UserEnv:
             result.done = True
         return result
 
-    def _run_tool(self, call: dict[str, Any]) -> Message:
+    def _run_tool(self, call: dict[str, Any], result: str | None = None) -> Message:
         fn = call.get("function") or {}
         name = fn.get("name", "")
+        if result is not None:
+            return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": result}
         try:
             if name not in self.tools:
                 raise ValueError(f"no tool {name!r}; tools: {sorted(self.tools)}")
@@ -122,7 +134,35 @@ class EnvTask:
         # build or a tool has no spec): the specs are the class's, the same in every episode.
         probe = self.cls(dict(self.eval[0].columns))
         probe.reset()
-        self.tool_specs = [tool_spec(fn) for fn in self.bind_tools(probe).values()] or None
+        tools = self.bind_tools(probe)
+        self.tool_specs = [tool_spec(fn) for fn in tools.values()] or None
+        self.program = self._sandbox_program(tools) if conf.sandbox else ""
+
+    def _sandbox_program(self, tools: dict[str, Callable[..., Any]]) -> str:
+        """The tools' file plus a main that runs one tool call read from stdin."""
+        if not tools:
+            raise DatasetError(f"task {self.name}: sandbox = true, but env {self.conf.env} has no tools")
+        files = {name: fn.__code__.co_filename for name, fn in tools.items() if inspect.isfunction(fn)}
+        if len(files) < len(tools) or len(set(files.values())) > 1:
+            odd = sorted(set(tools) - set(files)) or sorted(files)
+            raise DatasetError(
+                f"task {self.name}: sandbox = true runs plain functions of one file; {odd} are methods or "
+                "come from several files (a method needs the episode's state, which stays in the client): "
+                "make them functions of the environment's file, or drop sandbox"
+            )
+        return Path(next(iter(files.values()))).read_text() + SANDBOX_MAIN
+
+    def tool_actions(self, reply: Message) -> list[dict[str, Any] | None]:
+        """Per tool call of `reply`, the python action that runs it (None: not a tool of this env,
+        which the environment answers itself)."""
+        out: list[dict[str, Any] | None] = []
+        for call in reply.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            args = fn.get("arguments") or "{}"
+            known = self.tool_specs and fn.get("name") in {t["function"]["name"] for t in self.tool_specs}
+            stdin = json.dumps({"name": fn.get("name"), "arguments": args})
+            out.append({"code": self.program, "stdin": stdin} if known else None)
+        return out
 
     def _row(self, instance: dict[str, Any]) -> DataRow:
         key = instance.get("task_id") or hashlib.sha1(
@@ -148,7 +188,25 @@ class EnvTask:
             eval_tasks=lambda: list(self.eval),
             demonstration=None,
             parse_reply=message_text,
+            tool_actions=self.tool_actions if self.conf.sandbox else None,
         )
+
+
+SANDBOX_MAIN = """
+
+if __name__ == "__main__":  # swarmrl: run one tool call from stdin, print its result
+    import json as _json
+    import sys as _sys
+
+    _call = _json.loads(_sys.stdin.read())
+    _args = _call["arguments"]
+    try:
+        _result = globals()[_call["name"]](**(_json.loads(_args) if isinstance(_args, str) else _args))
+        print(_result if isinstance(_result, str) else _json.dumps(_result))
+    except Exception as _exc:  # the model's bad call, or the tool's own failure: the model sees it
+        print(f"error: {type(_exc).__name__}: {_exc}")
+"""
+"""Appended to the environment's file to make the sandboxed program (underscored: not the user's names)."""
 
 
 def env_task(name: str, conf: TaskConf) -> TaskSpec:

@@ -136,3 +136,80 @@ def test_what_is_wrong_with_an_env_is_said_at_start(folder: Path) -> None:
         env_task("x", conf(folder, env="count.py:Absent"))
     with pytest.raises(ValueError, match="an env task's reward is its environment's"):
         TaskConf(env="count.py:Count", data=["x.jsonl"], reward="r.py:f")
+
+
+SANDBOXED = '''
+import json
+
+
+def add(a: int, b: int) -> int:
+    """Add two whole numbers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+class Adder:
+    tools = [add]
+
+    def __init__(self, instance):
+        self.reward, self.success = 0.0, False
+
+    @staticmethod
+    def train_instances(seed):
+        while True:
+            yield {"task_id": "add"}
+
+    @staticmethod
+    def eval_instances():
+        return [{"task_id": "add"}]
+
+    def reset(self):
+        return "What is 2 + 3?"
+
+    def step(self, reply):
+        self.success = (reply.get("content") or "").strip() == "5"
+        self.reward = float(self.success)
+        return [], True
+'''
+
+
+def test_sandboxed_tools_are_the_files_own_functions_run_as_a_program(folder: Path) -> None:
+    import subprocess
+    import sys
+
+    (folder / "adder.py").write_text(SANDBOXED)
+    spec = env_task("adder", TaskConf(env="adder.py:Adder", sandbox=True).resolve_paths(folder))
+    assert spec.tool_actions is not None
+    reply = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "c1", "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 3})}},
+            {"id": "c2", "function": {"name": "add", "arguments": json.dumps({"a": "x"})}},
+            {"id": "c3", "function": {"name": "rm", "arguments": "{}"}},
+        ],
+    }
+    first, second, unknown = spec.tool_actions(reply)
+    assert unknown is None  # not a tool of the env: answered by the env itself, not the sandbox
+    outputs = []
+    for action in (first, second):  # what the sandbox runs: the file as a program, the call on stdin
+        assert action is not None
+        run = subprocess.run([sys.executable, "-I", "-c", action["code"]], input=action["stdin"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        outputs.append(run.stdout.strip())
+    assert outputs[0] == "5" and outputs[1].startswith("error: TypeError")
+    env = spec.make_env(spec.eval_tasks()[0])
+    env.reset()
+    step = env.step(reply, tool_results=[outputs[0], outputs[1], None])
+    assert [m["content"] for m in step.messages][:2] == ["5", outputs[1]] and not step.done
+    assert step.messages[2]["content"].startswith("error: ValueError: no tool 'rm'")
+
+
+def test_sandboxed_tools_must_be_plain_functions(folder: Path) -> None:
+    (folder / "count.py").write_text(ENV)
+    with pytest.raises(DatasetError, match=r"sandbox = true runs plain functions.*\['letters'\] are methods"):
+        env_task("count", TaskConf(env="count.py:Count", sandbox=True).resolve_paths(folder))
+    assert env_task("count", TaskConf(env="count.py:Count").resolve_paths(folder)).tool_actions is None
