@@ -1,6 +1,5 @@
 import math
 
-import pytest
 import torch
 
 from swarmrl.services.trainer.batching import Scored, pack, plan_rows, truncate
