@@ -28,6 +28,13 @@ result, or `error: ...`, goes back as a `tool` message) and the episode goes on 
 `step`; a reply without tool calls goes to `step`. An episode ends when `step` says so, or after
 `max_turns` model calls.
 
+A team environment names its `roles` (`roles = ("caller", "reporter")`, each played by the model
+the description's `[tasks.<name>] roles` gives it) and has the shape of the built-in team tasks
+(`base.MultiRoleEnv`): `turn()` gives the next `(role, messages)` (or None once the episode is over),
+`step(reply)` takes that role's reply, and `rewards` (role -> reward), `success`, optionally `done`
+and `metrics`. A role's tool calls are run and answered back to that role before its reply reaches
+`step`; `tools` is then a list for every role, or a dict role -> list.
+
 With `sandbox = true` the tools run as python actions through the actions service instead (the
 calculator task's route: isolated workers, scheduled per action): the action is the environment's
 file, run as a program that calls the named function on the call's arguments and prints its result.
@@ -45,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmrl.agents.config import TaskConf
-from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text
+from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, Turn, message_text
 from swarmrl.agents.tasks.dataset import DataRow, DatasetError, load_object, load_rows, train_stream
 
 
@@ -56,6 +63,24 @@ def tool_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     spec = get_json_schema(fn)
     spec["function"].pop("return", None)  # not part of OpenAI's tool format
     return spec
+
+
+def run_tool(
+    tools: dict[str, Callable[..., Any]], call: dict[str, Any], result: str | None = None
+) -> Message:
+    """The `tool` message answering `call`: `result` when the sandbox ran it, else the tool run here."""
+    fn = call.get("function") or {}
+    name = fn.get("name", "")
+    if result is None:
+        try:
+            if name not in tools:
+                raise ValueError(f"no tool {name!r}; tools: {sorted(tools)}")
+            args = fn.get("arguments") or "{}"
+            out = tools[name](**(json.loads(args) if isinstance(args, str) else args))
+            result = out if isinstance(out, str) else json.dumps(out)
+        except Exception as exc:  # the model's bad call, or the tool's own failure: the model sees it
+            result = f"error: {type(exc).__name__}: {exc}"
+    return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": result}
 
 
 class UserEnv:
@@ -87,7 +112,9 @@ class UserEnv:
         calls = reply.get("tool_calls") or []
         if calls and self.tools:
             results = tool_results or [None] * len(calls)
-            messages = [self._run_tool(call, result) for call, result in zip(calls, results, strict=True)]
+            messages = [
+                run_tool(self.tools, call, result) for call, result in zip(calls, results, strict=True)
+            ]
             return StepResult(messages, done=self.turns >= self.task.conf.max_turns)
         out = self.env.step(reply)
         result = out if isinstance(out, StepResult) else StepResult(list(out[0]), bool(out[1]))
@@ -95,20 +122,57 @@ class UserEnv:
             result.done = True
         return result
 
-    def _run_tool(self, call: dict[str, Any], result: str | None = None) -> Message:
-        fn = call.get("function") or {}
-        name = fn.get("name", "")
-        if result is not None:
-            return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": result}
-        try:
-            if name not in self.tools:
-                raise ValueError(f"no tool {name!r}; tools: {sorted(self.tools)}")
-            args = fn.get("arguments") or "{}"
-            result = self.tools[name](**(json.loads(args) if isinstance(args, str) else args))
-            content = result if isinstance(result, str) else json.dumps(result)
-        except Exception as exc:  # the model's bad call, or the tool's own failure: the model sees it
-            content = f"error: {type(exc).__name__}: {exc}"
-        return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": content}
+
+class UserTeamEnv:
+    """One episode of a team environment task: the user's environment, plus each role's tool loop."""
+
+    def __init__(self, task: EnvTask, row: DataRow) -> None:
+        self.task, self.row = task, row
+        self.env = task.cls(dict(row.columns))
+        self.tools = {role: task.bind_tools(self.env, role) for role in task.roles}
+        self.calls = 0
+        self.pending: Turn | None = None
+        """The turn being played: its messages grow with each tool round until the role answers."""
+
+    @property
+    def done(self) -> bool:
+        return bool(getattr(self.env, "done", False)) or self.calls >= self.task.conf.max_turns
+
+    @property
+    def success(self) -> bool:
+        return bool(self.env.success)
+
+    @property
+    def rewards(self) -> dict[str, float]:
+        return {role: float(value) for role, value in (self.env.rewards or {}).items()}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(getattr(self.env, "metrics", None) or {})
+
+    def turn(self) -> Turn | None:
+        if self.pending is None:
+            if self.done or (nxt := self.env.turn()) is None:
+                return None
+            role, opening = (nxt.role, nxt.messages) if isinstance(nxt, Turn) else nxt
+            if role not in self.tools:
+                raise ValueError(
+                    f"env {self.task.conf.env} gave a turn to {role!r}; its roles are {self.task.roles}"
+                )
+            messages = [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
+            self.pending = Turn(role, messages, self.task.role_specs.get(role))
+        return self.pending
+
+    def step(self, reply: Message) -> None:
+        assert self.pending is not None, "step() before turn()"
+        self.calls += 1
+        turn, tools = self.pending, self.tools[self.pending.role]
+        calls = reply.get("tool_calls") or []
+        if calls and tools and self.calls < self.task.conf.max_turns:
+            turn.messages.extend([reply, *(run_tool(tools, call) for call in calls)])
+            return  # the same role goes on with its tools' results
+        self.pending = None
+        self.env.step(reply)
 
 
 class EnvTask:
@@ -132,10 +196,18 @@ class EnvTask:
             raise DatasetError(f"task {name}: env {conf.env} has no held-out instances")
         # Built once from a probe episode (fails at start, not in a client, if the class does not
         # build or a tool has no spec): the specs are the class's, the same in every episode.
+        self.roles: tuple[str, ...] = tuple(getattr(self.cls, "roles", None) or ())
         probe = self.cls(dict(self.eval[0].columns))
-        probe.reset()
+        if not self.roles:
+            probe.reset()
         tools = self.bind_tools(probe)
         self.tool_specs = [tool_spec(fn) for fn in tools.values()] or None
+        self.role_specs = {
+            role: [tool_spec(fn) for fn in self.bind_tools(probe, role).values()] or None
+            for role in self.roles
+        }
+        if conf.sandbox and self.roles:
+            raise DatasetError(f"task {name}: sandbox = true is for single-agent envs; {conf.env} has roles")
         self.program = self._sandbox_program(tools) if conf.sandbox else ""
 
     def _sandbox_program(self, tools: dict[str, Callable[..., Any]]) -> str:
@@ -171,15 +243,31 @@ class EnvTask:
         task_id = key if isinstance(key, str) else f"{self.name}-{key.hexdigest()[:12]}"
         return DataRow(task_id, instance)
 
-    def bind_tools(self, env: Any) -> dict[str, Callable[..., Any]]:
-        """`tools` of the class: method names (bound to this episode's environment) or functions."""
+    def bind_tools(self, env: Any, role: str | None = None) -> dict[str, Callable[..., Any]]:
+        """`tools` of the class (for `role` when it maps roles to tools): method names (bound to this
+        episode's environment) or functions."""
         out: dict[str, Callable[..., Any]] = {}
-        for tool in getattr(self.cls, "tools", None) or []:
+        tools = getattr(self.cls, "tools", None) or []
+        if isinstance(tools, dict):
+            tools = tools.get(role, []) if role is not None else []
+        for tool in tools:
             fn = getattr(env, tool) if isinstance(tool, str) else tool
             out[fn.__name__] = fn
         return out
 
     def spec(self) -> TaskSpec:
+        if self.roles:
+            return TaskSpec(
+                name=self.name,
+                max_tokens=None,
+                make_env=lambda row: UserTeamEnv(self, row),
+                train_tasks=self.train_tasks,
+                eval_tasks=lambda: list(self.eval),
+                demonstration=None,
+                parse_reply=message_text,
+                roles=self.roles,
+                role_demonstrations=lambda row, rng: {},  # a model of the user's needs no warm start
+            )
         return TaskSpec(
             name=self.name,
             max_tokens=None,  # the environment's author says (TaskConf.max_tokens)
@@ -212,6 +300,13 @@ if __name__ == "__main__":  # swarmrl: run one tool call from stdin, print its r
 def env_task(name: str, conf: TaskConf) -> TaskSpec:
     """The `TaskSpec` of environment task `name` (its class imported, its instances drawn)."""
     task = EnvTask(name, conf)
+    single = not task.roles and set(conf.roles) <= {"agent"}  # `agent`: a single agent's default role
+    if not single and set(conf.roles) != set(task.roles):
+        want = ", ".join(f'{r} = "<model>"' for r in task.roles)
+        raise DatasetError(
+            f"task {name}: env {conf.env} has roles {list(task.roles)}, the description {sorted(conf.roles)}"
+            + (f"; give roles = {{{want}}}" if task.roles else "; a single-agent env takes no roles")
+        )
     if next(iter(task.train_tasks(0)), None) is None:
         raise DatasetError(f"task {name}: env {conf.env} has no training instances")
     return task.spec()

@@ -213,3 +213,79 @@ def test_sandboxed_tools_must_be_plain_functions(folder: Path) -> None:
     with pytest.raises(DatasetError, match=r"sandbox = true runs plain functions.*\['letters'\] are methods"):
         env_task("count", TaskConf(env="count.py:Count", sandbox=True).resolve_paths(folder))
     assert env_task("count", TaskConf(env="count.py:Count").resolve_paths(folder)).tool_actions is None
+
+
+TEAM = '''
+class Relay:
+    """A caller asks the reporter (who has a tool) for a number, then says it."""
+
+    roles = ("caller", "reporter")
+    tools = {"reporter": ["lookup"]}
+
+    def __init__(self, instance):
+        self.said = []
+        self.rewards, self.success, self.done = {}, False, False
+
+    @staticmethod
+    def train_instances(seed):
+        while True:
+            yield {"task_id": "relay"}
+
+    @staticmethod
+    def eval_instances():
+        return [{"task_id": "relay"}]
+
+    def lookup(self, key: str) -> int:
+        """Look a number up.
+
+        Args:
+            key: what to look up
+        """
+        return 42
+
+    def turn(self):
+        if self.done:
+            return None
+        if not self.said:
+            return "caller", "Ask for the number."
+        return "reporter", [{"role": "user", "content": "Tell the number: " + self.said[0]}]
+
+    def step(self, reply):
+        self.said.append(reply.get("content") or "")
+        if len(self.said) == 2:
+            self.done, self.success = True, "42" in self.said[1]
+            self.rewards = {"caller": 1.0, "reporter": float(self.success)}
+'''
+
+
+def test_a_team_env_gives_each_role_its_turns_and_runs_a_roles_tools(folder: Path) -> None:
+    (folder / "relay.py").write_text(TEAM)
+    roles = {"caller": "a", "reporter": "b"}
+    spec = env_task("relay", TaskConf(env="relay.py:Relay", roles=roles, max_turns=6).resolve_paths(folder))
+    assert spec.roles == ("caller", "reporter")
+    env = spec.make_env(spec.eval_tasks()[0])
+    first = env.turn()
+    assert (first.role, first.messages, first.tools) == (
+        "caller",
+        [{"role": "user", "content": "Ask for the number."}],
+        None,
+    )
+    env.step({"role": "assistant", "content": "the number?"})
+    second = env.turn()
+    assert second.role == "reporter" and second.tools[0]["function"]["name"] == "lookup"
+    call = {
+        "role": "assistant",
+        "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": '{"key": "n"}'}}],
+    }
+    env.step(call)  # a tool round: the reporter gets the result and goes on, the env sees nothing yet
+    again = env.turn()
+    assert again.role == "reporter" and again.messages[-2:] == [
+        call,
+        {"role": "tool", "tool_call_id": "c1", "name": "lookup", "content": "42"},
+    ]
+    env.step({"role": "assistant", "content": "It is 42."})
+    assert env.turn() is None and env.done and env.success and env.rewards == {"caller": 1.0, "reporter": 1.0}
+    with pytest.raises(DatasetError, match=r"has roles \['caller', 'reporter'\].*give roles = "):
+        env_task("relay", TaskConf(env="relay.py:Relay").resolve_paths(folder))
+    with pytest.raises(DatasetError, match="a single-agent env takes no roles"):
+        env_task("count", TaskConf(env="count.py:Count", roles={"x": "a"}).resolve_paths(folder))
