@@ -18,7 +18,8 @@ test *ARGS:
 test-slow *ARGS:
     python -m pytest -m "slow and not gpu" -q "$@"
 
-# GPU checks (SGLang backend); needs a CUDA machine and SWARMRL_GPU_MODEL.
+# GPU checks: tests/gpu (engine and trainer on CUDA against the CPU) and the SGLang backend (with
+# SWARMRL_GPU_MODEL); needs a CUDA machine. `infra/gpu/check.sh` runs them on one without network.
 test-gpu *ARGS:
     python -m pytest -m gpu -q "$@"
 

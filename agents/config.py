@@ -30,6 +30,9 @@ class TaskConf(Strict):
     command: list[str] | None = None
     """Client command line (argv); None = the built-in Python runner. It gets the connection details
     in `SWARMRL_CONNECT_FILE` (JSON: nats_url, user, password, models) and `SWARMRL_TASK`."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Max tokens per model reply in this task's episodes and evaluations; None: `[run] max_tokens`,
+    else the task's own need (see there)."""
     eval: bool = True
     """Evaluate held-out success (built-in and dataset tasks; a `command` client's task has no
     held-out set here)."""
@@ -69,6 +72,10 @@ class TaskConf(Strict):
     `data`, or come from the class."""
     max_turns: int = Field(default=10, ge=1)
     """Model calls per episode of an `env` task before it is cut (tool calls count)."""
+    sandbox: bool = False
+    """`env` task: run its tools as sandboxed python actions through the actions service (scheduled
+    with `[run] actions`) instead of in the client. Its tools must then be plain functions of its
+    file (no `self`), and the file must run on the standard library alone: it is what the sandbox runs."""
 
     @field_validator("data", "eval_data", mode="before")
     @classmethod
@@ -139,8 +146,10 @@ class RunConf(Strict):
     """Episodes per held-out instance."""
     eval_temperature: float = Field(default=1.0, ge=0)
     """Eval sampling temperature (1.0 = the policy being trained, 0 = greedy)."""
-    max_tokens: int = Field(default=48, ge=1)
-    """Max tokens per model reply."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Max tokens per model reply in every task that sets none of its own; None: each task's own need
+    (48 for the built-in tasks; a dataset or environment task's `max_tokens`, else the gateway's
+    `default_max_tokens`), always capped by the model's context."""
     abort_rate: float = Field(default=0.0, ge=0, lt=1)
     """Chaos: per-turn probability that a built-in client fails an episode on purpose."""
     seed: int = Field(default=0, ge=0)

@@ -97,7 +97,7 @@ async def evaluate(
     samples: int = 1,
     parallel: int = 16,
     temperature: float = 1.0,
-    max_tokens: int,
+    max_tokens: int | None = None,
     attempts: int = 4,
 ) -> EvalOutcome:
     """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each instance played
@@ -158,7 +158,7 @@ async def run_evaluator(
     limit: int = 0,
     samples: int = 1,
     temperature: float = 1.0,
-    max_tokens: int,
+    max_tokens: dict[str, int | None] | None = None,
     finish: asyncio.Event | None = None,
 ) -> None:
     """Evaluate each task at version 0, then whenever its lead model (the model of its first role)
@@ -212,7 +212,7 @@ async def run_evaluator(
                 last[task] = version
                 success = await _evaluate_and_publish(
                     swarm, task, roles, version, versions, limit=limit, samples=samples,
-                    temperature=temperature, max_tokens=max_tokens,
+                    temperature=temperature, max_tokens=(max_tokens or {}).get(task),
                 )  # fmt: skip
                 if success is not None and (warning := divergence[task].check(version, success)):
                     log.warning("%s", warning)

@@ -63,7 +63,7 @@ async def play(
     instance: Any,
     model: str,
     temperature: float,
-    max_tokens: int,
+    max_tokens: int | None,
     abort_rate: float = 0.0,
     tool_actions: bool = False,
 ) -> Outcome:
@@ -118,7 +118,7 @@ async def play_team(
     instance: Any,
     roles: dict[str, str],
     temperature: float,
-    max_tokens: int,
+    max_tokens: int | None,
     abort_rate: float = 0.0,
 ) -> Outcome:
     """Play one episode of a multi-role task: each role is an agent of the episode calling its own
@@ -150,7 +150,7 @@ async def play_episode(
     *,
     eval: bool = False,
     temperature: float = 1.0,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,
     group_key: str = "",
     group_size: int = 0,
     abort_rate: float = 0.0,
@@ -160,6 +160,8 @@ async def play_episode(
     (or is the model of a single-agent task)."""
     if isinstance(roles, str):
         roles = roles_of(spec, {}, roles)
+    if max_tokens is None:
+        max_tokens = spec.max_tokens
     async with swarm.episode(
         instance.task_id,
         models=list(dict.fromkeys(roles.values())),
@@ -254,7 +256,7 @@ async def run_client(
     seed: int,
     stop: asyncio.Event,
     temperature: float = 1.0,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,
     abort_rate: float = 0.0,
     roles: dict[str, str] | None = None,
     drain_s: float = 30.0,
@@ -368,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument(
-        "--max-tokens", type=int, default=default_of(RunConf, "max_tokens"), help="max tokens per reply"
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="max tokens per reply (default: the task's own, `TaskSpec.max_tokens`)",
     )
     p.add_argument(
         "--seed",

@@ -9,6 +9,7 @@ swarmrl credentials mint NAME  give an agent client its own NATS identity (revok
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, tracker,
                            actions, action-worker); `--config swarm.toml [--model M]` configures it as `up` would
 swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
+swarmrl export RUN --model M --to DIR   a run's trained model as an HF model directory
 swarmrl research STUDY.toml    run a study (arms x seeds of swarm runs), resumable; statistics and a report
 swarmrl bootstrap-model    build the tiny offline model used on CPU
 swarmrl nats               run the embedded NATS server alone (prints its URL and an agent connect file)
@@ -31,6 +32,7 @@ VERBS = {
     "credentials": ("swarmrl.credentials", "main"),
     "query": ("swarmrl.services.ledger.query", "main"),
     "research": ("swarmrl.research.cli", "main"),
+    "export": ("swarmrl.export", "main"),
     "bootstrap-model": ("swarmrl.bootstrap.cli", "main"),
     "nats": ("swarmrl.infra.nats_cli", "main"),
 }

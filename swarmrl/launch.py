@@ -146,7 +146,8 @@ def client_argv(swarm: Swarm, task: str) -> list[str]:
     return [
         "-m", "swarmrl.agents.runner", "--task", task, *roles,
         "--num-repeat", str(swarm.num_repeat(task)), "--concurrency", str(t.concurrency),
-        "--max-tokens", str(swarm.run.max_tokens), "--abort-rate", str(swarm.run.abort_rate),
+        *(["--max-tokens", str(n)] if (n := swarm.max_tokens(task)) else []),
+        "--abort-rate", str(swarm.run.abort_rate),
         *(["--tool-actions"] if uses_actions(swarm) and get_task(task).tool_actions else []),
     ]  # fmt: skip
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swarmrl.core.rundir import PARTS_FILE
 from swarmrl.machine import describe
 
 
@@ -197,6 +198,14 @@ def restart_counts(run_dir: Path) -> dict[str, int]:
     return counts
 
 
+def run_parts(run_dir: Path) -> list[dict[str, Any]]:
+    """The parts of a run, oldest first: one per `swarmrl up`, the first and each `--resume`."""
+    path = run_dir / PARTS_FILE
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
 def write_report(run_dir: Path, reason: str = "") -> Path:
     from swarmrl.services.ledger.query import connect
 
@@ -264,6 +273,15 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
             f"- eval `{label}`: {100 * pts[0][4]:.1f}% (v{pts[0][3]}) → {100 * pts[-1][4]:.1f}% "
             f"(v{pts[-1][3]}, {(pts[-1][7] - started) / 60:.1f} min), best "
             f"{100 * max(p[4] for p in pts):.1f}%, n={pts[-1][5]} at temperature {pts[-1][6]:g}"
+        )
+    if len(parts := run_parts(run_dir)) > 1:
+        lines.append(
+            f"- parts: {len(parts)} (`swarmrl up --resume`): "
+            + "; ".join(
+                f"{(p['started'] - started) / 60:.1f}-{(p['ended'] - started) / 60:.1f} min "
+                f"({p['reason'].splitlines()[0] if p.get('reason') else 'n/a'})"
+                for p in parts
+            )
         )
     lines.append(f"- dead letters: {', '.join(f'{s}: {n}' for s, n in dead) or 'none'}")
     restarts = restart_counts(run_dir)

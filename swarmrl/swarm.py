@@ -179,6 +179,10 @@ class Swarm(Strict):
         """The models of `task`, in role order, without repeats; the first is the task's lead."""
         return list(dict.fromkeys(self.tasks[task].roles.values()))
 
+    def max_tokens(self, task: str) -> int | None:
+        """Max tokens per reply in `task` as described (None: the task's own need, `TaskSpec.max_tokens`)."""
+        return self.tasks[task].max_tokens or self.run.max_tokens
+
     def num_repeat(self, task: str) -> int:
         """The GRPO group size of `task`: its lead model's trainer's (all its models agree)."""
         return self.trainer(self.task_models(task)[0]).num_repeat

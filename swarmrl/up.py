@@ -26,11 +26,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
 from swarmrl.core.config import password_on_command_line
+from swarmrl.core.rundir import PARTS_FILE, SWARM_FILE
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
@@ -65,6 +67,8 @@ def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], fi
     """`--flag` overriding `cls.field`: its type, choices and docstring, and its default in the help."""
     info = cls.model_fields[field]
     kind, choices = info.annotation, None
+    if get_origin(kind) in (Union, UnionType):  # `int | None`: the flag takes an int
+        (kind,) = [a for a in get_args(kind) if a is not type(None)]
     if get_origin(kind) is Literal:
         kind, choices = str, list(get_args(kind))
     elif get_origin(kind) is list:  # comma-separated; the setting's own validator splits it
@@ -105,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--print-config", action="store_true",
         help="print the resolved configuration of every process as JSON and exit")  # fmt: skip
     add("--run-dir", type=Path, default=None, help="run directory (default runs/<timestamp>)")
+    add("--resume", type=Path, default=None, metavar="RUN",
+        help="continue the stopped run in directory RUN from its last version: its description "
+        "(RUN/swarm.json), checkpoints, NATS streams, ledger and report go on; flags still apply "
+        "(give --steps beyond the steps it reached, --minutes for this part)")  # fmt: skip
     add("--nats", default=os.environ.get("SWARMRL_NATS", ""),
         help="join this NATS cluster (service URL, default $SWARMRL_NATS) instead of starting one; "
         "a URL with a password goes in the environment, never on the command line")  # fmt: skip
@@ -122,6 +130,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(reason)
     if args.nats and args.nats_conf is None:
         p.error("--nats needs --nats-conf DIR: the conf dir where up mints its clients' NATS identities")
+    if args.resume is not None:
+        if reason := resume_problem(args):
+            p.error(reason)
+        args.run_dir = args.resume
     try:
         args.swarm = swarm_from_args(args)
     except SwarmConfigError as exc:
@@ -135,8 +147,11 @@ def swarm_from_args(args: argparse.Namespace) -> Swarm:
     from swarmrl.services.tracker.config import check_installed
     from swarmrl.swarm import build, check_bases, load, service_config
 
-    if args.config is not None:
-        data: dict[str, Any] = load(args.config)
+    if getattr(args, "resume", None) is not None:
+        source = str(args.resume / SWARM_FILE)
+        data: dict[str, Any] = json.loads((args.resume / SWARM_FILE).read_text())
+    elif args.config is not None:
+        data = load(args.config)
         source = str(args.config)
     else:
         data = {"models": {MODEL: {}}, "tasks": {}}
@@ -172,7 +187,40 @@ def swarm_from_args(args: argparse.Namespace) -> Swarm:
     swarm = build(data, source)
     check_bases(swarm)
     check_installed(service_config(swarm, "tracker").track)  # the tracker runs here
+    if getattr(args, "resume", None) is not None:
+        check_resumable(swarm, args.resume)
     return swarm
+
+
+def resume_problem(args: argparse.Namespace) -> str | None:
+    """Why `--resume` cannot go with these flags or this directory (None: it can)."""
+    from swarmrl.core.rundir import pid_file, read_pid, start_time
+
+    run = args.resume
+    clash = [f for f, v in (("--config", args.config), ("--model", args.model), ("--task", args.task),
+                            ("--run-dir", args.run_dir)) if v]  # fmt: skip
+    if clash:
+        return f"--resume takes the run's own description and directory; drop {', '.join(clash)}"
+    if not (run / SWARM_FILE).is_file():
+        return f"--resume {run}: no {SWARM_FILE} there, so it is not a run directory of `swarmrl up`"
+    if pid_file(run).is_file():
+        pid, started = read_pid(pid_file(run))
+        if started is not None and start_time(pid) == started:
+            return f"--resume {run}: that run is still going (pid {pid}); stop it first (`swarmrl down --run-dir {run}`)"
+    return None
+
+
+def check_resumable(swarm: Swarm, run_dir: Path) -> None:
+    """A resumed run must have steps left: each model's newest checkpoint below `run.steps`."""
+    from swarmrl.services.trainer.checkpoint import checkpoint_root, latest
+
+    for model in swarm.models:
+        found = latest(checkpoint_root(run_dir, model))
+        if found is not None and found[0] >= swarm.run.steps:
+            raise SwarmConfigError(
+                f"{run_dir} trained {model} to step {found[0]} of its {swarm.run.steps}: "
+                f"give --steps above {found[0]} to train on"
+            )
 
 
 def _trainer_args(argv: list[str]) -> dict[str, Any]:
@@ -229,8 +277,8 @@ async def supervise(
     evaluator = asyncio.create_task(
         run_evaluator(
             service_url, evaluated, stop, every=run.eval_every, limit=run.eval_limit,
-            samples=run.eval_samples, temperature=run.eval_temperature, max_tokens=run.max_tokens,
-            finish=finish,
+            samples=run.eval_samples, temperature=run.eval_temperature, finish=finish,
+            max_tokens={task: swarm.max_tokens(task) for task in evaluated},
         )
     )  # fmt: skip
     trainers = trainer_procs(swarm)
@@ -378,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     swarm: Swarm = args.swarm
     run_dir = make_run_dir(args.run_dir)
     write_pid(run_dir)
-    (run_dir / "swarm.json").write_text(swarm.model_dump_json(indent=2))
+    (run_dir / SWARM_FILE).write_text(swarm.model_dump_json(indent=2))
+    part = {"started": time.time(), "resumed": args.resume is not None}
     model_dirs = {name: resolve_base(m) for name, m in swarm.models.items()}
     server = None
     if args.nats:
@@ -415,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         clear_pid(run_dir)
+        with (run_dir / PARTS_FILE).open("a") as f:
+            f.write(json.dumps({**part, "ended": time.time(), "reason": reason}) + "\n")
     from swarmrl.report import write_report
 
     report = write_report(run_dir, reason=reason)

@@ -151,6 +151,10 @@ class TaskSpec:
     is measured alone (`swarmrl bootstrap-model --eval` on a `task.role` source)."""
     sft_tasks: Callable[[int], Iterator[Any]] | None = None
     """Seed -> the instances a warm start demonstrates; None: `train_tasks`."""
+    max_tokens: int | None = 48
+    """Max tokens per reply when the swarm description sets none: what this task's replies need (the
+    built-in tasks' answers are short). None: the gateway's `default_max_tokens`, capped by the
+    model's context (dataset and environment tasks, whose replies only their author knows)."""
     fingerprint: str = ""
     """Hash of what the task's instances are made from beyond its code (a dataset's rows): part of the
     cache key of a model warm-started on it."""

@@ -272,6 +272,7 @@ class DataTask:
         warm = self.train[: conf.warm_start_rows] if conf.warm_start_rows else self.train
         return TaskSpec(
             name=self.name,
+            max_tokens=None,  # the reply a dataset wants is its author's to say (TaskConf.max_tokens)
             make_env=lambda row: DataEnv(self, row),
             train_tasks=self.train_stream,
             eval_tasks=lambda: list(self.eval),

@@ -26,19 +26,33 @@ Tools are plain Python callables; their type hints and Google-style docstrings b
 specs (`transformers.utils.get_json_schema`). A reply with tool calls runs them in-process (each
 result, or `error: ...`, goes back as a `tool` message) and the episode goes on without calling
 `step`; a reply without tool calls goes to `step`. An episode ends when `step` says so, or after
-`max_turns` model calls. Sandboxed tools (`sandbox = true`, through the actions service) are not
-built yet.
+`max_turns` model calls.
+
+A team environment names its `roles` (`roles = ("caller", "reporter")`, each played by the model
+the description's `[tasks.<name>] roles` gives it) and has the shape of the built-in team tasks
+(`base.MultiRoleEnv`): `turn()` gives the next `(role, messages)` (or None once the episode is over),
+`step(reply)` takes that role's reply, and `rewards` (role -> reward), `success`, optionally `done`
+and `metrics`. A role's tool calls are run and answered back to that role before its reply reaches
+`step`; `tools` is then a list for every role, or a dict role -> list.
+
+With `sandbox = true` the tools run as python actions through the actions service instead (the
+calculator task's route: isolated workers, scheduled per action): the action is the environment's
+file, run as a program that calls the named function on the call's arguments and prints its result.
+So sandboxed tools are plain functions of that file (a method would need the episode's state,
+which stays in the client) and the file imports only the standard library.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from swarmrl.agents.config import TaskConf
-from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text
+from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, Turn, message_text
 from swarmrl.agents.tasks.dataset import DataRow, DatasetError, load_object, load_rows, train_stream
 
 
@@ -49,6 +63,24 @@ def tool_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     spec = get_json_schema(fn)
     spec["function"].pop("return", None)  # not part of OpenAI's tool format
     return spec
+
+
+def run_tool(
+    tools: dict[str, Callable[..., Any]], call: dict[str, Any], result: str | None = None
+) -> Message:
+    """The `tool` message answering `call`: `result` when the sandbox ran it, else the tool run here."""
+    fn = call.get("function") or {}
+    name = fn.get("name", "")
+    if result is None:
+        try:
+            if name not in tools:
+                raise ValueError(f"no tool {name!r}; tools: {sorted(tools)}")
+            args = fn.get("arguments") or "{}"
+            out = tools[name](**(json.loads(args) if isinstance(args, str) else args))
+            result = out if isinstance(out, str) else json.dumps(out)
+        except Exception as exc:  # the model's bad call, or the tool's own failure: the model sees it
+            result = f"error: {type(exc).__name__}: {exc}"
+    return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": result}
 
 
 class UserEnv:
@@ -73,11 +105,16 @@ class UserEnv:
         opening = self.env.reset()
         return [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
 
-    def step(self, reply: Message) -> StepResult:
+    def step(self, reply: Message, tool_results: list[str | None] | None = None) -> StepResult:
+        """`tool_results`: the reply's tool calls as run in the sandbox (`EnvTask.tool_actions`),
+        None where this environment runs the call itself."""
         self.turns += 1
         calls = reply.get("tool_calls") or []
         if calls and self.tools:
-            messages = [self._run_tool(call) for call in calls]
+            results = tool_results or [None] * len(calls)
+            messages = [
+                run_tool(self.tools, call, result) for call, result in zip(calls, results, strict=True)
+            ]
             return StepResult(messages, done=self.turns >= self.task.conf.max_turns)
         out = self.env.step(reply)
         result = out if isinstance(out, StepResult) else StepResult(list(out[0]), bool(out[1]))
@@ -85,18 +122,57 @@ class UserEnv:
             result.done = True
         return result
 
-    def _run_tool(self, call: dict[str, Any]) -> Message:
-        fn = call.get("function") or {}
-        name = fn.get("name", "")
-        try:
-            if name not in self.tools:
-                raise ValueError(f"no tool {name!r}; tools: {sorted(self.tools)}")
-            args = fn.get("arguments") or "{}"
-            result = self.tools[name](**(json.loads(args) if isinstance(args, str) else args))
-            content = result if isinstance(result, str) else json.dumps(result)
-        except Exception as exc:  # the model's bad call, or the tool's own failure: the model sees it
-            content = f"error: {type(exc).__name__}: {exc}"
-        return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": content}
+
+class UserTeamEnv:
+    """One episode of a team environment task: the user's environment, plus each role's tool loop."""
+
+    def __init__(self, task: EnvTask, row: DataRow) -> None:
+        self.task, self.row = task, row
+        self.env = task.cls(dict(row.columns))
+        self.tools = {role: task.bind_tools(self.env, role) for role in task.roles}
+        self.calls = 0
+        self.pending: Turn | None = None
+        """The turn being played: its messages grow with each tool round until the role answers."""
+
+    @property
+    def done(self) -> bool:
+        return bool(getattr(self.env, "done", False)) or self.calls >= self.task.conf.max_turns
+
+    @property
+    def success(self) -> bool:
+        return bool(self.env.success)
+
+    @property
+    def rewards(self) -> dict[str, float]:
+        return {role: float(value) for role, value in (self.env.rewards or {}).items()}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(getattr(self.env, "metrics", None) or {})
+
+    def turn(self) -> Turn | None:
+        if self.pending is None:
+            if self.done or (nxt := self.env.turn()) is None:
+                return None
+            role, opening = (nxt.role, nxt.messages) if isinstance(nxt, Turn) else nxt
+            if role not in self.tools:
+                raise ValueError(
+                    f"env {self.task.conf.env} gave a turn to {role!r}; its roles are {self.task.roles}"
+                )
+            messages = [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
+            self.pending = Turn(role, messages, self.task.role_specs.get(role))
+        return self.pending
+
+    def step(self, reply: Message) -> None:
+        assert self.pending is not None, "step() before turn()"
+        self.calls += 1
+        turn, tools = self.pending, self.tools[self.pending.role]
+        calls = reply.get("tool_calls") or []
+        if calls and tools and self.calls < self.task.conf.max_turns:
+            turn.messages.extend([reply, *(run_tool(tools, call) for call in calls)])
+            return  # the same role goes on with its tools' results
+        self.pending = None
+        self.env.step(reply)
 
 
 class EnvTask:
@@ -120,9 +196,45 @@ class EnvTask:
             raise DatasetError(f"task {name}: env {conf.env} has no held-out instances")
         # Built once from a probe episode (fails at start, not in a client, if the class does not
         # build or a tool has no spec): the specs are the class's, the same in every episode.
+        self.roles: tuple[str, ...] = tuple(getattr(self.cls, "roles", None) or ())
         probe = self.cls(dict(self.eval[0].columns))
-        probe.reset()
-        self.tool_specs = [tool_spec(fn) for fn in self.bind_tools(probe).values()] or None
+        if not self.roles:
+            probe.reset()
+        tools = self.bind_tools(probe)
+        self.tool_specs = [tool_spec(fn) for fn in tools.values()] or None
+        self.role_specs = {
+            role: [tool_spec(fn) for fn in self.bind_tools(probe, role).values()] or None
+            for role in self.roles
+        }
+        if conf.sandbox and self.roles:
+            raise DatasetError(f"task {name}: sandbox = true is for single-agent envs; {conf.env} has roles")
+        self.program = self._sandbox_program(tools) if conf.sandbox else ""
+
+    def _sandbox_program(self, tools: dict[str, Callable[..., Any]]) -> str:
+        """The tools' file plus a main that runs one tool call read from stdin."""
+        if not tools:
+            raise DatasetError(f"task {self.name}: sandbox = true, but env {self.conf.env} has no tools")
+        files = {name: fn.__code__.co_filename for name, fn in tools.items() if inspect.isfunction(fn)}
+        if len(files) < len(tools) or len(set(files.values())) > 1:
+            odd = sorted(set(tools) - set(files)) or sorted(files)
+            raise DatasetError(
+                f"task {self.name}: sandbox = true runs plain functions of one file; {odd} are methods or "
+                "come from several files (a method needs the episode's state, which stays in the client): "
+                "make them functions of the environment's file, or drop sandbox"
+            )
+        return Path(next(iter(files.values()))).read_text() + SANDBOX_MAIN
+
+    def tool_actions(self, reply: Message) -> list[dict[str, Any] | None]:
+        """Per tool call of `reply`, the python action that runs it (None: not a tool of this env,
+        which the environment answers itself)."""
+        out: list[dict[str, Any] | None] = []
+        for call in reply.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            args = fn.get("arguments") or "{}"
+            known = self.tool_specs and fn.get("name") in {t["function"]["name"] for t in self.tool_specs}
+            stdin = json.dumps({"name": fn.get("name"), "arguments": args})
+            out.append({"code": self.program, "stdin": stdin} if known else None)
+        return out
 
     def _row(self, instance: dict[str, Any]) -> DataRow:
         key = instance.get("task_id") or hashlib.sha1(
@@ -131,28 +243,70 @@ class EnvTask:
         task_id = key if isinstance(key, str) else f"{self.name}-{key.hexdigest()[:12]}"
         return DataRow(task_id, instance)
 
-    def bind_tools(self, env: Any) -> dict[str, Callable[..., Any]]:
-        """`tools` of the class: method names (bound to this episode's environment) or functions."""
+    def bind_tools(self, env: Any, role: str | None = None) -> dict[str, Callable[..., Any]]:
+        """`tools` of the class (for `role` when it maps roles to tools): method names (bound to this
+        episode's environment) or functions."""
         out: dict[str, Callable[..., Any]] = {}
-        for tool in getattr(self.cls, "tools", None) or []:
+        tools = getattr(self.cls, "tools", None) or []
+        if isinstance(tools, dict):
+            tools = tools.get(role, []) if role is not None else []
+        for tool in tools:
             fn = getattr(env, tool) if isinstance(tool, str) else tool
             out[fn.__name__] = fn
         return out
 
     def spec(self) -> TaskSpec:
+        if self.roles:
+            return TaskSpec(
+                name=self.name,
+                max_tokens=None,
+                make_env=lambda row: UserTeamEnv(self, row),
+                train_tasks=self.train_tasks,
+                eval_tasks=lambda: list(self.eval),
+                demonstration=None,
+                parse_reply=message_text,
+                roles=self.roles,
+                role_demonstrations=lambda row, rng: {},  # a model of the user's needs no warm start
+            )
         return TaskSpec(
             name=self.name,
+            max_tokens=None,  # the environment's author says (TaskConf.max_tokens)
             make_env=lambda row: UserEnv(self, row),
             train_tasks=self.train_tasks,
             eval_tasks=lambda: list(self.eval),
             demonstration=None,
             parse_reply=message_text,
+            tool_actions=self.tool_actions if self.conf.sandbox else None,
         )
+
+
+SANDBOX_MAIN = """
+
+if __name__ == "__main__":  # swarmrl: run one tool call from stdin, print its result
+    import json as _json
+    import sys as _sys
+
+    _call = _json.loads(_sys.stdin.read())
+    _args = _call["arguments"]
+    try:
+        _result = globals()[_call["name"]](**(_json.loads(_args) if isinstance(_args, str) else _args))
+        print(_result if isinstance(_result, str) else _json.dumps(_result))
+    except Exception as _exc:  # the model's bad call, or the tool's own failure: the model sees it
+        print(f"error: {type(_exc).__name__}: {_exc}")
+"""
+"""Appended to the environment's file to make the sandboxed program (underscored: not the user's names)."""
 
 
 def env_task(name: str, conf: TaskConf) -> TaskSpec:
     """The `TaskSpec` of environment task `name` (its class imported, its instances drawn)."""
     task = EnvTask(name, conf)
+    single = not task.roles and set(conf.roles) <= {"agent"}  # `agent`: a single agent's default role
+    if not single and set(conf.roles) != set(task.roles):
+        want = ", ".join(f'{r} = "<model>"' for r in task.roles)
+        raise DatasetError(
+            f"task {name}: env {conf.env} has roles {list(task.roles)}, the description {sorted(conf.roles)}"
+            + (f"; give roles = {{{want}}}" if task.roles else "; a single-agent env takes no roles")
+        )
     if next(iter(task.train_tasks(0)), None) is None:
         raise DatasetError(f"task {name}: env {conf.env} has no training instances")
     return task.spec()

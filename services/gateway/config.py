@@ -10,6 +10,7 @@ from pydantic_settings import NoDecode
 
 from swarmrl.core.config import ServiceConfig
 from swarmrl.services.gateway.mixing import parse_weights
+from swarmrl.services.gateway.replies import REASONING_FORMATS, TOOL_FORMATS
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Default cap on an HTTP request body: an llm event (prompt ids and messages) must fit the 4 MiB
@@ -27,6 +28,13 @@ class GatewayConfig(ServiceConfig):
     """Engines as MODEL=URL (repeatable): the trainable model name and its SGLang-API engine."""
     tokenizer: list[str] = Field(default_factory=list)
     """Tokenizer dirs as MODEL=PATH (repeatable); default: the engine's /get_model_info tokenizer_path."""
+    tool_parser: list[str] = Field(default_factory=list)
+    """Tool-call syntax per model as MODEL=FORMAT (repeatable): hermes (Qwen2.5/Qwen3), llama3
+    (Llama 3.x JSON), mistral (`[TOOL_CALLS]`) or none. A model not named: read off its chat template
+    (`services/gateway/replies.py`)."""
+    reasoning_parser: list[str] = Field(default_factory=list)
+    """Reasoning syntax per model as MODEL=FORMAT (repeatable): think (`<think>...</think>` goes to
+    `reasoning_content`, out of `content`) or none. A model not named: read off its chat template."""
     secret: str = ""
     """HMAC secret for episode tokens, shared by all gateways of a swarm (env SWARMRL_SECRET). Empty: random."""
     token_ttl_max_s: float = 24 * 3600.0
@@ -66,4 +74,14 @@ class GatewayConfig(ServiceConfig):
         if isinstance(value, list):
             value = [p.strip() for item in value for p in str(item).split(",") if p.strip()]
             parse_weights(value)  # a bad weight fails at startup, naming the item
+        return value
+
+    @field_validator("tool_parser", "reasoning_parser")
+    @classmethod
+    def _check_formats(cls, value: list[str], info: Any) -> list[str]:
+        known = TOOL_FORMATS if info.field_name == "tool_parser" else REASONING_FORMATS
+        for item in value:
+            model, sep, fmt = item.partition("=")
+            if not sep or not model or fmt not in (*known, "auto"):
+                raise ValueError(f"{item!r}: expected MODEL=FORMAT, FORMAT one of {', '.join(known)} or auto")
         return value

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from swarmrl.schemas import LlmEvent
 from swarmrl.services.engine.client import EngineError, GenerateResult
 from swarmrl.services.gateway.errors import bad_request, engine_failed, forbidden, not_found, unauthorized
-from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, parse_reply, stop_token_ids
+from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, stop_token_ids
+from swarmrl.services.gateway.replies import THINK_OPEN, ReplyFormat
 from swarmrl.services.gateway.tokens import Claims, TokenError, verify
 
 
@@ -71,18 +72,32 @@ class ChatRequest(BaseModel):
 
 @dataclass
 class ModelHandle:
-    """One trainable model as the gateway sees it: its tokenizer and its engine."""
+    """One trainable model as the gateway sees it: its tokenizer, its engine, how its replies read."""
 
     name: str
     tokenizer: Any
     engine: Any  # swarmrl.services.engine.client.EngineClient
     context_len: int
+    tool_parser: str = "auto"
+    """Tool-call syntax (`replies.TOOL_FORMATS`); auto: read off the tokenizer's chat template."""
+    reasoning_parser: str = "auto"
+    """Reasoning syntax (`replies.REASONING_FORMATS`); auto: read off the chat template."""
     builder: PromptBuilder = field(init=False)
+    fmt: ReplyFormat = field(init=False)
     stops: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.builder = PromptBuilder(self.tokenizer)
         self.stops = stop_token_ids(self.tokenizer)
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.fmt = ReplyFormat.for_template(template, self.tool_parser, self.reasoning_parser)
+
+    def opens_reasoning(self, prompt_ids: list[int]) -> bool:
+        """Whether the prompt ends inside an open `<think>` block (the template opened it)."""
+        if self.fmt.reasoning != "think":
+            return False
+        tail = self.tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False).rstrip()
+        return tail.endswith(THINK_OPEN)
 
     def reply_text(self, output_ids: list[int]) -> str:
         """The text of generated ids, the turn-ending stop tokens left out (what `output_text` records)."""
@@ -104,6 +119,8 @@ class PreparedCall:
     prompt_ids: list[int]
     reused: str | None
     sampling: dict[str, Any]
+    opened: bool = False
+    """The prompt opened a reasoning block: the reply starts inside it."""
     call_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     """The response's `id` (every chunk's, when streamed) and the llm event's `call_id`."""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -230,7 +247,10 @@ class Gateway:
             sampling["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.seed is not None:
             sampling["sampling_seed"] = req.seed
-        return PreparedCall(claims, req, handle, messages, tools, history, prompt_ids, reused, sampling)
+        opened = handle.opens_reasoning(prompt_ids)
+        return PreparedCall(
+            claims, req, handle, messages, tools, history, prompt_ids, reused, sampling, opened
+        )
 
     async def record(self, call: PreparedCall, result: GenerateResult) -> Completion:
         """Parse the engine's final result, publish the call's llm event (durably), build the response."""
@@ -238,12 +258,15 @@ class Gateway:
         prompt_ids = call.prompt_ids
         out_ids = list(result.output_ids)
         text = await asyncio.to_thread(handle.reply_text, out_ids)
-        content, tool_calls = parse_reply(text, with_tools=bool(tools))
+        reply = handle.fmt.parse(text, with_tools=bool(tools), opened=call.opened)
+        tool_calls = reply.tool_calls
         finish = "tool_calls" if tool_calls else ("length" if result.finish_reason == "length" else "stop")
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": content if (content or not tool_calls) else None,
+            "content": reply.content if (reply.content or not tool_calls) else None,
         }
+        if reply.reasoning:
+            message["reasoning_content"] = reply.reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls
         call_id = call.call_id

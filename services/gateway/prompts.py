@@ -1,4 +1,4 @@
-"""Prompt construction with exact token reuse, and tool-call parsing (pure logic, no NATS, no HTTP).
+"""Prompt construction with exact token reuse (pure logic, no NATS, no HTTP).
 
 The gateway owns tokenization. The first call of an episode is rendered with the model's chat
 template. A later call whose messages start with an earlier call's messages followed by that call's
@@ -10,13 +10,12 @@ what lets the merger fold the earlier call into the later one.
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 PLACEHOLDER = "SWARMRLREUSEDTURN9f2c1"
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+"""Tokens that end an assistant turn in the common chat formats (ChatML, Llama 3, Phi, Gemma)."""
 
 
 def text_of(content: Any) -> str:
@@ -137,9 +136,11 @@ class PromptBuilder:
         marked = [*messages[:k], {"role": "assistant", "content": PLACEHOLDER}, *messages[k + 1 :]]
         text = self.render(marked, tools, gen_prompt=True)
         at = text.find(PLACEHOLDER)
-        # The text before the reply must be exactly what the earlier prompt rendered, else the
-        # template is not prefix-stable here and reuse would splice mismatched contexts.
-        if at < 0 or text[:at] != self.render(rec.messages, tools, gen_prompt=True):
+        # The text before the reply must be what the earlier prompt rendered, else the template is
+        # not prefix-stable here and reuse would splice mismatched contexts. Whitespace between the
+        # two (Mistral's templates put a space before a reply) belongs to the reply the model wrote.
+        before = self.render(rec.messages, tools, gen_prompt=True)
+        if at < 0 or not text.startswith(before) or text[len(before) : at].strip():
             return None
         after = text[at + len(PLACEHOLDER) :]
         last = rec.output_ids[-1] if rec.output_ids else None
@@ -150,39 +151,12 @@ class PromptBuilder:
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
-    """Ids that end an assistant turn: eos plus ChatML's `<|im_end|>` when the vocabulary has it."""
+    """Ids that end an assistant turn: eos, plus each of `TURN_ENDS` that is one token of the vocabulary."""
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end >= 0:
-        ids.add(im_end)
+    for token in TURN_ENDS:
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
     return sorted(ids)
-
-
-def parse_reply(text: str, with_tools: bool) -> tuple[str, list[dict[str, Any]]]:
-    """Split generated text into (content, OpenAI tool_calls). Unparseable tool calls stay in content."""
-    if not with_tools:
-        return text, []
-    calls: list[dict[str, Any]] = []
-
-    def take(match: re.Match[str]) -> str:
-        try:
-            obj = json.loads(match.group(1))
-            name, args = obj["name"], obj.get("arguments", {})
-        except (json.JSONDecodeError, KeyError, TypeError):
-            return match.group(0)
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": str(name),
-                    "arguments": args if isinstance(args, str) else json.dumps(args),
-                },
-            }
-        )
-        return ""
-
-    content = _TOOL_CALL_RE.sub(take, text)
-    return content.strip() if calls else content, calls

@@ -56,6 +56,11 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     engines, tokenizers = _pairs(cfg.engine, "engine"), _pairs(cfg.tokenizer, "tokenizer")
     if not engines:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
+    tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
+    reasoning_parsers = _pairs(cfg.reasoning_parser, "reasoning-parser")
+    for what, named in (("tool-parser", tool_parsers), ("reasoning-parser", reasoning_parsers)):
+        if unknown := sorted(set(named) - set(engines)):
+            raise SystemExit(f"--{what} names {unknown}, which have no --engine; models: {sorted(engines)}")
     handles = {}
     for name, url in engines.items():
         engine = EngineClient(url, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s)
@@ -65,8 +70,13 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
         ctx = int(
             getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length
         )
-        handles[name] = ModelHandle(name=name, tokenizer=tok, engine=engine, context_len=ctx)
-        log.info("model=%s engine=%s tokenizer=%s context=%d", name, url, path, ctx)
+        handles[name] = handle = ModelHandle(
+            name, tok, engine, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto")
+        )
+        log.info(
+            "model=%s engine=%s tokenizer=%s context=%d tools=%s reasoning=%s",
+            name, url, path, ctx, handle.fmt.tools, handle.fmt.reasoning,
+        )  # fmt: skip
     return handles
 
 

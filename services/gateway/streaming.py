@@ -11,9 +11,11 @@ Text. Every engine event carries all output ids so far; `TextDeltas` decodes the
 and a content chunk carries the text that is new. A trailing U+FFFD (a multi-byte character whose
 last bytes are still to come, or tokens that merge into one character) is held back until it
 resolves. The last content chunk sends whatever of the final `message.content` (the non-streamed
-path's `parse_reply` of the full decode) the deltas have not, so the deltas add up to it. With tools,
-text from a `<tool_call>` marker on (and a trailing prefix of one, and trailing whitespace) is held
+path's parse of the full decode) the deltas have not, so the deltas add up to it. With tools,
+text from a tool call's opening on (and a trailing prefix of one, and trailing whitespace) is held
 back: tool calls are parsed from the whole reply and sent as `tool_calls` deltas before the finish.
+A model that reasons in `<think>` streams its reasoning as `reasoning_content` deltas the same way
+(`replies.ReplyFormat.visible` says what of each can go out).
 
 Order at the end: the llm event is published (durably), then the rest of the content, the tool calls,
 the finish chunk and, with `stream_options.include_usage`, the usage chunk. A client that saw a call
@@ -40,9 +42,6 @@ from swarmrl.services.gateway.errors import ApiError, engine_failed
 from swarmrl.services.gateway.prompts import text_of
 
 log = logging.getLogger("swarmrl.gateway.stream")
-
-TOOL_OPEN = "<tool_call>"
-"""Where a tool call starts in a reply (the format `prompts.parse_reply` reads)."""
 
 
 class TextDeltas:
@@ -72,18 +71,6 @@ class TextDeltas:
         return self.text + piece.rstrip("\ufffd")  # the window grows until the character completes
 
 
-def before_tool_calls(text: str) -> str:
-    """What of a reply made with tools can go out as content now: the text before any `<tool_call>`,
-    less a trailing partial marker and trailing whitespace (which a tool call would strip)."""
-    at = text.find(TOOL_OPEN)
-    if at >= 0:
-        return text[:at].rstrip()
-    for k in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(TOOL_OPEN[:k]):
-            return text[:-k].rstrip()
-    return text.rstrip()
-
-
 class ChatStream:
     """One streamed call: `await start()`, then iterate `chunks()`; `aclose()` releases the engine.
 
@@ -97,6 +84,7 @@ class ChatStream:
         self._results = handle.engine.generate_stream(call.prompt_ids, call.sampling, return_logprob=True)
         self._text = TextDeltas(lambda ids: handle.tokenizer.decode(ids, skip_special_tokens=False))
         self._sent = ""
+        self._thought = ""
         self._first: GenerateResult | None = None
         self._fingerprint = ""
         self.completion: Completion | None = None
@@ -118,8 +106,10 @@ class ChatStream:
         try:
             yield self._chunk({"role": "assistant", "content": ""})
             while True:
-                delta = self._send(self._visible(result.output_ids))
-                if delta:
+                reasoning, content = self._visible(result.output_ids)
+                if delta := self._think(reasoning):
+                    yield self._chunk({"reasoning_content": delta})
+                if delta := self._send(content):
                     yield self._chunk({"content": delta})
                 if result.finished:
                     break
@@ -130,6 +120,8 @@ class ChatStream:
         self.completion = done = await asyncio.shield(self.gateway.record(self.call, result))
         choice = done.response["choices"][0]
         message = choice["message"]
+        if rest := self._think(message.get("reasoning_content") or ""):
+            yield self._chunk({"reasoning_content": rest})
         content = text_of(message.get("content"))
         rest = self._send(content)
         if self._sent != content and not message.get("tool_calls"):
@@ -159,19 +151,22 @@ class ChatStream:
         except StopAsyncIteration:  # generate_stream raises rather than end unfinished; be sure
             raise ApiError(502, f"engine of model {model!r} ended the stream early", "server_error") from None
 
-    def _visible(self, output_ids: list[int]) -> str:
+    def _visible(self, output_ids: list[int]) -> tuple[str, str]:
         # The engine ends at the first stop token, so only the last id can be one (`reply_text`
         # leaves stop ids out too); checking just it keeps each event's cost off the reply's length.
         if output_ids and output_ids[-1] in self.call.handle.stops:
             output_ids = output_ids[:-1]
         text = self._text.push(output_ids)
-        return before_tool_calls(text) if self.call.tools else text
+        return self.call.handle.fmt.visible(text, bool(self.call.tools), self.call.opened)
 
     def _send(self, text: str) -> str:
-        """What of `text` was not sent yet; nothing if `text` does not extend what was sent."""
-        if len(text) <= len(self._sent) or not text.startswith(self._sent):
-            return ""
-        delta, self._sent = text[len(self._sent) :], text
+        """What of the content `text` was not sent yet; nothing if it does not extend what was sent."""
+        delta, self._sent = _extension(self._sent, text)
+        return delta
+
+    def _think(self, text: str) -> str:
+        """As `_send`, for the reasoning."""
+        delta, self._thought = _extension(self._thought, text)
         return delta
 
     def _base(self) -> dict[str, Any]:
@@ -191,3 +186,10 @@ class ChatStream:
             **self._base(),
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
         }
+
+
+def _extension(sent: str, text: str) -> tuple[str, str]:
+    """(what `text` adds to `sent`, what is sent then); nothing if `text` does not extend `sent`."""
+    if len(text) <= len(sent) or not text.startswith(sent):
+        return "", sent
+    return text[len(sent) :], text

@@ -1,6 +1,7 @@
 """Sequence packing (pure torch, no NATS): scored samples in, packed micro-batches out.
 
-One micro-batch is one row of at most `max_tokens` computed tokens; nothing is padded. Two layouts:
+One micro-batch is one row of at most `max_tokens` computed tokens (a longer sample gets a row of its
+own); nothing is padded. Two layouts:
 
 - **Packed** (`pack`): samples side by side (first-fit decreasing by length). Each sample's position ids
   restart at 0; with `attention_mask=None` transformers turns restarting position ids into a
@@ -83,15 +84,9 @@ def truncate(sample: Sample, max_tokens: int) -> Sample:
     )
 
 
-def _check_lengths(lengths: list[int], max_tokens: int) -> None:
-    too_long = [n for n in lengths if n > max_tokens]
-    if too_long:
-        raise ValueError(f"samples of {too_long[:5]} tokens exceed max_tokens={max_tokens}; truncate first")
-
-
 def plan_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """First-fit decreasing: indices of `lengths` grouped into rows of at most `max_tokens` tokens."""
-    _check_lengths(lengths, max_tokens)
+    """First-fit decreasing: indices of `lengths` grouped into rows of at most `max_tokens` tokens
+    (a longer one alone in its row)."""
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -119,9 +114,9 @@ def plan_shared_rows(token_ids: list[list[int]], max_tokens: int) -> list[list[t
     """Rows of (sample index, tokens shared with the row's previous sample), in sorted token order.
 
     In lexicographic order the previous sample shares the longest prefix with a sample of all the ones
-    before it, so a sample costs `len - shared` tokens; a row is closed when the next one does not fit.
+    before it, so a sample costs `len - shared` tokens; a row is closed when the next one does not fit
+    (a sample longer than `max_tokens` starts a row and closes it).
     """
-    _check_lengths([len(t) for t in token_ids], max_tokens)
     rows: list[list[tuple[int, int]]] = []
     used = 0
     prev: list[int] = []
@@ -140,7 +135,7 @@ def plan_shared_rows(token_ids: list[list[int]], max_tokens: int) -> list[list[t
 
 
 def pack(items: list[Scored], max_tokens: int) -> list[MicroBatch]:
-    """Pack scored samples (each at most `max_tokens` long) side by side, one micro-batch per row."""
+    """Pack scored samples side by side, one micro-batch per row."""
     rows = plan_rows([len(it.sample.token_ids) for it in items], max_tokens)
     return [_row([(items[i], 0) for i in row], tree=False) for row in rows]
 

@@ -79,9 +79,11 @@ class TrainerConfig(ServiceConfig):
 
     # Compute -----------------------------------------------------------------------------------
     max_tokens_per_micro_batch: int = Field(default=512, ge=2)
-    """Tokens per packed micro-batch row; longer samples are truncated to it (and counted). Attention over
-    a packed row costs (row length)^2 with sdpa (the block-diagonal mask is dense), so on CPU rows of a
-    few samples are fastest; on GPU raise it to fill memory."""
+    """Tokens per packed micro-batch row: samples are laid side by side up to it, and a longer sample
+    gets a row of its own (samples are truncated, and counted, only past the model's context length,
+    its config's `max_position_embeddings`). Attention over a packed row costs (row length)^2 with sdpa
+    (the block-diagonal mask is dense), so on CPU rows of a few samples are fastest; on GPU raise it
+    to fill memory."""
     prefix_sharing: bool = True
     """Lay each micro-batch out as a prefix tree: samples sharing a prefix (a GRPO group's prompt, an
     episode's timelines) compute it once (`batching.pack_shared`); the loss and gradients are those

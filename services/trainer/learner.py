@@ -82,6 +82,8 @@ class Learner:
         self.vocab_size = cast(
             torch.nn.Embedding, model.get_input_embeddings()
         ).num_embeddings  # padding incl.
+        self.context_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        """The longest sample the model can take (its config's max_position_embeddings); None: not said."""
         # Computing logits only where a token is trained saves most of the [tokens x vocab] memory.
         self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

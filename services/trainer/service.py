@@ -113,7 +113,7 @@ class Trainer:
         self.dead_letters = bus.DeadLetters(js, "trainer")
         intake = SampleIntake(
             cfg.model, self.buffer, self.dead_letters,
-            vocab_size=learner.vocab_size, max_tokens=cfg.max_tokens_per_micro_batch,
+            vocab_size=learner.vocab_size, max_tokens=learner.context_len or cfg.max_tokens_per_micro_batch,
             max_staleness=cfg.max_staleness, counts=self.counts, drop=self._drop,
             already_trained=self.state.sample_ids,
         )  # fmt: skip

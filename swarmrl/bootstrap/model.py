@@ -38,7 +38,7 @@ from swarmrl.bootstrap.presets import (
     swarmrl_home,
 )
 from swarmrl.bootstrap.sft import warm_start
-from swarmrl.bootstrap.tokenizer import IM_END, build_tokenizer
+from swarmrl.bootstrap.tokenizer import IM_END, VOCAB_SIZE, build_tokenizer
 
 _ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
@@ -52,6 +52,7 @@ def build_model(
     batch_size: int = 16,
     preset: str = DEFAULT_PRESET,
     sources: Sequence[str] | None = None,
+    vocab_size: int = VOCAB_SIZE,
 ) -> Path:
     """Build, warm-start and save a tiny model.
 
@@ -65,6 +66,8 @@ def build_model(
         batch_size: demonstrations per SFT step.
         preset: a name in `presets.PRESETS` (architecture and dimensions).
         sources: SFT sources (`calculator`, `team_calculator.caller`); None = the preset's own.
+        vocab_size: the tokenizer's target vocabulary (another size gives another vocabulary: a
+            team of models with different tokenizers, as users bring).
 
     Returns:
         `out_dir` as a Path, loadable with `AutoModelForCausalLM.from_pretrained`.
@@ -79,7 +82,7 @@ def build_model(
     dims = dims or spec.dims
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out, seed=seed)
+    tokenizer = build_tokenizer(out, seed=seed, vocab_size=vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     config_class, model_class = _ARCHITECTURES[spec.architecture]
     config = config_class(

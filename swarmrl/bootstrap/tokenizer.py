@@ -72,12 +72,15 @@ def _corpus(seed: int = 0, episodes_per_task: int = 400) -> Iterator[str]:
         yield "".join(rng.choice(printable) for _ in range(64))
 
 
-def build_tokenizer(out_dir: str | Path | None = None, seed: int = 0) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    out_dir: str | Path | None = None, seed: int = 0, vocab_size: int = VOCAB_SIZE
+) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE tokenizer and wrap it with the chat template.
 
     Args:
         out_dir: where to `save_pretrained` it (None: don't save).
         seed: seed of the synthetic corpus; the same seed gives the same vocabulary.
+        vocab_size: the BPE trainer's target (the corpus may give fewer merges).
 
     Returns:
         A `PreTrainedTokenizerFast` (eos `<|im_end|>`, pad `<|endoftext|>`, ChatML template).
@@ -91,7 +94,7 @@ def build_tokenizer(out_dir: str | Path | None = None, seed: int = 0) -> PreTrai
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=[PAD, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

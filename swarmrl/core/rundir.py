@@ -45,6 +45,10 @@ PID_NAME = "up.pid"
 SERVICE_FILE = "service.json"
 """`{"nats": <service URL>}`, owner-only: the run's service credentials for its control plane."""
 LEGACY_PID_FILE = RUNS / ".up.pid"
+SWARM_FILE = "swarm.json"
+"""The run's resolved swarm description, written at each start (what `up --resume` reads)."""
+PARTS_FILE = "parts.jsonl"
+"""One line per part of a run (each `up --resume` adds one): when it started and ended, and why."""
 
 
 def swarmrl_home() -> Path:

@@ -132,3 +132,43 @@ def test_ctrl_c_stops_everything_cleanly(tmp_path: Path, tiny_model_dir: Path) -
     assert b"stopped (interrupted)" in out
     _assert_no_orphans(run_dir)
     assert (run_dir / "report.md").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_stopped_run_resumes_from_its_last_version(tmp_path: Path, tiny_model_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = _up(run_dir, tiny_model_dir, "--steps", "2", "--minutes", "8", "--eval-every", "100",
+                "--trainer-arg=--no-skip-zero-adv-groups")  # fmt: skip
+    out, _ = first.communicate(timeout=900)
+    assert first.returncode == 0 and b"a trainer finished: policy step 2" in out, out.decode()[-3000:]
+
+    cmd = [sys.executable, "-m", "swarmrl.cli", "up", "--resume", str(run_dir), "--no-display"]
+    again = subprocess.run([*cmd], cwd=tmp_path, capture_output=True, timeout=120)  # steps all spent
+    assert (
+        again.returncode == 2 and b"trained policy to step 2 of its 2: give --steps above 2" in again.stderr
+    )
+    resumed = subprocess.run(
+        [*cmd, "--steps", "4", "--minutes", "8"], cwd=tmp_path, capture_output=True, timeout=900
+    )
+    assert resumed.returncode == 0, resumed.stdout.decode()[-3000:]
+    assert b"a trainer finished: policy step 4" in resumed.stdout, resumed.stdout.decode()[-3000:]
+    _assert_no_orphans(run_dir)
+
+    con = connect(run_dir)
+    # The trainer went on from its checkpoint (steps 3 and 4, not 1 and 2 again), the engine served
+    # the resumed version, and the one ledger holds both parts, each sample once.
+    assert [r[0] for r in con.execute("SELECT step FROM train_steps ORDER BY step").fetchall()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    parts = [json.loads(line) for line in (run_dir / "parts.jsonl").read_text().splitlines()]
+    assert [p["resumed"] for p in parts] == [False, True] and parts[0]["ended"] <= parts[1]["started"]
+    versions = con.execute(
+        "SELECT min(policy_version) FROM llm_calls WHERE ts > ?", [parts[1]["started"]]
+    ).fetchone()[0]
+    assert versions is not None and versions >= 2
+    assert con.execute("SELECT count(*) - count(DISTINCT sample_id) FROM samples").fetchone()[0] == 0
+    assert "- parts: 2 (`swarmrl up --resume`)" in (run_dir / "report.md").read_text()

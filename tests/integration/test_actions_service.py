@@ -241,3 +241,28 @@ async def test_an_action_lost_with_its_service_is_asked_again_of_the_next(
     await start_actions()
     res = await asyncio.wait_for(call, 30)
     assert res.action_id == "a1" and res.status == "ok" and res.result["stdout"] == "late\n", res
+
+
+async def test_an_env_tasks_sandboxed_tool_runs_in_the_actions_sandbox(
+    start_actions, swarm: SwarmClient, tmp_path
+) -> None:
+    """`sandbox = true`: the runner's route for an environment's tool calls, through the real service."""
+    import json
+
+    from swarmrl.agents.config import TaskConf
+    from swarmrl.agents.runner import run_tools
+    from swarmrl.agents.tasks.environment import env_task
+    from tests.unit.agents.test_environment import SANDBOXED
+
+    (tmp_path / "adder.py").write_text(SANDBOXED)
+    spec = env_task("adder", TaskConf(env="adder.py:Adder", sandbox=True).resolve_paths(tmp_path))
+    assert spec.tool_actions is not None
+    await start_actions()
+    ep = swarm.episode("t")
+    calls = [{"a": 20, "b": 22}, {"a": 1}]
+    reply = {"tool_calls": [{"function": {"name": "add", "arguments": json.dumps(a)}} for a in calls]}
+    assert await run_tools(ep, spec.tool_actions(reply)) == [
+        "42",
+        "error: TypeError: add() missing 1 required positional argument: 'b'",
+    ]
+    await ep.end()

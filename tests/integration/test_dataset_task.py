@@ -114,3 +114,31 @@ async def test_an_env_task_plays_with_its_tools_on_the_stack(stack: Stack, count
     calls = [e for e in await episode_events(stack) if isinstance(e, LlmEvent)]
     assert calls and all(c.tools == count_env.make_env(row).tool_specs for c in calls)
     assert calls[0].messages == [{"role": "user", "content": "How many letters are in apple?"}]
+
+
+@pytest.mark.timeout(120)
+async def test_a_team_env_plays_each_role_as_its_own_agent_on_the_stack(stack: Stack, tmp_path: Path) -> None:
+    from swarmrl.agents.tasks.environment import env_task
+    from tests.unit.agents.test_environment import TEAM
+
+    (tmp_path / "relay.py").write_text(TEAM)
+    roles = {"caller": "policy", "reporter": "policy"}
+    spec = env_task("relay", TaskConf(env="relay.py:Relay", roles=roles, max_turns=4).resolve_paths(tmp_path))
+    swarm = await SwarmClient.connect(stack.nats.service_url, client_id="c", code_version="t")
+    try:
+        (row,) = spec.eval_tasks()
+        out = await play_episode(swarm, spec, row, roles, max_tokens=8, group_key="g", group_size=1)
+    finally:
+        await swarm.close()
+    events = await episode_events(stack)
+    calls = [e for e in events if isinstance(e, LlmEvent)]
+    assert [c.agent for c in calls][:1] == ["caller"] and set(c.agent for c in calls) == {
+        "caller",
+        "reporter",
+    }
+    assert all(c.tools for c in calls if c.agent == "reporter") and not any(
+        c.tools for c in calls if c.agent == "caller"
+    )
+    rewards = {e.agent: e.value for e in events if isinstance(e, RewardEvent)}
+    assert rewards["caller"] == 1.0 and set(rewards) == {"caller", "reporter"}  # each agent its own
+    assert out.turns == len(calls) <= 4

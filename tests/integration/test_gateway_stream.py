@@ -4,14 +4,16 @@ that leaves mid-stream aborts the engine request and records nothing."""
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from localstack import llm_events
+from localstack import generation_stack, llm_events
 
-from swarmrl.services.gateway.prompts import parse_reply
+from swarmrl.services.gateway.replies import ReplyFormat
 from tests.conftest import wait_for
 
 MSGS = [
@@ -77,10 +79,43 @@ async def test_with_tools_the_streamed_content_adds_up_to_the_reply(stack, swarm
         )
         chunks = [c async for c in stream]
     (ev,) = await llm_events(stack.nats, ep.episode_id)
-    content, calls = parse_reply(ev.output_text, with_tools=True)
+    reply = ReplyFormat().parse(ev.output_text, with_tools=True)
+    content, calls = reply.content, reply.tool_calls
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert not calls and not any(d.tool_calls for d in deltas)  # the tiny model calls no tool
     assert "".join(d.content or "" for d in deltas) == content and ev.tools == tools
+
+
+async def test_reasoning_streams_as_reasoning_content_and_stays_out_of_the_content(
+    swarm_nats, swarm, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A copy of the tiny model whose template opens a `<think>` block for the reply (as DeepSeek-R1's
+    # and Qwen3's thinking models do): the random model never closes it, so its whole reply is reasoning.
+    model = shutil.copytree(tiny_model_dir, tmp_path / "thinking")
+    template = model / "chat_template.jinja"
+    text = template.read_text()
+    assert "'<|im_start|>assistant\\n'" in text
+    template.write_text(
+        text.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+        + "{#- </think> -#}"
+    )
+    async with generation_stack(swarm_nats, model) as stack:
+        assert stack.gateway.gateway.models["policy"].fmt == ReplyFormat("hermes", "think")
+        async with swarm.episode("s6", models=["policy"], heartbeat_s=0) as ep:
+            llm = ep.openai()
+            plain = await llm.chat.completions.create(model="policy", messages=MSGS, max_tokens=24, seed=5)
+            stream = await llm.chat.completions.create(
+                model="policy", messages=MSGS, max_tokens=24, seed=5, stream=True
+            )
+            chunks = [c async for c in stream]
+        first, second = await llm_events(stack.nats, ep.episode_id)
+    message = plain.choices[0].message
+    reasoning = message.model_extra["reasoning_content"]
+    assert first.output_text == second.output_text and reasoning == first.output_text.strip()
+    assert not message.content and "</think>" not in first.output_text
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert not "".join(d.content or "" for d in deltas)
 
 
 async def test_a_client_that_leaves_mid_stream_aborts_the_engine_request(stack, swarm) -> None:

@@ -1,6 +1,8 @@
 """A two-model team episode end to end: the runner plays each role with its own model and token,
 the gateway routes each call by model, and the merger publishes samples for both models with each
-agent's own reward. Two different architectures (Qwen2 and Llama presets, random init)."""
+agent's own reward. Two different architectures (Qwen2 and Llama presets, random init) with two
+different tokenizers (vocabularies of 792 and about 600 tokens, trained on different corpora): capture,
+merging and a training step hold per model."""
 
 from __future__ import annotations
 
@@ -71,8 +73,9 @@ def llama_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from swarmrl.bootstrap.model import build_model
 
     return build_model(
-        tmp_path_factory.mktemp("llama"), warm_start_steps=0, preset="tiny-llama", progress=False
-    )
+        tmp_path_factory.mktemp("llama"), seed=1, warm_start_steps=0, preset="tiny-llama", progress=False,
+        vocab_size=600,
+    )  # fmt: skip
 
 
 async def _samples(server: NatsServer, model: str) -> list[Sample]:
@@ -113,3 +116,24 @@ async def test_a_team_episode_trains_both_models_with_each_agents_reward(
     assert [(s.agent, s.reward, s.task) for s in beta] == [("b", 0.25, "relay")]
     assert alpha[0].token_ids[-len(calls[0].output_ids) :] == calls[0].output_ids
     assert beta[0].token_ids[-len(calls[1].output_ids) :] == calls[1].output_ids
+
+    # Each call was tokenized by its own model's tokenizer, which the other's would not match.
+    handles = stack.gateway.gateway.models
+    vocab = {name: len(h.tokenizer) for name, h in handles.items()}
+    assert vocab["alpha"] != vocab["beta"]
+    for call, other in zip(calls, ["beta", "alpha"], strict=True):
+        own = handles[call.model].builder
+        text = own.render(call.messages, [], gen_prompt=True)
+        assert call.prompt_ids == own.encode(text) != handles[other].builder.encode(text)
+    # ... and each model trains on its own samples (ids inside its own vocabulary).
+    from swarmrl.services.trainer.batching import Scored
+    from swarmrl.services.trainer.config import TrainerConfig
+    from swarmrl.services.trainer.grpo import check_sample
+    from swarmrl.services.trainer.learner import Learner
+
+    for name, path, samples in (("alpha", tiny_model_dir, alpha), ("beta", llama_model_dir, beta)):
+        learner = Learner(TrainerConfig(model_path=str(path), run_dir=str(path), model=name), str(path))
+        assert learner.vocab_size == vocab[name] and max(samples[0].token_ids) < vocab[name]
+        assert check_sample(samples[0], name, learner.vocab_size) is None
+        stats = learner.train_step([Scored(samples[0], 1.0)], version=0).stats
+        assert stats["trained_tokens"] == len(calls[0 if name == "alpha" else 1].output_ids)

@@ -60,3 +60,18 @@ def test_client_command_lines_carry_roles_and_never_credentials() -> None:
     assert "--role" in argv and "caller=caller" in argv and "reporter=reporter" in argv
     assert not any("nats://" in a for a in argv)
     assert client_argv(swarm, "calculator") == ["node", "agent.mjs"]
+
+
+def test_reply_limits_come_from_the_task_then_the_run_then_the_tasks_own_need() -> None:
+    swarm = build(
+        {"models": {"policy": {}}, "tasks": {"calculator": {}, "guess_number": {"max_tokens": 12}}}, "t"
+    )
+    assert (swarm.max_tokens("calculator"), swarm.max_tokens("guess_number")) == (None, 12)
+    assert "--max-tokens" not in client_argv(swarm, "calculator")  # the runner takes TaskSpec.max_tokens
+    argv = client_argv(swarm, "guess_number")
+    assert argv[argv.index("--max-tokens") + 1] == "12"
+    run_wide = build({"run": {"max_tokens": 30}, "models": {"policy": {}}, "tasks": {"calculator": {}}}, "t")
+    assert run_wide.max_tokens("calculator") == 30
+    from swarmrl.agents.tasks import get_task
+
+    assert get_task("calculator").max_tokens == 48

@@ -136,3 +136,156 @@ def test_what_is_wrong_with_an_env_is_said_at_start(folder: Path) -> None:
         env_task("x", conf(folder, env="count.py:Absent"))
     with pytest.raises(ValueError, match="an env task's reward is its environment's"):
         TaskConf(env="count.py:Count", data=["x.jsonl"], reward="r.py:f")
+
+
+SANDBOXED = '''
+import json
+
+
+def add(a: int, b: int) -> int:
+    """Add two whole numbers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+class Adder:
+    tools = [add]
+
+    def __init__(self, instance):
+        self.reward, self.success = 0.0, False
+
+    @staticmethod
+    def train_instances(seed):
+        while True:
+            yield {"task_id": "add"}
+
+    @staticmethod
+    def eval_instances():
+        return [{"task_id": "add"}]
+
+    def reset(self):
+        return "What is 2 + 3?"
+
+    def step(self, reply):
+        self.success = (reply.get("content") or "").strip() == "5"
+        self.reward = float(self.success)
+        return [], True
+'''
+
+
+def test_sandboxed_tools_are_the_files_own_functions_run_as_a_program(folder: Path) -> None:
+    import subprocess
+    import sys
+
+    (folder / "adder.py").write_text(SANDBOXED)
+    spec = env_task("adder", TaskConf(env="adder.py:Adder", sandbox=True).resolve_paths(folder))
+    assert spec.tool_actions is not None
+    reply = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "c1", "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 3})}},
+            {"id": "c2", "function": {"name": "add", "arguments": json.dumps({"a": "x"})}},
+            {"id": "c3", "function": {"name": "rm", "arguments": "{}"}},
+        ],
+    }
+    first, second, unknown = spec.tool_actions(reply)
+    assert unknown is None  # not a tool of the env: answered by the env itself, not the sandbox
+    outputs = []
+    for action in (first, second):  # what the sandbox runs: the file as a program, the call on stdin
+        assert action is not None
+        run = subprocess.run([sys.executable, "-I", "-c", action["code"]], input=action["stdin"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        outputs.append(run.stdout.strip())
+    assert outputs[0] == "5" and outputs[1].startswith("error: TypeError")
+    env = spec.make_env(spec.eval_tasks()[0])
+    env.reset()
+    step = env.step(reply, tool_results=[outputs[0], outputs[1], None])
+    assert [m["content"] for m in step.messages][:2] == ["5", outputs[1]] and not step.done
+    assert step.messages[2]["content"].startswith("error: ValueError: no tool 'rm'")
+
+
+def test_sandboxed_tools_must_be_plain_functions(folder: Path) -> None:
+    (folder / "count.py").write_text(ENV)
+    with pytest.raises(DatasetError, match=r"sandbox = true runs plain functions.*\['letters'\] are methods"):
+        env_task("count", TaskConf(env="count.py:Count", sandbox=True).resolve_paths(folder))
+    assert env_task("count", TaskConf(env="count.py:Count").resolve_paths(folder)).tool_actions is None
+
+
+TEAM = '''
+class Relay:
+    """A caller asks the reporter (who has a tool) for a number, then says it."""
+
+    roles = ("caller", "reporter")
+    tools = {"reporter": ["lookup"]}
+
+    def __init__(self, instance):
+        self.said = []
+        self.rewards, self.success, self.done = {}, False, False
+
+    @staticmethod
+    def train_instances(seed):
+        while True:
+            yield {"task_id": "relay"}
+
+    @staticmethod
+    def eval_instances():
+        return [{"task_id": "relay"}]
+
+    def lookup(self, key: str) -> int:
+        """Look a number up.
+
+        Args:
+            key: what to look up
+        """
+        return 42
+
+    def turn(self):
+        if self.done:
+            return None
+        if not self.said:
+            return "caller", "Ask for the number."
+        return "reporter", [{"role": "user", "content": "Tell the number: " + self.said[0]}]
+
+    def step(self, reply):
+        self.said.append(reply.get("content") or "")
+        if len(self.said) == 2:
+            self.done, self.success = True, "42" in self.said[1]
+            self.rewards = {"caller": 1.0, "reporter": float(self.success)}
+'''
+
+
+def test_a_team_env_gives_each_role_its_turns_and_runs_a_roles_tools(folder: Path) -> None:
+    (folder / "relay.py").write_text(TEAM)
+    roles = {"caller": "a", "reporter": "b"}
+    spec = env_task("relay", TaskConf(env="relay.py:Relay", roles=roles, max_turns=6).resolve_paths(folder))
+    assert spec.roles == ("caller", "reporter")
+    env = spec.make_env(spec.eval_tasks()[0])
+    first = env.turn()
+    assert (first.role, first.messages, first.tools) == (
+        "caller",
+        [{"role": "user", "content": "Ask for the number."}],
+        None,
+    )
+    env.step({"role": "assistant", "content": "the number?"})
+    second = env.turn()
+    assert second.role == "reporter" and second.tools[0]["function"]["name"] == "lookup"
+    call = {
+        "role": "assistant",
+        "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": '{"key": "n"}'}}],
+    }
+    env.step(call)  # a tool round: the reporter gets the result and goes on, the env sees nothing yet
+    again = env.turn()
+    assert again.role == "reporter" and again.messages[-2:] == [
+        call,
+        {"role": "tool", "tool_call_id": "c1", "name": "lookup", "content": "42"},
+    ]
+    env.step({"role": "assistant", "content": "It is 42."})
+    assert env.turn() is None and env.done and env.success and env.rewards == {"caller": 1.0, "reporter": 1.0}
+    with pytest.raises(DatasetError, match=r"has roles \['caller', 'reporter'\].*give roles = "):
+        env_task("relay", TaskConf(env="relay.py:Relay").resolve_paths(folder))
+    with pytest.raises(DatasetError, match="a single-agent env takes no roles"):
+        env_task("count", TaskConf(env="count.py:Count", roles={"x": "a"}).resolve_paths(folder))

@@ -38,9 +38,11 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str
 def reference_logprobs(
     engine: EngineCore, prompt: list[int], output: list[int], temperature: float
 ) -> torch.Tensor:
-    """log_softmax(logits / T) at each output token, from one plain full-sequence forward pass."""
+    """log_softmax(logits / T) at each output token, from one plain full-sequence forward pass
+    (on the engine's device; returned on the CPU)."""
     with torch.no_grad():
-        logits = engine.model(input_ids=torch.tensor([prompt + output])).logits[0].float()
+        ids = torch.tensor([prompt + output], device=engine.device)
+        logits = engine.model(input_ids=ids).logits[0].float().cpu()
     steps = logits[len(prompt) - 1 : -1]
     lp = torch.log_softmax(steps / (temperature or 1.0), dim=-1)
     return lp[torch.arange(len(output)), torch.tensor(output)]

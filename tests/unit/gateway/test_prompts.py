@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, parse_reply
+from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder
+from swarmrl.services.gateway.replies import ReplyFormat
 
 TOOLS = [
     {
@@ -59,8 +60,9 @@ def test_generated_tool_call_tokens_survive_even_when_the_template_would_render_
         '<tool_call>\n{"name":"calculator","arguments":{"expression":"2+3"}}\n</tool_call>'  # no spaces
     )
     out = _generate(builder, generated)
-    content, calls = parse_reply(generated, with_tools=True)
-    reply = {"role": "assistant", "content": content or None, "tool_calls": calls}
+    parsed = ReplyFormat().parse(generated, with_tools=True)
+    calls = parsed.tool_calls
+    reply = {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}
     rec = CallRecord("c0", msgs, TOOLS, ids, out, reply)
     follow = [*msgs, reply, {"role": "tool", "tool_call_id": calls[0]["id"], "content": "5"}]
     ids2, reused = builder.build(follow, TOOLS, [rec])
@@ -87,11 +89,3 @@ def test_no_reuse_when_the_conversation_is_not_an_extension(builder: PromptBuild
     ids2, reused = builder.build(follow, tools, [rec])
     assert reused is None
     assert ids2 == builder.encode(builder.render(follow, tools, gen_prompt=True))
-
-
-def test_parse_reply_keeps_unparseable_tool_calls_as_content() -> None:
-    content, calls = parse_reply("<tool_call>{not json}</tool_call>", with_tools=True)
-    assert calls == [] and "not json" in content
-    content, calls = parse_reply('Sure. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', True)
-    assert content == "Sure." and calls[0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
-    assert parse_reply("<tool_call>x</tool_call>", with_tools=False) == ("<tool_call>x</tool_call>", [])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from swarmrl.services.gateway.streaming import TOOL_OPEN, TextDeltas, before_tool_calls
+from swarmrl.services.gateway.streaming import TextDeltas
 
 TEXTS = ["héllo wörld", "🎉 ok", "日本語 and 🎉🎉", "a  b\n\nc", "plain ascii text, with spaces"]
 
@@ -43,21 +43,3 @@ def test_a_character_that_never_completes_stays_held_back(tok) -> None:
     ids = tok.encode("ok 🎉")[:-1]  # the emoji's last byte never comes
     text = TextDeltas(lambda xs: tok.decode(xs, skip_special_tokens=False)).push(ids)
     assert text == "ok " and tok.decode(ids).endswith("\ufffd")
-
-
-@pytest.mark.parametrize(
-    ("text", "visible"),
-    [
-        ("Let me compute.", "Let me compute."),
-        ("Let me compute. ", "Let me compute."),
-        ("Let me compute.\n<tool", "Let me compute."),
-        ("Let me compute.\n<", "Let me compute."),
-        ('Let me.<tool_call>\n{"name": "calc"', "Let me."),
-        ("a < b", "a < b"),
-        ("<tool_call>", ""),
-        ("", ""),
-    ],
-)
-def test_with_tools_content_stops_before_a_tool_call(text: str, visible: str) -> None:
-    assert before_tool_calls(text) == visible
-    assert TOOL_OPEN == "<tool_call>"

@@ -1,0 +1,264 @@
+"""Generated text to an OpenAI assistant message, per model family (pure logic, no NATS, no HTTP).
+
+A chat model writes its tool calls and its reasoning in its own family's syntax; the gateway turns
+them into the OpenAI fields `tool_calls` and `reasoning_content` (SGLang's and vLLM's name for it),
+and leaves the rest as `content`. The token ids are captured untouched whatever the parse: parsing
+only shapes the reply the agent reads.
+
+Tool-call formats (the names follow vLLM's and SGLang's `--tool-call-parser`):
+
+- `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of them, text
+  around them is content (Qwen2.5, Qwen3, Hermes, the project's bootstrap models).
+- `llama3`: the whole reply is one JSON call `{"name": ..., "parameters": {...}}`, or several
+  separated by `;`, optionally after `<|python_tag|>` (Llama 3.1 / 3.2 / 3.3 JSON tool calling).
+- `mistral`: content, then `[TOOL_CALLS]` and a JSON array of `{"name", "arguments"}` (tokenizers
+  up to v7), or `[TOOL_CALLS]name[ARGS]{...}` once per call (v11 and later). Mistral's templates
+  insist on tool call ids of 9 letters and digits, so this format makes its ids that way.
+- `none`: no tool calls are parsed; the whole reply is content.
+
+Reasoning (`think`): text inside `<think>...</think>` at the start of a reply is the reasoning.
+A template that opens the block in the generation prompt (DeepSeek-R1, Qwen3 thinking models) makes
+the reply start inside it: the caller says so with `opened`. A reply cut off inside the block is
+all reasoning.
+
+`auto` (the default) reads the family off the chat template: the markers it renders tell which.
+A call whose text does not parse in its format (bad JSON, unknown shape) keeps that text as content,
+so nothing the model wrote is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_FORMATS = ("hermes", "llama3", "mistral", "none")
+REASONING_FORMATS = ("think", "none")
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_OPEN, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass
+class Reply:
+    """A parsed reply: what the agent reads as `content`, `reasoning_content` and `tool_calls`."""
+
+    content: str
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def detect(chat_template: str | None) -> tuple[str, str]:
+    """(tool format, reasoning format) that a chat template renders; hermes when it says nothing."""
+    t = chat_template or ""
+    if MISTRAL_OPEN in t:
+        tools = "mistral"
+    elif "<|start_header_id|>" in t and ("python_tag" in t or '"parameters"' in t or "ipython" in t):
+        tools = "llama3"
+    else:
+        tools = "hermes"
+    return tools, "think" if THINK_CLOSE in t else "none"
+
+
+def _ascii_id() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(9))
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """How one model writes tool calls and reasoning (see the module docstring)."""
+
+    tools: str = "hermes"
+    reasoning: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.tools not in TOOL_FORMATS:
+            raise ValueError(f"tool format {self.tools!r} is not one of {', '.join(TOOL_FORMATS)} (or auto)")
+        if self.reasoning not in REASONING_FORMATS:
+            raise ValueError(
+                f"reasoning format {self.reasoning!r} is not one of {', '.join(REASONING_FORMATS)} (or auto)"
+            )
+
+    @classmethod
+    def for_template(
+        cls, chat_template: str | None, tools: str = "auto", reasoning: str = "auto"
+    ) -> ReplyFormat:
+        """The format named, each `auto` part read off the chat template."""
+        seen_tools, seen_reasoning = detect(chat_template)
+        return cls(
+            tools=seen_tools if tools == "auto" else tools,
+            reasoning=seen_reasoning if reasoning == "auto" else reasoning,
+        )
+
+    # -- whole replies --------------------------------------------------------------------------
+
+    def parse(self, text: str, with_tools: bool, opened: bool = False) -> Reply:
+        """The reply `text` as content, reasoning and tool calls. `opened`: the prompt opened a
+        `<think>` block, so the reply starts inside it."""
+        reasoning, rest = self.split_reasoning(text, opened)
+        if not with_tools or self.tools == "none":
+            return Reply(rest, reasoning)
+        content, calls = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral}[self.tools](rest)
+        for call in calls:
+            call["id"] = _ascii_id() if self.tools == "mistral" else f"call_{uuid.uuid4().hex[:24]}"
+        return Reply(content.strip() if calls else content, reasoning, calls)
+
+    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, the rest) of a whole reply."""
+        if self.reasoning == "none":
+            return "", text
+        body = text
+        if not opened:
+            stripped = text.lstrip()
+            if not stripped.startswith(THINK_OPEN):
+                return "", text
+            body = stripped[len(THINK_OPEN) :]
+        inner, closed, after = body.partition(THINK_CLOSE)
+        return inner.strip(), after.lstrip() if closed else ""
+
+    # -- replies still being generated ----------------------------------------------------------
+
+    def visible(self, text: str, with_tools: bool, opened: bool = False) -> tuple[str, str]:
+        """(reasoning, content) of a reply that is still growing, as far as they can be sent now.
+
+        Held back: a trailing piece that may be the start of a marker (`</think>`, a tool call's
+        opening), everything from a tool call's opening on (tool calls go out whole, parsed from the
+        full reply), and trailing whitespace (which the final parse may strip). What this returns
+        only grows as `text` grows, and ends as a prefix of `parse`'s fields.
+        """
+        reasoning, rest = "", text
+        if self.reasoning == "think":
+            body = text
+            if not opened:
+                stripped = text.lstrip()
+                if THINK_OPEN.startswith(stripped):
+                    return "", ""  # the reply may be opening a reasoning block
+                if stripped.startswith(THINK_OPEN):
+                    body = stripped[len(THINK_OPEN) :]
+                    opened = True
+            if opened:
+                inner, closed, after = body.partition(THINK_CLOSE)
+                if not closed:
+                    return _before_partial(inner, THINK_CLOSE).strip(), ""
+                reasoning, rest = inner.strip(), after.lstrip()
+        if not with_tools or self.tools == "none":
+            return reasoning, rest
+        if self.tools == "llama3":
+            head = rest.lstrip()
+            if head.startswith(("{", "[")) or PYTHON_TAG.startswith(head[: len(PYTHON_TAG)]):
+                return reasoning, ""  # a reply that may be a call is sent whole at the end
+            return reasoning, rest.rstrip()
+        marker = HERMES_OPEN if self.tools == "hermes" else MISTRAL_OPEN
+        at = rest.find(marker)
+        return reasoning, (rest[:at] if at >= 0 else _before_partial(rest, marker)).rstrip()
+
+
+def _before_partial(text: str, marker: str) -> str:
+    """`text` less a trailing piece that could be the start of `marker`."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return text[:-k]
+    return text
+
+
+def _call(name: Any, args: Any) -> dict[str, Any] | None:
+    if not isinstance(name, str) or not name:
+        return None
+    if args is None:
+        args = {}
+    return {
+        "type": "function",
+        "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+    }
+
+
+def _hermes(text: str) -> tuple[str, list[dict[str, Any]]]:
+    calls: list[dict[str, Any]] = []
+    kept, at = [], 0
+    while (start := text.find(HERMES_OPEN, at)) >= 0:
+        end = text.find(HERMES_CLOSE, start)
+        if end < 0:
+            break
+        raw = text[start + len(HERMES_OPEN) : end].strip()
+        call = None
+        try:
+            obj = json.loads(raw)
+            if isinstance(obj, dict):
+                call = _call(obj.get("name"), obj.get("arguments", {}))
+        except json.JSONDecodeError:
+            pass
+        kept.append(text[at:start] if call else text[at : end + len(HERMES_CLOSE)])
+        if call:
+            calls.append(call)
+        at = end + len(HERMES_CLOSE)
+    kept.append(text[at:])
+    return "".join(kept), calls
+
+
+def _json_values(text: str) -> list[Any] | None:
+    """The JSON values `text` holds, separated by `;`, commas or whitespace; None if anything else."""
+    decoder, values, at = json.JSONDecoder(), list[Any](), 0
+    while True:
+        while at < len(text) and text[at] in " \t\r\n;,":
+            at += 1
+        if at == len(text):
+            return values
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+
+
+def _llama3(text: str) -> tuple[str, list[dict[str, Any]]]:
+    body = text.strip()
+    if body.startswith(PYTHON_TAG):
+        body = body[len(PYTHON_TAG) :]
+    values = _json_values(body)
+    if not values:
+        return text, []
+    objs = [v for value in values for v in (value if isinstance(value, list) else [value])]
+    calls = [
+        _call(o.get("name"), o.get("parameters", o.get("arguments"))) if isinstance(o, dict) else None
+        for o in objs
+    ]
+    if not calls or any(c is None for c in calls):
+        return text, []
+    return "", [c for c in calls if c is not None]
+
+
+def _mistral(text: str) -> tuple[str, list[dict[str, Any]]]:
+    at = text.find(MISTRAL_OPEN)
+    if at < 0:
+        return text, []
+    calls: list[dict[str, Any] | None] = []
+    decoder = json.JSONDecoder()
+    for piece in text[at:].split(MISTRAL_OPEN)[1:]:
+        piece = piece.strip()
+        if piece.startswith("["):  # [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]
+            values = _json_values(piece)
+            objs = values[0] if values and len(values) == 1 and isinstance(values[0], list) else None
+            if objs is None:
+                return text, []
+            calls += [_call(o.get("name"), o.get("arguments")) if isinstance(o, dict) else None for o in objs]
+            continue
+        name, sep, raw = piece.partition(MISTRAL_ARGS)  # [TOOL_CALLS]name[ARGS]{...}
+        if not sep:
+            brace = piece.find("{")
+            name, raw = (piece[:brace], piece[brace:]) if brace > 0 else (piece, "")
+        try:
+            args, end = decoder.raw_decode(raw.strip())
+        except json.JSONDecodeError:
+            return text, []
+        if raw.strip()[end:].strip():
+            return text, []
+        calls.append(_call(name.strip(), args))
+    if not calls or any(c is None for c in calls):
+        return text, []
+    return text[:at], [c for c in calls if c is not None]
