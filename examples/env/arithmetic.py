@@ -55,7 +55,11 @@ def _question(rng: random.Random) -> dict:
         expression = f"{a} {o1} {b} {o2} {c}"
         answer = int(calculator(expression))
         if 10 <= answer <= 99:
-            return {"task_id": f"arithmetic/{expression.replace(' ', '')}", "expression": expression, "answer": answer}
+            return {
+                "task_id": f"arithmetic/{expression.replace(' ', '')}",
+                "expression": expression,
+                "answer": answer,
+            }
 
 
 class Arithmetic:
@@ -67,7 +71,10 @@ class Arithmetic:
         self.reward, self.success = 0.0, False
 
     def reset(self) -> list[dict]:
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {self.expression}?"}]
+        return [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"What is {self.expression}?"},
+        ]
 
     def step(self, reply: dict) -> tuple[list[dict], bool]:
         """A reply without tool calls is an answer: the last number in it."""
