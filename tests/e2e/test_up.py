@@ -138,8 +138,9 @@ def test_ctrl_c_stops_everything_cleanly(tmp_path: Path, tiny_model_dir: Path) -
 @pytest.mark.timeout(1500)
 def test_a_stopped_run_resumes_from_its_last_version(tmp_path: Path, tiny_model_dir: Path) -> None:
     run_dir = tmp_path / "run"
+    pytest.importorskip("tensorboard", reason="the tracker's TensorBoard export: pip install -e '.[track]'")
     first = _up(run_dir, tiny_model_dir, "--steps", "2", "--minutes", "8", "--eval-every", "100",
-                "--trainer-arg=--no-skip-zero-adv-groups")  # fmt: skip
+                "--trainer-arg=--no-skip-zero-adv-groups", "--track", "tensorboard")  # fmt: skip
     out, _ = first.communicate(timeout=900)
     assert first.returncode == 0 and b"a trainer finished: policy step 2" in out, out.decode()[-3000:]
 
@@ -172,3 +173,8 @@ def test_a_stopped_run_resumes_from_its_last_version(tmp_path: Path, tiny_model_
     assert versions is not None and versions >= 2
     assert con.execute("SELECT count(*) - count(DISTINCT sample_id) FROM samples").fetchone()[0] == 0
     assert "- parts: 2 (`swarmrl up --resume`)" in (run_dir / "report.md").read_text()
+    # The tracker went on too: one TensorBoard curve over both parts, every step once.
+    from tests.unit.tracker.readers import tensorboard_points
+
+    losses = tensorboard_points(run_dir / "track" / "tensorboard")["train/policy/loss"]
+    assert [step for step, _ in losses] == [1, 2, 3, 4]
