@@ -1,9 +1,32 @@
-"""Waiting on a service's background tasks: shared by every service that runs several loops."""
+"""Waiting on a service's background tasks, and running one until a signal: shared by the services."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Iterable
+from typing import Protocol
+
+
+class Service(Protocol):
+    """A service's lifecycle: `start()`, `wait()` until stopped, then `stop()`."""
+
+    async def start(self) -> None: ...
+    async def wait(self) -> None: ...
+    async def stop(self) -> None: ...
+    def request_stop(self) -> None: ...
+
+
+async def serve_until_signalled(service: Service) -> None:
+    """Start `service` and run it until SIGINT or SIGTERM (or until one of its loops dies), then stop it."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, service.request_stop)
+    try:
+        await service.start()
+        await service.wait()
+    finally:
+        await service.stop()
 
 
 async def until_stopped(stop: asyncio.Event, tasks: Iterable[asyncio.Task[object]]) -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
-import signal
 from typing import Any
 
-from swarmrl.services.common.tasks import until_stopped
+from swarmrl.services.common.tasks import serve_until_signalled, until_stopped
 from swarmrl.services.engine.client import EngineClient
 from swarmrl.services.engine.config import EngineConfig
 
@@ -111,12 +110,4 @@ class EngineService:
 
 
 async def run(cfg: EngineConfig) -> None:
-    service = EngineService(cfg)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, service.request_stop)
-    try:
-        await service.start()
-        await service.wait()
-    finally:
-        await service.stop()
+    await serve_until_signalled(EngineService(cfg))

@@ -29,7 +29,7 @@ from nats.js.errors import NotFoundError
 from swarmrl.schemas import WireError, decode_metric
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import until_stopped
+from swarmrl.services.common.tasks import serve_until_signalled, until_stopped
 from swarmrl.services.tracker.backends import Backend, open_backends
 from swarmrl.services.tracker.config import TrackerConfig
 from swarmrl.services.tracker.rows import Row, RowMaker
@@ -158,14 +158,4 @@ class Tracker:
 
 async def run(cfg: TrackerConfig) -> None:
     """Run the exporter until SIGINT/SIGTERM."""
-    import signal
-
-    tracker = Tracker(cfg)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, tracker.request_stop)
-    try:
-        await tracker.start()
-        await tracker.wait()
-    finally:
-        await tracker.stop()
+    await serve_until_signalled(Tracker(cfg))

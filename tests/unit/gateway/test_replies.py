@@ -12,18 +12,9 @@ import pytest
 from swarmrl.services.gateway.core import ModelHandle
 from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, stop_token_ids
 from swarmrl.services.gateway.replies import ReplyFormat, detect
+from tests.unit.gateway.test_prompts import TOOLS
 
 TEMPLATES = Path(__file__).parents[2] / "fixtures" / "chat_templates"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate arithmetic.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-        },
-    }
-]
 FAMILIES = {
     # template: (special tokens the family's vocabulary has, bos, eos, a generated tool call)
     "qwen2.5": ([], None, None, '<tool_call>\n{"name":"calculator","arguments":{"expression":"2+3"}}\n</tool_call>'),
