@@ -134,6 +134,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if reason := resume_problem(args):
             p.error(reason)
         args.run_dir = args.resume
+    elif args.run_dir is not None and (args.run_dir / SWARM_FILE).is_file():
+        # Its checkpoints and NATS store would silently carry the old run on under new settings.
+        p.error(f"--run-dir {args.run_dir} holds a run already; give --resume {args.run_dir} to go on with it, "
+                "or a new --run-dir")  # fmt: skip
     try:
         args.swarm = swarm_from_args(args)
     except SwarmConfigError as exc:

@@ -64,3 +64,14 @@ def test_services_and_clients_refuse_a_password_on_the_command_line_too(
             main([*argv, "--nats=nats://agent:s3cret@127.0.0.1:4222"])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and "password on the command line" in err and "s3cret" not in err
+
+
+def test_a_run_dir_that_holds_a_run_is_resumed_only_when_asked(
+    tmp_path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "swarm.json").write_text(parse_args([]).swarm.model_dump_json())
+    with pytest.raises(SystemExit):
+        parse_args(["--run-dir", str(tmp_path)])
+    assert f"--run-dir {tmp_path} holds a run already; give --resume {tmp_path}" in capsys.readouterr().err
+    assert parse_args(["--resume", str(tmp_path)]).run_dir == tmp_path
+    assert parse_args(["--run-dir", str(tmp_path / "new")]).run_dir == tmp_path / "new"
