@@ -202,6 +202,7 @@ class EnvTask:
             probe.reset()
         tools = self.bind_tools(probe)
         self.tool_specs = [tool_spec(fn) for fn in tools.values()] or None
+        self.tool_names = frozenset(tools)
         self.role_specs = {
             role: [tool_spec(fn) for fn in self.bind_tools(probe, role).values()] or None
             for role in self.roles
@@ -231,9 +232,8 @@ class EnvTask:
         for call in reply.get("tool_calls") or []:
             fn = call.get("function") or {}
             args = fn.get("arguments") or "{}"
-            known = self.tool_specs and fn.get("name") in {t["function"]["name"] for t in self.tool_specs}
             stdin = json.dumps({"name": fn.get("name"), "arguments": args})
-            out.append({"code": self.program, "stdin": stdin} if known else None)
+            out.append({"code": self.program, "stdin": stdin} if fn.get("name") in self.tool_names else None)
         return out
 
     def _row(self, instance: dict[str, Any]) -> DataRow:

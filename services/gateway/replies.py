@@ -111,14 +111,8 @@ class ReplyFormat:
 
     def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
         """(reasoning, the rest) of a whole reply."""
-        if self.reasoning == "none":
+        if self.reasoning == "none" or (body := _reasoning_body(text, opened)) is None:
             return "", text
-        body = text
-        if not opened:
-            stripped = text.lstrip()
-            if not stripped.startswith(THINK_OPEN):
-                return "", text
-            body = stripped[len(THINK_OPEN) :]
         inner, closed, after = body.partition(THINK_CLOSE)
         return inner.strip(), after.lstrip() if closed else ""
 
@@ -134,15 +128,9 @@ class ReplyFormat:
         """
         reasoning, rest = "", text
         if self.reasoning == "think":
-            body = text
-            if not opened:
-                stripped = text.lstrip()
-                if THINK_OPEN.startswith(stripped):
-                    return "", ""  # the reply may be opening a reasoning block
-                if stripped.startswith(THINK_OPEN):
-                    body = stripped[len(THINK_OPEN) :]
-                    opened = True
-            if opened:
+            if not opened and THINK_OPEN.startswith(text.lstrip()):
+                return "", ""  # the reply may be opening a reasoning block
+            if (body := _reasoning_body(text, opened)) is not None:
                 inner, closed, after = body.partition(THINK_CLOSE)
                 if not closed:
                     return _before_partial(inner, THINK_CLOSE).strip(), ""
@@ -157,6 +145,15 @@ class ReplyFormat:
         marker = HERMES_OPEN if self.tools == "hermes" else MISTRAL_OPEN
         at = rest.find(marker)
         return reasoning, (rest[:at] if at >= 0 else _before_partial(rest, marker)).rstrip()
+
+
+def _reasoning_body(text: str, opened: bool) -> str | None:
+    """What of `text` follows the opening of its reasoning block (all of it when the prompt opened
+    the block); None when the reply opens none."""
+    if opened:
+        return text
+    stripped = text.lstrip()
+    return stripped[len(THINK_OPEN) :] if stripped.startswith(THINK_OPEN) else None
 
 
 def _before_partial(text: str, marker: str) -> str:
