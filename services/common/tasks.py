@@ -8,6 +8,21 @@ from collections.abc import Iterable
 from typing import Protocol
 
 
+class Loops:
+    """A service's background loops and its stop flag: `request_stop()` sets the flag, `wait()`
+    returns then, or raises as soon as one of the loops dies (`until_stopped`)."""
+
+    def __init__(self) -> None:
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        await until_stopped(self._stop, self._tasks)
+
+
 class Service(Protocol):
     """A service's lifecycle: `start()`, `wait()` until stopped, then `stop()`."""
 

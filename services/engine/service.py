@@ -12,26 +12,25 @@ import logging
 import shlex
 from typing import Any
 
-from swarmrl.services.common.tasks import serve_until_signalled, until_stopped
+from swarmrl.services.common.tasks import Loops, serve_until_signalled
 from swarmrl.services.engine.client import EngineClient
 from swarmrl.services.engine.config import EngineConfig
 
 log = logging.getLogger("swarmrl.engine")
 
 
-class EngineService:
+class EngineService(Loops):
     """`start()`, then `wait()` until `request_stop()` (or a part dies), then `stop()`."""
 
     def __init__(self, cfg: EngineConfig) -> None:
+        super().__init__()
         self.cfg = cfg
         self.url = ""
         self.client: EngineClient | None = None
-        self._stop = asyncio.Event()
         self._engine: Any = None  # EngineCore (embedded)
         self._server: Any = None  # uvicorn server (embedded)
         self._launcher: Any = None  # SGLangServer (sglang, launched here)
         self._nc: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -85,13 +84,6 @@ class EngineService:
         self._server, task = await serve_in_loop(create_app(self._engine), cfg.host, cfg.port)
         self._tasks.append(task)
         self.url = f"http://{cfg.host}:{cfg.port}"
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait(self) -> None:
-        """Return when a stop is requested; re-raise if the server or the watcher died."""
-        await until_stopped(self._stop, self._tasks)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -42,7 +42,7 @@ from nats.js.errors import NotFoundError
 from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import until_stopped
+from swarmrl.services.common.tasks import Loops
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
@@ -57,18 +57,17 @@ GC_THRESHOLD = 100_000
 """The collector's first threshold while the ledger runs (Python's default is 700); see `run`."""
 
 
-class Ledger:
+class Ledger(Loops):
     """The ledger service: `start()`, then `wait()` until `request_stop()`, then `stop()`."""
 
     def __init__(self, cfg: LedgerConfig) -> None:
+        super().__init__()
         self.cfg = cfg
         self.writer = PartWriter(cfg.run_dir, compression=cfg.compression, fsync=cfg.fsync)
         self.ingest = Ingest(max_event_bytes=cfg.max_event_bytes)
         self.sinks = {stream: StreamSink(stream) for stream in STREAM_TABLES}
         self.counts: Counter[str] = Counter()
         """Rows written per table, plus `redelivered` (late redeliveries, ignored)."""
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
         self.fetched: Counter[str] = Counter()
         """Messages fetched per stream (redeliveries included), for the final log line."""
         self.nc: NATS | None = None
@@ -123,13 +122,6 @@ class Ledger:
             register_views(con, self.cfg.run_dir)
             restore_tracker(con, self.ingest.tracker)
             return high_water_marks(con)
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait(self) -> None:
-        """Return when a stop is requested; re-raise if a consumer died."""
-        await until_stopped(self._stop, self._tasks)
 
     async def stop(self) -> None:
         """Flush what is buffered (then ack it), and disconnect."""

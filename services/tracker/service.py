@@ -29,7 +29,7 @@ from nats.js.errors import NotFoundError
 from swarmrl.schemas import WireError, decode_metric
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import serve_until_signalled, until_stopped
+from swarmrl.services.common.tasks import Loops, serve_until_signalled
 from swarmrl.services.tracker.backends import Backend, open_backends
 from swarmrl.services.tracker.config import TrackerConfig
 from swarmrl.services.tracker.rows import Row, RowMaker
@@ -39,10 +39,11 @@ log = logging.getLogger("swarmrl.tracker")
 SERVICE = "tracker"
 
 
-class Tracker:
+class Tracker(Loops):
     """The exporter: `start()`, then `wait()` until `request_stop()`, then `stop()`."""
 
     def __init__(self, cfg: TrackerConfig) -> None:
+        super().__init__()
         self.cfg = cfg
         self.state_path = cfg.track_dir() / "state.json"
         self.state = TrackState.load(self.state_path)
@@ -52,8 +53,6 @@ class Tracker:
         """Records and values exported, for the log."""
         self.nc: NATS | None = None
         self.dlq: bus.DeadLetters | None = None
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         # Before connecting: the libraries take seconds to import and open (nothing waits on us yet).
@@ -86,13 +85,6 @@ class Tracker:
             asyncio.create_task(self._consume(sub), name="tracker-consume"),
             asyncio.create_task(self._log_stats(), name="tracker-stats"),
         ]
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait(self) -> None:
-        """Return when a stop is requested; re-raise if a loop died."""
-        await until_stopped(self._stop, self._tasks)
 
     async def stop(self) -> None:
         """Finish what was fetched, close the trackers' runs, disconnect."""
