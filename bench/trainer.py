@@ -9,6 +9,12 @@ computed once) and `pack` (each sample computed whole). Reported per task: compu
 Writes bench/results/trainer.{json,md}. The samples come from runs made on this machine (`just up`
 for calculator; a cocktail or team swarm from `examples/` for the others): `--run DIR` names them,
 by default the newest run under runs/ that holds each task.
+
+`--long`: rows of 4k-32k tokens instead, on a model with a realistic layer shape (Qwen2.5-0.5B's:
+hidden 896, 14 heads, 2 kv heads, MLP 4864; random initialisation, `--layers` of them). Each step is
+one GRPO group of 8 answers of L/16 tokens below an L/2-token prompt: the shared row holds L tokens,
+packed rows 4.5x that. Each (L, layout) runs one step in a process of its own, which reports its peak
+resident memory and step time. Writes bench/results/trainer-long.{json,md}.
 """
 
 from __future__ import annotations
@@ -174,6 +180,125 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+LONG_ANSWERS = 8
+
+
+def long_items(length: int, seed: int = 0) -> list[Any]:
+    """One GRPO group whose prefix tree is `length` tokens: an L/2 prompt and 8 answers of L/16."""
+    from swarmrl.schemas import Sample
+    from swarmrl.services.trainer.batching import Scored
+
+    rng = random.Random(seed)
+    prompt = [rng.randrange(10, 700) for _ in range(length // 2)]
+    out = []
+    for i in range(LONG_ANSWERS):
+        answer = [rng.randrange(10, 700) for _ in range(length // 16)]
+        ids = prompt + answer
+        out.append(Scored(Sample(
+            sample_id=f"s{i}", model="m", episode_id=f"e{i}", agent="a", task_id="t", group_key="g",
+            token_ids=ids, loss_mask=[0] * len(prompt) + [1] * len(answer), logprobs=[-6.0] * len(ids),
+            policy_versions=[0] * len(ids), reward=float(i % 2),
+        ), 1.0 if i % 2 else -1.0))  # fmt: skip
+    return out
+
+
+def long_one(length: int, layout: str, layers: int) -> dict[str, Any]:
+    """One step on a row of `length` tokens in this process; its time and this process's peak RSS."""
+    import resource
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from swarmrl.bootstrap.tokenizer import build_tokenizer
+    from swarmrl.services.trainer.config import TrainerConfig
+    from swarmrl.services.trainer.learner import Learner
+
+    torch.manual_seed(0)
+    tmp = Path(tempfile.mkdtemp())
+    config = Qwen2Config(
+        vocab_size=792, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=65536, tie_word_embeddings=True,
+    )  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(tmp / "model")
+    build_tokenizer().save_pretrained(tmp / "model")
+    cfg = TrainerConfig(model_path=str(tmp / "model"), run_dir=str(tmp / "run"), max_tokens_per_micro_batch=length,
+                        prefix_sharing=layout == "shared")  # fmt: skip
+    learner = Learner(cfg, tmp / "model")
+    learner.train_step(long_items(256, seed=1), version=0)  # warm-up: optimizer state, first-call costs
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    stats = learner.train_step(long_items(length), version=0).stats
+    seconds = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"tokens": length, "layout": layout, "step_s": round(seconds, 2),
+            "computed_tokens": stats["computed_tokens"], "peak_rss_gib": round(peak / 2**20, 2),
+            "rss_before_step_gib": round(before / 2**20, 2)}  # fmt: skip
+
+
+def run_long(args: argparse.Namespace) -> dict[str, Any]:
+    import subprocess
+
+    rows = []
+    for length in args.lengths:
+        for layout in ("shared", "packed"):
+            if layout == "packed" and length > args.packed_max:
+                rows.append(
+                    {
+                        "tokens": length,
+                        "layout": layout,
+                        "error": f"not run (beyond --packed-max {args.packed_max})",
+                    }
+                )
+                continue
+            cmd = [sys.executable, __file__, "--long-one", str(length), layout, "--layers", str(args.layers)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                row = {
+                    "tokens": length,
+                    "layout": layout,
+                    "error": f"exit {proc.returncode}: {tail[0][:200]}",
+                }
+            else:
+                row = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(row, file=sys.stderr, flush=True)
+            rows.append(row)
+    return {"benchmark": "trainer-long", "layers": args.layers, "rows": rows, "machine": machine()}
+
+
+def write_long_md(result: dict[str, Any], out: Path) -> None:
+    m = result["machine"]
+    by = {(r["tokens"], r["layout"]): r for r in result["rows"]}
+    lines = [
+        "# Trainer benchmark: long rows (tree attention segment by segment)",
+        "",
+        f"{describe(m)}; {m['date']}.",
+        "",
+        f"A model with Qwen2.5-0.5B's layer shape (hidden 896, 14 heads, 2 kv heads, MLP 4864), "
+        f"{result['layers']} layer(s), random initialisation, float32 on the CPU. One trainer step on one GRPO "
+        "group: 8 answers of L/16 tokens below an L/2-token prompt. *shared*: one row, the prompt computed "
+        "once (L tokens); *packed*: each sample whole (4.5 L tokens). Each cell ran in a process of its "
+        "own: peak resident memory of that process (model, optimizer, activations) and the step's time. "
+        "The dense [L, L] float32 mask the trainer built before (one per row) is given for scale.",
+        "",
+        "| row tokens L | dense mask (GiB) | shared: step s | shared: peak GiB | packed: step s | packed: peak GiB | step-time ratio |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for length in sorted({r["tokens"] for r in result["rows"]}):
+        sh, pk = by.get((length, "shared"), {}), by.get((length, "packed"), {})
+
+        def cell(r: dict[str, Any], key: str) -> str:
+            return str(r[key]) if key in r else r.get("error", "-")
+
+        ratio = f"{pk['step_s'] / sh['step_s']:.2f}x" if "step_s" in sh and "step_s" in pk else "-"
+        lines.append(
+            f"| {length} | {length * length * 4 / 2**30:.2f} | {cell(sh, 'step_s')} | {cell(sh, 'peak_rss_gib')} | "
+            f"{cell(pk, 'step_s')} | {cell(pk, 'peak_rss_gib')} | {ratio} |"
+        )
+    lines += ["", "Reproduce: `python bench/trainer.py --long`.", ""]
+    (out / "trainer-long.md").write_text("\n".join(lines))
+
+
 def write_md(result: dict[str, Any], out: Path) -> None:
     m = result["machine"]
     lines = [
@@ -214,7 +339,26 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="", help="HF model dir (default: the bootstrapped tiny model)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--long", action="store_true", help="long rows on a realistic layer shape instead (see above)"
+    )
+    p.add_argument(
+        "--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768], help="--long: row tokens"
+    )
+    p.add_argument("--layers", type=int, default=1, help="--long: layers of the model")
+    p.add_argument("--packed-max", type=int, default=8192,
+                   help="--long: longest row also run packed (4.5x the tokens, quadratic attention per sample)")  # fmt: skip
+    p.add_argument("--long-one", nargs=2, metavar=("TOKENS", "LAYOUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.long_one:
+        print(json.dumps(long_one(int(args.long_one[0]), args.long_one[1], args.layers)))
+        return
+    if args.long:
+        result = run_long(args)
+        write_json("trainer-long", result, args.out)
+        write_long_md(result, args.out)
+        print(f"wrote {args.out / 'trainer-long.json'} and trainer-long.md", file=sys.stderr)
+        return
     result = run(args)
     write_json("trainer", result, args.out)
     write_md(result, args.out)

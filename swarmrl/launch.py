@@ -80,6 +80,8 @@ class Proc:
     name: str
     service: str
     config: ServiceConfig
+    processes: int = 1
+    """More than 1: started under `accelerate launch` with this many processes (`accelerate_launch`)."""
 
 
 def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> list[Proc]:
@@ -94,7 +96,9 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
     procs.append(Proc("merger", "merger", service_config(swarm, "merger")))
     for name in swarm.models:
         cfg = service_config(swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir))
-        procs.append(Proc(_proc("trainer", name, swarm), "trainer", cfg))
+        procs.append(
+            Proc(_proc("trainer", name, swarm), "trainer", cfg, swarm.models[name].trainer_processes)
+        )
     procs.append(
         Proc("gateway", "gateway", service_config(swarm, "gateway", engine=engines, port=free_port()))
     )
@@ -118,7 +122,21 @@ def spawn_services(sup: Supervisor, procs: list[Proc], run_dir: Path, service_ur
     }
     for proc in procs:
         path = write_config_file(run_dir / "config" / f"{proc.name}.json", proc.service, proc.config)
-        sup.spawn(proc.name, [*SERVE, proc.service, "--config", str(path)], env)
+        launch, launch_env = accelerate_launch(proc.processes) if proc.processes > 1 else ([], {})
+        sup.spawn(proc.name, [*launch, *SERVE, proc.service, "--config", str(path)], env | launch_env)
+
+
+def accelerate_launch(processes: int) -> tuple[list[str], dict[str, str]]:
+    """Arguments and environment that run a `python -m` command as `processes` processes of one job
+    under `accelerate launch` on this machine: DDP over NCCL where there are GPUs, else over gloo."""
+    import torch
+
+    argv = [
+        "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()),
+    ]  # fmt: skip
+    return argv, {} if torch.cuda.is_available() else {"ACCELERATE_USE_CPU": "true"}
 
 
 def uses_actions(swarm: Swarm) -> bool:

@@ -231,5 +231,14 @@ class Supervisor:
                 self.procs[n].wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in %.0fs; killing it", n, timeout)
-                self.procs[n].kill()
+                kill_group(self.procs[n])
                 self.procs[n].wait()
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `proc` and what it started in its session (every service starts in a session of its
+    own): the processes of an `accelerate launch` trainer, an engine's workers."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()

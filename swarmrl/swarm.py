@@ -61,13 +61,16 @@ class ModelConf(Strict):
     """One trainable model: its base weights, and the settings of its engine and its trainer."""
 
     base: str = "tiny"
-    """Bootstrap preset name (`tiny`, `tiny-llama`; built offline on first use) or an HF model directory."""
+    """Bootstrap preset name (`tiny`, `tiny-llama`, `tiny-h32`; built offline on first use) or an HF model directory."""
     warm_start: list[str] | None = None
     """SFT sources of a preset's warm start (`calculator`, `team_calculator.caller`); None = the preset's own."""
     warm_start_steps: int | None = Field(default=None, ge=0)
     """SFT steps of a preset's warm start; None = the preset's default for its sources."""
     trainer: dict[str, Any] = {}
     """Settings of this model's trainer (`swarmrl serve trainer --help`), e.g. {lr = 1e-4}."""
+    trainer_processes: int = Field(default=1, ge=1)
+    """Processes of this model's trainer: more than 1 starts it under `accelerate launch` (DDP: NCCL on
+    GPUs, gloo on the CPU), each training a share of every step; process 0 talks to NATS."""
     engine: dict[str, Any] = {}
     """Settings of this model's engine (`swarmrl serve engine --help`), e.g. {max_batch = 32}."""
 

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from swarmrl.services.actions.model import Outcome
-from swarmrl.services.engine.client import EngineClient, EngineError, GenerateResult
+from swarmrl.services.engine.client import EngineClient, EngineError, GenerateResult, open_engine
 
 log = logging.getLogger("swarmrl.actions.judge")
 
@@ -81,6 +81,7 @@ class JudgeManager:
         self.batch_sizes: Counter[int] = Counter()  # engine calls by number of actions in them
         self.units = 0
         self._client = EngineClient(engine_url, timeout=timeout_s, retries=retries)
+        self._client_args = {"timeout": timeout_s, "retries": retries}
         self._tokenizer: Any = None
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._in_flight = 0
@@ -91,6 +92,10 @@ class JudgeManager:
 
     async def start(self, units: int) -> None:
         """Load the tokenizer and start batching with `units` accelerator slots."""
+        await (
+            self._client.aclose()
+        )  # now that the engine answers, the client for its API (SGLang's or vLLM's)
+        self._client = await open_engine(self.engine_url, wait=False, **self._client_args)
         if self.tokenizer_path is None:
             info = await self._client.model_info()
             self.tokenizer_path = info.get("tokenizer_path") or info.get("model_path")

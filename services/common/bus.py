@@ -75,6 +75,15 @@ async def connect(url: str, name: str) -> NATS:
     return nc
 
 
+async def close(nc: NATS) -> None:
+    """Close a connection on the way out; a broker already gone (the connection reset under a pending
+    flush) is logged, not raised, so the rest of a service's shutdown still runs."""
+    try:
+        await nc.close()
+    except (OSError, nats.errors.Error) as exc:
+        log.warning("nats connection closed with an error (the server is gone?): %r", exc)
+
+
 def stream_replicas() -> int:
     return int(os.environ.get("SWARMRL_STREAM_REPLICAS", "1"))
 

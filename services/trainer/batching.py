@@ -4,14 +4,14 @@ One micro-batch is one row of at most `max_tokens` computed tokens (a longer sam
 own); nothing is padded. Two layouts:
 
 - **Packed** (`pack`): samples side by side (first-fit decreasing by length). Each sample's position ids
-  restart at 0; with `attention_mask=None` transformers turns restarting position ids into a
-  block-diagonal causal mask (`masking_utils.find_packed_sequence_indices`), so packed samples never
-  attend to each other.
+  restart at 0 and each is a segment of its own with no ancestors, so packed samples never attend to
+  each other.
 - **Prefix-shared** (`pack_shared`): samples sorted by their token ids, so samples that share a prefix
   (the samples of one GRPO group, the timelines of one episode, tasks with one system prompt) are
   neighbours; each sample adds only the tokens past its longest common prefix with the previous one.
   The row is the prefix tree of its samples in depth-first order: a token's position id is its depth
-  and it attends to its ancestors only (an explicit [1, 1, L, L] additive mask). A shared prefix is
+  and it attends to its ancestors only (the row's `segments`, attended segment by segment by
+  `tree_attention.py`: no [L, L] mask is ever built). A shared prefix is
   computed once, and its gradient accumulates once from every continuation: the loss and gradients
   equal the packed layout's (`tests/unit/trainer/test_prefix_sharing.py`), the computed tokens do not.
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.schemas import Sample
+from swarmrl.services.trainer.tree_attention import Segment
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class MicroBatch:
     """[1, L] token ids of the row."""
     position_ids: torch.Tensor
     """[1, L] each token's index in its sample (its depth in the prefix tree)."""
-    attention_mask: torch.Tensor | None
-    """[1, 1, L, L] additive mask (0 = attend) of a prefix-shared row; None for a packed row."""
+    segments: list[Segment]
+    """What each token attends to: per sample, the positions it adds and the shared prefix before them."""
     pred_pos: torch.Tensor
     """[T] per trained token: the row position whose logits predict it."""
     targets: torch.Tensor
@@ -147,7 +148,7 @@ def pack_shared(items: list[Scored], max_tokens: int) -> list[MicroBatch]:
 
 
 def _row(items: list[tuple[Scored, int]], tree: bool) -> MicroBatch:
-    """One row from (item, tokens shared with the previous item); `tree` builds the ancestor mask."""
+    """One row from (item, tokens shared with the previous item); `tree`: a prefix tree (else packed)."""
     ids: list[int] = []
     pos: list[int] = []
     paths: list[list[int]] = []
@@ -156,11 +157,16 @@ def _row(items: list[tuple[Scored, int]], tree: bool) -> MicroBatch:
     behaviour: list[float] = []
     versions: list[int] = []
     adv: list[float] = []
+    segments: list[Segment] = []
     for it, shared in items:
         s = it.sample
         n = len(s.token_ids)
         path = (paths[-1][:shared] if shared else []) + list(range(len(ids), len(ids) + n - shared))
         paths.append(path)
+        if n > shared:  # a sample already whole in the row adds no segment
+            segments.append(
+                Segment(len(ids), len(ids) + n - shared, torch.tensor(path[:shared], dtype=torch.long))
+            )
         ids += s.token_ids[shared:]
         pos += range(shared, n)
         for j in range(1, n):  # position j-1 predicts token j of the same sample
@@ -170,11 +176,10 @@ def _row(items: list[tuple[Scored, int]], tree: bool) -> MicroBatch:
                 behaviour.append(s.logprobs[j])
                 versions.append(s.policy_versions[j])
                 adv.append(it.advantage)
-    mask = _tree_mask(paths, [shared for _, shared in items], len(ids)) if tree else None
     return MicroBatch(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([pos], dtype=torch.long),
-        attention_mask=mask,
+        segments=segments,
         pred_pos=torch.tensor(pred, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         behaviour=torch.tensor(behaviour, dtype=torch.float32),
@@ -184,23 +189,6 @@ def _row(items: list[tuple[Scored, int]], tree: bool) -> MicroBatch:
         sample_ids=[it.sample.sample_id for it, _ in items],
         sample_tokens=sum(len(it.sample.token_ids) for it, _ in items),
     )
-
-
-def _tree_mask(paths: list[list[int]], shared: list[int], length: int) -> torch.Tensor:
-    """[1, 1, L, L] additive mask: each token attends to itself and its ancestors (its sample's path)."""
-    allowed = torch.zeros((length, length), dtype=torch.bool)
-    for path, k in zip(paths, shared, strict=True):
-        p = torch.tensor(path, dtype=torch.long)
-        n = len(path)
-        if n == k:
-            continue  # every token of this sample is already in the row
-        causal = torch.ones((n, n), dtype=torch.bool).tril()[k:]  # the sample's own new tokens
-        rows = p[k:, None].expand(-1, n)
-        cols = p[None, :].expand(n - k, -1)
-        allowed[rows[causal], cols[causal]] = True
-    mask = torch.zeros((length, length), dtype=torch.float32)
-    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    return mask[None, None]
 
 
 def shard(items: list[Scored], n: int, rank: int, by_prefix: bool) -> list[Scored]:
@@ -238,7 +226,7 @@ def empty_micro_batch() -> MicroBatch:
     return MicroBatch(
         input_ids=torch.zeros((1, 1), dtype=torch.long),
         position_ids=torch.zeros((1, 1), dtype=torch.long),
-        attention_mask=None,
+        segments=[Segment(0, 1, torch.zeros(0, dtype=torch.long))],
         pred_pos=torch.zeros(0, dtype=torch.long),
         targets=torch.zeros(0, dtype=torch.long),
         behaviour=torch.zeros(0),

@@ -34,6 +34,7 @@ from swarmrl.services.trainer.batching import MicroBatch, Scored, empty_micro_ba
 from swarmrl.services.trainer.checkpoint import TrainerState, copy_tokenizer_files
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.grpo import token_loss
+from swarmrl.services.trainer.tree_attention import TREE_ATTENTION
 
 # Per-step sums reduced over processes in one collective: names of the slots of the stats vector.
 _SUMS = (
@@ -76,7 +77,9 @@ class Learner:
         self.cfg = cfg
         self.accelerator = accelerator or Accelerator(mixed_precision=cfg.mixed_precision)
         set_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            weights, dtype=torch.float32, attn_implementation=TREE_ATTENTION
+        )
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.vocab_size = cast(
@@ -96,7 +99,9 @@ class Learner:
         )
         self.ref: torch.nn.Module | None = None
         if cfg.kl_coef > 0:  # the reference is the base model, never a resumed checkpoint
-            ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32).eval()
+            ref = AutoModelForCausalLM.from_pretrained(
+                cfg.model_path, dtype=torch.float32, attn_implementation=TREE_ATTENTION
+            ).eval()
             ref.requires_grad_(False)
             self.ref = self.accelerator.prepare_model(ref, evaluation_mode=True)
         self.check_weights(f"loaded from {weights}")  # version 0 or a resumed one is served as is
@@ -253,13 +258,11 @@ class Learner:
         # A tree position predicts one token per branch below it: compute its logits once.
         keep, inverse = torch.unique(mb.pred_pos.to(dev), return_inverse=True)
         kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._keep_logits else {}
-        mask = mb.attention_mask.to(dev) if mb.attention_mask is not None else None
         with contextlib.nullcontext() if grad else torch.no_grad():
             out = model(
                 input_ids=mb.input_ids.to(dev),
                 position_ids=mb.position_ids.to(dev),
-                # None + restarting position ids = block-diagonal mask (packed); a tree has its own
-                attention_mask=mask,
+                tree=[seg.to(dev) for seg in mb.segments],  # what each token attends to (tree_attention.py)
                 use_cache=False,
                 **kwargs,
             )

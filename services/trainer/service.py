@@ -98,7 +98,7 @@ class Trainer:
         finally:
             await nak_all(self._handles())
             await nc.flush()  # acks and naks are fire-and-forget publishes: make sure they left
-            await nc.close()  # not drain(): draining a pull subscription waits out its timeout
+            await bus.close(nc)  # not drain(): draining a pull subscription waits out its timeout
             if learner.accelerator.num_processes > 1:
                 await asyncio.to_thread(learner.broadcast, None)
 

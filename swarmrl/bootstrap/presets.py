@@ -6,6 +6,7 @@ A preset is an architecture and its size. A model is a preset warm-started on a 
 
     tiny        Qwen2ForCausalLM (hidden 192, 4 layers), SFT on calculator + guess_number, 1250 steps
     tiny-llama  LlamaForCausalLM (hidden 128, 3 layers), same default sources and steps
+    tiny-h32    `tiny` with 6 heads of 32 (vLLM's CPU attention takes head sizes 32, 64, ..., not 48)
 
 Built models are cached under `$SWARMRL_HOME/models/` (default `~/.cache/swarmrl/models/`), one
 directory per (preset, sources, steps, seed, builder source): `ensure_model` builds on first use.
@@ -87,6 +88,14 @@ PRESETS: dict[str, Preset] = {
             ("calculator", "guess_number"),
             DEFAULT_STEPS,
             "Llama, hidden 128, 3 layers, 4 heads (2 kv), ~0.7M params",
+        ),
+        Preset(
+            "tiny-h32",
+            "qwen2",
+            TinyDims(num_attention_heads=6, num_key_value_heads=2),
+            ("calculator", "guess_number"),
+            DEFAULT_STEPS,
+            "Qwen2 as `tiny`, 6 heads of 32 (2 kv): a head size vLLM's CPU build serves, ~1.8M params",
         ),
     )
 }

@@ -44,7 +44,7 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         env = dict(os.environ)
         if device == "cpu":  # the CPU reference, on a machine that has a GPU too
             env["ACCELERATE_USE_CPU"] = "true"
-        args = [sys.executable, "-m", "tests.gpu.learner_runs", str(tiny_model_dir), str(root / name)]
+        args = [sys.executable, "-m", "tests.learner_runs", str(tiny_model_dir), str(root / name)]
         procs[name] = subprocess.Popen(
             [*args, device, precision, *layouts], cwd=ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,

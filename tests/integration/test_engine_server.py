@@ -234,6 +234,42 @@ def test_serve_engine_exits_cleanly_on_sigterm(tiny_model_dir: Path) -> None:
             proc.kill()
 
 
+def test_engine_stops_cleanly_after_nats_died(
+    tiny_model_dir: Path, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A SIGKILLed broker must not keep the engine from stopping: closing a connection whose server is
+    gone raised from `close()`, and a start still connecting ignored SIGTERM, so the engine (and a
+    launched SGLang or vLLM server, in a session of its own) outlived its swarm."""
+    port = free_port()
+    env = {**os.environ, "SWARMRL_NATS": nats_server.service_url}
+    cmd = [sys.executable, "-m", "swarmrl.cli", "serve", "engine", "--model-path", str(tiny_model_dir)]
+    log = tmp_path / "engine.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not _healthy(port):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        assert nats_server.proc is not None
+        nats_server.proc.kill()
+        nats_server.proc.wait()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None
+        text = "\n".join(
+            x for x in log.read_text(errors="replace").splitlines() if "Connect call failed" not in x
+        )
+        assert code == 0, text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(1200)
 async def test_sglang_backend_speaks_the_same_api(tmp_path: Path) -> None:

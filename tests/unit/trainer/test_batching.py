@@ -29,7 +29,8 @@ def test_packing_preserves_tokens_masks_and_shifts_targets() -> None:
     assert sum(len(mb.sample_ids) for mb in mbs) == len(items)
     for mb in mbs:
         assert mb.tokens <= 16
-        assert mb.attention_mask is None  # packed: the block-diagonal mask comes from position ids
+        # packed: each sample a segment of its own, attending to nothing before it
+        assert all(seg.ancestors.numel() == 0 for seg in mb.segments)
         offset = 0
         for path, sid in zip(mb.paths, mb.sample_ids, strict=True):
             s, adv = by_id[sid].sample, by_id[sid].advantage

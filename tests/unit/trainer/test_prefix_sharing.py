@@ -12,6 +12,7 @@ from swarmrl.schemas import Sample
 from swarmrl.services.trainer.batching import Scored, pack, pack_shared, plan_shared_rows, shard
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.learner import Learner
+from swarmrl.services.trainer.tree_attention import dense_mask
 from tests.unit.trainer.samples import make_sample
 
 VOCAB = 500
@@ -137,9 +138,8 @@ def test_rows_hold_each_sample_once_and_respect_the_budget() -> None:
             # every token sits at its path position, at its depth, and sees exactly its ancestors
             assert mb.input_ids[0, path].tolist() == s.token_ids
             assert mb.position_ids[0, path].tolist() == list(range(len(path)))
-            assert mb.attention_mask is not None
-            last = mb.attention_mask[0, 0, path[-1]]
-            assert (last == 0).nonzero().squeeze(-1).tolist() == sorted(path)
+            last = dense_mask(mb.segments, mb.tokens)[path[-1]]
+            assert last.nonzero().squeeze(-1).tolist() == sorted(path)
     assert sum(mb.sample_tokens for mb in mbs) == sum(len(it.sample.token_ids) for it in items)
 
 

@@ -1,8 +1,10 @@
 """Train the tiny model for a few GRPO steps in this process and write down what happened.
 
-Run by `test_learner_gpu.py` as `python -m tests.gpu.learner_runs MODEL_DIR OUT_DIR DEVICE
-PRECISION LAYOUT...`, one process per (device, mixed precision): Accelerate's state is process-wide,
-so a CPU and a CUDA learner, or an fp32 and a bf16 one, cannot share a process. For each layout
+Run as `python -m tests.learner_runs MODEL_DIR OUT_DIR DEVICE PRECISION LAYOUT...`, one process
+per (device, mixed precision): Accelerate's state is process-wide, so a CPU and a CUDA learner, or an
+fp32 and a bf16 one, cannot share a process (`tests/gpu/test_learner_gpu.py`). Under `accelerate
+launch` with N processes each trains its shard of every step, as the trainer service does, and
+process 0 writes the results (`tests/integration/test_trainer_processes.py`). For each layout
 (`shared`: prefix trees, `packed`: side by side) a fresh learner from the same weights and seed
 takes `STEPS` steps over the same samples; `OUT_DIR/<layout>.safetensors` gets its final weights and
 `OUT_DIR/result.json` its statistics and logprobs.
@@ -11,6 +13,7 @@ takes `STEPS` steps over the same samples; `OUT_DIR/<layout>.safetensors` gets i
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -69,10 +72,13 @@ def run(model_dir: str, out_dir: Path, device: str, precision: str, layout: str)
     alone = per_sample(learner, [pack([it], MAX_TOKENS)[0] for it in scored])
     rows = (pack_shared if cfg.prefix_sharing else pack)(scored, MAX_TOKENS)
     before = per_sample(learner, rows)
-    stats = [learner.train_step(scored, version=0).stats for _ in range(STEPS)]
-    weights = {n: p.detach().float().cpu().contiguous() for n, p in learner.model.named_parameters()}
-    save_file(weights, str(out_dir / f"{layout}.safetensors"))
+    stats = [learner.train_step(learner.shard(scored), version=0).stats for _ in range(STEPS)]
+    model = acc.unwrap_model(learner.model)  # DDP wraps it under several processes
+    weights = {n: p.detach().float().cpu().contiguous() for n, p in model.named_parameters()}
+    if learner.is_main:
+        save_file(weights, str(out_dir / f"{layout}.safetensors"))
     return {
+        "processes": acc.num_processes,
         "device": str(acc.device),
         "mixed_precision": acc.mixed_precision,
         "dtypes": sorted({str(p.dtype) for p in learner.model.parameters()}),
@@ -88,7 +94,8 @@ def main(argv: list[str]) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {layout: run(model_dir, out_dir, device, precision, layout) for layout in layouts}
-    (out_dir / "result.json").write_text(json.dumps(result))
+    if int(os.environ.get("RANK", "0")) == 0:
+        (out_dir / "result.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

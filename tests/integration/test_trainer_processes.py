@@ -1,0 +1,69 @@
+"""A trainer of several processes (`accelerate launch`, DDP over gloo on the CPU) takes the same steps
+to the same weights as one process, with prefix sharing on.
+
+Both run `tests/learner_runs.py` from the same weights, seed and samples (a GRPO group and an
+episode's nested timelines); under two processes each trains its shard of every step (whole prefix
+trees, `batching.shard`) and DDP sums the gradients, whose scale is set by the tokens of all shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from swarmrl.infra.nats_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+LR = 1e-3
+# Adam's first steps move each weight by about lr whatever its gradient's size, so a weight whose
+# gradient is within float error of 0 may move by a fraction of lr in one run and not the other; a
+# wrong gradient (a shard counted twice, or scaled by its own tokens) moves many weights by a whole lr.
+WEIGHT_ATOL = 0.25 * LR
+
+
+def launch(processes: int, model_dir: Path, out: Path) -> dict:
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    script = ["-m", "tests.learner_runs", str(model_dir), str(out), "cpu", "no", "shared"]
+    if processes == 1:
+        cmd = [sys.executable, *script]
+    else:  # --multi_gpu picks the distributed launcher; ACCELERATE_USE_CPU makes it gloo on the CPU
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+            "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(free_port()), *script,
+        ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (
+        f"{processes} processes failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return json.loads((out / "result.json").read_text())["shared"]
+
+
+@pytest.mark.timeout(600)
+def test_two_processes_take_the_same_steps_as_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    one = launch(1, tiny_model_dir, tmp_path / "one")
+    two = launch(2, tiny_model_dir, tmp_path / "two")
+    assert (one["processes"], two["processes"]) == (1, 2)
+    start = load_file(str(tiny_model_dir / "model.safetensors"))
+    w1 = load_file(str(tmp_path / "one" / "shared.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "shared.safetensors"))
+    assert w1.keys() == w2.keys()
+    moved = 0
+    for name in w1:
+        torch.testing.assert_close(
+            w2[name], w1[name], atol=WEIGHT_ATOL, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
+        if name in start:
+            moved += int((w1[name] - start[name].float()).abs().max() > LR / 2)
+    assert moved > len(w1) // 2, "the steps barely moved the weights: the comparison would prove nothing"
+    for s1, s2 in zip(one["stats"], two["stats"], strict=True):
+        # the step's loss and token counts are sums over all processes' shards
+        assert (s2["trained_tokens"], s2["tokens"]) == (s1["trained_tokens"], s1["tokens"])
+        assert s2["loss"] == pytest.approx(s1["loss"], rel=1e-4, abs=1e-6)
