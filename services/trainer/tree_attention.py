@@ -61,9 +61,12 @@ def tree_attention(
     tree: list[Segment] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: query [1, Hq, L, D], key/value [1, Hkv, L, D] -> [1, L, Hq, D]."""
+    """transformers attention function: query [1, Hq, L, D], key/value [1, Hkv, L, D] -> [1, L, Hq, D].
+
+    Without `tree` each row is one sequence, attended causally (a model the trainer loaded, called as a
+    plain causal LM; it applies no padding mask, since this attention has transformers build none)."""
     if tree is None:
-        raise ValueError(f"{TREE_ATTENTION} attention needs the row's segments: model(..., tree=segments)")
+        tree = [Segment(0, query.shape[2], torch.zeros(0, dtype=torch.long, device=query.device))]
     if dropout:
         raise ValueError(f"{TREE_ATTENTION} attention has no dropout (RL models train without it)")
     groups = query.shape[1] // key.shape[1]
