@@ -111,9 +111,7 @@ class StreamAccumulator:
         """The request's result so far after `item`, one decoded `data:` event."""
         if not isinstance(item, dict):
             raise EngineError(0, f"stream event is not a JSON object: {str(item)[:200]}")
-        if "error" in item:  # SGLang reports a request it refused mid-stream this way
-            err = item["error"]
-            raise EngineError(400, str(err.get("message", err) if isinstance(err, dict) else err))
+        raise_stream_error(item)
         meta = item.get("meta_info") or {}
         entries = meta.get("output_token_logprobs")
         ids = item.get("output_ids")
@@ -145,6 +143,14 @@ class StreamAccumulator:
             finish_reason="",
             finished=False,
         )
+
+
+def raise_stream_error(item: dict[str, Any]) -> None:
+    """Raise the EngineError of a stream event that reports a refused request (`{"error": ...}`: how
+    SGLang and vLLM end a stream they refuse mid-way)."""
+    if "error" in item:
+        err = item["error"]
+        raise EngineError(400, str(err.get("message", err) if isinstance(err, dict) else err))
 
 
 def parse_weight_version(value: Any) -> int | None:

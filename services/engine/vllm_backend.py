@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -37,7 +36,13 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from swarmrl.services.engine.client import EngineClient, EngineError, GenerateResult, parse_weight_version
+from swarmrl.services.engine.client import (
+    EngineClient,
+    EngineError,
+    GenerateResult,
+    parse_weight_version,
+    raise_stream_error,
+)
 from swarmrl.services.engine.launched import LaunchedServer
 
 # SGLang sampling-param names (what the gateway and the judge send) -> vLLM's SamplingParams names.
@@ -210,8 +215,7 @@ class VLLMClient(EngineClient):
         async for item in self._events("/inference/v1/generate", body):
             if final is not None:
                 continue  # read to the body's end: the connection is then reused
-            if "error" in item:
-                raise EngineError(400, _message(item))
+            raise_stream_error(item)
             choice = item["choices"][0]
             ids += choice.get("token_ids") or []
             text += choice.get("text") or ""
@@ -343,17 +347,3 @@ def _result(data: dict[str, Any], prompt_tokens: int) -> GenerateResult:
         matched=matched,
         meta_info={"weight_versions": spans},
     )
-
-
-def _message(raw: Any) -> str:
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            return raw[:2000]
-    if isinstance(raw, dict):
-        err = raw.get("error", raw)
-        if isinstance(err, dict):
-            return str(err.get("message", err))
-        return str(err)
-    return str(raw)[:2000]
