@@ -42,6 +42,10 @@ bench:
 bench-trainer *ARGS:
     python bench/trainer.py "$@"
 
+# One weight update, trainer to engine: bytes and time for full fp32, full bf16 and a LoRA adapter; bench/results/weight-sync.{json,md}.
+bench-weight-sync *ARGS:
+    python bench/weight_sync.py "$@"
+
 # Chaos benchmark: the default swarm on a local 3-node NATS cluster under SIGKILLs, against a fault-free run of the same swarm (~17 min each; the fault-free one only when none of this swarm is recorded); bench/results/chaos{,-fault-free}.{json,md}.
 chaos *ARGS:
     python bench/chaos.py "$@"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 SERVICES = ("gateway", "engine", "merger", "trainer", "ledger", "tracker", "actions", "action-worker")
 # service -> (module, entry); by default swarmrl.services.<name>.main:main
@@ -94,10 +95,16 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     try:
         swarm = build(load(path) if path.suffix == ".toml" else data, str(path))
         model = known.model or (next(iter(swarm.models)) if len(swarm.models) == 1 else None)
-        placement = {}
+        placement: dict[str, Any] = {}
         if service in ("trainer", "engine") and model in swarm.models:
             build_it = "--print-config" not in argv  # printing builds nothing
             placement["model_path"] = str(resolve_base(swarm.models[model], build=build_it))
+        if service == "engine" and model in swarm.models:
+            if (owner := swarm.engine_owner(model)) != model:
+                raise SwarmConfigError(
+                    f"{model} is served by {owner}'s engine (share_engine): serve --model {owner}"
+                )
+            placement["adapters"] = swarm.adapters(model)
         cfg = service_config(swarm, service, model, **placement)
     except SwarmConfigError as exc:
         raise SystemExit(f"swarmrl serve {service}: {exc}") from None

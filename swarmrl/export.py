@@ -4,8 +4,10 @@ A trainer checkpoint (`<run>/checkpoints/<model>/step-<N>/`) already holds what 
 and SGLang load (config, safetensors weights, tokenizer and chat template, written by
 `save_pretrained`) beside the trainer's own state (optimizer and scheduler per process,
 `trainer_state.json`). Export copies the first and leaves the second, or, with `--dtype`, loads the
-weights and saves them in that dtype. It adds `swarmrl_export.json`: which run, model, step and
-policy version the weights are.
+weights and saves them in that dtype. A LoRA model's checkpoint holds its adapter only: export merges
+it into the base (peft's `merge_and_unload`) and writes the whole model, or with `--adapter` copies the
+adapter as it is (peft, vLLM's `--lora-modules` and SGLang's `--lora-paths` load it over the base).
+It adds `swarmrl_export.json`: which run, model, step and policy version the weights are.
 """
 
 from __future__ import annotations
@@ -55,17 +57,41 @@ def export(
     dtype: str | None = None,
     step: int | None = None,
     force: bool = False,
+    adapter: bool = False,
 ) -> Path:
-    """Write `model`'s checkpoint of `run_dir` to `to` as an HF model directory; return `to`."""
-    from swarmrl.services.trainer.checkpoint import STATE_FILE, TrainerState, copy_tokenizer_files
+    """Write `model`'s checkpoint of `run_dir` to `to` as an HF model directory (`adapter`: a LoRA
+    model's adapter directory as trained); return `to`."""
+    from swarmrl.services.trainer.checkpoint import (
+        ADAPTER_CONFIG,
+        STATE_FILE,
+        TrainerState,
+        copy_tokenizer_files,
+    )
 
     n, checkpoint = find_checkpoint(run_dir, model, step)
     if to.exists() and any(to.iterdir()) and not force:
         raise ExportError(f"{to} is not empty; give another directory or --force to overwrite")
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    lora = (checkpoint / ADAPTER_CONFIG).is_file()
+    if adapter and not lora:
+        raise ExportError(
+            f"--adapter: {model!r} trained all its weights (no {ADAPTER_CONFIG} in {checkpoint})"
+        )
+    if adapter and dtype is not None:
+        raise ExportError("--adapter copies the adapter as trained; leave out --dtype")
     to.mkdir(parents=True, exist_ok=True)
-    if dtype is None:  # as trained: the files themselves, bit for bit
+    if lora and not adapter:  # the base with the adapter merged in: a plain HF model
+        import torch
+        from peft import AutoPeftModelForCausalLM
+
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype or "fp32"]
+        merged = AutoPeftModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).merge_and_unload()
+        merged.to(torch_dtype).save_pretrained(to)
+        copy_tokenizer_files(checkpoint, to)
+        for name in (STATE_FILE, ADAPTER_CONFIG, "README.md"):  # .json/.md files copy_tokenizer_files keeps
+            (to / name).unlink(missing_ok=True)
+    elif dtype is None:  # as trained: the files themselves, bit for bit
         for p in checkpoint.iterdir():
             if p.is_file() and not p.name.startswith(TRAINER_ONLY):
                 shutil.copy2(p, to / p.name)
@@ -81,7 +107,9 @@ def export(
     state = TrainerState.read(checkpoint)
     provenance = {
         "run_dir": str(Path(run_dir).resolve()), "model": model, "step": n, "policy_version": state.version,
-        "dtype": dtype or "as trained", "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "dtype": dtype or ("fp32" if lora and not adapter else "as trained"),
+        "lora": "adapter" if adapter else ("merged" if lora else None),
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }  # fmt: skip
     (to / PROVENANCE).write_text(json.dumps(provenance, indent=1) + "\n")
     return to
@@ -102,13 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the weights in this dtype (default: as trained, the checkpoint's files copied)")  # fmt: skip
     p.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
     p.add_argument("--force", action="store_true", help="write into a directory that is not empty")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA model: copy its adapter as trained instead of merging it into the base")  # fmt: skip
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        out = export(args.run, args.model, args.to, args.dtype, args.step, args.force)
+        out = export(args.run, args.model, args.to, args.dtype, args.step, args.force, args.adapter)
     except ExportError as exc:
         print(f"swarmrl export: {exc}", file=sys.stderr)
         return 2

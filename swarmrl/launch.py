@@ -1,6 +1,7 @@
 """Process layout of a swarm on one machine: what `swarmrl up` starts for a `Swarm` description.
 
-Per model: one engine and one trainer. Once: ledger, merger, gateway (routing every model by name),
+Per model: one engine and one trainer; models that train LoRA adapters of one base may share an
+engine (`share_engine`), which then serves each as an adapter. Once: ledger, merger, gateway (routing every model by name),
 and the tracker when `[tracker] track` (`up --track`) names one.
 Per task: `clients` client processes, the built-in Python runner or the task's own `command`. Every
 client gets its own NATS identity (`AgentIds`): a connect file (mode 0600) named by
@@ -88,11 +89,22 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
     """Every service process of `swarm` on this machine, in start order, each configured by
     `service_config` (the description over the declared defaults) plus where it runs here."""
     procs = [Proc("ledger", "ledger", service_config(swarm, "ledger", run_dir=run_dir))]
-    engines = []
+    urls = {}
     for name in swarm.models:
-        cfg = service_config(swarm, "engine", name, model_path=str(model_dirs[name]), port=free_port())
+        if swarm.engine_owner(name) != name:
+            continue
+        cfg = service_config(
+            swarm,
+            "engine",
+            name,
+            model_path=str(model_dirs[name]),
+            port=free_port(),
+            adapters=swarm.adapters(name),
+        )
         procs.append(Proc(_proc("engine", name, swarm), "engine", cfg))
-        engines.append(f"{name}=http://127.0.0.1:{cfg.port}")
+        urls[name] = f"http://127.0.0.1:{cfg.port}"
+    engines = [f"{name}={urls[swarm.engine_owner(name)]}" for name in swarm.models]
+    lora = [name for owner in urls for name in swarm.adapters(owner)]
     procs.append(Proc("merger", "merger", service_config(swarm, "merger")))
     for name in swarm.models:
         cfg = service_config(swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir))
@@ -100,7 +112,11 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
             Proc(_proc("trainer", name, swarm), "trainer", cfg, swarm.models[name].trainer_processes)
         )
     procs.append(
-        Proc("gateway", "gateway", service_config(swarm, "gateway", engine=engines, port=free_port()))
+        Proc(
+            "gateway",
+            "gateway",
+            service_config(swarm, "gateway", engine=engines, lora=lora, port=free_port()),
+        )
     )
     if uses_actions(swarm):
         procs.append(Proc("actions", "actions", service_config(swarm, "actions")))

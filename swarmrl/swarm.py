@@ -73,6 +73,10 @@ class ModelConf(Strict):
     GPUs, gloo on the CPU), each training a share of every step; process 0 talks to NATS."""
     engine: dict[str, Any] = {}
     """Settings of this model's engine (`swarmrl serve engine --help`), e.g. {max_batch = 32}."""
+    share_engine: str | None = None
+    """Serve this model from model X's engine, as a second LoRA adapter on the same base: one engine
+    process and one copy of the base weights for both. Both train LoRA (`trainer.lora_rank`) from
+    the same base; this model has no engine settings of its own."""
 
 
 def service_classes() -> dict[str, type[ServiceConfig]]:
@@ -93,8 +97,8 @@ def service_classes() -> dict[str, type[ServiceConfig]]:
 
 PLACED: dict[str, frozenset[str]] = {
     "trainer": frozenset({"model", "model_path", "run_dir", "seed", "max_steps"}),
-    "engine": frozenset({"model", "model_path", "host", "port", "seed", "weight_version"}),
-    "gateway": frozenset({"host", "port", "public_url", "engine", "tokenizer", "task_weight"}),
+    "engine": frozenset({"model", "model_path", "host", "port", "seed", "weight_version", "adapters"}),
+    "gateway": frozenset({"host", "port", "public_url", "engine", "lora", "tokenizer", "task_weight"}),
     "merger": frozenset(),
     "ledger": frozenset({"run_dir"}),
     "tracker": frozenset({"run_dir"}),
@@ -169,12 +173,43 @@ class Swarm(Strict):
             repeats = {m: self.trainer(m).num_repeat for m in set(task.roles.values())}
             if len(set(repeats.values())) > 1:
                 raise ValueError(f"[tasks.{name}]: its models disagree on num_repeat (group size): {repeats}")
+        for name, m in self.models.items():
+            if m.share_engine is not None:
+                self._check_shared(name, m)
         unused = set(self.models) - {m for t in self.tasks.values() for m in t.roles.values()}
         if unused:
             raise ValueError(
                 f"models {sorted(unused)} are played by no task; give them a role or remove them"
             )
         return self
+
+    def _check_shared(self, name: str, m: ModelConf) -> None:
+        where, owner = f"[models.{name}].share_engine", self.models.get(m.share_engine or "")
+        if owner is None:
+            raise ValueError(f"{where}: unknown model {m.share_engine!r}; models: {sorted(self.models)}")
+        if owner.share_engine is not None:
+            raise ValueError(
+                f"{where}: {m.share_engine} serves from {owner.share_engine}'s engine; name that one"
+            )
+        if m.engine:
+            raise ValueError(
+                f"{where}: the engine is {m.share_engine}'s; set engine settings there, not here"
+            )
+        for other in (name, str(m.share_engine)):
+            if not self.trainer(other).lora_rank:
+                raise ValueError(f"{where}: {other} trains all weights; a shared engine serves LoRA adapters "
+                                 f"(set [models.{other}.trainer] lora_rank)")  # fmt: skip
+        same = ("base", "warm_start", "warm_start_steps")
+        if any(getattr(m, f) != getattr(owner, f) for f in same):
+            raise ValueError(f"{where}: the two models must have the same {', '.join(same)}")
+
+    def engine_owner(self, model: str) -> str:
+        """The model whose engine serves `model` (itself unless it shares another's)."""
+        return self.models[model].share_engine or model
+
+    def adapters(self, owner: str) -> list[str]:
+        """The LoRA adapters the engine of model `owner` serves (empty: it serves full weights)."""
+        return [n for n in self.models if self.engine_owner(n) == owner and self.trainer(n).lora_rank]
 
     # -- derived views -------------------------------------------------------------------------
 

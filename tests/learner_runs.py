@@ -5,7 +5,8 @@ per (device, mixed precision): Accelerate's state is process-wide, so a CPU and 
 fp32 and a bf16 one, cannot share a process (`tests/gpu/test_learner_gpu.py`). Under `accelerate
 launch` with N processes each trains its shard of every step, as the trainer service does, and
 process 0 writes the results (`tests/integration/test_trainer_processes.py`). For each layout
-(`shared`: prefix trees, `packed`: side by side) a fresh learner from the same weights and seed
+(`shared`: prefix trees, `packed`: side by side; `shared-lora`: prefix trees, a rank-4 LoRA
+adapter trained instead of all weights) a fresh learner from the same weights and seed
 takes `STEPS` steps over the same samples; `OUT_DIR/<layout>.safetensors` gets its final weights and
 `OUT_DIR/result.json` its statistics and logprobs.
 """
@@ -62,7 +63,8 @@ def per_sample(learner: Learner, mbs: list[MicroBatch]) -> dict[str, list[float]
 def run(model_dir: str, out_dir: Path, device: str, precision: str, layout: str) -> dict[str, object]:
     cfg = TrainerConfig(
         model_path=model_dir, run_dir=str(out_dir / "run"), lr=1e-3, max_tokens_per_micro_batch=MAX_TOKENS,
-        prefix_sharing=layout == "shared", mixed_precision=precision,
+        prefix_sharing=layout.startswith("shared"), mixed_precision=precision,
+        lora_rank=4 if layout.endswith("-lora") else 0,
     )  # fmt: skip
     learner = Learner(cfg, model_dir)
     acc = learner.accelerator

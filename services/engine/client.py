@@ -164,9 +164,18 @@ class EngineClient:
     """One engine's HTTP API. Use as `async with EngineClient(url) as engine: ...`."""
 
     def __init__(
-        self, base_url: str, *, timeout: float = 600.0, retries: int = 5, retry_s: float | None = None
+        self,
+        base_url: str,
+        *,
+        timeout: float = 600.0,
+        retries: int = 5,
+        retry_s: float | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.adapter = adapter
+        """A LoRA adapter of the engine: generations run with it (SGLang's `lora_path`), weight
+        reloads load it (`/load_lora_adapter`), `model_info` reports its version. None: the base."""
         self.retries = retries
         self.retry_s = retry_s
         """Retry connection failures this long instead of `retries` times: ride out an engine restart."""
@@ -189,9 +198,13 @@ class EngineClient:
             "input_ids": input_ids,
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
+            **self._lora(),
         }
         data = await self._call("POST", "/generate", body)
         return GenerateResult.from_response(data)
+
+    def _lora(self) -> dict[str, Any]:
+        return {"lora_path": self.adapter} if self.adapter is not None else {}
 
     async def generate_stream(
         self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
@@ -207,6 +220,7 @@ class EngineClient:
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
             "stream": True,
+            **self._lora(),
         }
         acc = StreamAccumulator()
         final: GenerateResult | None = None
@@ -261,6 +275,7 @@ class EngineClient:
             "input_ids": input_ids,
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
+            **self._lora(),
         }
         if logprob_start_len is not None:
             body["logprob_start_len"] = logprob_start_len
@@ -270,7 +285,10 @@ class EngineClient:
         return [GenerateResult.from_response(item) for item in data]
 
     async def update_weights_from_disk(self, path: str, version: int | str | None = None) -> str:
-        """Reload weights from an HF directory; raises EngineError if the engine refused them."""
+        """Reload weights from an HF directory (with `adapter`: that adapter from a peft adapter
+        directory); raises EngineError if the engine refused them."""
+        if self.adapter is not None:
+            return await self.load_lora_adapter(self.adapter, path, version)
         body: dict[str, Any] = {"model_path": str(path)}
         if version is not None:
             body["weight_version"] = str(version)  # SGLang types it Optional[str]
@@ -279,8 +297,29 @@ class EngineClient:
             raise EngineError(200, f"update_weights_from_disk({path}) failed: {data.get('message')}")
         return str(data.get("message", ""))
 
+    async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
+        """Load LoRA adapter `name` from peft adapter directory `path` (SGLang's `/load_lora_adapter`;
+        the embedded engine replaces a loaded one in place and reports `version` as its weight_version)."""
+        body: dict[str, Any] = {"lora_name": name, "lora_path": str(path)}
+        if version is not None:
+            body["weight_version"] = str(version)
+        data = await self._call("POST", "/load_lora_adapter", body)
+        if not data.get("success"):
+            raise EngineError(200, f"load_lora_adapter({name}, {path}) failed: {data.get('error_message')}")
+        return str(data.get("message", ""))
+
     async def model_info(self) -> dict[str, Any]:
-        return await self._call("GET", "/get_model_info")
+        """`/get_model_info`; with `adapter`, its weight_version is the adapter's."""
+        info = await self._call("GET", "/get_model_info")
+        if self.adapter is not None and isinstance(info, dict):
+            versions = info.get("adapters") or {}
+            if self.adapter not in versions:
+                raise EngineError(
+                    404,
+                    f"engine at {self.base_url} serves no LoRA adapter {self.adapter!r} (has {sorted(versions)})",
+                )
+            info = {**info, "weight_version": versions[self.adapter]}
+        return info
 
     async def flush_cache(self) -> None:
         await self._call("POST", "/flush_cache")

@@ -10,6 +10,10 @@ from swarmrl.core.config import ServiceConfig
 class EngineConfig(ServiceConfig):
     model: str = "tiny"
     """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
+    adapters: list[str] = []
+    """Models served as LoRA adapters of this engine's base (repeatable; each watches its own KV key and
+    loads every version as its adapter; requests name it in `lora_path`). Empty: `model` is served as
+    full weights. `swarmrl up` sets it for models that train LoRA (`lora_rank`)."""
     model_path: str = ""
     """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
     base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""

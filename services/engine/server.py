@@ -1,6 +1,6 @@
 """SGLang's native HTTP API, the subset swarmrl uses, served by the embedded engine (FastAPI).
 
-Consumes HTTP: `POST /generate`, `POST /update_weights_from_disk`, `GET /health`,
+Consumes HTTP: `POST /generate`, `POST /update_weights_from_disk`, `POST /load_lora_adapter`, `GET /health`,
 `GET /health_generate`, `GET /get_model_info`, `POST /flush_cache`; plus `GET /engine_stats`,
 a swarmrl extension (batching counters). Publishes HTTP responses shaped like SGLang's, so
 `EngineClient` and the gateway drive this server and a real SGLang server with the same code.
@@ -54,7 +54,7 @@ log = logging.getLogger("swarmrl.engine.server")
 # Top-level /generate fields we understand; anything else is refused with its name.
 _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs",
+    "top_logprobs_num", "return_text_in_logprobs", "lora_path",
 }  # fmt: skip
 
 
@@ -70,9 +70,9 @@ def create_app(engine: EngineCore) -> FastAPI:
     async def generate(request: Request) -> Response:
         try:
             body = await request.json()
-            prompts, params, want_logprob, rids, single, starts = _parse_generate(engine, body)
+            prompts, params, want_logprob, rids, single, starts, loras = _parse_generate(engine, body)
             if body.get("stream"):
-                stream = engine.stream(prompts[0], params[0], rids[0], starts[0])
+                stream = engine.stream(prompts[0], params[0], rids[0], starts[0], loras[0])
                 text_in_lp = bool(body.get("return_text_in_logprobs"))
                 events = _sse(engine, stream, want_logprob[0], text_in_lp, params[0].skip_special_tokens)
                 # the background task runs even when the client left mid-stream (SGLang's abort task)
@@ -80,8 +80,8 @@ def create_app(engine: EngineCore) -> FastAPI:
                     events, media_type="text/event-stream", background=BackgroundTask(stream.abort)
                 )
             futures = [
-                engine.submit(p, sp, rid, start)
-                for p, sp, rid, start in zip(prompts, params, rids, starts, strict=True)
+                engine.submit(p, sp, rid, start, adapter=lora)
+                for p, sp, rid, start, lora in zip(prompts, params, rids, starts, loras, strict=True)
             ]
         except ValueError as exc:  # includes malformed JSON
             return _error(str(exc))
@@ -97,18 +97,25 @@ def create_app(engine: EngineCore) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            return _error(f"request body is not JSON: {exc}")
-        path = body.get("model_path") if isinstance(body, dict) else None
-        if not isinstance(path, str) or not path:
-            return _error("update_weights_from_disk needs a non-empty string `model_path`")
-        version = body.get("weight_version")
-        ok, message = await asyncio.to_thread(
-            engine.update_weights_from_disk, path, None if version is None else str(version)
-        )
+        parsed = await _reload_body(request, "update_weights_from_disk", "model_path")
+        if isinstance(parsed, Response):
+            return parsed
+        (path,), version = parsed
+        ok, message = await asyncio.to_thread(engine.update_weights_from_disk, path, version)
         content = {"success": ok, "message": message, "num_paused_requests": 0}
+        return JSONResponse(content, status_code=200 if ok else 400)
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        # SGLang's body {lora_name, lora_path}, plus `weight_version` (the adapter's version to report);
+        # loading a name that is loaded replaces its weights in place (SGLang wants an unload first).
+        parsed = await _reload_body(request, "load_lora_adapter", "lora_name", "lora_path")
+        if isinstance(parsed, Response):
+            return parsed
+        (name, path), version = parsed
+        ok, message = await asyncio.to_thread(engine.load_lora_adapter, name, path, version)
+        content = {"success": ok, "error_message": "" if ok else message, "message": message,
+                   "loaded_adapters": dict(engine.adapter_versions)}  # fmt: skip
         return JSONResponse(content, status_code=200 if ok else 400)
 
     @app.get("/health")
@@ -132,6 +139,7 @@ def create_app(engine: EngineCore) -> FastAPI:
             "tokenizer_path": engine.tokenizer_path,
             "is_generation": True,
             "weight_version": engine.weight_version,
+            "adapters": dict(engine.adapter_versions),  # swarmrl's: LoRA adapter name -> weight_version
             "model_type": getattr(cfg, "model_type", None),
             "architectures": getattr(cfg, "architectures", None),
         }
@@ -148,11 +156,34 @@ def create_app(engine: EngineCore) -> FastAPI:
     return app
 
 
+async def _reload_body(
+    request: Request, endpoint: str, *keys: str
+) -> tuple[list[str], str | None] | Response:
+    """A reload request's non-empty string fields `keys` and its optional `weight_version` (as a
+    string), or the 400 saying what is wrong with the body."""
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        return _error(f"request body is not JSON: {exc}")
+    found = [body.get(k) if isinstance(body, dict) else None for k in keys]
+    values = [v for v in found if isinstance(v, str) and v]
+    if len(values) < len(keys):
+        names = " and ".join(f"`{k}`" for k in keys)
+        return _error(
+            f"{endpoint} needs {'a non-empty string' if len(keys) == 1 else 'non-empty strings'} {names}"
+        )
+    version = body.get("weight_version")
+    return values, None if version is None else str(version)
+
+
 def _parse_generate(
     engine: EngineCore, body: Any
-) -> tuple[list[list[int]], list[SamplingParams], list[bool], list[str | None], bool, list[int]]:
+) -> tuple[
+    list[list[int]], list[SamplingParams], list[bool], list[str | None], bool, list[int], list[str | None]
+]:
     """Validate a /generate body: prompts, params, return_logprob and rids per item, whether single,
-    and each item's logprob_start_len (-1 where no input logprobs are asked for)."""
+    each item's logprob_start_len (-1 where no input logprobs are asked for) and LoRA adapter
+    (`lora_path`, SGLang's field: an adapter's name; None: the base)."""
     if not isinstance(body, dict):
         raise ValueError(f"request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - _GENERATE_KEYS)
@@ -217,7 +248,13 @@ def _parse_generate(
             raise ValueError(f"prompt {i}: {exc}" if n > 1 else str(exc)) from None
     if stream and not single:
         raise ValueError(f"stream=true takes one prompt, got a batch of {n}: send one request per prompt")
-    return prompts, params, [bool(w) for w in want], rids, single, starts
+    lora = body.get("lora_path")
+    loras = lora if isinstance(lora, list) else [lora] * n
+    if len(loras) != n:
+        raise ValueError(f"lora_path has {len(loras)} entries for {n} prompts")
+    for name in loras:
+        engine.check_adapter(name)
+    return prompts, params, [bool(w) for w in want], rids, single, starts, loras
 
 
 async def _sse(

@@ -1,6 +1,7 @@
 """The engine service: an SGLang-API backend plus the weight watcher, in one asyncio loop.
 
-Consumes: KV `swarm-models[<model>]` (via `WeightWatcher`, when `--nats` is set). Publishes: an
+Consumes: KV `swarm-models[<model>]` (via `WeightWatcher`, when `--nats` is set; with `adapters`, one
+watcher per adapter's key, each loading that LoRA adapter over the shared base). Publishes: an
 engine HTTP API on `--host:--port`: SGLang's native one (the embedded backend, or a launched SGLang
 server) or vLLM's (a launched vLLM server); or drives an external server at `--server-url`. Stops cleanly on SIGINT/SIGTERM.
 """
@@ -33,9 +34,22 @@ class EngineService(Loops):
         self._server: Any = None  # uvicorn server (embedded)
         self._launcher: LaunchedServer | None = None  # SGLang or vLLM, launched here
         self._nc: Any = None
+        self._adapter_clients: list[EngineClient] = []
 
     async def start(self) -> None:
         cfg = self.cfg
+        if cfg.backend == "sglang" and cfg.adapters:
+            raise ValueError(
+                "backend=sglang does not serve trainable LoRA adapters yet (its /load_lora_adapter cannot "
+                "replace a loaded adapter in place, and this path has not run on a GPU): use the embedded "
+                "or vllm backend for LoRA models, or train all weights"
+            )
+        if cfg.backend != "embedded" and len(cfg.adapters) > 1:
+            raise ValueError(
+                f"backend={cfg.backend} keeps one weight version per server, so it serves one trainable LoRA "
+                f"adapter, not {len(cfg.adapters)} ({cfg.adapters}): run several adapters on one base with the "
+                "embedded engine, or give each model its own engine"
+            )
         if cfg.backend == "embedded":
             await self._start_embedded()
         elif cfg.server_url:
@@ -52,8 +66,14 @@ class EngineService(Loops):
             from swarmrl.services.engine.weights import WeightWatcher
 
             self._nc = await bus.connect(cfg.nats, f"engine-{cfg.model}")
-            watcher = WeightWatcher(self._nc.jetstream(), self.client, cfg.model)
-            self._tasks.append(asyncio.create_task(watcher.run(self._stop), name="weight-watcher"))
+            js = self._nc.jetstream()
+            if not cfg.adapters:
+                watchers = [WeightWatcher(js, self.client, cfg.model)]
+            else:  # one per adapter, each with a client of its own that loads it
+                self._adapter_clients = [type(self.client)(self.url, adapter=name) for name in cfg.adapters]
+                watchers = [WeightWatcher(js, c, c.adapter or "") for c in self._adapter_clients]
+            for w in watchers:
+                self._tasks.append(asyncio.create_task(w.run(self._stop), name=f"weight-watcher-{w.model}"))
         else:
             log.info("no --nats: weights are not watched")
 
@@ -76,6 +96,7 @@ class EngineService(Loops):
         self._engine = await asyncio.to_thread(
             EngineCore, path, max_batch=cfg.max_batch, device=cfg.device, dtype=cfg.dtype,
             weight_version=str(cfg.weight_version), seed=cfg.seed, context_length=cfg.context_length or None,
+            adapters=cfg.adapters,
         )  # fmt: skip
         self._server, task = await serve_in_loop(create_app(self._engine), cfg.host, cfg.port)
         self._tasks.append(task)
@@ -87,8 +108,9 @@ class EngineService(Loops):
         await self.finish()  # the weight watcher may wait on a NATS that is gone: cancelled after a grace
         if self._nc is not None:
             await bus.close(self._nc)
-        if self.client is not None:
-            await self.client.aclose()
+        for client in [self.client, *self._adapter_clients]:
+            if client is not None:
+                await client.aclose()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.close)
         if self._launcher is not None:
@@ -109,6 +131,7 @@ def launcher(cfg: EngineConfig) -> LaunchedServer:
         cfg.model_path, served_name=cfg.model, host=cfg.host, port=cfg.port, python=cfg.vllm_python,
         extra_args=args, dtype=cfg.dtype, seed=cfg.seed, max_model_len=cfg.context_length,
         max_num_seqs=cfg.max_batch, kv_cache_gib=cfg.vllm_kv_cache_gib, threads=cfg.torch_threads,
+        max_loras=len(cfg.adapters),
     )  # fmt: skip
 
 

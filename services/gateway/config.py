@@ -26,6 +26,9 @@ class GatewayConfig(ServiceConfig):
     """Base URL agents are told to use (default http://HOST:PORT/v1)."""
     engine: list[str] = Field(default_factory=list)
     """Engines as MODEL=URL (repeatable): the trainable model name and its SGLang-API engine."""
+    lora: list[str] = Field(default_factory=list)
+    """Models served as LoRA adapters of their engine's base (repeatable): their requests name the
+    adapter (`lora_path`; vLLM: `model`). `swarmrl up` lists the models that train LoRA."""
     tokenizer: list[str] = Field(default_factory=list)
     """Tokenizer dirs as MODEL=PATH (repeatable); default: the engine's /get_model_info tokenizer_path."""
     tool_parser: list[str] = Field(default_factory=list)

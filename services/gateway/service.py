@@ -56,6 +56,8 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     engines, tokenizers = _pairs(cfg.engine, "engine"), _pairs(cfg.tokenizer, "tokenizer")
     if not engines:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
+    if unknown := sorted(set(cfg.lora) - set(engines)):
+        raise SystemExit(f"--lora names {unknown}, which have no --engine; models: {sorted(engines)}")
     tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
     reasoning_parsers = _pairs(cfg.reasoning_parser, "reasoning-parser")
     for what, named in (("tool-parser", tool_parsers), ("reasoning-parser", reasoning_parsers)):
@@ -67,6 +69,8 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
             url, timeout_s=600, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s
         )
         path = tokenizers.get(name) or (await engine.model_info()).get("tokenizer_path")
+        if name in cfg.lora:  # a LoRA adapter of the engine's base: every request names it
+            engine.adapter = name
         tok = AutoTokenizer.from_pretrained(path)
         ctx = int(
             getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length

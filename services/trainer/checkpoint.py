@@ -1,7 +1,8 @@
 """Checkpoint layout on disk (pure file logic, no NATS, no torch).
 
     <run_dir>/checkpoints/<model>/step-<N>/
-        config.json, model.safetensors ...   written by `save_pretrained` (what engines load)
+        config.json, model.safetensors ...   written by `save_pretrained` (what engines load), or with
+                                             LoRA adapter_config.json, adapter_model.safetensors
         tokenizer files                      copied from the base model directory
         optimizer-rank<R>.pt                 optimizer state of each training process
         trainer_state.json                   TrainerState: step, version, last step's sample ids
@@ -19,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 STATE_FILE = "trainer_state.json"
+ADAPTER_CONFIG = "adapter_config.json"
+"""What peft's `save_pretrained` writes beside `adapter_model.safetensors`: a checkpoint of a LoRA adapter."""
 _STEP_RE = re.compile(r"^step-(\d+)$")
 # Written by save_pretrained (or not wanted): never copied over from the base model directory.
 _NOT_TOKENIZER = re.compile(

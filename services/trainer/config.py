@@ -41,6 +41,14 @@ class TrainerConfig(ServiceConfig):
     """Gradient norm clip per optimizer update; 0 disables clipping (the norm is still reported)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower); for large models on GPU."""
+    lora_rank: int = Field(default=0, ge=0)
+    """Rank of a LoRA adapter (peft) trained instead of all weights; 0 trains all weights. With LoRA a
+    checkpoint holds the adapter only, and engines load it as an adapter of the base they serve."""
+    lora_alpha: float = Field(default=0.0, ge=0)
+    """LoRA scaling numerator (the update is alpha / rank x B A); 0: twice the rank."""
+    lora_targets: str = "all-linear"
+    """Modules that get an adapter: `all-linear` (every linear layer but the output head), or module
+    names separated by commas (`q_proj,v_proj`)."""
 
     # Groups and batches ------------------------------------------------------------------------
     num_repeat: int = Field(default=8, ge=2)

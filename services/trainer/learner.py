@@ -31,7 +31,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from transformers import AutoModelForCausalLM, get_scheduler
 
 from swarmrl.services.trainer.batching import MicroBatch, Scored, empty_micro_batch, pack, pack_shared, shard
-from swarmrl.services.trainer.checkpoint import TrainerState, copy_tokenizer_files
+from swarmrl.services.trainer.checkpoint import ADAPTER_CONFIG, TrainerState, copy_tokenizer_files
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.grpo import token_loss
 from swarmrl.services.trainer.tree_attention import TREE_ATTENTION
@@ -77,19 +77,17 @@ class Learner:
         self.cfg = cfg
         self.accelerator = accelerator or Accelerator(mixed_precision=cfg.mixed_precision)
         set_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(
-            weights, dtype=torch.float32, attn_implementation=TREE_ATTENTION
-        )
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        model = load_trainable(cfg, weights)
         self.vocab_size = cast(
             torch.nn.Embedding, model.get_input_embeddings()
         ).num_embeddings  # padding incl.
         self.context_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         """The longest sample the model can take (its config's max_position_embeddings); None: not said."""
         # Computing logits only where a token is trained saves most of the [tokens x vocab] memory.
-        self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        plain = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
+        self._keep_logits = "logits_to_keep" in inspect.signature(plain.forward).parameters
+        trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         # Stepped once per trainer step, on every process alike (not prepared: Accelerate would step
         # it once per process); its state is checkpointed beside the optimizer's.
@@ -274,7 +272,9 @@ class Learner:
     def check_weights(self, what: str) -> None:
         """Raise `NonFiniteWeights` if a parameter of any process holds NaN or ±inf (every process
         must call this: the count is summed over them)."""
-        names, params = zip(*self.model.named_parameters(), strict=True)
+        names, params = zip(
+            *[(n, p) for n, p in self.model.named_parameters() if p.requires_grad], strict=True
+        )
         # One flag per tensor, read back at once: a single device sync, not one per parameter.
         ok = torch.stack([torch.isfinite(_local(p)).all() for p in params]).tolist()
         bad = [name for name, fine in zip(names, ok, strict=True) if not fine]
@@ -298,6 +298,7 @@ class Learner:
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
         state_dict = acc.get_state_dict(self.model)  # collective under FSDP: gathers a full state dict
+        # A LoRA model (peft) saves its adapter only: adapter_config.json + adapter_model.safetensors.
         acc.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict, is_main_process=self.is_main)
         torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{acc.process_index}.pt")
         torch.save(self.scheduler.state_dict(), tmp / f"scheduler-rank{acc.process_index}.pt")
@@ -320,6 +321,32 @@ class Learner:
         sched = checkpoint / f"scheduler-rank{self.accelerator.process_index}.pt"
         if sched.is_file():  # checkpoints from before schedules start the schedule over
             self.scheduler.load_state_dict(torch.load(sched, map_location="cpu", weights_only=False))
+
+
+def load_trainable(cfg: TrainerConfig, weights: str | Path) -> Any:
+    """The model to train from `weights`: a full HF model directory, or (LoRA, `cfg.lora_rank`) a
+    checkpoint of the adapter (`adapter_config.json`) over the base `cfg.model_path`; a LoRA run
+    that starts from a full directory gets a fresh adapter (B = 0: the base model's outputs)."""
+    adapter = (Path(weights) / ADAPTER_CONFIG).is_file()
+    if adapter and not cfg.lora_rank:
+        raise ValueError(f"{weights} holds a LoRA adapter, and this trainer trains all weights (lora_rank 0)")
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model_path if adapter else weights, dtype=torch.float32, attn_implementation=TREE_ATTENTION
+    )
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if not cfg.lora_rank:
+        return model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter:
+        return PeftModel.from_pretrained(model, weights, is_trainable=True)
+    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
+    lora = LoraConfig(
+        r=cfg.lora_rank, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank, target_modules=targets,
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    return get_peft_model(model, lora)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,9 @@ class Trainer:
             self.state = TrainerState.read(found[1])
             self.counts.update(self.state.counts)
             await asyncio.to_thread(learner.load_optimizer, found[1])
+        elif self.cfg.lora_rank:  # version 0 is the fresh adapter: engines serve adapters only
+            found = (0, step_dir(self.root, 0))
+            await asyncio.to_thread(learner.save, found[1], self.state)
         if not learner.is_main:  # processes 1..N-1 of `accelerate launch` train what process 0 sends
             await asyncio.to_thread(self._follow)
             return

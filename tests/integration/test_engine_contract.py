@@ -4,7 +4,8 @@ engine and a real vLLM server (its CPU build; skipped, saying how to install it,
 What the gateway, the judge and the weight watcher rely on: token ids in, token ids and the logprob of
 each sampled token out (equal to a plain forward of the same weights), stop tokens kept and named,
 batches and streams equal to single calls, prompt logprobs, weight reloads that change the answers
-and are stamped with their version, refused checkpoints refused. The model is the `tiny-llama` preset
+and are stamped with their version, refused checkpoints refused, LoRA adapters loaded in place and
+answering as the adapter merged into the base. The model is the `tiny-llama` preset
 (head size 32: vLLM's CPU attention takes 32, 64, 80 ... but not the `tiny` preset's 48).
 """
 
@@ -72,6 +73,7 @@ def server(
         log_path=log,
         threads=2,
         extra_args=["--enforce-eager"],
+        max_loras=1,  # LoRA on: the adapter test loads one
     )
     vllm.start(timeout=600)
     yield "vllm", vllm.url
@@ -188,3 +190,57 @@ async def test_requests_during_a_reload_see_one_version_each(
         spans = r.meta_info.get("weight_versions")
         assert spans is None or len(spans) <= 1, spans
     await engine.update_weights_from_disk(str(llama_dir), 11)
+
+
+def _adapter(base: Path, out: Path, seed: int) -> Path:
+    """A LoRA adapter (rank 8, every linear layer) a few trainer steps away from the base."""
+    from swarmrl.services.trainer.batching import Scored
+    from swarmrl.services.trainer.checkpoint import TrainerState
+    from swarmrl.services.trainer.config import TrainerConfig
+    from swarmrl.services.trainer.learner import Learner
+    from tests.unit.trainer.samples import make_sample
+
+    cfg = TrainerConfig(model_path=str(base), run_dir=str(out.parent), lr=3e-2, lora_rank=8, seed=seed)
+    learner = Learner(cfg, base)
+    items = [Scored(make_sample(f"s{seed}-{i}", 1.0, prompt=6, gen=8, vocab=400), 1.0) for i in range(4)]
+    for _ in range(3):
+        learner.train_step(items, version=0)
+    learner.save(out, TrainerState("m", 3, 3))
+    return out
+
+
+async def test_a_lora_adapter_loads_in_place_and_answers_as_merged(
+    server: tuple[str, str], llama_dir: Path, hf, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+
+    backend, url = server
+    red, blue = _adapter(llama_dir, tmp_path / "red", 0), _adapter(llama_dir, tmp_path / "blue", 1)
+    own = None
+    if backend == "embedded":  # an engine with adapters serves no full-weight reloads: one of its own
+        core = EngineCore(llama_dir, adapters=["red"])
+        own = core, BackgroundServer(create_app(core)).start()
+        url = own[1].url
+    client, base = await open_engine(url, timeout_s=30, adapter="red"), await open_engine(url, timeout_s=30)
+    try:
+        plain = await base.generate(PROMPT, GREEDY)
+        for version, adapter in ((3, red), (4, blue)):
+            await client.update_weights_from_disk(str(adapter), version)
+            merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(llama_dir), adapter)
+            merged = merged.merge_and_unload().eval()
+            out = await client.generate(PROMPT, GREEDY)
+            assert out.output_ids != plain.output_ids, "the adapter changes the greedy answer"
+            want = reference(merged, PROMPT, out.output_ids)
+            torch.testing.assert_close(out.output_logprobs, want, atol=ATOL, rtol=0)
+            assert out.weight_version == version  # vLLM's is the server's: one trainable adapter per server
+        again = await base.generate(PROMPT, GREEDY)  # the base beside it is untouched
+        assert again.output_ids == plain.output_ids
+        torch.testing.assert_close(
+            again.output_logprobs, reference(hf, PROMPT, plain.output_ids), atol=ATOL, rtol=0
+        )
+    finally:
+        await client.aclose()
+        await base.aclose()
+        if own is not None:
+            own[1].stop()
+            own[0].close()

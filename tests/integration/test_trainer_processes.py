@@ -28,9 +28,9 @@ LR = 1e-3
 WEIGHT_ATOL = 0.25 * LR
 
 
-def launch(processes: int, model_dir: Path, out: Path) -> dict:
+def launch(processes: int, model_dir: Path, out: Path, layout: str = "shared") -> dict:
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    script = ["-m", "tests.learner_runs", str(model_dir), str(out), "cpu", "no", "shared"]
+    script = ["-m", "tests.learner_runs", str(model_dir), str(out), "cpu", "no", layout]
     if processes == 1:
         cmd = [sys.executable, *script]
     else:  # --multi_gpu picks the distributed launcher; ACCELERATE_USE_CPU makes it gloo on the CPU
@@ -43,7 +43,7 @@ def launch(processes: int, model_dir: Path, out: Path) -> dict:
     assert proc.returncode == 0, (
         f"{processes} processes failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
-    return json.loads((out / "result.json").read_text())["shared"]
+    return json.loads((out / "result.json").read_text())[layout]
 
 
 @pytest.mark.timeout(600)
@@ -67,3 +67,20 @@ def test_two_processes_take_the_same_steps_as_one(tiny_model_dir: Path, tmp_path
         # the step's loss and token counts are sums over all processes' shards
         assert (s2["trained_tokens"], s2["tokens"]) == (s1["trained_tokens"], s1["tokens"])
         assert s2["loss"] == pytest.approx(s1["loss"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.timeout(600)
+def test_two_processes_train_the_same_lora_adapter_as_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    one = launch(1, tiny_model_dir, tmp_path / "one", "shared-lora")
+    two = launch(2, tiny_model_dir, tmp_path / "two", "shared-lora")
+    assert (one["processes"], two["processes"]) == (1, 2)
+    w1 = load_file(str(tmp_path / "one" / "shared-lora.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "shared-lora.safetensors"))
+    lora = [n for n in w1 if "lora_B" in n]
+    assert lora and w1.keys() == w2.keys()
+    for name in w1:  # the base is frozen in both; the adapters take the same steps
+        torch.testing.assert_close(
+            w2[name], w1[name], atol=WEIGHT_ATOL, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    moved = sum(int(w1[n].abs().max() > LR / 2) for n in lora)  # B starts at 0
+    assert moved > len(lora) // 2, "the adapter barely moved: the comparison would prove nothing"

@@ -84,3 +84,24 @@ def test_export_errors_say_what_to_give(trained, tmp_path: Path, capsys: pytest.
     assert "not empty" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "keep me"
     assert main([str(tmp_path), "--model", "policy", "--to", str(tmp_path / "b")]) == 2
     assert "no checkpoints/ folder" in capsys.readouterr().err
+
+
+def test_a_lora_model_exports_merged_into_its_base_or_as_its_adapter(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    cfg = TrainerConfig(model_path=str(tiny_model_dir), run_dir=str(run), lr=1e-2, lora_rank=4)
+    learner = Learner(cfg, cfg.model_path)
+    items = [Scored(make_sample(f"e{i}", 1.0, prompt=6, gen=8, vocab=500), 1.0) for i in range(2)]
+    learner.train_step(items, version=0)
+    learner.save(step_dir(checkpoint_root(run, "policy"), 1), TrainerState("policy", 1, 1))
+    trained = learner.accelerator.unwrap_model(learner.model).eval()
+    assert main([str(run), "--model", "policy", "--to", str(tmp_path / "merged")]) == 0
+    merged = tmp_path / "merged"
+    assert not (merged / "adapter_config.json").exists() and (merged / "config.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(merged).eval()
+    torch.testing.assert_close(_logits(loaded, merged), _logits(trained, merged), atol=1e-5, rtol=1e-5)
+    assert json.loads((merged / PROVENANCE).read_text())["lora"] == "merged"
+    assert main([str(run), "--model", "policy", "--to", str(tmp_path / "adapter"), "--adapter"]) == 0
+    names = {p.name for p in (tmp_path / "adapter").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names and "model.safetensors" not in names

@@ -163,3 +163,39 @@ def test_a_hub_id_is_found_in_the_hub_cache_or_refused_offline_saying_how(
         "ERROR [models.policy].base: 'acme/absent-model' looks like a Hugging Face hub id"
     )
     assert "huggingface-cli download acme/absent-model --local-dir DIR" in missing
+
+
+def lora_team(**reporter: object) -> dict:
+    lora = {"base": "tiny", "trainer": {"lora_rank": 8}}
+    return team(models={"caller": dict(lora), "reporter": {**lora, "share_engine": "caller", **reporter}})
+
+
+def test_lora_models_share_one_engine_that_serves_each_as_an_adapter(tmp_path: Path) -> None:
+    from swarmrl.launch import plan_services
+
+    swarm = build(lora_team(), "t")
+    assert swarm.engine_owner("reporter") == "caller" and swarm.adapters("caller") == ["caller", "reporter"]
+    procs = {p.name: p.config for p in plan_services(swarm, dict.fromkeys(swarm.models, tmp_path), tmp_path)}
+    assert "engine-reporter" not in procs and procs["engine-caller"].adapters == ["caller", "reporter"]
+    gateway = procs["gateway"]
+    url = f"http://127.0.0.1:{procs['engine-caller'].port}"
+    assert gateway.engine == [f"caller={url}", f"reporter={url}"] and gateway.lora == ["caller", "reporter"]
+    alone = build(
+        team(models={"caller": {"trainer": {"lora_rank": 8}}, "reporter": {"base": "tiny-llama"}}), "t"
+    )
+    procs = {p.name: p.config for p in plan_services(alone, dict.fromkeys(alone.models, tmp_path), tmp_path)}
+    assert procs["engine-caller"].adapters == ["caller"] and procs["engine-reporter"].adapters == []
+
+
+@pytest.mark.parametrize(
+    ("reporter", "named"),
+    [
+        ({"share_engine": "nobody"}, "unknown model 'nobody'"),
+        ({"trainer": {}}, "reporter trains all weights"),
+        ({"base": "tiny-llama"}, "same base"),
+        ({"engine": {"max_batch": 4}}, "set engine settings there"),
+    ],
+)
+def test_a_shared_engine_needs_two_lora_models_of_one_base(reporter: dict, named: str) -> None:
+    with pytest.raises(SwarmConfigError, match=named):
+        build(lora_team(**reporter), "t")
