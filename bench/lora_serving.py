@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 from benchutil import RESULTS, machine, write_json
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from swarmrl.machine import describe
 from swarmrl.services.engine.engine_core import EngineCore
 from swarmrl.services.engine.sampling import SamplingParams
+from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.learner import load_trainable
 
 PARAMS = SamplingParams(max_new_tokens=64, temperature=1.0, ignore_eos=True)
 CASES = {"no adapters (plain engine)": None, "peft wrapper, base rows": [None],
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lora-serving-") as tmp:
         base, adapter = Path(tmp) / "tiny", Path(tmp) / "adapter"
         build_model(base, seed=0, warm_start_steps=0, progress=False)
-        lora = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(
-            r=args.rank, lora_alpha=2 * args.rank, target_modules="all-linear", task_type="CAUSAL_LM"))  # fmt: skip
+        lora = load_trainable(TrainerConfig(model_path=str(base), lora_rank=args.rank), base)  # the trainer's
         lora.save_pretrained(adapter)
         for case, adapters in CASES.items():
             engine = EngineCore(base, max_batch=16, adapters=["red", "blue"] if adapters else ())

@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 from benchutil import RESULTS, machine, write_json
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from swarmrl.machine import describe
 from swarmrl.services.engine.engine_core import EngineCore
+from swarmrl.services.trainer.config import TrainerConfig
+from swarmrl.services.trainer.learner import load_trainable
 
 BIG = Qwen2Config(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                   num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048,
@@ -83,10 +84,7 @@ def measure(name: str, base: Path, work: Path, rank: int, rounds: int) -> list[d
             engine.close()
         rows.append({"model": name, "params": params, "format": fmt, "bytes": _size(out), "save_s": save_s,
                      "load_s": load_s})  # fmt: skip
-    lora = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
-        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"),
-    )
+    lora = load_trainable(TrainerConfig(model_path=str(base), lora_rank=rank), base)  # as the trainer does
     with torch.no_grad():  # a trained adapter's B is not 0
         for n, p in lora.named_parameters():
             if "lora_B" in n:
@@ -125,7 +123,8 @@ def write_md(result: dict[str, Any], out: Path) -> Path:
         "`bytes`: the files the trainer writes for an engine (safetensors and JSON; the optimizer state it "
         "keeps is not shipped). `save`: `save_pretrained` of them. `load`: the running embedded engine "
         "loading them (`update_weights_from_disk`; an adapter: `load_lora_adapter` into peft's wrapper of "
-        "the base). An adapter also needs the base once, when the engine starts.",
+        "the base). An adapter also needs the base once, when the engine starts, and its first load wraps that base "
+        "in peft's model (once per engine, a few times a reload's cost): the median of 3 or more rounds is an in-place reload's.",
         "",
         "| model | parameters | format | bytes | vs fp32 | save | load | save + load |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",

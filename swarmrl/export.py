@@ -81,17 +81,8 @@ def export(
     if adapter and dtype is not None:
         raise ExportError("--adapter copies the adapter as trained; leave out --dtype")
     to.mkdir(parents=True, exist_ok=True)
-    if lora and not adapter:  # the base with the adapter merged in: a plain HF model
-        import torch
-        from peft import AutoPeftModelForCausalLM
-
-        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype or "fp32"]
-        merged = AutoPeftModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).merge_and_unload()
-        merged.to(torch_dtype).save_pretrained(to)
-        copy_tokenizer_files(checkpoint, to)
-        for name in (STATE_FILE, ADAPTER_CONFIG, "README.md"):  # .json/.md files copy_tokenizer_files keeps
-            (to / name).unlink(missing_ok=True)
-    elif dtype is None:  # as trained: the files themselves, bit for bit
+    merge = lora and not adapter  # the base with the adapter merged in: a plain HF model
+    if dtype is None and not merge:  # as trained: the files themselves, bit for bit
         for p in checkpoint.iterdir():
             if p.is_file() and not p.name.startswith(TRAINER_ONLY):
                 shutil.copy2(p, to / p.name)
@@ -99,11 +90,19 @@ def export(
         import torch
         from transformers import AutoModelForCausalLM
 
-        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-        weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype)
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype or "fp32"]
+        if merge:
+            from peft import AutoPeftModelForCausalLM
+
+            peft_model = AutoPeftModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+            weights = peft_model.merge_and_unload().to(torch_dtype)
+        else:
+            weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype)
         weights.save_pretrained(to)
         copy_tokenizer_files(checkpoint, to)
-        (to / STATE_FILE).unlink(missing_ok=True)  # a .json, which copy_tokenizer_files keeps
+        # .json/.md files that copy_tokenizer_files keeps and a plain model directory does not have
+        for name in (STATE_FILE, *((ADAPTER_CONFIG, "README.md") if merge else ())):
+            (to / name).unlink(missing_ok=True)
     state = TrainerState.read(checkpoint)
     provenance = {
         "run_dir": str(Path(run_dir).resolve()), "model": model, "step": n, "policy_version": state.version,

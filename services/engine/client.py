@@ -289,23 +289,25 @@ class EngineClient:
         directory); raises EngineError if the engine refused them."""
         if self.adapter is not None:
             return await self.load_lora_adapter(self.adapter, path, version)
-        body: dict[str, Any] = {"model_path": str(path)}
-        if version is not None:
-            body["weight_version"] = str(version)  # SGLang types it Optional[str]
-        data = await self._call("POST", "/update_weights_from_disk", body)
-        if not data.get("success"):
-            raise EngineError(200, f"update_weights_from_disk({path}) failed: {data.get('message')}")
-        return str(data.get("message", ""))
+        return await self._load_weights(path, version)
+
+    async def _load_weights(self, path: str, version: int | str | None) -> str:
+        """Full weights from an HF directory (SGLang's `/update_weights_from_disk`)."""
+        return await self._reload("/update_weights_from_disk", {"model_path": str(path)}, version)
 
     async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
         """Load LoRA adapter `name` from peft adapter directory `path` (SGLang's `/load_lora_adapter`;
         the embedded engine replaces a loaded one in place and reports `version` as its weight_version)."""
-        body: dict[str, Any] = {"lora_name": name, "lora_path": str(path)}
+        return await self._reload("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, version)
+
+    async def _reload(self, endpoint: str, body: dict[str, Any], version: int | str | None) -> str:
+        """POST a reload; EngineError with the engine's reason if it answers `success: false`."""
+        what = f"{endpoint.lstrip('/')}({', '.join(map(str, body.values()))})"
         if version is not None:
-            body["weight_version"] = str(version)
-        data = await self._call("POST", "/load_lora_adapter", body)
+            body["weight_version"] = str(version)  # SGLang types it Optional[str]
+        data = await self._call("POST", endpoint, body)
         if not data.get("success"):
-            raise EngineError(200, f"load_lora_adapter({name}, {path}) failed: {data.get('error_message')}")
+            raise EngineError(200, f"{what} failed: {data.get('error_message') or data.get('message')}")
         return str(data.get("message", ""))
 
     async def model_info(self) -> dict[str, Any]:

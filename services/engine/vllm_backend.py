@@ -294,23 +294,27 @@ class VLLMClient(EngineClient):
             )
         return result
 
-    async def update_weights_from_disk(self, path: str, version: int | str | None = None) -> str:
-        """Reload in place from an HF directory (with `adapter`: that LoRA adapter from a peft adapter
-        directory), with no request running across the swap. vLLM keeps one weight version per
-        server, so an engine with an adapter serves that one adapter (`EngineService` checks)."""
+    async def _load_weights(self, path: str, version: int | str | None) -> str:
+        """Reload in place from an HF directory, with no request running across the swap."""
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+        return await self._paused_reload(path, "/collective_rpc", rpc, version)
+
+    async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
+        """Load (or replace in place) LoRA adapter `name` from a peft adapter directory, with no request
+        running across the swap. vLLM keeps one weight version per server, so an engine with an
+        adapter serves that one adapter (`EngineService` checks)."""
+        body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
+        return await self._paused_reload(path, "/v1/load_lora_adapter", body, version)
+
+    async def _paused_reload(
+        self, path: str, endpoint: str, body: dict[str, Any], version: int | str | None
+    ) -> str:
+        """POST `body` to `endpoint` between `/pause` and `/resume`, then stamp `version`."""
         if not await asyncio.to_thread(Path(path).is_dir):  # a launched server shares this machine's files
-            raise EngineError(400, f"update_weights_from_disk({path}) failed: no such directory")
+            raise EngineError(400, f"reload from {path} failed: no such directory")
         await self._call("POST", "/pause?mode=wait")
         try:
-            if self.adapter is not None:  # vLLM's own LoRA endpoint, replacing the loaded one in place
-                body = {"lora_name": self.adapter, "lora_path": str(path), "load_inplace": True}
-                await self._call("POST", "/v1/load_lora_adapter", body)
-            else:
-                await self._call(
-                    "POST",
-                    "/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
-                )
+            await self._call("POST", endpoint, body)
             if version is not None:
                 await self._call("POST", "/update_weight_version", {"new_version": str(version)})
         finally:

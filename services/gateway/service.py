@@ -56,11 +56,14 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     engines, tokenizers = _pairs(cfg.engine, "engine"), _pairs(cfg.tokenizer, "tokenizer")
     if not engines:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
-    if unknown := sorted(set(cfg.lora) - set(engines)):
-        raise SystemExit(f"--lora names {unknown}, which have no --engine; models: {sorted(engines)}")
     tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
     reasoning_parsers = _pairs(cfg.reasoning_parser, "reasoning-parser")
-    for what, named in (("tool-parser", tool_parsers), ("reasoning-parser", reasoning_parsers)):
+    named_models = (
+        ("tool-parser", tool_parsers),
+        ("reasoning-parser", reasoning_parsers),
+        ("lora", cfg.lora),
+    )
+    for what, named in named_models:
         if unknown := sorted(set(named) - set(engines)):
             raise SystemExit(f"--{what} names {unknown}, which have no --engine; models: {sorted(engines)}")
     handles = {}
@@ -69,7 +72,9 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
             url, timeout_s=600, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s
         )
         path = tokenizers.get(name) or (await engine.model_info()).get("tokenizer_path")
-        if name in cfg.lora:  # a LoRA adapter of the engine's base: every request names it
+        # a LoRA adapter of the engine's base: every request names it (set after model_info, which on
+        # vLLM would refuse an adapter not loaded yet)
+        if name in cfg.lora:
             engine.adapter = name
         tok = AutoTokenizer.from_pretrained(path)
         ctx = int(

@@ -25,7 +25,7 @@ from swarmrl.services.engine.client import EngineClient, EngineError, open_engin
 from swarmrl.services.engine.engine_core import EngineCore
 from swarmrl.services.engine.server import create_app
 from swarmrl.services.engine.vllm_backend import VLLMClient, VLLMServer, find_vllm_python
-from tests.unit.engine.helpers import save_perturbed
+from tests.unit.engine.helpers import save_perturbed, train_adapter
 
 PROMPT = [5, 6, 7, 40, 41]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -192,30 +192,14 @@ async def test_requests_during_a_reload_see_one_version_each(
     await engine.update_weights_from_disk(str(llama_dir), 11)
 
 
-def _adapter(base: Path, out: Path, seed: int) -> Path:
-    """A LoRA adapter (rank 8, every linear layer) a few trainer steps away from the base."""
-    from swarmrl.services.trainer.batching import Scored
-    from swarmrl.services.trainer.checkpoint import TrainerState
-    from swarmrl.services.trainer.config import TrainerConfig
-    from swarmrl.services.trainer.learner import Learner
-    from tests.unit.trainer.samples import make_sample
-
-    cfg = TrainerConfig(model_path=str(base), run_dir=str(out.parent), lr=3e-2, lora_rank=8, seed=seed)
-    learner = Learner(cfg, base)
-    items = [Scored(make_sample(f"s{seed}-{i}", 1.0, prompt=6, gen=8, vocab=400), 1.0) for i in range(4)]
-    for _ in range(3):
-        learner.train_step(items, version=0)
-    learner.save(out, TrainerState("m", 3, 3))
-    return out
-
-
 async def test_a_lora_adapter_loads_in_place_and_answers_as_merged(
     server: tuple[str, str], llama_dir: Path, hf, tmp_path: Path
 ) -> None:
     from peft import PeftModel
 
     backend, url = server
-    red, blue = _adapter(llama_dir, tmp_path / "red", 0), _adapter(llama_dir, tmp_path / "blue", 1)
+    red = train_adapter(llama_dir, tmp_path / "red", 0, lr=3e-2, vocab=400)
+    blue = train_adapter(llama_dir, tmp_path / "blue", 1, lr=3e-2, vocab=400)
     own = None
     if backend == "embedded":  # an engine with adapters serves no full-weight reloads: one of its own
         core = EngineCore(llama_dir, adapters=["red"])

@@ -24,6 +24,7 @@ from swarmrl.services.trainer.checkpoint import ADAPTER_CONFIG, TrainerState
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.learner import Learner
 from tests.conftest import wait_for
+from tests.unit.engine.helpers import train_adapter
 from tests.unit.trainer.samples import make_sample
 
 PROMPT = [5, 6, 7, 8, 9]
@@ -34,22 +35,11 @@ def _items(seed: int) -> list[Scored]:
     return [Scored(make_sample(f"s{seed}-{i}", 1.0, prompt=6, gen=8, vocab=500), 1.0) for i in range(4)]
 
 
-def _train_adapter(base: Path, out: Path, seed: int, steps: int = 3) -> Path:
-    """An adapter that differs from the base: a few steps towards random samples, then saved."""
-    cfg = TrainerConfig(model_path=str(base), run_dir=str(out.parent), lr=1e-2, lora_rank=8, seed=seed,
-                        max_tokens_per_micro_batch=64)  # fmt: skip
-    learner = Learner(cfg, base)
-    for _ in range(steps):
-        learner.train_step(_items(seed), version=0)
-    learner.save(out, TrainerState("m", steps, steps))
-    return out
-
-
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapters")
     return {
-        name: _train_adapter(tiny_model_dir, root / name, seed) for seed, name in enumerate(("red", "blue"))
+        name: train_adapter(tiny_model_dir, root / name, seed) for seed, name in enumerate(("red", "blue"))
     }
 
 

@@ -23,6 +23,25 @@ def save_perturbed(src: Path, out: Path, scale: float = 0.05, seed: int = 1) -> 
     return out
 
 
+def train_adapter(base: Path, out: Path, seed: int, *, lr: float = 1e-2, vocab: int = 500) -> Path:
+    """A LoRA adapter (rank 8, every linear layer) three trainer steps away from the base, towards
+    random samples with ids below `vocab`, saved in `out` as the trainer saves one."""
+    from swarmrl.services.trainer.batching import Scored
+    from swarmrl.services.trainer.checkpoint import TrainerState
+    from swarmrl.services.trainer.config import TrainerConfig
+    from swarmrl.services.trainer.learner import Learner
+    from tests.unit.trainer.samples import make_sample
+
+    cfg = TrainerConfig(model_path=str(base), run_dir=str(out.parent), lr=lr, lora_rank=8, seed=seed,
+                        max_tokens_per_micro_batch=64)  # fmt: skip
+    learner = Learner(cfg, base)
+    items = [Scored(make_sample(f"s{seed}-{i}", 1.0, prompt=6, gen=8, vocab=vocab), 1.0) for i in range(4)]
+    for _ in range(3):
+        learner.train_step(items, version=0)
+    learner.save(out, TrainerState("m", 3, 3))
+    return out
+
+
 def params(engine: EngineCore, **kw: object) -> SamplingParams:
     return SamplingParams.from_dict(kw, engine.vocab_size)
 
