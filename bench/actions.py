@@ -1,5 +1,6 @@
-"""Action-level scheduling benchmark (issue 9): one RL-shaped action trace against `static`, `fifo`
-and `elastic`, on the real actions service and in the simulator.
+"""Action-level scheduling benchmark (issues 9 and 25): one RL-shaped action trace against the two
+common practices (`static`, `isolated`), `fifo` and `elastic`, all at the same peak units, on the
+real actions service and in the simulator.
 
     python bench/actions.py                 # both modes -> bench/results/actions.{json,md}
     python bench/actions.py --help
@@ -12,11 +13,22 @@ action's code sleeps for its trace run time: on a 2-core machine, units (warm sa
 cores, are the resource being scheduled; worker start-up, sandboxing and NATS hops are real.
 
 **Simulation mode**: the same scheduler code in virtual time (`bench/actions_simulate.py`) at
-10,000 concurrent trajectories and 1,000 units.
+10,000 concurrent trajectories and 1,000 units, plus a sweep of pool sizes: the units each
+baseline needs to reach elastic's mean ACT.
 
-Pools, the same for every policy of a mode: `fifo` and `elastic` get `--units` CPU units and
-`--slots` judge slots (their peak); `static` gets what the common practice provisions, one bundle
-per trajectory of a wave (`--trajectories` CPU units and judge slots).
+Policies, every one given the same peak units (`--units` CPU units and `--slots` judge slots):
+
+- `static`: trajectory-level bundles from a pool of that size. A trajectory takes its bundle (its
+  first action's demand, at least one cpu) when its first action arrives and holds it, idle while
+  the LLM thinks, until it ends; trajectories queue first come first served for a bundle, and that
+  wait is part of their first action's ACT. A trajectory whose action outgrows its bundle (a 2-cpu
+  run, a judge call) gives it back and queues again for one covering both (`scheduler.py`).
+- `isolated`: per-task pools, each `fifo`: the units split between the trace's task kinds in
+  proportion to each kind's demand over the whole trace (`actions_simulate.split_pools`); a
+  single-task trace has one pool, so there it is `fifo`. Simulator only (the service has one pool).
+- `fifo`: one shared fixed pool, arrival order. `elastic`: action-level orchestration.
+- `static-unbounded` (simulator, for reference): the `static` of issue 9, a bundle for every
+  trajectory of a wave (`--sim-trajectories` CPU units and judge slots), i.e. far more units.
 """
 
 from __future__ import annotations
@@ -24,14 +36,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from actions_simulate import SimResult, percentile, simulate
-from actions_trace import TrajectorySpec, Turn, make_trace
+from actions_simulate import SimResult, floor_reached_at, percentile, simulate, smallest_reaching, split_pools
+from actions_trace import TaskKind, TrajectorySpec, Turn, make_trace
 from benchutil import RESULTS, machine
 
 from swarmrl.machine import describe
@@ -39,18 +52,47 @@ from swarmrl.schemas import ActionRequest, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.scheduler import PoolSpec
 
-POLICIES = ("static", "fifo", "elastic")
+REAL_POLICIES = ("static", "fifo", "elastic")
+SIM_POLICIES = ("static", "isolated", "fifo", "elastic", "static-unbounded")
+BASELINES = ("static", "isolated", "fifo")
+"""What elastic is compared with at equal units, and swept for the units it needs."""
 MEM_MB = 1 << 20  # memory is not the constraint studied here
+CPU_START_S = 0.05
+"""Warm-up of a new CPU unit (elastic) or bundle (static): a sandbox worker's start."""
+FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0)
+"""The pool sizes of the units sweep, as multiples of elastic's units and slots."""
+REACH_TOL = 0.02
+"""A pool size reaches elastic's mean ACT when within this fraction of it: below a few percent the
+difference is the warm-up of units, not queueing."""
+VERSION = 2
+"""Of the results' layout: 2 since every policy has the same peak units (issue 25)."""
+PAPER = {"act": 4.3, "step": 1.5, "saved": 0.712}
+"""ARL-Tangram's headline numbers (average ACT, RL step time, external resources saved)."""
 
 
 def pools_for(policy: str, units: int, slots: int, trajectories: int, idle_s: float) -> dict[str, PoolSpec]:
-    if policy == "static":
+    """The pools of `policy` (`isolated`: the whole, which `split_pools` cuts per task)."""
+    if policy == "static-unbounded":
         return {"cpu": PoolSpec(0, trajectories), "accel": PoolSpec(0, trajectories)}
-    floor_cpu, floor_accel = (units, slots) if policy == "fifo" else (1, 1)
+    if policy == "static":
+        return {"cpu": PoolSpec(0, units, start_s=CPU_START_S), "accel": PoolSpec(0, slots)}
+    floor_cpu, floor_accel = (1, 1) if policy == "elastic" else (units, slots)
     return {
-        "cpu": PoolSpec(floor_cpu, units, idle_s=idle_s, start_s=0.05),
+        "cpu": PoolSpec(floor_cpu, units, idle_s=idle_s, start_s=CPU_START_S),
         "accel": PoolSpec(floor_accel, slots, idle_s=idle_s, start_s=0.0),
     }
+
+
+def sim_run(
+    trace: list[TrajectorySpec], policy: str, units: int, slots: int, trajectories: int, idle_s: float
+) -> SimResult:
+    """`policy` on `trace` in the simulator with these units (see `pools_for`)."""
+    pools = pools_for(policy, units, slots, trajectories, idle_s)
+    task_pools = split_pools(trace, pools) if policy == "isolated" else None
+    scheduler_policy = "static" if policy == "static-unbounded" else policy
+    res = simulate(trace, scheduler_policy, pools, mem_budget_mb=MEM_MB, task_pools=task_pools)
+    res.policy = policy
+    return res
 
 
 # --- real mode ----------------------------------------------------------------------------------
@@ -130,7 +172,8 @@ async def replay(
         "mean_act_s": round(sum(acts) / len(acts), 4), "p50_act_s": round(percentile(acts, 0.5), 4),
         "p99_act_s": round(percentile(acts, 0.99), 4),
         "mean_wait_s": round(sum(r.queued_s for r in results) / len(results), 4),
-        "makespan_s": round(sum(makespans), 3), "step_makespan_s": [round(m, 3) for m in makespans],
+        "makespan_s": round(sum(makespans), 3), "mean_step_s": round(sum(makespans) / len(makespans), 3),
+        "step_makespan_s": [round(m, 3) for m in makespans],
         "wall_s": round(time.monotonic() - t0, 1),
     }  # fmt: skip
     for r in ("cpu", "accel"):
@@ -141,9 +184,13 @@ async def replay(
     return row
 
 
-TRACES = {"rigid": False, "suites": True}
-"""The two traces of every mode: `rigid` (every action one run) and `suites` (each trajectory ends
-with its reward, a test suite whose cases elastic may run in parallel)."""
+TASKS = (TaskKind("tool", 1.0, 0.1, False), TaskKind("code", 1.0, 0.3, True))
+"""The `tasks` trace's two task kinds: an agentic tool-use task (python tool calls, a few judge
+calls, no reward suite) and a coding task (more judge calls, and a reward suite at its end)."""
+TRACES: dict[str, dict[str, Any]] = {"rigid": {}, "suites": {"reward_suite": True}, "tasks": {"tasks": TASKS}}
+"""The traces of every mode (`make_trace` arguments): `rigid` (every action one run), `suites`
+(each trajectory ends with its reward, a test suite whose cases elastic may run in parallel) and
+`tasks` (the two task kinds of `TASKS`, half the trajectories each: what `isolated` splits by)."""
 
 
 async def run_real(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
@@ -156,11 +203,11 @@ async def run_real(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         tmp = Path(d)
         build_model(tmp / "judge-model", seed=0, warm_start_steps=0)
         with embedded_engine(tmp / "judge-model", max_batch=max(args.slots, 16)) as (_, url):
-            for name, suites in TRACES.items():
+            for name in args.traces:
                 trace = make_trace(args.seed, steps=args.steps, trajectories_per_step=args.trajectories,
-                                   reward_suite=suites)  # fmt: skip
+                                   **TRACES[name])  # fmt: skip
                 out[name] = []
-                for policy in POLICIES:
+                for policy in REAL_POLICIES:
                     print(f"real {name}: {policy} ...", flush=True)
                     out[name].append(await replay(trace, policy, args, tmp / name, url))
     return out
@@ -169,20 +216,60 @@ async def run_real(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
 # --- simulation mode ----------------------------------------------------------------------------
 
 
-def run_sim(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+def run_sim(args: argparse.Namespace) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Every policy at equal units on each trace, then the units sweep of each baseline."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for name, suites in TRACES.items():
+    sweeps: dict[str, dict[str, Any]] = {}
+    for name in args.traces:
         trace = make_trace(args.seed, steps=args.sim_steps, trajectories_per_step=args.sim_trajectories,
-                           reward_suite=suites)  # fmt: skip
+                           **TRACES[name])  # fmt: skip
         out[name] = []
-        for policy in POLICIES:
-            pools = pools_for(policy, args.sim_units, args.sim_slots, args.sim_trajectories, args.idle_s)
-            res: SimResult = simulate(trace, policy, pools, mem_budget_mb=MEM_MB)
+        for policy in SIM_POLICIES:
+            res = sim_run(trace, policy, args.sim_units, args.sim_slots, args.sim_trajectories, args.idle_s)
             out[name].append(res.summary())
             print(
                 f"sim {name}: {policy} mean ACT {res.mean_act_s:.3f} s, wall {res.wall_s:.1f} s", flush=True
             )
-    return out
+        if not args.no_units_sweep:
+            elastic = next(r for r in out[name] if r["policy"] == "elastic")
+            sweeps[name] = {p: units_needed(trace, p, elastic, args) for p in BASELINES}
+    return out, sweeps
+
+
+def units_needed(
+    trace: list[TrajectorySpec], policy: str, elastic: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The smallest pool (a multiple in `FACTORS` of elastic's units and slots) at which `policy`'s
+    mean ACT is within `REACH_TOL` of elastic's (its summary row); a pool too small for the trace's
+    largest action (or a task's share of it) counts as never reaching it. Units saved compare with
+    the units elastic held at its peak (at most the ones it was given)."""
+
+    def size(f: float) -> tuple[int, int]:
+        return math.ceil(args.sim_units * f), math.ceil(args.sim_slots * f)
+
+    def mean_act_at(f: float) -> float:
+        try:
+            res = sim_run(trace, policy, *size(f), args.sim_trajectories, args.idle_s)
+        except ValueError:  # the pools cannot hold some action: that size never reaches anything
+            return math.inf
+        print(
+            f"  units sweep {policy} x{f}: mean ACT {res.mean_act_s:.3f} s, wall {res.wall_s:.1f} s",
+            flush=True,
+        )
+        return res.mean_act_s
+
+    factor, tried = smallest_reaching(mean_act_at, elastic["mean_act_s"] * (1 + REACH_TOL), FACTORS)
+    # Never reached: elastic beats the best this policy gets with any units (its mean ACT floor).
+    # The units at which it reaches that floor are then a lower bound on the units it needs.
+    reached = factor is not None
+    at = factor if factor is not None else floor_reached_at(tried, REACH_TOL)
+    cpu, slots = size(at)
+    given = elastic["cpu_peak_units"] + elastic["accel_peak_units"]
+    return {
+        "reached": reached, "factor": at, "cpu_units": cpu, "slots": slots,
+        "saved": round(1 - given / (cpu + slots), 4), "best_act_s": round(min(tried.values()), 4),
+        "tried": {str(f): round(a, 4) for f, a in tried.items()},
+    }  # fmt: skip
 
 
 SWEEP = [  # (trajectories per wave, CPU units, python sigma, think sigma, reward suites)
@@ -253,41 +340,62 @@ def sweep_lines(rows: list[dict[str, Any]]) -> list[str]:
 # --- report -------------------------------------------------------------------------------------
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each other policy over elastic at equal units: mean and p99 ACT, mean step time; and the
+    unit-seconds elastic saves (1 - elastic's / the other's)."""
     by = {r["policy"]: r for r in rows}
-    e, f, s = by["elastic"], by["fifo"], by["static"]
+    e = by["elastic"]
     units = lambda r: r["cpu_unit_s"] + r["accel_unit_s"]  # noqa: E731
     return {
-        "elastic_over_fifo_mean_act": round(e["mean_act_s"] / f["mean_act_s"], 3),
-        "elastic_over_static_unit_s": round(units(e) / units(s), 3),
-        "elastic_over_static_makespan": round(e["makespan_s"] / s["makespan_s"], 3),
-        "elastic_over_static_mean_act": round(e["mean_act_s"] / s["mean_act_s"], 3),
+        p: {
+            "mean_act": round(by[p]["mean_act_s"] / e["mean_act_s"], 3),
+            "p99_act": round(by[p]["p99_act_s"] / e["p99_act_s"], 3),
+            "step": round(by[p]["mean_step_s"] / e["mean_step_s"], 3),
+            "unit_s_saved": round(1 - units(e) / units(by[p]), 4),
+        }
+        for p in by
+        if p != "elastic"
     }
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     out = [
-        "| policy | actions | mean ACT s | p50 s | p99 s | mean queued s | makespan s | CPU unit-s | "
+        "| policy | actions | mean ACT s | p50 s | p99 s | mean queued s | mean step s | CPU unit-s | "
         "judge slot-s | CPU util | judge util | peak CPU units | peak judge slots |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         out.append(
             f"| {r['policy']} | {r['actions']} | {r['mean_act_s']:.3f} | {r['p50_act_s']:.3f} | "
-            f"{r['p99_act_s']:.3f} | {r['mean_wait_s']:.3f} | {r['makespan_s']:.1f} | {r['cpu_unit_s']:.0f} | "
+            f"{r['p99_act_s']:.3f} | {r['mean_wait_s']:.3f} | {r['mean_step_s']:.1f} | {r['cpu_unit_s']:.0f} | "
             f"{r['accel_unit_s']:.0f} | {r['cpu_utilisation']:.1%} | {r['accel_utilisation']:.1%} | "
             f"{r['cpu_peak_units']} | {r['accel_peak_units']} |"
         )
     return out
 
 
-def targets(q: dict[str, float]) -> list[str]:
-    checks = [
-        ("elastic mean ACT <= 0.5x fifo's (same peak units)", q["elastic_over_fifo_mean_act"] <= 0.5),
-        ("elastic unit-seconds <= 0.4x static's", q["elastic_over_static_unit_s"] <= 0.4),
-        ("elastic makespan no worse than static's", q["elastic_over_static_makespan"] <= 1.0),
+def paper_table(q: dict[str, dict[str, float]], sweep: dict[str, Any] | None) -> list[str]:
+    """Each policy over elastic next to ARL-Tangram's "up to" numbers."""
+    out = [
+        f"| vs elastic | mean ACT / elastic's (paper: up to {PAPER['act']}x) | p99 ACT / elastic's | "
+        f"step time / elastic's (paper: up to {PAPER['step']}x) | unit-s elastic saves, equal units | "
+        f"units to reach elastic's mean ACT | units elastic saves (paper: up to {PAPER['saved']:.1%}) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    return [f"- {name}: **{'yes' if ok else 'NO'}**" for name, ok in checks]
+    for p, r in q.items():
+        need, saved = "not swept", ""
+        if sweep is not None and p in sweep:
+            s = sweep[p]
+            need = f"{s['factor']}x ({s['cpu_units']} CPU + {s['slots']} slots)"
+            saved = f"{s['saved']:.1%}"
+            if not s["reached"]:  # see units_needed
+                need = f"never (best {s['best_act_s']:.3f} s, from {need})"
+                saved = f">= {saved}"
+        out.append(
+            f"| {p} | **{r['mean_act']}x** | {r['p99_act']}x | **{r['step']}x** | {r['unit_s_saved']:.1%} | "
+            f"{need} | {saved} |"
+        )
+    return out
 
 
 TRACE_TEXT = {
@@ -295,61 +403,85 @@ TRACE_TEXT = {
     "suites": "every trajectory ends with its reward, a test suite of 2 + geometric cases (mean 8, "
     "lognormal 0.1 s median each) that fifo and static run one after another on the suite's unit and "
     "elastic may spread over spare units",
+    "tasks": "two task kinds, half the trajectories each: *tool* (10% judge calls, no suite) and "
+    "*code* (30% judge calls, ends with a reward suite)",
 }
 
 
-def section(title: str, rows: list[dict[str, Any]], q: dict[str, float], about: str) -> list[str]:
-    return [
-        title,
-        "",
-        about,
-        "",
-        *table(rows),
-        "",
-        f"elastic / fifo mean ACT **{q['elastic_over_fifo_mean_act']}x**; elastic / static unit-seconds "
-        f"**{q['elastic_over_static_unit_s']}x**, makespan {q['elastic_over_static_makespan']}x, "
-        f"mean ACT {q['elastic_over_static_mean_act']}x.",
-        "",
-        *targets(q),
-        "",
-    ]
+def section(
+    title: str,
+    rows: list[dict[str, Any]],
+    q: dict[str, dict[str, float]],
+    about: str,
+    sweep: dict[str, Any] | None,
+) -> list[str]:
+    lines = [title, "", about, "", *table(rows), "", *paper_table(q, sweep), ""]
+    if sweep:
+        lines += [
+            "Units sweep: mean ACT at each pool size tried (multiples of elastic's units and slots), "
+            f"up to the first within {REACH_TOL:.0%} of elastic's (or until more units stop helping); "
+            "units saved = 1 - elastic's peak units (CPU + slots) / the units needed. *never*: no pool size reaches "
+            "elastic's mean ACT, the policy's best is above it (with suites, elastic runs a suite's "
+            "cases in parallel, which no rigid policy does at any size; static also pays a bundle's "
+            f"warm-up, {CPU_START_S} s, for every trajectory and every swap for a bigger bundle); the "
+            "units at which it reaches its own best are then a lower bound on what it needs.",
+            "",
+            *(
+                f"- {p}: " + ", ".join(f"x{f} {a:.3f} s" for f, a in s["tried"].items())
+                for p, s in sweep.items()
+            ),
+            "",
+        ]
+    return lines
 
 
 def write(out: dict[str, Any], path: Path) -> None:
     path.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
     a = out["args"]
     lines = [
-        "# Action-level scheduling: static vs fifo vs elastic",
+        "# Action-level scheduling at equal units: static vs isolated vs fifo vs elastic",
         "",
-        f"{describe(out['machine'])}. Command: `{out['command']}`; {out['wall_s']:.0f} s.",
+        f"{describe(out['machine'])}. Command: `{out['command']}`; {out['wall_s']:.0f} s."
+        + "".join(f" The {part} sections: `{cmd}`, run before." for part, cmd in out.get("kept", {}).items()),
         "",
         "RL-shaped traces (`bench/actions_trace.py`, seed "
         f"{a['seed']}): waves of trajectories at step boundaries, each a few turns of LLM think time "
         "then one action; python actions with lognormal (heavy-tailed) run times, 20% judge calls. "
-        "Two traces: *rigid*, " + TRACE_TEXT["rigid"] + "; *suites*, " + TRACE_TEXT["suites"] + ". "
-        "ACT = action completion time (arrival to result). Unit-seconds = units allocated x time "
-        "(static: the bundles trajectories hold; fifo: the whole pool; elastic: the pool as it "
-        "grows and shrinks); utilisation = busy / allocated.",
+        "Traces: " + "; ".join(f"*{n}*, {TRACE_TEXT[n]}" for n in a["traces"]) + ". "
+        "ACT = action completion time (arrival to result, including any wait for a bundle). Step = "
+        "rollout-step time, from a wave's start until its last trajectory ends (mean over steps). "
+        "Unit-seconds = units allocated x time (static: the bundles trajectories hold; fifo, isolated: "
+        "the whole pools; elastic: the pool as it grows and shrinks); utilisation = busy / allocated.",
+        "",
+        "Every policy but `static-unbounded` gets the same peak units. `static`: a trajectory holds a "
+        "bundle from that pool from its first action to its end; trajectories queue for bundles (FIFO). "
+        "`isolated`: one fifo pool per task kind, the units split in proportion to each kind's demand "
+        "(run seconds x units) over the trace; on a single-task trace it is fifo. `static-unbounded`: "
+        "a bundle for every trajectory of a wave (issue 9's static). See `bench/actions.py`'s docstring.",
         "",
     ]
     for name in TRACES:
-        if "real" in out:
+        if name in out.get("real", {}):
+            ra = out.get("real_args", a)
             lines += section(
-                f"## Real service, {name} trace ({a['steps']} steps x {a['trajectories']} trajectories, "
-                f"time scale {a['time_scale']})",
+                f"## Real service, {name} trace ({ra['steps']} steps x {ra['trajectories']} trajectories, "
+                f"time scale {ra['time_scale']})",
                 out["real"][name], out["real_ratios"][name],
                 f"The actions service with {out['sandbox_mode']} sandboxes and the batched judge on the "
-                f"embedded engine; agents through the SDK. fifo and elastic: {a['units']} CPU units and "
-                f"{a['slots']} judge slots at most; static: one bundle per trajectory ({a['trajectories']}).",
+                f"embedded engine; agents through the SDK; every policy {ra['units']} CPU units and "
+                f"{ra['slots']} judge slots at most (isolated needs a pool per task: simulator only).",
+                None,
             )  # fmt: skip
-        if "sim" in out:
+        if name in out.get("sim", {}):
+            sa = out.get("sim_args", a)
             lines += section(
-                f"## Simulation, {name} trace ({a['sim_steps']} steps x {a['sim_trajectories']} "
-                f"trajectories, {a['sim_units']} CPU units, {a['sim_slots']} judge slots)",
+                f"## Simulation, {name} trace ({sa['sim_steps']} steps x {sa['sim_trajectories']} "
+                f"trajectories, {sa['sim_units']} CPU units, {sa['sim_slots']} judge slots)",
                 out["sim"][name], out["sim_ratios"][name],
                 "The same scheduler code in virtual time (`bench/actions_simulate.py`); simulation "
-                "wall seconds (static, fifo, elastic): "
+                "wall seconds (" + ", ".join(r["policy"] for r in out["sim"][name]) + "): "
                 + ", ".join(f"{r['wall_s']:.1f}" for r in out["sim"][name]) + ".",
+                out["sim_sweep"].get(name),
             )  # fmt: skip
     path.with_suffix(".md").write_text("\n".join(lines))
 
@@ -359,14 +491,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="trace seed")
     p.add_argument("--steps", type=int, default=3, help="real mode: RL steps (waves)")
     p.add_argument("--trajectories", type=int, default=48, help="real mode: trajectories per step")
-    p.add_argument("--units", type=int, default=4, help="real mode: CPU units of fifo and elastic")
-    p.add_argument("--slots", type=int, default=2, help="real mode: judge slots of fifo and elastic")
+    p.add_argument("--units", type=int, default=4, help="real mode: CPU units of every policy")
+    p.add_argument("--slots", type=int, default=2, help="real mode: judge slots of every policy")
     p.add_argument("--time-scale", type=float, default=1.0, help="real mode: multiply think and run times")
     p.add_argument("--idle-s", type=float, default=2.0, help="elastic: release a unit idle this long")
     p.add_argument("--sim-steps", type=int, default=3)
     p.add_argument("--sim-trajectories", type=int, default=10_000)
     p.add_argument("--sim-units", type=int, default=1_000)
     p.add_argument("--sim-slots", type=int, default=250)
+    p.add_argument("--traces", nargs="+", choices=list(TRACES), default=list(TRACES))
+    p.add_argument("--no-units-sweep", action="store_true", help="simulation: skip the sweep of pool sizes")
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--sweep", action="store_true",
@@ -386,18 +520,40 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out: dict[str, Any] = {
         "benchmark": "actions",
+        "version": VERSION,
         "command": "python bench/actions.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "args": vars(args) | {"out": str(args.out)},
     }
+    # A part skipped now keeps its sections from an earlier run into the same OUT (the real service
+    # and the simulator are often run apart: the first wants an idle machine, the second does not).
+    earlier_path = args.out.with_suffix(".json")
+    earlier = json.loads(earlier_path.read_text()) if earlier_path.exists() else {}
+    if earlier.get("version") != VERSION:
+        earlier = {}  # another benchmark's policies: nothing to keep
+    kept = [
+        part
+        for part, skipped in (("real", args.skip_real), ("sim", args.skip_sim))
+        if skipped and part in earlier
+    ]
+    for part in kept:
+        keys = (
+            ("sandbox_mode", "real", "real_ratios", "real_args")
+            if part == "real"
+            else ("sim", "sim_sweep", "sim_ratios", "sim_args")
+        )
+        out.update({k: earlier[k] for k in keys if k in earlier})
+        out.setdefault("kept", {})[part] = earlier.get("kept", {}).get(part, earlier["command"])
     if not args.skip_real:
         from swarmrl.services.actions.sandbox import detect_mode
 
         out["sandbox_mode"] = detect_mode()
         out["real"] = asyncio.run(run_real(args))
+        out["real_args"] = out["args"]
         out["real_ratios"] = {name: ratios(rows) for name, rows in out["real"].items()}
     if not args.skip_sim:
-        out["sim"] = run_sim(args)
+        out["sim"], out["sim_sweep"] = run_sim(args)
+        out["sim_args"] = out["args"]
         out["sim_ratios"] = {name: ratios(rows) for name, rows in out["sim"].items()}
     out["wall_s"] = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,11 @@ trajectories make each step's tail. Think times are lognormal (median `think_med
 last action the trajectory thinks once more (its final answer) and ends. Each action carries the
 caller's guess of its run time, `hint_s = run_s * exp(N(0, hint_sigma))` (None if `hint_sigma` is
 None); the scheduler never sees `run_s` itself.
+
+With `tasks`, each trajectory first draws its task kind (`TaskKind`, by `share`): the kind sets its
+judge share and whether it ends with a reward suite, and names the trajectory's `task` (what
+per-task isolated pools are split by). Without it every trajectory is task `default` and no draw is
+made, so the traces of earlier versions are unchanged.
 """
 
 from __future__ import annotations
@@ -58,6 +63,19 @@ class TrajectorySpec:
     step: int
     turns: tuple[Turn, ...]
     final_think_s: float
+    task: str = "default"
+    """Its task kind (`TaskKind.name`)."""
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """One task of a mixed trace: how often it is drawn and what its trajectories do."""
+
+    name: str
+    share: float
+    """Relative weight when a trajectory draws its task."""
+    judge_share: float
+    reward_suite: bool
 
 
 def make_trace(
@@ -81,6 +99,7 @@ def make_trace(
     suite_max_cases: int = 32,
     case_median_s: float = 0.1,
     case_sigma: float = 0.8,
+    tasks: tuple[TaskKind, ...] | None = None,
 ) -> list[TrajectorySpec]:
     """Build a trace; the same arguments always give the same trace (see the module docstring)."""
     if steps < 1 or trajectories_per_step < 1 or turns_mean < 1 or max_turns < 1:
@@ -88,12 +107,14 @@ def make_trace(
             f"need steps, trajectories_per_step, turns_mean, max_turns >= 1, got "
             f"{steps}, {trajectories_per_step}, {turns_mean}, {max_turns}"
         )
+    if tasks is not None and (not tasks or min(k.share for k in tasks) <= 0):
+        raise ValueError(f"tasks need positive shares, got {tasks}")
     rng = random.Random(seed)
 
     def think() -> float:
         return think_median_s * math.exp(rng.gauss(0.0, think_sigma))
 
-    def turn() -> Turn:
+    def turn(judge_share: float) -> Turn:
         if rng.random() < judge_share:
             kind, demand = "judge", Demand(cpu=0, mem_mb=0, accel=1)
             run_s = rng.uniform(*judge_s)
@@ -120,11 +141,25 @@ def make_trace(
 
     # 1 + geometric(p) has mean 1 + (1 - p) / p = 1 / p.
     p = 1.0 / turns_mean
+    kinds = tasks or (TaskKind("default", 1.0, judge_share, reward_suite),)
+    total = sum(k.share for k in kinds)
+
+    def task() -> TaskKind:
+        if tasks is None:
+            return kinds[0]  # no draw: the single-task traces stay what they were
+        x, acc = rng.random() * total, 0.0
+        for k in kinds:
+            acc += k.share
+            if x < acc:
+                return k
+        return kinds[-1]
+
     trace = []
     for step in range(steps):
         for i in range(trajectories_per_step):
-            turns = tuple(turn() for _ in range(min(max_turns, 1 + geometric(p))))
-            if reward_suite:
+            kind = task()
+            turns = tuple(turn(kind.judge_share) for _ in range(min(max_turns, 1 + geometric(p))))
+            if kind.reward_suite:
                 turns += (suite(),)
-            trace.append(TrajectorySpec(f"s{step}-t{i}", step, turns, think()))
+            trace.append(TrajectorySpec(f"s{step}-t{i}", step, turns, think(), kind.name))
     return trace

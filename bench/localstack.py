@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
@@ -56,15 +57,23 @@ def embedded_engine(model_dir: Path, **engine_args: object) -> Iterator[tuple[En
 
 @asynccontextmanager
 async def generation_stack(
-    server: NatsServer, model_dir: Path, model: str = "policy", more: dict[str, Path] | None = None
+    server: NatsServer,
+    model_dir: Path,
+    model: str = "policy",
+    more: dict[str, Path] | None = None,
+    **gateway: Any,
 ) -> AsyncIterator[Stack]:
     """Engine(s) + gateway on `server`: `model` served from `model_dir`, plus one engine per entry
-    of `more` (model name -> model dir), all behind one gateway that routes by model name."""
+    of `more` (model name -> model dir), all behind one gateway that routes by model name; `gateway`:
+    more `GatewayConfig` fields."""
     dirs = {model: model_dir, **(more or {})}
     engines = {name: EngineCore(path, max_batch=16) for name, path in dirs.items()}
     https = {name: BackgroundServer(create_app(engine)).start() for name, engine in engines.items()}
     cfg = GatewayConfig(
-        nats=server.service_url, port=0, engine=[f"{name}={http.url}" for name, http in https.items()]
+        nats=server.service_url,
+        port=0,
+        engine=[f"{name}={http.url}" for name, http in https.items()],
+        **gateway,
     )
     nc = await bus.connect(server.service_url, "test-gateway")
     service = GatewayService(cfg, nc, await load_models(cfg))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -58,7 +59,11 @@ def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> 
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        headers = {}
+        if exc.retry_after_s is not None:  # whole seconds (RFC 9110), and the exact wait in ms (OpenAI's)
+            headers = {"retry-after": str(math.ceil(exc.retry_after_s)),
+                       "retry-after-ms": str(math.ceil(1000 * exc.retry_after_s))}  # fmt: skip
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

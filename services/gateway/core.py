@@ -24,8 +24,17 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarmrl.schemas import LlmEvent
+from swarmrl.schemas import subjects as S
 from swarmrl.services.engine.client import EngineError, GenerateResult
-from swarmrl.services.gateway.errors import bad_request, engine_failed, forbidden, not_found, unauthorized
+from swarmrl.services.gateway.errors import (
+    bad_request,
+    engine_failed,
+    forbidden,
+    not_found,
+    rate_limited,
+    unauthorized,
+)
+from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, stop_token_ids
 from swarmrl.services.gateway.replies import THINK_OPEN, ReplyFormat
 from swarmrl.services.gateway.tokens import Claims, TokenError, verify
@@ -168,8 +177,10 @@ class Gateway:
         publish: Callable[[LlmEvent], Awaitable[None]],
         default_max_tokens: int = 256,
         history_episodes: int = 20_000,
+        limits: AgentLimits | None = None,
     ) -> None:
         self.models = models
+        self.limits = limits or AgentLimits()
         self.secret = secret
         self.publish = publish
         self.default_max_tokens = default_max_tokens
@@ -215,6 +226,13 @@ class Gateway:
     async def prepare(self, body: Any, api_key: str | None) -> PreparedCall:
         """Everything before generation; an ApiError (4xx) for a request that cannot be served."""
         claims = self.authorize(api_key)
+        identity, now = S.episode_owner(claims.episode_id), time.monotonic()
+        if wait := self.limits.call(identity, now):
+            raise rate_limited(
+                f"agent {identity!r} is past its rate of {self.limits.rate:g} calls/s: retry in {wait:.2f} s",
+                wait,
+            )
+        self.limits.seen(identity, claims.episode_id, now)
         req = self.parse(body)
         handle = self.models.get(req.model)
         if handle is None:

@@ -16,6 +16,8 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.retry_after_s: float | None = None
+        """Set on a 429: when the request may be made again (HTTP `Retry-After`, NATS `retry_after_s`)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -39,6 +41,12 @@ def not_found(message: str) -> ApiError:
 
 def too_large(message: str) -> ApiError:
     return ApiError(413, message, "invalid_request_error", "request_too_large")
+
+
+def rate_limited(message: str, retry_after_s: float) -> ApiError:
+    exc = ApiError(429, message, "rate_limit_error", "rate_limit_exceeded")
+    exc.retry_after_s = retry_after_s
+    return exc
 
 
 def engine_failed(model: str, status: int, message: str) -> ApiError:

@@ -6,6 +6,7 @@ models, for an episode the client owns, after admission control and task mixing;
 (chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
 `{"error": ..., "status": ...}`; `stream` is ignored there: the reply is the whole completion), both
 in queue group `gateway` so several gateways share the load. Streaming is HTTP's (`app.py`).
+Per-agent limits (`limits.py`) follow each episode's `end` and `abort` events (`swarm.ep.*.*.{end,abort}`).
 Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
 """
 
@@ -32,6 +33,7 @@ from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.errors import ApiError, too_large
 from swarmrl.services.gateway.grants import check_token_request
+from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
 from swarmrl.services.gateway.tokens import Claims, check_ttl, mint
 
@@ -94,8 +96,16 @@ class GatewayService:
     def __init__(self, cfg: GatewayConfig, nc: NATS, models: dict[str, ModelHandle]) -> None:
         self.cfg, self.nc, self.js = cfg, nc, nc.jetstream()
         secret = cfg.secret or secrets.token_urlsafe(32)
+        self.limits = AgentLimits(
+            cfg.agent_rate, cfg.agent_burst, cfg.agent_max_episodes, idle_s=cfg.agent_episode_idle_s
+        )
         self.gateway = Gateway(
-            models, secret.encode(), self.publish_llm, cfg.default_max_tokens, cfg.history_episodes
+            models,
+            secret.encode(),
+            self.publish_llm,
+            cfg.default_max_tokens,
+            cfg.history_episodes,
+            self.limits,
         )
         if not cfg.port:
             with socket.socket() as s:
@@ -128,10 +138,14 @@ class GatewayService:
             mixer = self.admission.mixer
             if mixer is not None and not req.eval:
                 mixer.check(req.task)  # an unweighted task would slip past the mix
-            wait = await self.admission.check(list(grant.models), req.group_key, req.eval, req.task)
+            now = time.monotonic()
+            wait = self.limits.check_episode(owner, req.episode_id, now)  # before admission counts it too
+            if not wait:
+                wait = await self.admission.check(list(grant.models), req.group_key, req.eval, req.task)
             if wait > 0:
                 await msg.respond(encode(TokenReply(retry_after_s=wait), exclude_none=True))
                 return
+            self.limits.open_episode(owner, req.episode_id, now)
             expires = time.time() + ttl_s
             tokens = {
                 agent: mint(
@@ -146,6 +160,14 @@ class GatewayService:
             answer = TokenReply(error=str(exc))
         await msg.respond(encode(answer, exclude_none=True))
 
+    async def on_episode_closed(self, msg: Msg) -> None:
+        """An episode's `end` or `abort` event (as published to JetStream): its identity may open another."""
+        try:
+            episode_id, _ = S.parse_episode_subject(msg.subject)  # NotOwnerError is a ValueError
+        except ValueError:
+            return
+        self.limits.close_episode(S.episode_owner(episode_id), episode_id)
+
     async def on_llm(self, msg: Msg) -> None:
         try:
             if len(msg.data) > self.cfg.max_request_bytes:
@@ -157,6 +179,8 @@ class GatewayService:
             answer: dict[str, Any] = {"response": done.response}
         except ApiError as exc:
             answer = {**exc.body(), "status": exc.status}
+            if exc.retry_after_s is not None:
+                answer["retry_after_s"] = exc.retry_after_s
         except Exception as exc:  # any failure becomes an error reply; the requester is never left hanging
             log.exception("nats completion failed")
             answer = {"error": {"message": str(exc), "type": "server_error"}, "status": 500}
@@ -166,6 +190,9 @@ class GatewayService:
         """Create streams if needed and answer token and completion requests."""
         await bus.ensure_streams(self.js)
         await self.nc.subscribe(S.TOKEN_REQUESTS, queue="gateway", cb=self.on_token)
+        if self.limits.max_episodes > 0:  # every gateway sees every end (no queue group): each counts its own
+            for kind in ("end", "abort"):
+                await self.nc.subscribe(S.episode_filter("*", kind), cb=self.on_episode_closed)
         for name in self.gateway.models:
             await self.nc.subscribe(S.llm_subject(name), queue="gateway", cb=self.on_llm)
 
