@@ -58,7 +58,7 @@ def base_model() -> Path:
     return resolve_base(swarm.models["policy"])
 
 
-def run_swarmrl(run_dir: Path, minutes: float, every: float) -> dict[str, Any]:
+def run_swarmrl(run_dir: Path, minutes: float, every: float, base: Path) -> dict[str, Any]:
     """`swarmrl up` for `minutes`; its checkpoints (the newest at every `every` seconds) and
     throughputs, from its ledger."""
     from swarmrl.services.ledger.query import connect
@@ -79,7 +79,7 @@ def run_swarmrl(run_dir: Path, minutes: float, every: float) -> dict[str, Any]:
     generated = con.execute("SELECT sum(n_output), count(*) FROM llm_calls").fetchone()
     episodes = con.execute("SELECT count(*) FROM episodes WHERE status = 'ok'").fetchone()[0]
     end = steps[-1][1] - t0 if steps else wall
-    points = [{"version": 0, "t": first_event - t0, "path": str(base_model())}]
+    points = [{"version": 0, "t": first_event - t0, "path": str(base)}]
     for k in range(1, int(minutes * 60 / every) + 1):
         done = [s for s in steps if s[1] - t0 <= k * every]
         if done and done[-1][0] != points[-1]["version"]:
@@ -102,12 +102,12 @@ def run_swarmrl(run_dir: Path, minutes: float, every: float) -> dict[str, Any]:
     }
 
 
-def run_trl(out: Path, minutes: float, save_every: float) -> dict[str, Any]:
+def run_trl(out: Path, minutes: float, save_every: float, base: Path) -> dict[str, Any]:
     """TRL's GRPOTrainer for `minutes`; its checkpoints and throughputs, from its own log."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.time()
-    cmd = [str(TRL_PYTHON), str(TRL_SCRIPT), "--model", str(base_model()), "--out", str(out),
+    cmd = [str(TRL_PYTHON), str(TRL_SCRIPT), "--model", str(base), "--out", str(out),
            "--minutes", str(minutes), "--t0", str(t0), "--save-every", str(save_every)]  # fmt: skip
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
     with (out.parent / f"{out.name}.log").open("w") as log:
@@ -117,7 +117,7 @@ def run_trl(out: Path, minutes: float, save_every: float) -> dict[str, Any]:
     steps = [r for r in logs if "loss" in r]
     saved = [json.loads(line) for line in (out / "checkpoints.jsonl").read_text().splitlines()]
     points = [{"version": c["step"], "t": c["t"], "path": c["path"]} for c in saved]
-    points[0]["path"] = str(base_model())  # step 0 is the base itself, as swarmrl's version 0
+    points[0]["path"] = str(base)  # step 0 is the base itself, as swarmrl's version 0
     # completions/mean_length counts every completion token (tool results included); num_tokens is
     # what the trainer consumed (prompt and completion)
     return {
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     before = machine()
-    base_model()  # built now if it is not cached, outside every budget
+    base = base_model()  # built now if it is not cached, outside every budget
     done = a.work / "runs.json"
     runs: list[dict[str, Any]] = json.loads(done.read_text()) if a.resume and done.exists() else []
     before_file = a.work / "superseded.json"
@@ -389,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # --resume: run before
             print(f"round {r}: {system} for {a.minutes:g} min", flush=True)
             if system == "swarmrl":
-                run = run_swarmrl((a.work / f"swarmrl-{r}").resolve(), a.minutes, a.eval_every)
+                run = run_swarmrl((a.work / f"swarmrl-{r}").resolve(), a.minutes, a.eval_every, base)
             else:
-                run = run_trl((a.work / f"trl-{r}").resolve(), a.minutes, a.eval_every)
+                run = run_trl((a.work / f"trl-{r}").resolve(), a.minutes, a.eval_every, base)
             runs.append({**run, "round": r, "first": i == 0})
             done.write_text(json.dumps(runs, indent=1))
     cache: dict[str, tuple[float, int]] = {}

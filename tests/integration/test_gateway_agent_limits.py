@@ -16,6 +16,12 @@ from localstack import generation_stack
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 
+
+async def agent(server: NatsServer, name: str) -> SwarmClient:
+    """A client of identity `name` (closed by `async with`)."""
+    return await SwarmClient.connect(server.service_url, client_id=name, code_version="t")
+
+
 ASK = {"model": "policy", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 2}
 
 
@@ -24,9 +30,7 @@ async def test_an_agent_past_its_rate_gets_429_with_retry_after_and_others_go_on
     swarm_nats: NatsServer, tiny_model_dir: Path
 ) -> None:
     async with generation_stack(swarm_nats, tiny_model_dir, agent_rate=0.5, agent_burst=2) as stack:
-        a = await SwarmClient.connect(swarm_nats.service_url, client_id="alice", code_version="t")
-        b = await SwarmClient.connect(swarm_nats.service_url, client_id="bob", code_version="t")
-        try:
+        async with await agent(swarm_nats, "alice") as a, await agent(swarm_nats, "bob") as b:
             async with a.episode("t", models=["policy"], heartbeat_s=0) as ep_a:
                 url, token = ep_a.base_url + "/chat/completions", ep_a.token()
                 async with httpx.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http:
@@ -47,9 +51,6 @@ async def test_an_agent_past_its_rate_gets_429_with_retry_after_and_others_go_on
                 with pytest.raises(openai.RateLimitError):  # and without retries it sees the 429
                     await ep_a.openai(max_retries=0).chat.completions.create(**ASK)
             assert stack.gateway.limits.refused_calls >= 2
-        finally:
-            await a.close()
-            await b.close()
 
 
 @pytest.mark.timeout(120)
@@ -57,15 +58,13 @@ async def test_an_agent_at_its_episode_bound_waits_until_one_ends(
     swarm_nats: NatsServer, tiny_model_dir: Path
 ) -> None:
     async with generation_stack(swarm_nats, tiny_model_dir, agent_max_episodes=1) as stack:
-        a = await SwarmClient.connect(swarm_nats.service_url, client_id="alice", code_version="t")
-        b = await SwarmClient.connect(swarm_nats.service_url, client_id="bob", code_version="t")
         second_started = asyncio.Event()
 
         async def second() -> None:
             async with a.episode("t2", models=["policy"], heartbeat_s=0):
                 second_started.set()
 
-        try:
+        async with await agent(swarm_nats, "alice") as a, await agent(swarm_nats, "bob") as b:
             first = a.episode("t1", models=["policy"], heartbeat_s=0)
             await first.__aenter__()
             waiting = asyncio.create_task(second())
@@ -78,9 +77,6 @@ async def test_an_agent_at_its_episode_bound_waits_until_one_ends(
             await asyncio.wait_for(second_started.wait(), timeout=10)
             await waiting
             assert stack.gateway.limits.open_count("alice") == 0
-        finally:
-            await a.close()
-            await b.close()
 
 
 @pytest.mark.timeout(120)
