@@ -2,6 +2,7 @@
 
     python bench/chaos.py [--minutes 15] [--seed 0] [--service-kills 2] [--node-kills 1] [...] [-- UP ARGS]
     just chaos --minutes 15
+    just chaos --replicas 2      # two merger replicas: a merger kill is covered by the other one
 
 1. Starts a local 3-node cluster (`infra/nats_cluster.py`; streams with 3 replicas) and `swarmrl up`
    on it (`--nats-conf` = the cluster's shared conf dir; the service URL of all three nodes in
@@ -112,9 +113,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the fault-free run's JSON (written with --no-faults); 'auto': <out>/<name>-fault-free.json "
         "when it ran this swarm (same --minutes, --clients, --concurrency, --episode-timeout-s and up args), "
         "else it is run first and written there")  # fmt: skip
-    add("--name", default="chaos", help="results file name")
+    add("--replicas", type=int, default=1,
+        help="merger processes (`[replicas] merger`); a merger kill then takes one replica, and the others "
+        "cover its partitions. Learning is compared with the fault-free run without replicas (replicas do "
+        "not change what the swarm trains on)")  # fmt: skip
+    add("--name", default=None, help="results file name (default chaos, or chaos-replicas with --replicas)")
     add("up_args", nargs="*", help="after --: more `swarmrl up` flags (e.g. --model DIR --task guess_number)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.name = args.name or ("chaos" if args.replicas == 1 else "chaos-replicas")
+    return args
+
+
+def replicas_config(args: argparse.Namespace, work: Path) -> list[str]:
+    """`up` flags for `--replicas`: a description holding only `[replicas]` (flags set the rest)."""
+    if args.replicas == 1:
+        return []
+    path = work / "replicas.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'[models.policy]\nbase = "tiny"\n\n[tasks.calculator]\n\n[replicas]\nmerger = {args.replicas}\n'
+    )
+    return ["--config", str(path)]
 
 
 async def run(args: argparse.Namespace, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -130,13 +149,14 @@ async def run(args: argparse.Namespace, baseline: dict[str, Any] | None = None) 
     up_cmd = [
         sys.executable, "-m", "swarmrl.cli", "up", "--nats-conf", str(cluster.conf_dir), "--run-dir", str(run_dir),
         "--no-display", "--minutes", f"{args.minutes:g}", "--steps", "100000", "--clients", str(args.clients),
-        "--concurrency", str(args.concurrency), *args.up_args,
+        "--concurrency", str(args.concurrency), *replicas_config(args, work), *args.up_args,
     ]  # fmt: skip
     env = os.environ | {
         "SWARMRL_NATS": cluster.service_url,  # never on a command line
         "SWARMRL_STREAM_REPLICAS": "3",
         "SWARMRL_EPISODE_TIMEOUT_S": f"{args.episode_timeout_s:g}",
     }
+    env |= cluster.password_env  # the role passwords: up starts each service as its own NATS user
     injector = Injector(cfg, run_dir, cluster)
     up = None
     try:
@@ -345,8 +365,9 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         "",
         "## Faults and recovery",
         "",
-        "Time to recover = from the SIGKILL to the restarted process's next observable output: merger a merge "
-        "stat, trainer a train step, ledger a new Parquet part, gateway and engine an `llm` event, client its "
+        "Time to recover = from the SIGKILL to the restarted process's next observable output: merger the first "
+        "merge stat once every partition the killed merger held has a new owner (a surviving replica or its "
+        "restart; `covered` below: the takeover alone), trainer a train step, ledger a new Parquet part, gateway and engine an `llm` event, client its "
         "next `begin`; node: back in the cluster with every stream's replica on it current (`/healthz` ok).",
         "",
         "| fault | injected | restarts by up | restarted after (median s) | recovered | recover median s | recover max s |",
@@ -360,6 +381,10 @@ def write_md(r: dict[str, Any], path: Path) -> None:
             f"| {kind} | {rec['faults']} | {n_restarts} | {_f(rec['restart_median_s'])} | {rec['recovered']} | "
             f"{_f(rec['recover_median_s'])} | {_f(rec['recover_max_s'])} |"
         )
+    covered = [f["covered_after_s"] for f in r["faults"] if f.get("covered_after_s") is not None]
+    if covered:
+        lines += ["", f"Merger partitions covered (kill to the last of its partitions taken again) after: "
+                  f"{', '.join(f'{c:.1f}' for c in covered)} s ({r['config'].get('replicas', 1)} merger replica(s))."]  # fmt: skip
     gaps = r["longest_without_train_step"]
     lines += [
         "",
@@ -467,7 +492,8 @@ SAME_SWARM = ("minutes", "clients", "concurrency", "episode_timeout_s", "up_args
 def baseline_for(args: argparse.Namespace) -> dict[str, Any]:
     """The fault-free run to compare with: `--baseline PATH` as recorded, or (`auto`) the recorded
     `<out>/<name>-fault-free.json` when it ran the same swarm, else a new one, run now and written there."""
-    path = args.out / f"{args.name}-fault-free.json" if args.baseline == "auto" else Path(args.baseline)
+    ff_name = args.name.removesuffix("-replicas")
+    path = args.out / f"{ff_name}-fault-free.json" if args.baseline == "auto" else Path(args.baseline)
     if path.exists():
         base = json.loads(path.read_text())
         differs = {

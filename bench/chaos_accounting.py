@@ -24,6 +24,7 @@ Parquet files, and checks:
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -404,6 +405,49 @@ def account_ledger(run_dir: Path, st: Streams) -> dict[str, Any]:
     return out
 
 
+LEASE_LINE = re.compile(
+    r"^(\S+ \S+) .*swarmrl\.leases: merger \S+: took \[([\d, ]*)\], lost \[([\d, ]*)\], "
+    r"giving back \[([\d, ]*)\]"
+)
+START_LINE = re.compile(r"^(\S+ \S+) .*swarmrl\.merger: replica \S+ consuming")
+Lease = tuple[float, str, set[int] | None, set[int]]
+"""(time, merger process, partitions taken or None for a (re)start, partitions lost or given back)."""
+
+
+def lease_log(logs: Path) -> list[Lease]:
+    """Every merger process's starts and partition lease changes in time order, from the lines the
+    merger and `services/common/leases.py` log (`<process>.log`, local time)."""
+    out: list[Lease] = []
+    for path in sorted(logs.glob("merger*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if (m := LEASE_LINE.match(line)) or (m := START_LINE.match(line)):
+                ts = dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                nums = [{int(x) for x in g.split(",") if x.strip()} for g in m.groups()[1:]]
+                out.append(
+                    (ts, path.stem, nums[0], nums[1] | nums[2]) if nums else (ts, path.stem, None, set())
+                )
+    return sorted(out, key=lambda t: t[0])
+
+
+def covered_at(log: list[Lease], process: str, kill_ts: float) -> float | None:
+    """When every partition merger process `process` held at `kill_ts` had been taken again (by a
+    surviving replica or by its own restart), from `lease_log`; None if some never were."""
+    held: set[int] = set()
+    for ts, proc, taken, dropped in log:
+        if ts > kill_ts:
+            break
+        if proc == process:
+            held = set() if taken is None else (held | taken) - dropped
+    if not held:  # it held nothing: nothing to cover
+        return kill_ts
+    for ts, _, taken, _ in log:
+        if ts > kill_ts and taken:
+            held -= taken
+            if not held:
+                return ts
+    return None
+
+
 def recovery_times(
     st: Streams, faults: list[dict[str, Any]], restarts: list[dict[str, Any]], run_dir: Path
 ) -> list[dict[str, Any]]:
@@ -425,10 +469,19 @@ def recovery_times(
             begins[ep.owner].append(ep.begin_ts)
     for v in begins.values():
         v.sort()
+    takes = lease_log(run_dir / "logs")
     out = []
     for f in faults:
         row = dict(f)
-        if f["kind"] != "nats-node":
+        if f["kind"] == "merger":  # with replicas another one may merge at once: wait for the takeover
+            covered = covered_at(takes, f["target"], f["ts"])
+            row["covered_after_s"] = None if covered is None else round(covered - f["ts"], 2)
+            nxt = next((t for t in outputs["merger"] if covered is not None and t > covered), None)
+            restart = next((r["ts"] for r in restarts if r.get("event") == "restart" and r["name"] == f["target"]
+                            and r["ts"] > f["ts"]), None)  # fmt: skip
+            row["restarted_after_s"] = None if restart is None else round(restart - f["ts"], 2)
+            row["recovered_after_s"] = None if nxt is None else round(nxt - f["ts"], 2)
+        elif f["kind"] != "nats-node":
             restart = next(
                 (
                     r["ts"]

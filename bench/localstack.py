@@ -70,12 +70,12 @@ async def generation_stack(
     engines = {name: EngineCore(path, max_batch=16) for name, path in dirs.items()}
     https = {name: BackgroundServer(create_app(engine)).start() for name, engine in engines.items()}
     cfg = GatewayConfig(
-        nats=server.service_url,
+        nats=server.url("gateway"),  # the gateway's own NATS user: its permissions are exercised too
         port=0,
         engine=[f"{name}={http.url}" for name, http in https.items()],
         **gateway,
     )
-    nc = await bus.connect(server.service_url, "test-gateway")
+    nc = await bus.connect(cfg.nats, "test-gateway")
     service = GatewayService(cfg, nc, await load_models(cfg))
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))

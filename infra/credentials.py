@@ -30,6 +30,10 @@ from swarmrl.schemas import subjects as S
 
 REGISTRY = "agents.json"
 USERS_CONF = "agents.conf"
+SERVICE_USERS_CONF = "services.conf"
+OPERATOR = "service"
+"""The SWARM account's full-access user: `swarmrl up` sets streams up and runs the control plane with
+it, and `swarmrl clients/status/down` and research runs use it; services use their roles' users."""
 PID_SUFFIX = ".pid"
 
 
@@ -134,8 +138,11 @@ class AgentRegistry:
         )
 
     def write_users(self) -> None:
+        """Write the user lists `accounts.conf` includes: the agents' (`agents.conf`, from the
+        registry) and the services' (`services.conf`, `render_service_users`)."""
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.conf_dir / USERS_CONF, self.render())
+        _write_atomic(self.conf_dir / SERVICE_USERS_CONF, render_service_users())
 
     def _save(self, agents: dict[str, str], reload: bool) -> None:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
@@ -176,3 +183,23 @@ def reload_servers(conf_dir: Path, wait_s: float = 0.5) -> int:
     if pids and wait_s > 0:
         time.sleep(wait_s)
     return len(pids)
+
+
+def password_var(role: str) -> str:
+    """The environment variable holding `role`'s NATS password (nats-server resolves `$VARS` in its
+    config from its environment): `SWARM_SERVICE_PASSWORD`, `SWARM_ACTION_WORKER_PASSWORD`, ..."""
+    return f"SWARM_{role.upper().replace('-', '_')}_PASSWORD"
+
+
+def render_service_users() -> str:
+    """The SWARM account's `users` list: the operator, then one user per service role with the
+    permissions of `schemas/subjects.py` (`service_permissions`). Passwords stay out of the file:
+    each is a variable the server reads from its environment (`password_var`)."""
+    users = [f"  {{ user: {OPERATOR}, password: ${password_var(OPERATOR)} }}"]
+    for role in S.SERVICE_ROLES:
+        perms = json.dumps(S.service_permissions(role))
+        users.append(f'  {{ user: "{role}", password: ${password_var(role)}, permissions: {perms} }}')
+    return (
+        "# Written by swarmrl (infra/credentials.py) from schemas/subjects.py; do not edit.\nusers: [\n"
+        + ("\n".join(users) + "\n]\n")
+    )

@@ -3,7 +3,7 @@
 Three `NatsServer`s from `cluster-node{1,2,3}.conf`, each on random client, route and monitoring
 ports (the command line overrides the config file's) with its own store dir, and one shared conf dir:
 the agent registry there reaches every node (each writes `<config name>.pid` into it, so a mint or a
-revocation reloads all three). Service and system passwords are the same on every node. Any node can
+revocation reloads all three). Every user's password is the same on every node. Any node can
 be SIGKILLed and started again on its own store and ports; streams created with 3 replicas
 (`SWARMRL_STREAM_REPLICAS=3`) lose nothing while two nodes are up.
 
@@ -17,14 +17,13 @@ be SIGKILLed and started again on its own store and ports; streams created with 
 from __future__ import annotations
 
 import json
-import secrets
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmrl.infra.nats_server import NatsServer, free_port
+from swarmrl.infra.nats_server import NatsServer, free_port, new_passwords
 
 SIZE = 3
 """Nodes; one config per node (`cluster-node<i>.conf`) ships in infra/nats."""
@@ -40,8 +39,7 @@ class NatsCluster:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        # hex behind a letter: NATS config variables must not look like numbers
-        passwords = {role: "p" + secrets.token_hex(16) for role in ("service", "sys")}
+        passwords = new_passwords()
         route_ports = [free_port() for _ in range(SIZE)]
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in route_ports)
         self.monitor_ports = [free_port() for _ in range(SIZE)]
@@ -74,6 +72,11 @@ class NatsCluster:
     @property
     def plain_url(self) -> str:
         return ",".join(node.plain_url for node in self.nodes)
+
+    @property
+    def password_env(self) -> dict[str, str]:
+        """Every user's password variable, as the nodes read them (and `up --nats` for role URLs)."""
+        return self.nodes[0].password_env
 
     def names(self) -> list[str]:
         """Server names (`swarmrl-node1`, ...): what stream info lists as replicas."""

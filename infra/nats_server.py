@@ -15,11 +15,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from swarmrl.infra import NATS_CONF_DIR
-from swarmrl.infra.credentials import AgentCredential, AgentRegistry
+from swarmrl.infra.credentials import OPERATOR, AgentCredential, AgentRegistry, password_var
+from swarmrl.schemas.subjects import SERVICE_ROLES
 
 RUNS_CONF = "runs.conf"
 """Per-run accounts (`swarmrl research`), included by accounts.conf; shipped empty."""
@@ -29,6 +32,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+ROLES = (OPERATOR, "sys", *SERVICE_ROLES)
+"""Every user with a password: the operator, the system account's, one per service role."""
+
+
+def new_passwords() -> dict[str, str]:
+    """A fresh password per user of `ROLES` (hex behind a letter: NATS config variables must not look
+    like numbers)."""
+    return {role: "p" + secrets.token_hex(16) for role in ROLES}
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """`url` (one or several, comma-separated) with `user:password` in place of its credentials."""
+    out = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        host = parts.netloc.rsplit("@", 1)[-1]
+        out.append(urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}")))
+    return ",".join(out)
+
+
+def role_urls(operator_url: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each service role's URL on the servers of `operator_url`, from the role passwords in
+    `environ` (the variables the servers read, `password_var`); {} unless every role has one."""
+    environ = os.environ if environ is None else environ
+    if not all(environ.get(password_var(role)) for role in SERVICE_ROLES):
+        return {}
+    return {role: with_user(operator_url, role, environ[password_var(role)]) for role in SERVICE_ROLES}
 
 
 def nats_server_binary() -> str:
@@ -60,12 +92,21 @@ class NatsServer:
         self._auto_port = not self.port
         if not self.port:
             self.port = free_port()
-        for role in ("service", "sys"):
-            # hex behind a letter: NATS config variables must not look like numbers
-            self.passwords.setdefault(role, "p" + secrets.token_hex(16))
+        self.passwords = new_passwords() | self.passwords
 
-    def url(self, role: str = "service") -> str:
+    def url(self, role: str = OPERATOR) -> str:
+        """The URL of user `role`: the operator (`service`), `sys` or a service role (`gateway`, ...)."""
         return f"nats://{role}:{self.passwords[role]}@127.0.0.1:{self.port}"
+
+    @property
+    def role_urls(self) -> dict[str, str]:
+        """Each service role's URL (`schemas/subjects.py`, `service_permissions`)."""
+        return {role: self.url(role) for role in SERVICE_ROLES}
+
+    @property
+    def password_env(self) -> dict[str, str]:
+        """The servers' password variables (`password_var`), as nats-server and `up --nats` read them."""
+        return {password_var(role): password for role, password in self.passwords.items()}
 
     @property
     def service_url(self) -> str:
@@ -156,10 +197,7 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = os.environ | {
-            "SWARM_SERVICE_PASSWORD": self.passwords["service"],
-            "SWARM_SYS_PASSWORD": self.passwords["sys"],
-        }
+        env = os.environ | self.password_env
         conf = self._write_conf()
         cmd = [
             nats_server_binary(),

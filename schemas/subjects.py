@@ -32,6 +32,36 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
     DLQ_STREAM: [f"{DLQ_PREFIX}.>"],
 }
 
+# Episode partitions: EPISODE_PARTS sources every EPISODES message under `swarm.epp.<p>.<owner>.<id>.<kind>`,
+# p = JetStream's own deterministic partition of (owner, episode id) into EPISODE_PARTITIONS. Mergers
+# consume it, one consumer per partition, so every event of an episode reaches the one merger replica
+# that owns its partition (`services/common/leases.py`). A work queue: an event is gone once merged.
+EPISODE_PARTS_STREAM = "EPISODE_PARTS"
+PARTITION_PREFIX = "swarm.epp"
+EPISODE_PARTITIONS = 16
+"""Fixed for the life of a stream (changing it would move open episodes between partitions): the most
+merger replicas that can share the work."""
+EPISODE_PARTITION_TRANSFORM = (
+    f"{EPISODE_PREFIX}.*.*.*",
+    f"{PARTITION_PREFIX}.{{{{partition({EPISODE_PARTITIONS},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}",
+)
+"""(source, destination) of the subject transform that partitions EPISODES into EPISODE_PARTS."""
+
+
+def partition_filter(partition: int) -> str:
+    """The EPISODE_PARTS subjects of one partition."""
+    if not 0 <= partition < EPISODE_PARTITIONS:
+        raise ValueError(f"partition {partition} out of range 0..{EPISODE_PARTITIONS - 1}")
+    return f"{PARTITION_PREFIX}.{partition}.>"
+
+
+def unpartitioned(subject: str) -> str:
+    """The EPISODES subject an EPISODE_PARTS subject was sourced from (others unchanged)."""
+    if not subject.startswith(PARTITION_PREFIX + "."):
+        return subject
+    return f"{EPISODE_PREFIX}.{subject.split('.', 3)[3]}"
+
+
 # Request/reply (core NATS, not stored) -----------------------------------------------------------
 TOKEN_PREFIX = "swarm.auth.token"  # swarm.auth.token.<owner>: the gateway mints episode tokens
 TOKEN_REQUESTS = f"{TOKEN_PREFIX}.*"
@@ -53,6 +83,9 @@ WORK_STREAM_SUBJECTS: dict[str, list[str]] = {ACTIONS_STREAM: [f"{ACTION_RUN_PRE
 
 # KV buckets ------------------------------------------------------------------------------------
 MODELS_BUCKET = "swarm-models"  # key: model name, value: ModelVersion (msgpack)
+LEASES_BUCKET = "swarm-leases"
+"""Replicas' partition leases and presence (`services/common/leases.py`): `<service>.lease.<p>` and
+`<service>.member.<replica>`, each expiring unless its holder renews it (the bucket's TTL)."""
 CLIENTS_BUCKET = "swarm-clients"  # key: a client's owner name, value: ClientState (msgpack)
 """Where each client keeps its place (e.g. its position in its task stream) across restarts. An agent
 reaches only its own key, through NATS's own KV subjects (`client_state_subjects`): the services
@@ -207,3 +240,79 @@ def durable_name(service: str, stream: str, part: str = "") -> str:
     """Durable consumer name of `service` on `stream` (one per service role, so restarts resume)."""
     suffix = f"-{check_token(part, 'consumer part')}" if part else ""
     return f"{service}-{stream.lower()}{suffix}"
+
+
+# Service identities --------------------------------------------------------------------------------
+SERVICE_ROLES = ("gateway", "engine", "merger", "trainer", "ledger", "tracker", "actions", "action-worker")
+"""One NATS user per service role in the SWARM account (`service_permissions`); the `service` user
+(full access) is the operator's: `swarmrl up` sets the streams up and runs the control plane with it."""
+JS_API = "$JS.API"
+
+
+def _consumer_api(stream: str, durable: str) -> list[str]:
+    """What a client needs to create, bind, read, ack and delete consumer `durable` of `stream` (a
+    pattern token, `*`, for any name): nats-py's API subjects for a pull or push consumer."""
+    api = f"{JS_API}.CONSUMER"
+    return [
+        f"{api}.CREATE.{stream}.{durable}", f"{api}.CREATE.{stream}.{durable}.>",
+        f"{api}.DURABLE.CREATE.{stream}.{durable}", f"{api}.INFO.{stream}.{durable}",
+        f"{api}.DELETE.{stream}.{durable}", f"{api}.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>", f"$JS.FC.{stream}.>",
+    ]  # fmt: skip
+
+
+def _kv_read(bucket: str) -> list[str]:
+    """Get and watch the keys of KV `bucket` (direct or stream gets; a watch is an ordered consumer)."""
+    stream = f"KV_{bucket}"
+    return [f"{JS_API}.DIRECT.GET.{stream}", f"{JS_API}.DIRECT.GET.{stream}.>",
+            f"{JS_API}.STREAM.MSG.GET.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}", *_consumer_api(stream, "*")]  # fmt: skip
+
+
+def service_permissions(role: str) -> dict[str, object]:
+    """NATS permissions of service role `role`: the subjects it publishes and reads and the JetStream
+    calls it makes on its own consumers, nothing else. No role may create, change or delete a stream
+    (the operator's `service` user sets them up), read another role's consumer, or write where it
+    does not: only the merger writes samples, only the gateway writes `llm` events, only trainers
+    write model versions, the ledger and the tracker publish nothing but their own dead letters."""
+    if role not in SERVICE_ROLES:
+        raise ValueError(f"unknown service role {role!r}; expected one of {SERVICE_ROLES}")
+    pub = [f"{JS_API}.INFO", f"{JS_API}.STREAM.INFO.*", dlq_subject(role)]
+    sub = [f"{INBOX_PREFIX}.>"]
+    responds = False
+    # A consumer name with a part (`trainer-samples-<model>`) cannot be matched by a pattern token, so
+    # trainers and action workers may use any consumer of their one stream.
+    actions_pull = _consumer_api(ACTIONS_STREAM, "*")
+    if role == "gateway":
+        pub += [episode_filter("*", "llm"), f"{JS_API}.CONSUMER.INFO.{SAMPLES_STREAM}.*"]  # backlogs
+        sub += [TOKEN_REQUESTS, f"{LLM_PREFIX}.*", episode_filter("*", "end"), episode_filter("*", "abort")]
+        responds = True
+    elif role == "engine":
+        pub += _kv_read(MODELS_BUCKET)
+    elif role == "merger":
+        pub += [f"{SAMPLES_PREFIX}.>", MERGE_METRICS_SUBJECT, f"$KV.{LEASES_BUCKET}.merger.>"]
+        pub += [*_consumer_api(EPISODE_PARTS_STREAM, "*"), *_kv_read(LEASES_BUCKET)]
+        pub += [f"{JS_API}.CONSUMER.LIST.{EPISODE_PARTS_STREAM}"]  # a partition's stale consumers
+    elif role == "trainer":
+        pub += [f"{METRICS_PREFIX}.train.*", f"{METRICS_PREFIX}.drops.*", f"$KV.{MODELS_BUCKET}.*"]
+        pub += [*_kv_read(MODELS_BUCKET), *_consumer_api(SAMPLES_STREAM, "*")]
+    elif role == "ledger":
+        for stream in STREAM_SUBJECTS:
+            pub += _consumer_api(stream, durable_name("ledger", stream))
+    elif role == "tracker":
+        pub += _consumer_api(METRICS_STREAM, durable_name("tracker", METRICS_STREAM))
+    elif role == "actions":
+        pub += [
+            f"{ACTION_RUN_PREFIX}.>",
+            f"{ACTION_DONE_PREFIX}.*",
+            ACTION_WORKERS_SUBJECT,
+            ACTION_METRICS_SUBJECT,
+        ]
+        pub += actions_pull
+        sub += [ACT_REQUESTS, f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT]
+        responds = True
+    elif role == "action-worker":
+        pub += [f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT, *actions_pull]
+    perms: dict[str, object] = {"publish": {"allow": pub}, "subscribe": {"allow": sub}}
+    if responds:  # answer requests on the subjects it serves, only to whoever asked
+        perms["allow_responses"] = True
+    return perms

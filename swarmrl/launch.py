@@ -105,7 +105,10 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
         urls[name] = f"http://127.0.0.1:{cfg.port}"
     engines = [f"{name}={urls[swarm.engine_owner(name)]}" for name in swarm.models]
     lora = [name for owner in urls for name in swarm.adapters(owner)]
-    procs.append(Proc("merger", "merger", service_config(swarm, "merger")))
+    n = swarm.replicas.merger
+    for i in range(n):  # replicas share the episode partitions by lease (services/merger/service.py)
+        name = f"merger-{i}" if n > 1 else "merger"
+        procs.append(Proc(name, "merger", service_config(swarm, "merger", replica=name if n > 1 else "")))
     for name in swarm.models:
         cfg = service_config(swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir))
         procs.append(
@@ -126,9 +129,16 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
     return procs
 
 
-def spawn_services(sup: Supervisor, procs: list[Proc], run_dir: Path, service_url: str) -> None:
+def spawn_services(
+    sup: Supervisor,
+    procs: list[Proc],
+    run_dir: Path,
+    service_url: str,
+    role_urls: dict[str, str] | None = None,
+) -> None:
     """Start `procs`, each as `swarmrl serve NAME --config <run dir>/config/<process>.json`: the file
-    holds its resolved configuration (what `--print-config` prints), credentials go by environment."""
+    holds its resolved configuration (what `--print-config` prints), credentials go by environment:
+    each service its role's NATS user from `role_urls` (least privilege), else `service_url`'s."""
     # One torch thread each: engines and trainers share the cores, and oversubscribing them was ~4x slower.
     env = {
         "SWARMRL_NATS": service_url,
@@ -139,7 +149,8 @@ def spawn_services(sup: Supervisor, procs: list[Proc], run_dir: Path, service_ur
     for proc in procs:
         path = write_config_file(run_dir / "config" / f"{proc.name}.json", proc.service, proc.config)
         launch, launch_env = accelerate_launch(proc.processes) if proc.processes > 1 else ([], {})
-        sup.spawn(proc.name, [*launch, *SERVE, proc.service, "--config", str(path)], env | launch_env)
+        nats = {"SWARMRL_NATS": (role_urls or {}).get(proc.service, service_url)}
+        sup.spawn(proc.name, [*launch, *SERVE, proc.service, "--config", str(path)], env | nats | launch_env)
 
 
 def accelerate_launch(processes: int) -> tuple[list[str], dict[str, str]]:

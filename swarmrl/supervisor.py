@@ -17,6 +17,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # not Linux: Ctrl-C handling in `up` still stops the children
         pass
+
+
+SERVER_PASSWORD = re.compile(r"^SWARM_[A-Z_]+_PASSWORD$")
+"""The variables nats-server reads its users' passwords from (`infra/credentials.py`, `password_var`)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,9 @@ class Supervisor:
     ) -> subprocess.Popen[bytes]:
         """Start `argv` (arguments of this Python interpreter, or a whole command if not `python`)."""
         cmd = [sys.executable, *argv] if python else list(argv)
-        full_env = os.environ | (env or {})
+        # The servers' password variables stay here: a child gets the one URL its role needs (`env`).
+        inherited = {k: v for k, v in os.environ.items() if not SERVER_PASSWORD.match(k)}
+        full_env = inherited | (env or {})
         log_file = self.log_path(name)
 
         def start() -> subprocess.Popen[bytes]:

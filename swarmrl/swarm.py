@@ -32,6 +32,9 @@ the offending entry.
     [tracker]                      # export every metric (`up --track` is the short form)
     track = ["tensorboard", "wandb", "mlflow"]
 
+    [replicas]                     # processes per service (default 1)
+    merger = 2
+
 Every service setting is declared once, in its service's config class (`services/<name>/config.py`),
 with its one default and docstring. A section of the description holds only the settings it changes;
 what a process gets is `service_config`: the section over the defaults (and over `SWARMRL_<FIELD>`
@@ -99,7 +102,7 @@ PLACED: dict[str, frozenset[str]] = {
     "trainer": frozenset({"model", "model_path", "run_dir", "seed", "max_steps"}),
     "engine": frozenset({"model", "model_path", "host", "port", "seed", "weight_version", "adapters"}),
     "gateway": frozenset({"host", "port", "public_url", "engine", "lora", "tokenizer", "task_weight"}),
-    "merger": frozenset(),
+    "merger": frozenset({"replica"}),
     "ledger": frozenset({"run_dir"}),
     "tracker": frozenset({"run_dir"}),
     "actions": frozenset({"policy"}),
@@ -112,8 +115,19 @@ PLACEHOLDERS: dict[str, dict[str, Any]] = {"trainer": {"model_path": "."}}
 """Required settings that only placement fills, for checking a section before anything is placed."""
 
 
+class Replicas(Strict):
+    """`[replicas]`: processes per service, sharing its work through NATS (`examples/replicas.toml`)."""
+
+    merger: int = Field(default=1, ge=1, le=16)
+    """Merger processes. They share the episode partitions (`schemas/subjects.py`, 16, the most that
+    can work at once) through leases in NATS KV; one that dies has its partitions taken over by the
+    others once its leases expire (`bus.LEASE_TTL_S`, 6 s, plus up to a renewal round). `swarmrl serve merger` on more machines adds
+    replicas the same way."""
+
+
 class Swarm(Strict):
     run: RunConf = RunConf()
+    replicas: Replicas = Replicas()
     models: dict[str, ModelConf]
     tasks: dict[str, TaskConf]
     gateway: dict[str, Any] = {}

@@ -28,12 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from swarmrl.core.config import password_on_command_line
 from swarmrl.core.rundir import PARTS_FILE, SWARM_FILE
-from swarmrl.infra.nats_server import NatsServer
+from swarmrl.infra.credentials import OPERATOR
+from swarmrl.infra.nats_server import NatsServer, role_urls
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
 
@@ -436,9 +438,16 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     if args.nats:
         service_url, conf_dir = args.nats, args.nats_conf
+        # Role users exist in the SWARM account only: a research run's own account user keeps its URL.
+        services_urls = (
+            role_urls(service_url) if urlsplit(service_url.split(",")[0]).username == OPERATOR else {}
+        )
+        if not services_urls:
+            print("swarmrl up: every service connects as the --nats user (set SWARM_<ROLE>_PASSWORD, as the "
+                  "servers have them, for one identity per service role)", flush=True)  # fmt: skip
     else:
         server = NatsServer(store_dir=run_dir / "nats", log_file=run_dir / "logs" / "nats.log").start()
-        service_url, conf_dir = server.service_url, server.conf_dir
+        service_url, conf_dir, services_urls = server.service_url, server.conf_dir, server.role_urls
     write_service_file(run_dir, service_url)  # for `swarmrl clients/status/down` on this machine
     ids = AgentIds(AgentRegistry(conf_dir), service_url, swarm, run_dir)
     connect_file = ids.mint([OUTSIDE])[OUTSIDE]
@@ -453,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     reason = "?"
     try:
         asyncio.run(_bootstrap_streams(service_url))
-        spawn_services(sup, plan_services(swarm, model_dirs, run_dir), run_dir, service_url)
+        spawn_services(sup, plan_services(swarm, model_dirs, run_dir), run_dir, service_url, services_urls)
         clients = {
             task: spawn_clients(sup, swarm, task, ids, version=default_client_version(swarm, task))
             for task in swarm.tasks
@@ -463,7 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # the clients drain (finish or abort their groups) as a restart lets them
         sup.stop([n for n in sup.procs if n.startswith("client")], timeout=DRAIN_S + GRACE_S)
-        sup.stop([n for n in sup.procs if n.split("-")[0] in ("gateway", "trainer", "merger", "engine")], 30)
+        sup.stop(
+            [
+                n
+                for n in sup.procs
+                if n.split("-")[0] in ("gateway", "trainer", "merger", "engine", "actions")
+            ],
+            30,
+        )
         sup.stop(["ledger", "tracker"], timeout=30)  # last, so they take everything the others produced
         if server is not None:
             server.stop()

@@ -47,12 +47,12 @@ async def js(swarm_nats: NatsServer) -> AsyncIterator[JetStreamContext]:
 
 @pytest.fixture
 async def start_merger(swarm_nats: NatsServer) -> AsyncIterator[Callable[..., Merger]]:
-    """Start in-process mergers on the swarm's server (`MergerConfig` fields as keywords); all are
-    stopped at teardown."""
+    """Start in-process mergers on the swarm's server (`MergerConfig` fields as keywords), connected as
+    the merger's NATS user (its permissions are exercised too); all are stopped at teardown."""
     running: list[tuple[Merger, asyncio.Task[None]]] = []
 
     def start(**fields: float) -> Merger:
-        service = Merger(MergerConfig(nats=swarm_nats.service_url, **fields))
+        service = Merger(MergerConfig(nats=swarm_nats.url("merger"), **fields))
         running.append((service, asyncio.create_task(service.run())))
         return service
 

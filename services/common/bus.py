@@ -17,8 +17,17 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamSource,
+    SubjectTransform,
+)
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import MAX_EVENT_BYTES, WireError
@@ -89,7 +98,11 @@ def stream_replicas() -> int:
 
 
 async def ensure_streams(js: JetStreamContext) -> None:
-    """Create (or update to the current config) every swarmrl stream and KV bucket. Idempotent."""
+    """Create (or update to the current config) every swarmrl stream and KV bucket. Idempotent.
+
+    Writes only what is missing or differs: a service role may not manage streams (its NATS user's
+    permissions, `schemas/subjects.py`), so it finds them as the operator set them up (`swarmrl up`
+    does first) and reads their info only."""
     replicas = stream_replicas()
     for name, subjects in S.STREAM_SUBJECTS.items():
         cfg = StreamConfig(
@@ -107,18 +120,78 @@ async def ensure_streams(js: JetStreamContext) -> None:
             duplicate_window=SERVICE_DUPLICATE_WINDOW_S, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
         )  # fmt: skip
         await _add_or_update(js, cfg)
+    await _ensure_episode_parts(js, replicas)
     await models_kv(js, create=True)
     try:
         await js.key_value(S.CLIENTS_BUCKET)
     except NotFoundError:  # direct gets: an agent reads its own key through $JS.API.DIRECT.GET.<...>.<key>
         await js.create_key_value(bucket=S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
+    try:
+        await js.key_value(S.LEASES_BUCKET)
+    except NotFoundError:
+        await js.create_key_value(bucket=S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
+
+
+LEASE_TTL_S = 6.0
+"""A lease or presence key not renewed for this long is gone (`services/common/leases.py`): how long a
+dead replica's partitions wait for a new owner. Fixed when the bucket is created."""
+
+
+async def _ensure_episode_parts(js: JetStreamContext, replicas: int) -> None:
+    """EPISODE_PARTS: every EPISODES message again, under its partition's subject (schemas/subjects.py),
+    as a work queue for the mergers. Its size limit is the services' (EPISODES has refused what an
+    agent may not send; a source refused here would stall every later event). Created beside an
+    EPISODES stream that already holds events (a run recorded before partitions, resumed), it starts
+    after them: episodes open at that moment are not merged (start such a run afresh instead)."""
+    try:
+        await js.stream_info(S.EPISODE_PARTS_STREAM)
+        return
+    except NotFoundError:
+        pass
+    src, dest = S.EPISODE_PARTITION_TRANSFORM
+    last = (await js.stream_info(S.EPISODES_STREAM)).state.last_seq
+    source = StreamSource(
+        name=S.EPISODES_STREAM,
+        opt_start_seq=last + 1 if last else None,
+        subject_transforms=[SubjectTransform(src=src, dest=dest)],
+    )
+    cfg = StreamConfig(
+        name=S.EPISODE_PARTS_STREAM, sources=[source], storage=StorageType.FILE,
+        retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
+    )  # fmt: skip
+    try:
+        await js.add_stream(cfg)
+    except nats.errors.TimeoutError as exc:
+        raise _not_allowed(S.EPISODE_PARTS_STREAM, "is missing") from exc
+
+
+def _not_allowed(stream: str, state: str) -> RuntimeError:
+    return RuntimeError(
+        f"stream {stream} {state} and this NATS user may not set it up (a permissions violation is logged "
+        "above if so): connect once with the swarm's operator user (`swarmrl up` does)"
+    )
+
+
+STREAM_FIELDS = ("subjects", "storage", "retention", "duplicate_window", "num_replicas", "max_msg_size")
+"""The stream settings swarmrl sets; a stream whose settings all match is left alone."""
 
 
 async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:
+    assert cfg.name is not None
     try:
-        await js.add_stream(cfg)
-    except BadRequestError:  # exists with another config: bring it to ours
-        await js.update_stream(cfg)
+        have: StreamConfig | None = (await js.stream_info(cfg.name)).config
+    except NotFoundError:
+        have = None
+    want = {f: getattr(cfg, f) for f in STREAM_FIELDS if getattr(cfg, f) is not None}
+    if have is not None and all(getattr(have, f) == v for f, v in want.items()):
+        return
+    try:
+        if have is None:
+            await js.add_stream(cfg)
+        else:  # exists with another config: bring it to ours
+            await js.update_stream(cfg)
+    except nats.errors.TimeoutError as exc:  # what a request the server refuses for permissions becomes
+        raise _not_allowed(cfg.name, "is missing" if have is None else "differs from this version's") from exc
 
 
 async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
@@ -146,7 +219,8 @@ class DeadLetters:
         self, msg: Msg | None, reason: str, *, data: bytes | None = None, subject: str = ""
     ) -> None:
         code = reason.split(":", 1)[0]
-        subject = subject or (msg.subject if msg is not None else "")
+        # an EPISODE_PARTS message under the EPISODES subject its agent published to
+        subject = S.unpartitioned(subject or (msg.subject if msg is not None else ""))
         payload = data if data is not None else (msg.data if msg is not None else b"")
         headers = {REASON_HEADER: reason[:4000], SUBJECT_HEADER: subject, SERVICE_HEADER: self.service}
         if msg is not None and (msg.reply or "").startswith("$JS.ACK."):

@@ -18,12 +18,20 @@ class MergerConfig(ServiceConfig):
     messages (and tools) must be a prefix too. Token drift never merges, in either mode."""
     ignore_tools: bool = False
     """Text mode: a changed `tools` list does not stop a call from being absorbed."""
-    ack_wait_s: float = Field(default=60.0, gt=0)
-    """Ack wait of the durable consumer. Messages of open episodes are held unacked and kept alive
-    with in-progress acks, so this only bounds how long a restarted merger waits for what a killed
-    one held. Keep it well under the SAMPLES duplicate window (`bus.SERVICE_DUPLICATE_WINDOW_S`,
-    30 min): a crash between publishing an episode's samples and acking its events is then healed by
-    de-duplication on replay."""
+    ack_wait_s: float = Field(default=30.0, gt=0)
+    """Ack wait of the partition consumers. Events of open episodes are held unacked and kept alive
+    with in-progress acks (every `ack_wait_s / 4`), so this bounds only how long a merger stalled
+    past it takes to see its held events again (it keeps the newest handle; each redelivery counts
+    toward `bus.MAX_DELIVERIES`). A merger's death does not wait for it: a partition's new owner
+    starts a fresh consumer, which delivers every unacked event at once (`service.py`). Keep it well
+    under the SAMPLES duplicate window (`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min): a crash between
+    publishing an episode's samples and acking its events is then healed by de-duplication on replay."""
+    replica: str = ""
+    """This replica's name in the partition leases (default: host, pid and a random suffix)."""
+    lease_interval_s: float = Field(default=2.0, gt=0, le=3.0)
+    """How often the partition leases are renewed and rebalanced: at most half of `bus.LEASE_TTL_S`
+    (6 s), after which a dead replica's partitions are free to take; a replica whose renewals have
+    failed for the TTL less this stops working on its partitions (another may own them by then)."""
     max_ack_pending: int = Field(default=200_000, gt=0)
     """Most unacked messages the server hands out: must exceed all events of all open episodes, or
     delivery stalls until episodes time out."""

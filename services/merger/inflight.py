@@ -10,11 +10,15 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from nats.aio.msg import Msg
 
 from swarmrl.schemas import BeginEvent, RewardEvent
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -38,21 +42,22 @@ class Held:
     episode_id: str
 
 
-class RecentAcks:
-    """Stream sequences acked within the last `keep_s` seconds (a lost ack returns within the ack wait)."""
+class RecentAcks(Generic[K]):
+    """Keys (stream sequences acked, episodes closed) seen within the last `keep_s` seconds (a lost ack
+    returns within the ack wait)."""
 
     def __init__(self, keep_s: float) -> None:
         self.keep_s = keep_s
-        self._order: deque[tuple[float, int]] = deque()
-        self._seqs: set[int] = set()
+        self._order: deque[tuple[float, K]] = deque()
+        self._seqs: set[K] = set()
 
-    def add(self, seq: int, now: float) -> None:
+    def add(self, seq: K, now: float) -> None:
         self._order.append((now, seq))
         self._seqs.add(seq)
         while self._order and now - self._order[0][0] > self.keep_s:
             self._seqs.discard(self._order.popleft()[1])
 
-    def __contains__(self, seq: int) -> bool:
+    def __contains__(self, seq: object) -> bool:
         return seq in self._seqs
 
     def __len__(self) -> int:

@@ -5,8 +5,8 @@ SAMPLES, ...) and KV buckets, and every run of a learning-rate study trains a mo
 NATS accounts are separate namespaces for all of them, JetStream included, so each run gets its own
 copy of the two swarmrl accounts of `infra/nats/accounts.conf`:
 
-- `RUN_<id>`: a copy of SWARM with its own service user and password. The run's services connect as
-  that user; its streams, consumers and KV exist in this account only.
+- `RUN_<id>`: a copy of SWARM with its own service user and password (not SWARM's per-role users).
+  The run's services connect as that user; its streams, consumers and KV exist in this account only.
 - `RUN_<id>_AGENTS`: a copy of AGENTS importing from `RUN_<id>`. Its users are the run's clients,
   minted by `up` (`--nats-conf <conf dir>/runs/<key>`) into that folder's own `agents.conf`.
 
@@ -124,7 +124,8 @@ class RunAccounts:
         out = ["# Written by swarmrl research (swarmrl/research/accounts.py) from runs.json; do not edit.\n"]
         for key, r in sorted(runs.items()):
             users = f'users: [ {{ user: "{r["user"]}", password: "{r["password"]}" }} ]'
-            body = _sub1(r"users\s*:\s*\[[^\]]*\]", users, swarm, "users list in SWARM")
+            # One full-access user per run: its services share it (role users live in SWARM only).
+            body = _sub1(r'include\s+"services\.conf"', users, swarm, "users include in SWARM")
             mine = _sub1(r'include\s+"agents\.conf"', f'include "runs/{key}/agents.conf"', agents, "include")
             mine = re.sub(r"account\s*:\s*SWARM\b", f"account: {r['account']}", mine)
             out.append(

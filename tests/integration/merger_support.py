@@ -74,9 +74,8 @@ async def stream_count(js: JetStreamContext, stream: str) -> int:
 
 
 async def merger_settled(js: JetStreamContext) -> bool:
-    """Has the merger's durable consumer taken and acked everything in EPISODES?"""
-    try:
-        info = await js.consumer_info(S.EPISODES_STREAM, S.durable_name("merger", S.EPISODES_STREAM))
-    except NotFoundError:
-        return False
-    return info.num_pending == 0 and info.num_ack_pending == 0
+    """Have the mergers taken and acked everything in EPISODES? Every message has reached the work
+    queue EPISODE_PARTS (sourced from EPISODES from its start), and the work queue is empty."""
+    episodes = (await js.stream_info(S.EPISODES_STREAM)).state
+    parts = (await js.stream_info(S.EPISODE_PARTS_STREAM)).state
+    return parts.last_seq == episodes.last_seq and parts.messages == 0

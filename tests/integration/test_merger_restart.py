@@ -1,4 +1,5 @@
-"""SIGKILL the merger process mid-run, restart it: every ended episode's samples appear exactly once."""
+"""SIGKILL a merger process mid-run: restarted alone, or covered by a second replica that was sharing
+the partitions with it, every ended episode's samples appear exactly once."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import sys
 from pathlib import Path
 
 import nats
+import pytest
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoKeysError, NotFoundError
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import Event
@@ -32,12 +34,16 @@ WAVE = 30  # episodes open at the same time
 ABORT_EVERY = 7
 
 
-def spawn_merger(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "swarmrl.cli", "serve", "merger",
+def spawn_merger(server: NatsServer, log: Path, replica: str = "") -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "swarmrl.cli", "serve", "merger", "--replica", replica,
            "--episode-timeout-s", "60", "--ack-wait-s", "3", "--stats-interval-s", "1"]  # fmt: skip
     with log.open("ab") as err:  # credentials by environment, never on the command line
-        env = os.environ | {"SWARMRL_NATS": server.service_url}
+        env = os.environ | {"SWARMRL_NATS": server.url("merger")}
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+
+async def _equal(value: object, want: object) -> bool:
+    return bool(await value == want)  # type: ignore[misc]
 
 
 async def publish_waves(js: JetStreamContext, episodes: list[list[Event]], killed: asyncio.Event) -> None:
@@ -53,14 +59,34 @@ async def publish_waves(js: JetStreamContext, episodes: list[list[Event]], kille
 
 async def mid_run(js: JetStreamContext) -> bool:
     """Some samples are out and the merger holds unacked events (so the restart has to replay)."""
+    held = sum(c.num_ack_pending or 0 for c in await js.consumers_info(S.EPISODE_PARTS_STREAM))
+    return bool(held) and await stream_count(js, S.SAMPLES_STREAM) > 0
+
+
+async def leases(js: JetStreamContext) -> dict[str, int]:
+    """Partitions held per merger replica (KV swarm-leases)."""
+    kv = await js.key_value(S.LEASES_BUCKET)
+    held: dict[str, int] = {}
     try:
-        info = await js.consumer_info(S.EPISODES_STREAM, S.durable_name("merger", S.EPISODES_STREAM))
-    except NotFoundError:
-        return False
-    return bool(info.num_ack_pending) and await stream_count(js, S.SAMPLES_STREAM) > 0
+        keys = await kv.keys()
+    except NoKeysError:
+        return held
+    for key in [k for k in keys if k.startswith("merger.lease.")]:
+        try:
+            entry = await kv.get(key)
+        except NotFoundError:  # expired since it was listed
+            continue
+        owner = (entry.value or b"").decode()
+        held[owner] = held.get(owner, 0) + 1
+    return held
 
 
-async def test_kill_and_restart_loses_and_doubles_nothing(swarm_nats: NatsServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+async def test_a_killed_merger_loses_and_doubles_nothing(
+    replicas: int, swarm_nats: NatsServer, tmp_path: Path
+) -> None:
+    """One replica: it is restarted, and takes its partitions back once the dead one's leases expired.
+    Two: the survivor takes the dead one's partitions over; nothing is restarted."""
     ids = [f"ep{i:03d}" for i in range(EPISODES)]
     aborted = {eid for i, eid in enumerate(ids) if i % ABORT_EVERY == 3}
     episodes = [chain_episode(eid, turns=3, outcome="abort" if eid in aborted else "end") for eid in ids]
@@ -70,9 +96,14 @@ async def test_kill_and_restart_loses_and_doubles_nothing(swarm_nats: NatsServer
     nc = await nats.connect(swarm_nats.service_url)
     js = nc.jetstream()
     killed = asyncio.Event()
+    mergers = [spawn_merger(swarm_nats, log, f"m{i}") for i in range(replicas)]
+    if replicas == 2:  # both at work before any event: each holds half of the partitions
+        want = {"m0": S.EPISODE_PARTITIONS // 2, "m1": S.EPISODE_PARTITIONS // 2}
+        await wait_for(
+            lambda: _equal(leases(js), want), timeout=30, what="two replicas sharing the partitions"
+        )
     publisher = asyncio.create_task(publish_waves(js, episodes, killed))
-    first = spawn_merger(swarm_nats, log)
-    second = None
+    first = mergers[0]
     try:
         await wait_for(lambda: mid_run(js), timeout=30, what="samples published and events held")
         first.send_signal(signal.SIGKILL)
@@ -81,23 +112,27 @@ async def test_kill_and_restart_loses_and_doubles_nothing(swarm_nats: NatsServer
         killed.set()
         await asyncio.wait_for(publisher, timeout=30)
 
-        second = spawn_merger(swarm_nats, log)
-        await wait_for(lambda: merger_settled(js), timeout=40, what=f"replay after restart; log {log}")
+        if replicas == 1:
+            mergers.append(spawn_merger(swarm_nats, log, "m1"))
+        await wait_for(lambda: _equal(leases(js), {"m1": S.EPISODE_PARTITIONS}), timeout=30,
+                       what="the survivor holding every partition")  # fmt: skip
+        await wait_for(lambda: merger_settled(js), timeout=40, what=f"replay after the kill; log {log}")
         got = await samples(js)
         stats = await merge_stats(js)
         dead = [m.headers["Swarm-Reason"] for m in await read_stream(js, S.DLQ_STREAM)]
 
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=15) == 0
+        mergers[-1].send_signal(signal.SIGTERM)
+        assert mergers[-1].wait(timeout=15) == 0
+        assert await leases(js) == {}  # a clean stop gives its leases back at once
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
+        for proc in mergers:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         await nc.close()
 
     text = log.read_text()
-    assert "recovering:" in text, text[-3000:]
+    assert "merger m1: took [" in text, text[-3000:]  # the survivor or successor took partitions over
     assert 0 < got_before < len(expected), "the kill must fall mid-run"
     sample_ids = [s.sample_id for s in got]
     assert len(sample_ids) == len(set(sample_ids)), "a sample was published twice"

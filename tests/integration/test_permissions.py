@@ -254,15 +254,16 @@ def test_bundled_configs_are_valid(tmp_path) -> None:
     import subprocess
 
     from swarmrl.infra import NATS_CONF_DIR
-    from swarmrl.infra.credentials import AgentRegistry
-    from swarmrl.infra.nats_server import nats_server_binary
+    from swarmrl.infra.credentials import AgentRegistry, password_var
+    from swarmrl.infra.nats_server import ROLES, nats_server_binary
 
     for conf in NATS_CONF_DIR.glob("*.conf"):
         shutil.copyfile(conf, tmp_path / conf.name)
-    AgentRegistry(tmp_path).mint("a-client", reload=False)  # writes agents.conf, which accounts.conf includes
-    env = os.environ | {f"SWARM_{r}_PASSWORD": "x" for r in ("SERVICE", "SYS")}
+    # writes agents.conf and services.conf, which accounts.conf includes
+    AgentRegistry(tmp_path).mint("a-client", reload=False)
+    env = os.environ | {password_var(role): "x" for role in ROLES}
     for conf in sorted(tmp_path.glob("*.conf")):
-        if conf.name in ("accounts.conf", "agents.conf", "runs.conf"):  # included files, not configs
+        if conf.name in ("accounts.conf", "agents.conf", "services.conf", "runs.conf"):  # included files
             continue
         out = subprocess.run(
             [nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True

@@ -1,0 +1,111 @@
+"""Partition leases in NATS KV: replicas of a service share its partitions, and take over a dead one's.
+
+Each replica keeps two kinds of key in KV `swarm-leases` alive by renewing them (the bucket's TTL,
+`bus.LEASE_TTL_S`, removes a key nobody renews):
+
+- `<service>.member.<replica>`: it is alive;
+- `<service>.lease.<p>`: it owns partition p. Taking one is a KV `create`, which the server grants to
+  exactly one replica (it fails while the key holds a value); keeping one is an `update` against the
+  revision the holder last wrote, which fails once the key expired or someone else holds it.
+
+Every `tick` a replica renews what it holds, reads the live keys, and aims at its fair share,
+ceil(partitions / live members): it takes free partitions up to it and gives back (the caller stops
+the partition's work first, then `release`s it) what it holds beyond it. A replica that joins makes
+the others give back; one that dies stops renewing, and its partitions are free `LEASE_TTL_S` later.
+
+`fair_share` and `plan` are the pure core; `Leases` does the KV calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+
+import nats.errors
+from nats.js.errors import KeyValueError, NoKeysError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger("swarmrl.leases")
+
+
+def fair_share(partitions: int, members: int) -> int:
+    return math.ceil(partitions / max(members, 1))
+
+
+def plan(partitions: int, held: set[int], taken: set[int], members: int) -> tuple[list[int], list[int]]:
+    """(partitions to try to take, in random order; partitions to give back) for a replica that
+    holds `held`, while `taken` (its own included) have a live lease and `members` replicas live."""
+    share = fair_share(partitions, members)
+    if len(held) > share:
+        return [], sorted(held)[share:]
+    free = [p for p in range(partitions) if p not in taken and p not in held]
+    random.shuffle(free)  # replicas starting together do not all race for partition 0
+    return free[: share - len(held)], []
+
+
+@dataclass
+class Leases:
+    """One replica's leases on `partitions` partitions of `service` (see the module docstring)."""
+
+    kv: KeyValue
+    service: str
+    replica: str
+    partitions: int
+    held: dict[int, int] = field(default_factory=dict)
+    """partition -> the revision of our lease key, as we last wrote it."""
+
+    def _lease(self, p: int) -> str:
+        return f"{self.service}.lease.{p}"
+
+    async def tick(self) -> tuple[list[int], list[int], list[int]]:
+        """Renew, then rebalance: (partitions taken now, partitions lost, partitions to give back).
+        Lost ones were taken by someone else or expired: stop working on them at once. The ones to
+        give back are still ours: stop their work, then `release` them."""
+        await self.kv.put(f"{self.service}.member.{self.replica}", self.replica.encode())
+        lost = []
+        for p, rev in list(self.held.items()):
+            try:
+                self.held[p] = await self.kv.update(self._lease(p), self.replica.encode(), last=rev)
+            except KeyValueError:  # expired (we stalled past the TTL) or taken since
+                del self.held[p]
+                lost.append(p)
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            keys = []
+        members = sum(k.startswith(f"{self.service}.member.") for k in keys)
+        prefix = f"{self.service}.lease."
+        taken = {int(k.removeprefix(prefix)) for k in keys if k.startswith(prefix)}
+        want, give_back = plan(self.partitions, set(self.held), taken, members)
+        gained = []
+        for p in want:
+            try:
+                self.held[p] = await self.kv.create(self._lease(p), self.replica.encode())
+                gained.append(p)
+            except KeyValueError:  # another replica was first
+                pass
+        if gained or lost or give_back:
+            log.info("%s %s: took %s, lost %s, giving back %s; holds %d of %d (%d members)", self.service,
+                     self.replica, gained, lost, give_back, len(self.held), self.partitions, members)  # fmt: skip
+        return gained, lost, give_back
+
+    async def release(self, p: int) -> None:
+        """Give partition `p` back now (its work stopped), so another replica takes it at its next tick."""
+        rev = self.held.pop(p, None)
+        if rev is None:
+            return
+        try:
+            await self.kv.delete(self._lease(p), last=rev)
+        except (KeyValueError, nats.errors.Error) as exc:  # expired or taken: not ours anyway
+            log.warning("%s: lease %d not released (%r)", self.service, p, exc)
+
+    async def leave(self) -> None:
+        """Release every partition and the membership (a graceful stop)."""
+        for p in list(self.held):
+            await self.release(p)
+        try:
+            await self.kv.delete(f"{self.service}.member.{self.replica}")
+        except nats.errors.Error as exc:
+            log.warning("%s: membership not removed (%r)", self.service, exc)
