@@ -473,23 +473,21 @@ def recovery_times(
     out = []
     for f in faults:
         row = dict(f)
+        restart = next(
+            (
+                r["ts"]
+                for r in restarts
+                if r.get("event") == "restart" and r["name"] == f["target"] and r["ts"] > f["ts"]
+            ),
+            None,
+        )
         if f["kind"] == "merger":  # with replicas another one may merge at once: wait for the takeover
             covered = covered_at(takes, f["target"], f["ts"])
             row["covered_after_s"] = None if covered is None else round(covered - f["ts"], 2)
             nxt = next((t for t in outputs["merger"] if covered is not None and t > covered), None)
-            restart = next((r["ts"] for r in restarts if r.get("event") == "restart" and r["name"] == f["target"]
-                            and r["ts"] > f["ts"]), None)  # fmt: skip
             row["restarted_after_s"] = None if restart is None else round(restart - f["ts"], 2)
             row["recovered_after_s"] = None if nxt is None else round(nxt - f["ts"], 2)
         elif f["kind"] != "nats-node":
-            restart = next(
-                (
-                    r["ts"]
-                    for r in restarts
-                    if r.get("event") == "restart" and r["name"] == f["target"] and r["ts"] > f["ts"]
-                ),
-                None,
-            )
             series = begins[client_name(f["target"])] if f["kind"] == "client" else outputs[f["kind"]]
             after = restart if restart is not None else f["ts"]
             nxt = next((t for t in series if t > after), None)

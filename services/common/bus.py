@@ -12,6 +12,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
@@ -122,14 +123,17 @@ async def ensure_streams(js: JetStreamContext) -> None:
         await _add_or_update(js, cfg)
     await _ensure_episode_parts(js, replicas)
     await models_kv(js, create=True)
+    # direct gets: an agent reads its own key through $JS.API.DIRECT.GET.<...>.<key>
+    await _ensure_bucket(js, S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
+    await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
+
+
+async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:
+    """Create KV `bucket` with `config` unless it exists (an existing one keeps its own)."""
     try:
-        await js.key_value(S.CLIENTS_BUCKET)
-    except NotFoundError:  # direct gets: an agent reads its own key through $JS.API.DIRECT.GET.<...>.<key>
-        await js.create_key_value(bucket=S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
-    try:
-        await js.key_value(S.LEASES_BUCKET)
+        await js.key_value(bucket)
     except NotFoundError:
-        await js.create_key_value(bucket=S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
+        await js.create_key_value(bucket=bucket, **config)
 
 
 LEASE_TTL_S = 6.0

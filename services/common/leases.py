@@ -59,11 +59,15 @@ class Leases:
     def _lease(self, p: int) -> str:
         return f"{self.service}.lease.{p}"
 
-    async def tick(self) -> tuple[list[int], list[int], list[int]]:
-        """Renew, then rebalance: (partitions taken now, partitions lost, partitions to give back).
-        Lost ones were taken by someone else or expired: stop working on them at once. The ones to
-        give back are still ours: stop their work, then `release` them."""
-        await self.kv.put(f"{self.service}.member.{self.replica}", self.replica.encode())
+    @property
+    def _member(self) -> str:
+        return f"{self.service}.member.{self.replica}"
+
+    async def tick(self) -> list[int]:
+        """Renew, then rebalance; `held` is then what is ours (those lost, taken by someone else or
+        expired, are gone from it: stop working on them at once). Returns the partitions to give
+        back: still ours, held, until their work has stopped and they are `release`d."""
+        await self.kv.put(self._member, self.replica.encode())
         lost = []
         for p, rev in list(self.held.items()):
             try:
@@ -89,7 +93,7 @@ class Leases:
         if gained or lost or give_back:
             log.info("%s %s: took %s, lost %s, giving back %s; holds %d of %d (%d members)", self.service,
                      self.replica, gained, lost, give_back, len(self.held), self.partitions, members)  # fmt: skip
-        return gained, lost, give_back
+        return give_back
 
     async def release(self, p: int) -> None:
         """Give partition `p` back now (its work stopped), so another replica takes it at its next tick."""
@@ -106,6 +110,6 @@ class Leases:
         for p in list(self.held):
             await self.release(p)
         try:
-            await self.kv.delete(f"{self.service}.member.{self.replica}")
+            await self.kv.delete(self._member)
         except nats.errors.Error as exc:
             log.warning("%s: membership not removed (%r)", self.service, exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -28,15 +28,16 @@ TRANSIENT = (
 """Failures that pass; anything else (a rejected publish, a bug) propagates."""
 
 
+T = TypeVar("T")
+
+
 class Stopping(Exception):
     """Raised out of a retry loop when the service is asked to stop; the message stays unacked."""
 
 
-async def retry(
-    stop: asyncio.Event, action: Callable[..., Awaitable[object]], *args: Any, **kwargs: Any
-) -> None:
-    """Await `action(*args, **kwargs)` until it succeeds, backing off (0.1 s doubling to 5 s) on
-    transient failures; a stop request turns the next one into `Stopping`."""
+async def retry(stop: asyncio.Event, action: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Await `action(*args, **kwargs)` until it succeeds and return what it returns, backing off
+    (0.1 s doubling to 5 s) on transient failures; a stop request turns the next one into `Stopping`."""
 
     def log_retry(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -52,6 +53,7 @@ async def retry(
             reraise=True,
         ):
             with attempt:
-                await action(*args, **kwargs)
+                result = await action(*args, **kwargs)
     except TRANSIENT as exc:  # re-raised by tenacity only once the stop was requested
         raise Stopping from exc
+    return result

@@ -1,8 +1,9 @@
 """NATS side of the merger: hold each episode's events, merge at `end`, publish, then ack.
 
 Consumes: EPISODE_PARTS (`swarm.epp.<partition>.<owner>.<episode_id>.<kind>`: EPISODES, partitioned by
-episode by JetStream itself, `schemas/subjects.py`), one durable pull consumer `merger-p<partition>`
-per partition this replica holds the lease of (`services/common/leases.py`).
+episode by JetStream itself, `schemas/subjects.py`), one durable pull consumer
+`merger-p<partition>-<replica>` per partition this replica holds the lease of
+(`services/common/leases.py`).
 Publishes: `swarm.samples.<model>` (one `Sample` per surviving timeline, Nats-Msg-Id = sample_id),
 `swarm.samples.<model>.lost` (one `LostEpisode` per trainable model a training episode sends no
 sample, Nats-Msg-Id = `lost-<episode_id>-<model>`: its trainer counts it out of its group),
@@ -14,7 +15,7 @@ share the partitions through leases in NATS KV: each takes its fair share, a new
 give some back, a dead one's partitions are taken over once its leases expire (`bus.LEASE_TTL_S`).
 Every event of an episode is in one partition, so one merger sees all of it.
 
-Taking a partition over, a merger deletes its consumer and creates it afresh. EPISODE_PARTS is a work
+Taking a partition over, a merger deletes the partition's consumers and creates its own. EPISODE_PARTS is a work
 queue: an acked event is gone from it, so the new consumer delivers, at once and in stream order,
 exactly the events nobody has acked, which are those of every episode still open when the last owner
 stopped or died. No wait for the old owner's ack wait, and no begin arriving after its own episode's
@@ -190,7 +191,7 @@ class Merger:
         once its work has stopped, at a later round."""
         give_back: list[int] = []
         try:
-            _, _, give_back = await leases.tick()
+            give_back = await leases.tick()
             self._renewed = time.monotonic()
         except (nats.errors.Error, TimeoutError) as exc:  # the broker is away: try again next round
             log.warning("lease renewal failed: %r", exc)
@@ -254,7 +255,6 @@ class Partition:
         self._js = js
         self._due: list[Callable[[], Awaitable[None]]] = []
         """Closings (publish, then ack) of episodes that ended in the current batch."""
-        self.ack_wait_s = cfg.ack_wait_s
         self._acked: RecentAcks[int] = RecentAcks(keep_s=2 * cfg.ack_wait_s)
         self._stop = asyncio.Event()
         self._last_keepalive = time.monotonic()
@@ -268,26 +268,24 @@ class Partition:
         """Consume the partition from a fresh consumer (module docstring) until stopped; on the way out
         hand back what is held."""
         stream, prefix = S.EPISODE_PARTS_STREAM, f"{SERVICE}-p{self.partition}-"
+
         # Our own consumer, the partition's others deleted: a work queue allows one consumer per
         # partition, and an owner that lost its lease unnoticed reads from a deleted consumer, nothing.
-        subs: list[JetStreamContext.PullSubscription] = []
-
-        async def fresh_consumer() -> None:
+        async def fresh_consumer() -> JetStreamContext.PullSubscription:
             self.replay_upto = (await self._js.stream_info(stream)).state.last_seq
             for info in await self._js.consumers_info(stream):
                 if info.name.startswith(prefix):
                     with contextlib.suppress(NotFoundError):
                         await self._js.delete_consumer(stream, info.name)
-            subs.append(await bus.durable_pull(
+            return await bus.durable_pull(
                 self._js, stream, prefix + self.merger.replica, S.partition_filter(self.partition),
                 ack_wait_s=self.cfg.ack_wait_s, max_ack_pending=self.cfg.max_ack_pending,
-            ))  # fmt: skip
+            )  # fmt: skip
 
         try:  # a cluster electing leaders answers 503 for a while: wait it out, as for publishes
-            await retry(self._stop, fresh_consumer)
+            sub = await retry(self._stop, fresh_consumer)
         except Stopping:
             return
-        sub = subs[-1]
         try:
             async for msgs in bus.batches(sub, self._stop, self.cfg.fetch_batch, dead_letters=self._dlq()):
                 caught_up = not msgs or msgs[-1].metadata.num_pending == 0
@@ -480,10 +478,10 @@ class Partition:
             stats = dropped_stats(eid, calls, "timeout", reason, ep.begin if ep else None)
             self._due.append(partial(self._close, stats))
         await self.settle()
-        if now - self._last_keepalive > self.ack_wait_s / 4:
+        if now - self._last_keepalive > self.cfg.ack_wait_s / 4:
             self._last_keepalive = now
             for held in self.held.values():
-                if now - held.touched > self.ack_wait_s / 2:
+                if now - held.touched > self.cfg.ack_wait_s / 2:
                     await held.msg.in_progress()
                     held.touched = now
                     self.counts["keepalive"] += 1
