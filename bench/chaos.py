@@ -2,7 +2,7 @@
 
     python bench/chaos.py [--minutes 15] [--seed 0] [--service-kills 2] [--node-kills 1] [...] [-- UP ARGS]
     just chaos --minutes 15
-    just chaos --replicas 2      # two merger replicas: a merger kill is covered by the other one
+    just chaos --replicas 2      # two of each service: a kill is covered by the other replica
 
 1. Starts a local 3-node cluster (`infra/nats_cluster.py`; streams with 3 replicas) and `swarmrl up`
    on it (`--nats-conf` = the cluster's shared conf dir; the service URL of all three nodes in
@@ -114,9 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "when it ran this swarm (same --minutes, --clients, --concurrency, --episode-timeout-s and up args), "
         "else it is run first and written there")  # fmt: skip
     add("--replicas", type=int, default=1,
-        help="merger processes (`[replicas] merger`); a merger kill then takes one replica, and the others "
-        "cover its partitions. Learning is compared with the fault-free run without replicas (replicas do "
-        "not change what the swarm trains on)")  # fmt: skip
+        help="processes of each of merger, ledger, gateway and engine (`[replicas]`); a kill then takes one "
+        "replica, and the others cover it (partitions by lease; token requests in a queue group; the "
+        "gateway's engine pool). Learning is compared with the fault-free run without replicas (replicas "
+        "do not change what the swarm trains on)")  # fmt: skip
     add("--name", default=None, help="results file name (default chaos, or chaos-replicas with --replicas)")
     add("up_args", nargs="*", help="after --: more `swarmrl up` flags (e.g. --model DIR --task guess_number)")
     args = p.parse_args(argv)
@@ -131,7 +132,8 @@ def replicas_config(args: argparse.Namespace, work: Path) -> list[str]:
     path = work / "replicas.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
-        f'[models.policy]\nbase = "tiny"\n\n[tasks.calculator]\n\n[replicas]\nmerger = {args.replicas}\n'
+        '[models.policy]\nbase = "tiny"\n\n[tasks.calculator]\n\n[replicas]\n'
+        + "".join(f"{svc} = {args.replicas}\n" for svc in ("merger", "ledger", "gateway", "engine"))
     )
     return ["--config", str(path)]
 
@@ -381,10 +383,19 @@ def write_md(r: dict[str, Any], path: Path) -> None:
             f"| {kind} | {rec['faults']} | {n_restarts} | {_f(rec['restart_median_s'])} | {rec['recovered']} | "
             f"{_f(rec['recover_median_s'])} | {_f(rec['recover_max_s'])} |"
         )
-    covered = [f["covered_after_s"] for f in r["faults"] if f.get("covered_after_s") is not None]
-    if covered:
-        lines += ["", f"Merger partitions covered (kill to the last of its partitions taken again) after: "
-                  f"{', '.join(f'{c:.1f}' for c in covered)} s ({r['config'].get('replicas', 1)} merger replica(s))."]  # fmt: skip
+    n = r["config"].get("replicas", 1)
+    for kind in ("merger", "ledger", "gateway", "engine"):
+        covered = [
+            f["covered_after_s"]
+            for f in r["faults"]
+            if f["kind"] == kind and f.get("covered_after_s") is not None
+        ]
+        what = (
+            "the last of its partitions taken again" if kind in ("merger", "ledger") else "the next llm event"
+        )
+        if covered:
+            lines += ["", f"{kind.capitalize()} kills covered (kill to {what}) after: "
+                      f"{', '.join(f'{c:.1f}' for c in covered)} s ({n} replica(s))."]  # fmt: skip
     gaps = r["longest_without_train_step"]
     lines += [
         "",

@@ -406,19 +406,19 @@ def account_ledger(run_dir: Path, st: Streams) -> dict[str, Any]:
 
 
 LEASE_LINE = re.compile(
-    r"^(\S+ \S+) .*swarmrl\.leases: merger \S+: took \[([\d, ]*)\], lost \[([\d, ]*)\], "
+    r"^(\S+ \S+) .*swarmrl\.leases: (?:merger|ledger) \S+: took \[([\d, ]*)\], lost \[([\d, ]*)\], "
     r"giving back \[([\d, ]*)\]"
 )
-START_LINE = re.compile(r"^(\S+ \S+) .*swarmrl\.merger: replica \S+ consuming")
+START_LINE = re.compile(r"^(\S+ \S+) .*swarmrl\.(?:merger|ledger): replica \S+ consuming")
 Lease = tuple[float, str, set[int] | None, set[int]]
 """(time, merger process, partitions taken or None for a (re)start, partitions lost or given back)."""
 
 
-def lease_log(logs: Path) -> list[Lease]:
-    """Every merger process's starts and partition lease changes in time order, from the lines the
-    merger and `services/common/leases.py` log (`<process>.log`, local time)."""
+def lease_log(logs: Path, service: str = "merger") -> list[Lease]:
+    """Every `service` process's (merger, ledger replica) starts and partition lease changes in time
+    order, from the lines it and `services/common/leases.py` log (`<process>.log`, local time)."""
     out: list[Lease] = []
-    for path in sorted(logs.glob("merger*.log")):
+    for path in sorted(logs.glob(f"{service}*.log")):
         for line in path.read_text(errors="replace").splitlines():
             if (m := LEASE_LINE.match(line)) or (m := START_LINE.match(line)):
                 ts = dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -469,7 +469,7 @@ def recovery_times(
             begins[ep.owner].append(ep.begin_ts)
     for v in begins.values():
         v.sort()
-    takes = lease_log(run_dir / "logs")
+    takes = {kind: lease_log(run_dir / "logs", kind) for kind in ("merger", "ledger")}
     out = []
     for f in faults:
         row = dict(f)
@@ -481,12 +481,20 @@ def recovery_times(
             ),
             None,
         )
-        if f["kind"] == "merger":  # with replicas another one may merge at once: wait for the takeover
-            covered = covered_at(takes, f["target"], f["ts"])
+        replica = re.search(r"-\d+$", f["target"]) is not None  # `<service>-<i>`: one of several
+        if f["kind"] in takes and (f["kind"] == "merger" or replica):
+            # replicas (mergers always lease): another one may go on at once, so wait for the takeover
+            covered = covered_at(takes[f["kind"]], f["target"], f["ts"])
             row["covered_after_s"] = None if covered is None else round(covered - f["ts"], 2)
-            nxt = next((t for t in outputs["merger"] if covered is not None and t > covered), None)
+            nxt = next((t for t in outputs[f["kind"]] if covered is not None and t > covered), None)
             row["restarted_after_s"] = None if restart is None else round(restart - f["ts"], 2)
             row["recovered_after_s"] = None if nxt is None else round(nxt - f["ts"], 2)
+        elif f["kind"] in ("gateway", "engine") and replica:
+            # one of several: the others serve the calls at once; covered = the next llm event
+            nxt = next((t for t in outputs[f["kind"]] if t > f["ts"]), None)
+            row["covered_after_s"] = None if nxt is None else round(nxt - f["ts"], 2)
+            row["restarted_after_s"] = None if restart is None else round(restart - f["ts"], 2)
+            row["recovered_after_s"] = row["covered_after_s"]
         elif f["kind"] != "nats-node":
             series = begins[client_name(f["target"])] if f["kind"] == "client" else outputs[f["kind"]]
             after = restart if restart is not None else f["ts"]

@@ -61,18 +61,19 @@ async def generation_stack(
     model_dir: Path,
     model: str = "policy",
     more: dict[str, Path] | None = None,
+    pool: int = 1,
     **gateway: Any,
 ) -> AsyncIterator[Stack]:
-    """Engine(s) + gateway on `server`: `model` served from `model_dir`, plus one engine per entry
-    of `more` (model name -> model dir), all behind one gateway that routes by model name; `gateway`:
-    more `GatewayConfig` fields."""
-    dirs = {model: model_dir, **(more or {})}
+    """Engine(s) + gateway on `server`: `model` served from `model_dir` by `pool` engines (keyed
+    `model`, `model#1`, ...), plus one engine per entry of `more` (model name -> model dir), all
+    behind one gateway that routes by model name; `gateway`: more `GatewayConfig` fields."""
+    dirs = {model: model_dir, **{f"{model}#{i}": model_dir for i in range(1, pool)}, **(more or {})}
     engines = {name: EngineCore(path, max_batch=16) for name, path in dirs.items()}
     https = {name: BackgroundServer(create_app(engine)).start() for name, engine in engines.items()}
     cfg = GatewayConfig(
         nats=server.url("gateway"),  # the gateway's own NATS user: its permissions are exercised too
         port=0,
-        engine=[f"{name}={http.url}" for name, http in https.items()],
+        engine=[f"{name.split('#')[0]}={http.url}" for name, http in https.items()],
         **gateway,
     )
     nc = await bus.connect(cfg.nats, "test-gateway")

@@ -48,16 +48,26 @@ EPISODE_PARTITION_TRANSFORM = (
 """(source, destination) of the subject transform that partitions EPISODES into EPISODE_PARTS."""
 
 
-def partition_filter(partition: int) -> str:
-    """The EPISODE_PARTS subjects of one partition."""
+# LEDGER_PARTS: the same partitions again, for ledger replicas (`swarmrl up` creates it when
+# `[replicas] ledger` > 1). A second work queue, because a work queue allows one consumer per subject.
+LEDGER_PARTS_STREAM = "LEDGER_PARTS"
+LEDGER_PARTITION_PREFIX = "swarm.lep"
+LEDGER_PARTITION_TRANSFORM = (
+    EPISODE_PARTITION_TRANSFORM[0],
+    EPISODE_PARTITION_TRANSFORM[1].replace(PARTITION_PREFIX, LEDGER_PARTITION_PREFIX, 1),
+)
+
+
+def partition_filter(partition: int, prefix: str = PARTITION_PREFIX) -> str:
+    """The subjects of one partition (of EPISODE_PARTS; with `LEDGER_PARTITION_PREFIX`, of LEDGER_PARTS)."""
     if not 0 <= partition < EPISODE_PARTITIONS:
         raise ValueError(f"partition {partition} out of range 0..{EPISODE_PARTITIONS - 1}")
-    return f"{PARTITION_PREFIX}.{partition}.>"
+    return f"{prefix}.{partition}.>"
 
 
 def unpartitioned(subject: str) -> str:
-    """The EPISODES subject an EPISODE_PARTS subject was sourced from (others unchanged)."""
-    if not subject.startswith(PARTITION_PREFIX + "."):
+    """The EPISODES subject an EPISODE_PARTS or LEDGER_PARTS subject was sourced from (others unchanged)."""
+    if not subject.startswith((PARTITION_PREFIX + ".", LEDGER_PARTITION_PREFIX + ".")):
         return subject
     return f"{EPISODE_PREFIX}.{subject.split('.', 3)[3]}"
 
@@ -84,6 +94,7 @@ WORK_STREAM_SUBJECTS: dict[str, list[str]] = {ACTIONS_STREAM: [f"{ACTION_RUN_PRE
 # KV buckets ------------------------------------------------------------------------------------
 MODELS_BUCKET = "swarm-models"  # key: model name, value: ModelVersion (msgpack)
 LEASES_BUCKET = "swarm-leases"
+GROUPS_BUCKET = "swarm-groups"  # the gateways' admitted groups and task activity (services/gateway/groups.py)
 """Replicas' partition leases and presence (`services/common/leases.py`): `<service>.lease.<p>` and
 `<service>.member.<replica>`, each expiring unless its holder renews it (the bucket's TTL)."""
 CLIENTS_BUCKET = "swarm-clients"  # key: a client's owner name, value: ClientState (msgpack)
@@ -284,6 +295,7 @@ def service_permissions(role: str) -> dict[str, object]:
     actions_pull = _consumer_api(ACTIONS_STREAM, "*")
     if role == "gateway":
         pub += [episode_filter("*", "llm"), f"{JS_API}.CONSUMER.INFO.{SAMPLES_STREAM}.*"]  # backlogs
+        pub += [f"$KV.{GROUPS_BUCKET}.>", *_kv_read(GROUPS_BUCKET)]
         sub += [TOKEN_REQUESTS, f"{LLM_PREFIX}.*", episode_filter("*", "end"), episode_filter("*", "abort")]
         responds = True
     elif role == "engine":
@@ -298,6 +310,9 @@ def service_permissions(role: str) -> dict[str, object]:
     elif role == "ledger":
         for stream in STREAM_SUBJECTS:
             pub += _consumer_api(stream, durable_name("ledger", stream))
+        # replicas: partitions of LEDGER_PARTS by lease
+        pub += [*_consumer_api(LEDGER_PARTS_STREAM, "*"), f"{JS_API}.CONSUMER.LIST.{LEDGER_PARTS_STREAM}"]
+        pub += [f"$KV.{LEASES_BUCKET}.ledger.>", *_kv_read(LEASES_BUCKET)]
     elif role == "tracker":
         pub += _consumer_api(METRICS_STREAM, durable_name("tracker", METRICS_STREAM))
     elif role == "actions":

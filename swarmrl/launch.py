@@ -1,8 +1,9 @@
 """Process layout of a swarm on one machine: what `swarmrl up` starts for a `Swarm` description.
 
-Per model: one engine and one trainer; models that train LoRA adapters of one base may share an
-engine (`share_engine`), which then serves each as an adapter. Once: ledger, merger, gateway (routing every model by name),
-and the tracker when `[tracker] track` (`up --track`) names one.
+Per model: `[replicas] engine` engines and one trainer; models that train LoRA adapters of one base
+may share engines (`share_engine`), which then serve each as an adapter. Once, or `[replicas]` times:
+ledger, merger, gateway (routing every model by name); the tracker when `[tracker] track` (`up
+--track`) names one.
 Per task: `clients` client processes, the built-in Python runner or the task's own `command`. Every
 client gets its own NATS identity (`AgentIds`): a connect file (mode 0600) named by
 `$SWARMRL_CONNECT_FILE`, never on its command line. Outside agents get `connect.json` in the run dir.
@@ -88,39 +89,44 @@ class Proc:
 def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> list[Proc]:
     """Every service process of `swarm` on this machine, in start order, each configured by
     `service_config` (the description over the declared defaults) plus where it runs here."""
-    procs = [Proc("ledger", "ledger", service_config(swarm, "ledger", run_dir=run_dir))]
-    urls = {}
+    n = (
+        swarm.replicas.ledger
+    )  # more than one: partitions of LEDGER_PARTS by lease (services/ledger/service.py)
+    procs = [
+        Proc(name, "ledger", service_config(swarm, "ledger", run_dir=run_dir, replica=name if n > 1 else ""))
+        for name in (_replica("ledger", i, n) for i in range(n))
+    ]
+    urls: dict[str, list[str]] = {}
+    k = swarm.replicas.engine
     for name in swarm.models:
         if swarm.engine_owner(name) != name:
             continue
-        cfg = service_config(
-            swarm,
-            "engine",
-            name,
-            model_path=str(model_dirs[name]),
-            port=free_port(),
-            adapters=swarm.adapters(name),
-        )
-        procs.append(Proc(_proc("engine", name, swarm), "engine", cfg))
-        urls[name] = f"http://127.0.0.1:{cfg.port}"
-    engines = [f"{name}={urls[swarm.engine_owner(name)]}" for name in swarm.models]
+        for i in range(k):  # a pool at the gateway (services/gateway/pool.py)
+            cfg = service_config(
+                swarm,
+                "engine",
+                name,
+                model_path=str(model_dirs[name]),
+                port=free_port(),
+                adapters=swarm.adapters(name),
+            )
+            procs.append(Proc(_replica(_proc("engine", name, swarm), i, k), "engine", cfg))
+            urls.setdefault(name, []).append(f"http://127.0.0.1:{cfg.port}")
+    engines = [f"{name}={url}" for name in swarm.models for url in urls[swarm.engine_owner(name)]]
     lora = [name for owner in urls for name in swarm.adapters(owner)]
     n = swarm.replicas.merger
     for i in range(n):  # replicas share the episode partitions by lease (services/merger/service.py)
-        name = f"merger-{i}" if n > 1 else "merger"
+        name = _replica("merger", i, n)
         procs.append(Proc(name, "merger", service_config(swarm, "merger", replica=name if n > 1 else "")))
     for name in swarm.models:
         cfg = service_config(swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir))
         procs.append(
             Proc(_proc("trainer", name, swarm), "trainer", cfg, swarm.models[name].trainer_processes)
         )
-    procs.append(
-        Proc(
-            "gateway",
-            "gateway",
-            service_config(swarm, "gateway", engine=engines, lora=lora, port=free_port()),
-        )
-    )
+    n = swarm.replicas.gateway
+    for i in range(n):  # one queue group; admission shared in KV (services/gateway/groups.py)
+        cfg = service_config(swarm, "gateway", engine=engines, lora=lora, port=free_port())
+        procs.append(Proc(_replica("gateway", i, n), "gateway", cfg))
     if uses_actions(swarm):
         procs.append(Proc("actions", "actions", service_config(swarm, "actions")))
     tracker = service_config(swarm, "tracker", run_dir=run_dir)
@@ -176,6 +182,11 @@ def uses_actions(swarm: Swarm) -> bool:
 def _proc(kind: str, model: str, swarm: Swarm) -> str:
     """Process name: `engine` / `trainer` for a one-model swarm (as before), `engine-<model>` otherwise."""
     return kind if len(swarm.models) == 1 else f"{kind}-{model}"
+
+
+def _replica(name: str, i: int, n: int) -> str:
+    """Process name of replica `i` of `n`: `name` alone, else `name-<i>`."""
+    return f"{name}-{i}" if n > 1 else name
 
 
 def trainer_procs(swarm: Swarm) -> list[str]:

@@ -103,7 +103,7 @@ PLACED: dict[str, frozenset[str]] = {
     "engine": frozenset({"model", "model_path", "host", "port", "seed", "weight_version", "adapters"}),
     "gateway": frozenset({"host", "port", "public_url", "engine", "lora", "tokenizer", "task_weight"}),
     "merger": frozenset({"replica"}),
-    "ledger": frozenset({"run_dir"}),
+    "ledger": frozenset({"run_dir", "replica"}),
     "tracker": frozenset({"run_dir"}),
     "actions": frozenset({"policy"}),
 }
@@ -121,8 +121,21 @@ class Replicas(Strict):
     merger: int = Field(default=1, ge=1, le=16)
     """Merger processes. They share the episode partitions (`schemas/subjects.py`, 16, the most that
     can work at once) through leases in NATS KV; one that dies has its partitions taken over by the
-    others once its leases expire (`bus.LEASE_TTL_S`, 6 s, plus up to a renewal round). `swarmrl serve merger` on more machines adds
-    replicas the same way."""
+    others once its leases expire (`bus.LEASE_TTL_S`, 6 s, plus up to a renewal round). `swarmrl
+    serve merger` on more machines adds replicas the same way."""
+    ledger: int = Field(default=1, ge=1, le=17)
+    """Ledger processes. More than one: they share the 16 episode partitions (the stream
+    LEDGER_PARTS, which `up` then creates) and the other streams, 17 leases in all, each writing its
+    partitions' files under `<table>/p<partition>/` of the one run dir (so on one machine, or a
+    shared file system); one that dies has its leases taken over as the mergers' are."""
+    gateway: int = Field(default=1, ge=1, le=16)
+    """Gateway processes. Token requests reach any of them (a NATS queue group); they admit groups
+    and mix tasks as one (`services/gateway/groups.py`); an episode's calls go to the gateway that
+    gave it its tokens."""
+    engine: int = Field(default=1, ge=1, le=16)
+    """Engine processes per model (per base, for models sharing one): a pool at every gateway, which
+    spreads calls by load, keeps an episode on one engine and leaves a dead one out
+    (`services/gateway/pool.py`). Each follows the trainer's versions on its own."""
 
 
 class Swarm(Strict):

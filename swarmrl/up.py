@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     reason = "?"
     try:
-        asyncio.run(_bootstrap_streams(service_url))
+        asyncio.run(_bootstrap_streams(service_url, ledger_parts=swarm.replicas.ledger > 1))
         spawn_services(sup, plan_services(swarm, model_dirs, run_dir), run_dir, service_url, services_urls)
         clients = {
             task: spawn_clients(sup, swarm, task, ids, version=default_client_version(swarm, task))
@@ -480,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             30,
         )
-        sup.stop(["ledger", "tracker"], timeout=30)  # last, so they take everything the others produced
+        # last, so they take everything the others produced
+        sup.stop([n for n in sup.procs if n.split("-")[0] in ("ledger", "tracker")], timeout=30)
         if server is not None:
             server.stop()
         clear_pid(run_dir)
@@ -493,11 +494,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if "unexpectedly" not in reason else 1
 
 
-async def _bootstrap_streams(url: str) -> None:
+async def _bootstrap_streams(url: str, ledger_parts: bool = False) -> None:
     from swarmrl.services.common import bus
 
     nc = await bus.connect(url, "up")
-    await bus.ensure_streams(nc.jetstream())
+    await bus.ensure_streams(nc.jetstream(), ledger_parts=ledger_parts)
     await nc.close()
 
 

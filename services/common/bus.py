@@ -98,8 +98,9 @@ def stream_replicas() -> int:
     return int(os.environ.get("SWARMRL_STREAM_REPLICAS", "1"))
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
+async def ensure_streams(js: JetStreamContext, *, ledger_parts: bool = False) -> None:
     """Create (or update to the current config) every swarmrl stream and KV bucket. Idempotent.
+    `ledger_parts`: also LEDGER_PARTS, for ledger replicas (a work queue nobody reads would grow).
 
     Writes only what is missing or differs: a service role may not manage streams (its NATS user's
     permissions, `schemas/subjects.py`), so it finds them as the operator set them up (`swarmrl up`
@@ -121,11 +122,14 @@ async def ensure_streams(js: JetStreamContext) -> None:
             duplicate_window=SERVICE_DUPLICATE_WINDOW_S, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
         )  # fmt: skip
         await _add_or_update(js, cfg)
-    await _ensure_episode_parts(js, replicas)
+    await _ensure_parts(js, S.EPISODE_PARTS_STREAM, S.EPISODE_PARTITION_TRANSFORM, replicas)
+    if ledger_parts:
+        await _ensure_parts(js, S.LEDGER_PARTS_STREAM, S.LEDGER_PARTITION_TRANSFORM, replicas)
     await models_kv(js, create=True)
     # direct gets: an agent reads its own key through $JS.API.DIRECT.GET.<...>.<key>
     await _ensure_bucket(js, S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
     await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
+    await _ensure_bucket(js, S.GROUPS_BUCKET, history=1, ttl=GROUPS_TTL_S, replicas=replicas)
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:
@@ -136,23 +140,27 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> No
         await js.create_key_value(bucket=bucket, **config)
 
 
+GROUPS_TTL_S = 3600.0
+"""How long the gateways remember an admitted group (`services/gateway/groups.py`): far longer than
+a group takes to play, or than the trainer waits for one (`group_timeout_s`)."""
 LEASE_TTL_S = 6.0
 """A lease or presence key not renewed for this long is gone (`services/common/leases.py`): how long a
 dead replica's partitions wait for a new owner. Fixed when the bucket is created."""
 
 
-async def _ensure_episode_parts(js: JetStreamContext, replicas: int) -> None:
-    """EPISODE_PARTS: every EPISODES message again, under its partition's subject (schemas/subjects.py),
-    as a work queue for the mergers. Its size limit is the services' (EPISODES has refused what an
-    agent may not send; a source refused here would stall every later event). Created beside an
-    EPISODES stream that already holds events (a run recorded before partitions, resumed), it starts
-    after them: episodes open at that moment are not merged (start such a run afresh instead)."""
+async def _ensure_parts(js: JetStreamContext, name: str, transform: tuple[str, str], replicas: int) -> None:
+    """EPISODE_PARTS (LEDGER_PARTS): every EPISODES message again, under its partition's subject
+    (schemas/subjects.py), as a work queue for the mergers (ledgers). Its size limit is the services'
+    (EPISODES has refused what an agent may not send; a source refused here would stall every later
+    event). Created beside an EPISODES stream that already holds events (a run recorded before
+    partitions, resumed), it starts after them: episodes open at that moment are not merged (start
+    such a run afresh instead)."""
     try:
-        await js.stream_info(S.EPISODE_PARTS_STREAM)
+        await js.stream_info(name)
         return
     except NotFoundError:
         pass
-    src, dest = S.EPISODE_PARTITION_TRANSFORM
+    src, dest = transform
     last = (await js.stream_info(S.EPISODES_STREAM)).state.last_seq
     source = StreamSource(
         name=S.EPISODES_STREAM,
@@ -160,13 +168,28 @@ async def _ensure_episode_parts(js: JetStreamContext, replicas: int) -> None:
         subject_transforms=[SubjectTransform(src=src, dest=dest)],
     )
     cfg = StreamConfig(
-        name=S.EPISODE_PARTS_STREAM, sources=[source], storage=StorageType.FILE,
+        name=name, sources=[source], storage=StorageType.FILE,
         retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
     )  # fmt: skip
     try:
         await js.add_stream(cfg)
     except nats.errors.TimeoutError as exc:
-        raise _not_allowed(S.EPISODE_PARTS_STREAM, "is missing") from exc
+        raise _not_allowed(name, "is missing") from exc
+
+
+def source_position(msg: Msg) -> tuple[str, int]:
+    """(stream, sequence) of a JetStream message in its origin stream: for one a stream sourced
+    (EPISODE_PARTS, LEDGER_PARTS), from its `Nats-Stream-Source` header (`<stream> <seq> ...`)."""
+    source = (msg.headers or {}).get("Nats-Stream-Source")
+    if source:
+        stream, seq, *_ = source.split(" ", 2)
+        return stream, int(seq)
+    meta = msg.metadata
+    return meta.stream, int(meta.sequence.stream)
+
+
+def source_seq(msg: Msg) -> int:
+    return source_position(msg)[1]
 
 
 def _not_allowed(stream: str, state: str) -> RuntimeError:
@@ -230,8 +253,8 @@ class DeadLetters:
         if msg is not None and (msg.reply or "").startswith("$JS.ACK."):
             # Idempotent like every publish: a message dead-lettered again after a crash (its ack lost)
             # is de-duplicated by its stream position.
-            meta = msg.metadata
-            headers["Nats-Msg-Id"] = f"dlq.{self.service}.{meta.stream}.{meta.sequence.stream}"
+            stream, seq = source_position(msg)  # a partition's message by its EPISODES position
+            headers["Nats-Msg-Id"] = f"dlq.{self.service}.{stream}.{seq}"
         payload = self._fit(payload, headers)
         log.warning("dead-letter service=%s subject=%s reason=%s", self.service, subject, reason[:300])
         await self.js.publish(S.dlq_subject(self.service), payload, headers=headers)

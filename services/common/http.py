@@ -12,6 +12,12 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
+KEEP_ALIVE_S = 75
+"""How long our servers keep an idle HTTP connection open: longer than any client of ours keeps one
+(httpx's default 5 s, `EngineClient`'s 30 s), so a client never sends on a connection the server is
+closing at that instant (uvicorn's default is 5 s, the same as httpx's: under load a burst of
+`APIConnectionError`s, `bench/results/load.md`)."""
+
 
 class BackgroundServer:
     """uvicorn serving `app` from a daemon thread on an already-bound socket (port 0 = any free port).
@@ -22,7 +28,7 @@ class BackgroundServer:
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         self._sock = _bind(host, port)
         self.url = f"http://{host}:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
@@ -58,7 +64,9 @@ async def serve_in_loop(app: FastAPI, host: str, port: int) -> tuple[ServiceServ
     the event loop instead of reaching the service as an error naming the address.
     """
     sock = _bind(host, port)
-    server = ServiceServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = ServiceServer(
+        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

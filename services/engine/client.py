@@ -179,7 +179,11 @@ class EngineClient:
         self.retries = retries
         self.retry_s = retry_s
         """Retry connection failures this long instead of `retries` times: ride out an engine restart."""
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        # No cap on connections: every call in flight holds one, and the engine batches them; httpx's
+        # default (100, 20 kept alive) queued a gateway's calls and reopened connections past 20
+        # under load (bench/results/load.md). Idle ones close before the server's keep-alive ends.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=30)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits)
 
     async def __aenter__(self) -> EngineClient:
         return self

@@ -17,19 +17,22 @@ has no backlog. `max_backlog=0` turns the backlog bound off.
 
 With task weights (`mixer`, see `mixing.py`) a new group that passed the backlog bound is also held
 while its task is ahead of its share; the same two exemptions apply.
+
+Which groups are admitted, and the mix's counts, are shared by every gateway (`groups.py`): N
+gateways admit as one does, and a restarted gateway remembers what was admitted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import subjects as S
-from swarmrl.services.gateway.mixing import TaskMixer
+from swarmrl.services.gateway.groups import GroupBook
 
 log = logging.getLogger("swarmrl.gateway")
 
@@ -39,19 +42,22 @@ class Admission:
         self,
         js: JetStreamContext,
         max_backlog: int,
+        groups: GroupBook,
         *,
         refresh_s: float = 0.5,
         retry_after_s: float = 1.0,
-        remember_groups: int = 10_000,
-        mixer: TaskMixer | None = None,
     ) -> None:
-        self.js, self.max_backlog, self.mixer = js, max_backlog, mixer
+        self.js, self.max_backlog, self.groups = js, max_backlog, groups
+        self.mixer = groups.mixer
         self.refresh_s, self.retry_after_s = refresh_s, retry_after_s
-        self._groups: OrderedDict[str, None] = OrderedDict()
-        self._remember = remember_groups
         self._backlog: dict[str, tuple[float, int]] = {}  # model -> (read at, samples)
         self.held = 0
         """Token requests answered with retry_after_s (a counter, for logs and tests)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether admission may hold anything (a backlog bound or task mixing)."""
+        return self.max_backlog > 0 or self.mixer is not None
 
     async def backlog(self, model: str) -> int:
         """Samples of `model` not yet trained (cached for `refresh_s`)."""
@@ -68,39 +74,45 @@ class Admission:
         self._backlog[model] = (now, samples)
         return samples
 
-    def _admitted(self, group_key: str, task: str, now: float) -> bool:
-        if not (group_key and group_key in self._groups):
-            return False
-        self._groups.move_to_end(group_key)
-        if self.mixer is not None:
-            self.mixer.seen(task, now)
-        return True
-
-    async def check(self, models: list[str], group_key: str, eval: bool, task: str = "") -> float:
+    async def check(
+        self, models: list[str], group_key: str, eval: bool, task: str = "", episode_id: str = ""
+    ) -> float:
         """0.0 to admit the episode now, else the seconds after which the client should ask again.
+        An episode without a group key is a group of its own (`episode_id`).
 
         With a mixer, `task` must be one of its tasks (checked by the caller for non-eval episodes)."""
-        if eval or (self.max_backlog <= 0 and self.mixer is None):
+        if eval or not self.active:
             return 0.0
+        try:
+            return await self._check(models, group_key or f"episode:{episode_id}", task)
+        except (nats.errors.Error, TimeoutError) as exc:  # KV unreachable for now: the client asks again
+            log.warning("admission: shared state unreachable (%r); asking the client to retry", exc)
+            self.held += 1
+            return self.retry_after_s
+
+    async def _check(self, models: list[str], group_key: str, task: str) -> float:
         now = time.monotonic()
-        if self._admitted(group_key, task, now):
+        if self.mixer is not None:  # every ask, held or not, shows the task is alive
+            self.mixer.seen(task, now)
+            await self.groups.asked(task, now)
+        if self.groups.known(group_key):  # a group admitted here or by another gateway
             return 0.0
         for model in models if self.max_backlog > 0 else []:
             waiting = await self.backlog(model)
             if waiting >= self.max_backlog:
-                self.held += 1
-                if self.mixer is not None:  # it asked: it still counts as an active task
-                    self.mixer.seen(task, now)
                 log.debug("holding group %s: model %s has %d untrained samples", group_key, model, waiting)
-                return self.retry_after_s
-        if self._admitted(group_key, task, now):  # a sibling episode got in while we read the backlog
-            return 0.0
-        if self.mixer is not None and not self.mixer.admit(task, now):
-            self.held += 1
+                return await self._hold(group_key)
+        if self.mixer is not None and self.mixer.ahead(task, now):
             log.debug("holding group %s: task %s is ahead of its share", group_key, task)
-            return self.retry_after_s
-        if group_key:
-            self._groups[group_key] = None
-            while len(self._groups) > self._remember:
-                self._groups.popitem(last=False)
+            return await self._hold(group_key, task)
+        await self.groups.claim(group_key, task)  # admitted whether this gateway won or another did
         return 0.0
+
+    async def _hold(self, group_key: str, task: str = "") -> float:
+        """Hold a new group, unless another gateway admitted it meanwhile (the watch may lag)."""
+        if await self.groups.admitted(group_key):
+            return 0.0
+        self.held += 1
+        if task and self.mixer is not None:
+            self.mixer.held[task] += 1
+        return self.retry_after_s

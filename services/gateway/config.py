@@ -25,7 +25,12 @@ class GatewayConfig(ServiceConfig):
     public_url: str = ""
     """Base URL agents are told to use (default http://HOST:PORT/v1)."""
     engine: list[str] = Field(default_factory=list)
-    """Engines as MODEL=URL (repeatable): the trainable model name and its SGLang-API engine."""
+    """Engines as MODEL=URL (repeatable): the trainable model name and its engine (SGLang's API or
+    vLLM's). A model named more than once has a pool of engines: calls spread by load, an episode's
+    calls stay on one engine, a dead engine is left out (`services/gateway/pool.py`)."""
+    engine_slack: int = Field(default=4, ge=0)
+    """Engine pools: calls an episode's engine may have in flight beyond the least loaded one's
+    before the episode's call goes to the least loaded instead."""
     lora: list[str] = Field(default_factory=list)
     """Models served as LoRA adapters of their engine's base (repeatable): their requests name the
     adapter (`lora_path`; vLLM: `model`). `swarmrl up` lists the models that train LoRA."""

@@ -85,7 +85,7 @@ class ModelHandle:
 
     name: str
     tokenizer: Any
-    engine: Any  # swarmrl.services.engine.client.EngineClient
+    engine: Any  # swarmrl.services.gateway.pool.EnginePool: the model's engines
     context_len: int
     tool_parser: str = "auto"
     """Tool-call syntax (`replies.TOOL_FORMATS`); auto: read off the tokenizer's chat template."""
@@ -216,7 +216,9 @@ class Gateway:
     async def generate(self, call: PreparedCall) -> Completion:
         """Generate a prepared call in one piece and record it."""
         try:
-            result = await call.handle.engine.generate(call.prompt_ids, call.sampling, return_logprob=True)
+            result = await call.handle.engine.generate(
+                call.prompt_ids, call.sampling, return_logprob=True, key=call.claims.episode_id
+            )
         except EngineError as exc:
             raise engine_failed(call.req.model, exc.status, exc.message) from exc
         except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry

@@ -74,10 +74,11 @@ class TaskMixer:
         return [t for t, at in self._last_ask.items() if now - at <= self.window_s]
 
     def seen(self, task: str, now: float) -> None:
-        """Record that `task` asked for a token (it is alive), e.g. for an episode of an admitted group."""
+        """Record that `task` asked for a token (it is alive), e.g. for an episode of an admitted group.
+        `now` may lie in the past (an ask another gateway reported): the latest ask counts."""
         self.check(task)
         last = self._last_ask.get(task)
-        self._last_ask[task] = now
+        self._last_ask[task] = max(now, last) if last is not None else now
         if last is not None and now - last <= self.window_s:
             return
         # (Re)joining: start level with the active tasks, never owed a burst of catch-up groups.
@@ -102,6 +103,12 @@ class TaskMixer:
         if self.ahead(task, now):
             self.held[task] += 1
             return False
+        self.charge(task)
+        return True
+
+    def charge(self, task: str) -> None:
+        """Count one admitted group of `task`: what `admit` does once it admits, and what a gateway
+        does for each group another gateway admitted (`groups.py`), so all of them judge one mix."""
+        self.check(task)
         self._charged[task] += 1.0
         self.admitted[task] += 1
-        return True

@@ -5,7 +5,9 @@ models, for an episode the client owns, after admission control and task mixing;
 `swarm.llm.<model>`
 (chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
 `{"error": ..., "status": ...}`; `stream` is ignored there: the reply is the whole completion), both
-in queue group `gateway` so several gateways share the load. Streaming is HTTP's (`app.py`).
+in queue group `gateway` so several gateways share the load (admitted groups and the task mix are
+shared through KV `swarm-groups`, `groups.py`; a model's engines are a pool, `pool.py`). Streaming is
+HTTP's (`app.py`).
 Per-agent limits (`limits.py`) follow each episode's `end` and `abort` events (`swarm.ep.*.*.{end,abort}`).
 Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
 """
@@ -33,8 +35,10 @@ from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.errors import ApiError, too_large
 from swarmrl.services.gateway.grants import check_token_request
+from swarmrl.services.gateway.groups import GroupBook
 from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
+from swarmrl.services.gateway.pool import EnginePool
 from swarmrl.services.gateway.tokens import Claims, check_ttl, mint
 
 log = logging.getLogger("swarmrl.gateway")
@@ -50,12 +54,42 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+async def _open_pool(urls: list[str], cfg: GatewayConfig) -> EnginePool:
+    """The engines of one model: waits for the first to answer, gives the others a little longer (a
+    dead one starts out of the pool and joins once it answers)."""
+    from swarmrl.services.engine.client import open_engine
+
+    # in a pool an unreachable engine is left at once (the pool rides out restarts); alone, the
+    # engine's client rides them out itself
+    kw: dict[str, Any] = {"timeout": cfg.request_timeout_s}
+    kw |= {"retry_s": cfg.engine_retry_s} if len(urls) == 1 else {"retries": 2}
+    opening = {url: asyncio.create_task(open_engine(url, timeout_s=600, **kw)) for url in urls}
+    done, _ = await asyncio.wait(opening.values(), return_when=asyncio.FIRST_COMPLETED)
+    first = next(iter(done)).result()  # none answered in 600 s: the gateway cannot start
+    backend = "vllm" if type(first).__name__ == "VLLMClient" else "sglang"
+    await asyncio.wait(opening.values(), timeout=30)
+    members, late = [], []
+    for url, task in opening.items():
+        if task.done() and task.exception() is None:
+            members.append(task.result())
+        else:
+            task.cancel()
+            members.append(await open_engine(url, backend=backend, wait=False, **kw))
+            late.append(url)
+    pool = EnginePool(members, slack=cfg.engine_slack, retry_s=cfg.engine_retry_s)
+    for url in late:  # it joins the pool once it answers (a call tries it again after down_s)
+        pool.mark_down(url, RuntimeError("not ready at the gateway's start"))
+    return pool
+
+
 async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     from transformers import AutoConfig, AutoTokenizer
 
-    from swarmrl.services.engine.client import open_engine
-
-    engines, tokenizers = _pairs(cfg.engine, "engine"), _pairs(cfg.tokenizer, "tokenizer")
+    engines: dict[str, list[str]] = {}
+    for item in cfg.engine:
+        name, url = next(iter(_pairs([item], "engine").items()))
+        engines.setdefault(name, []).append(url)
+    tokenizers = _pairs(cfg.tokenizer, "tokenizer")
     if not engines:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
     tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
@@ -69,25 +103,24 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
         if unknown := sorted(set(named) - set(engines)):
             raise SystemExit(f"--{what} names {unknown}, which have no --engine; models: {sorted(engines)}")
     handles = {}
-    for name, url in engines.items():
-        engine = await open_engine(
-            url, timeout_s=600, timeout=cfg.request_timeout_s, retry_s=cfg.engine_retry_s
-        )
-        path = tokenizers.get(name) or (await engine.model_info()).get("tokenizer_path")
+    for name, urls in engines.items():
+        pool = await _open_pool(urls, cfg)
+        path = tokenizers.get(name) or (await pool.first.model_info()).get("tokenizer_path")
         # a LoRA adapter of the engine's base: every request names it (set after model_info, which on
         # vLLM would refuse an adapter not loaded yet)
         if name in cfg.lora:
-            engine.adapter = name
+            for member in pool.members.values():
+                member.adapter = name
         tok = AutoTokenizer.from_pretrained(path)
         ctx = int(
             getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length
         )
         handles[name] = handle = ModelHandle(
-            name, tok, engine, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto")
+            name, tok, pool, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto")
         )
         log.info(
-            "model=%s engine=%s tokenizer=%s context=%d tools=%s reasoning=%s",
-            name, url, path, ctx, handle.fmt.tools, handle.fmt.reasoning,
+            "model=%s engines=%s tokenizer=%s context=%d tools=%s reasoning=%s",
+            name, urls, path, ctx, handle.fmt.tools, handle.fmt.reasoning,
         )  # fmt: skip
     return handles
 
@@ -118,7 +151,8 @@ class GatewayService:
             log.info(
                 "task mixing weights=%s slack=%s window_s=%s", mixer.weights, mixer.slack, mixer.window_s
             )
-        self.admission = Admission(self.js, cfg.max_backlog, mixer=mixer)
+        self.mixer = mixer
+        self.admission = Admission(self.js, cfg.max_backlog, GroupBook(self.js, mixer))
 
     async def publish_llm(self, event: LlmEvent) -> None:
         await self.js.publish(
@@ -135,13 +169,14 @@ class GatewayService:
                     f"not_owner: client {owner!r} may not get tokens for episode {req.episode_id!r}"
                 )
             ttl_s = check_ttl(req.ttl_s, self.cfg.token_ttl_max_s)  # before admission counts the group
-            mixer = self.admission.mixer
-            if mixer is not None and not req.eval:
-                mixer.check(req.task)  # an unweighted task would slip past the mix
+            if self.mixer is not None and not req.eval:
+                self.mixer.check(req.task)  # an unweighted task would slip past the mix
             now = time.monotonic()
             wait = self.limits.check_episode(owner, req.episode_id, now)  # before admission counts it too
             if not wait:
-                wait = await self.admission.check(list(grant.models), req.group_key, req.eval, req.task)
+                wait = await self.admission.check(
+                    list(grant.models), req.group_key, req.eval, req.task, req.episode_id
+                )
             if wait > 0:
                 await msg.respond(encode(TokenReply(retry_after_s=wait), exclude_none=True))
                 return
@@ -189,6 +224,8 @@ class GatewayService:
     async def start_nats(self) -> None:
         """Create streams if needed and answer token and completion requests."""
         await bus.ensure_streams(self.js)
+        if self.admission.active:  # the groups other gateways admitted, and the mix's counts
+            await self.admission.groups.start()
         await self.nc.subscribe(S.TOKEN_REQUESTS, queue="gateway", cb=self.on_token)
         if self.limits.max_episodes > 0:  # every gateway sees every end (no queue group): each counts its own
             for kind in ("end", "abort"):
@@ -205,3 +242,4 @@ class GatewayService:
         await stop.wait()
         server.should_exit = True
         await task
+        await self.admission.groups.stop()

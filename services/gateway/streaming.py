@@ -81,7 +81,9 @@ class ChatStream:
     def __init__(self, gateway: Gateway, call: PreparedCall, include_usage: bool) -> None:
         self.gateway, self.call, self.include_usage = gateway, call, include_usage
         handle = call.handle
-        self._results = handle.engine.generate_stream(call.prompt_ids, call.sampling, return_logprob=True)
+        self._results = handle.engine.generate_stream(
+            call.prompt_ids, call.sampling, return_logprob=True, key=call.claims.episode_id
+        )
         self._text = TextDeltas(lambda ids: handle.tokenizer.decode(ids, skip_special_tokens=False))
         self._sent = ""
         self._thought = ""

@@ -47,6 +47,12 @@ class LedgerConfig(ServiceConfig):
     engines and trainers, it records in their gaps instead of taking the CPU from them. Where the
     machine is busy for a long time, the ledger lags (in stream messages, not lost ones) and catches up
     once it is not (`bench/results/pipeline.md` measures it beside `--nice 0`)."""
+    replica: str = ""
+    """Set: this ledger is one of several replicas (`[replicas] ledger = N`), which share the 16
+    episode partitions of LEDGER_PARTS and the other streams (one more lease) by lease, each writing
+    its partitions' Parquet files under `<table>/p<partition>/` (`service.py`). Empty: the one ledger."""
+    lease_interval_s: float = Field(default=2.0, gt=0, le=3.0)
+    """Replicas: how often the leases are renewed and rebalanced (at most half of `bus.LEASE_TTL_S`)."""
     stats_interval_s: float = 30.0
     """Log row and dead-letter counts this often (seconds); open episodes are expired as often."""
     open_episode_ttl_s: float = 6 * 3600.0

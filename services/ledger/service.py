@@ -1,6 +1,6 @@
 """NATS side of the ledger: one durable pull consumer per stream, ack / dead-letter decisions, flushes.
 
-Consumes: EPISODES (`swarm.ep.>`), SAMPLES (`swarm.samples.>`), METRICS (`swarm.metrics.>`) and
+Consumes: EPISODES (`swarm.ep.>`; replicas: LEDGER_PARTS, `swarm.lep.<p>.>`), SAMPLES (`swarm.samples.>`), METRICS (`swarm.metrics.>`) and
 DLQ (`swarm.dlq.>`), each with its durable consumer `ledger-<stream>` (`bus.durable_pull`), read in
 batches with nats-py's `PullSubscription.fetch` (`bus.batches`).
 Publishes: `swarm.dlq.ledger` (bad input, original bytes and reason).
@@ -20,12 +20,16 @@ consumer would not do: the messages the killed process had fetched but not acked
 of episodes begun before the restart are still accepted. A flush cut halfway (several tables) is
 deleted by `PartWriter.prepare`. A message dead-lettered just before a crash is dead-lettered again
 after it; the DLQ publish carries a Nats-Msg-Id, so JetStream drops that copy within its window.
+
+Replicas (`--replica`): the same per partition of LEDGER_PARTS, held by lease (see "Replicas" below).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import itertools
 import logging
 import os
 import time
@@ -33,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import duckdb
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -42,19 +47,27 @@ from nats.js.errors import NotFoundError
 from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.leases import Leases
+from swarmrl.services.common.lifecycle import EpisodeTracker
 from swarmrl.services.common.tasks import Loops
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
 from swarmrl.services.ledger.sink import StreamSink
-from swarmrl.services.ledger.store import PartWriter
+from swarmrl.services.ledger.store import Fenced, PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES, Row, dead_letter_row
 from swarmrl.services.ledger.views import high_water_marks, register_views, restore_tracker
 
 log = logging.getLogger("swarmrl.ledger")
 SERVICE = "ledger"
+CONSUMER_CHECK_S = 5.0
+"""Replicas: how often an idle partition checks that its consumer still exists."""
 GC_THRESHOLD = 100_000
 """The collector's first threshold while the ledger runs (Python's default is 700); see `run`."""
+
+
+class LeaseLost(Fenced):
+    """A replica's partition lease may have passed to another replica: its work stops at once."""
 
 
 class Ledger(Loops):
@@ -72,15 +85,53 @@ class Ledger(Loops):
         """Messages fetched per stream (redeliveries included), for the final log line."""
         self.nc: NATS | None = None
         self.dlq: bus.DeadLetters | None = None
+        self._takeovers = itertools.count()
+        self.partition_ingests: dict[int, Ingest] = {}
+        """Replicas: each partition's own ingest (its episodes' ordering state)."""
 
     async def start(self) -> None:
-        removed = await asyncio.to_thread(self.writer.prepare)
-        hwm = await asyncio.to_thread(self._recover)
         self.nc = await bus.connect(self.cfg.nats, SERVICE)
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
         self.dlq = bus.DeadLetters(js, SERVICE)
-        for stream, sink in self.sinks.items():
+        try:
+            await js.stream_info(S.LEDGER_PARTS_STREAM)
+            replicas_here = True
+        except NotFoundError:
+            replicas_here = False
+        if self.cfg.replica:  # one of several: what it writes follows its leases
+            if not replicas_here:
+                raise RuntimeError(
+                    f"ledger replica {self.cfg.replica!r}: stream {S.LEDGER_PARTS_STREAM} is missing; the "
+                    "operator creates it (`swarmrl up` with `[replicas] ledger` > 1)"
+                )
+            self._tasks.append(asyncio.create_task(self._replica(js), name="ledger-leases"))
+        elif replicas_here:  # a lone ledger beside replicas would record everything a second time
+            raise RuntimeError(
+                f"this swarm's ledgers are replicas ({S.LEDGER_PARTS_STREAM} exists): start this one "
+                "with --replica NAME"
+            )
+        else:
+            self._tasks += await self._start_streams(js, list(self.sinks), self._stop)
+        self._tasks.append(asyncio.create_task(self._log_stats(), name="ledger-stats"))
+
+    async def _start_streams(
+        self,
+        js: JetStreamContext,
+        streams: list[str],
+        stop: asyncio.Event,
+        owned: Callable[[], bool] | None = None,
+    ) -> list[asyncio.Task[None]]:
+        """Consume `streams` from where the files end (the module docstring), until `stop`. `owned`:
+        a replica's lease on them (fresh sinks, fenced as partitions are)."""
+        if owned is not None:
+            for stream in streams:
+                self.sinks[stream] = StreamSink(stream, owned=owned)
+        removed = await asyncio.to_thread(self.writer.prepare)
+        tracker = self.ingest.tracker if S.EPISODES_STREAM in streams else None
+        hwm = await asyncio.to_thread(self._recover, tracker)
+        for stream in streams:
+            sink = self.sinks[stream]
             sink.durable_seq = sink.last_seq = hwm.get(stream, 0)
             last = (await js.stream_info(stream)).state.last_seq
             if sink.durable_seq > last:  # rows from another life of the stream: resuming would mix them
@@ -91,12 +142,13 @@ class Ledger(Loops):
         log.info(
             "ledger writing to %s; resuming after %s; removed %d partial files; %d open episodes",
             self.writer.root,
-            {s: k.durable_seq for s, k in self.sinks.items()},
+            {s: self.sinks[s].durable_seq for s in streams},
             len(removed),
             len(self.ingest.tracker.open),
         )
-        for stream, sink in self.sinks.items():
-            durable = S.durable_name(SERVICE, stream)
+        tasks = []
+        for stream in streams:
+            sink, durable = self.sinks[stream], S.durable_name(SERVICE, stream)
             try:  # reposition (see the module docstring): the consumer's own position is not the truth
                 await js.delete_consumer(stream, durable)
             except NotFoundError:
@@ -107,21 +159,128 @@ class Ledger(Loops):
                 durable,
                 ">",  # the whole stream, unfiltered: a filter costs the server a match per message
                 ack_wait_s=self.cfg.ack_wait_s,
-                max_ack_pending=max(50_000, 2 * (self.cfg.flush_rows + self.cfg.fetch_batch)),
+                max_ack_pending=self._max_ack_pending,
                 start_seq=sink.durable_seq + 1,
                 ack_policy=AckPolicy.ALL,
                 # No byte cap (a fetch is `fetch_batch` messages): a message nats-py dropped as a slow
                 # consumer would be acked by the cumulative ack of a later one, and so lost.
                 pending_bytes_limit=0,
             )
-            self._tasks.append(asyncio.create_task(self._consume(sink, sub), name=f"ledger-{stream}"))
-        self._tasks.append(asyncio.create_task(self._log_stats(), name="ledger-stats"))
+            tasks.append(asyncio.create_task(self._consume(sink, sub, stop), name=f"ledger-{stream}"))
+        return tasks
 
-    def _recover(self) -> dict[str, int]:
+    @property
+    def _max_ack_pending(self) -> int:
+        return max(50_000, 2 * (self.cfg.flush_rows + self.cfg.fetch_batch))
+
+    def _recover(self, tracker: EpisodeTracker | None, sub: str = "") -> dict[str, int]:
+        """High-water marks of what is on disk (of partition folder `sub` only, if given), and the
+        ordering state of its episodes restored into `tracker`."""
         with duckdb.connect() as con:
-            register_views(con, self.cfg.run_dir)
-            restore_tracker(con, self.ingest.tracker)
+            register_views(con, self.cfg.run_dir, sub)
+            if tracker is not None:
+                restore_tracker(con, tracker)
             return high_water_marks(con)
+
+    # Replicas -----------------------------------------------------------------------------------------
+    # Leases 0..15 are the episode partitions of LEDGER_PARTS, lease 16 the other streams (SAMPLES,
+    # METRICS, DLQ: small ones, read as by the one ledger). A partition's owner writes its rows under
+    # `<table>/p<partition>/`, with EPISODES' own sequence numbers (`bus.source_seq`): its files say
+    # how far it got, as the one ledger's do, and the rows read the same. LEDGER_PARTS is a work queue
+    # (acks per message, once its row is durable): a new owner starts a fresh consumer, which delivers
+    # every unacked message in order, and skips those its files already hold.
+
+    async def _replica(self, js: JetStreamContext) -> None:
+        kv = await js.key_value(S.LEASES_BUCKET)
+        leases = Leases(kv, SERVICE, self.cfg.replica, S.EPISODE_PARTITIONS + 1)
+        log.info(
+            "replica %s consuming %s and the other streams by lease", self.cfg.replica, S.LEDGER_PARTS_STREAM
+        )
+        work: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+        renewed = time.monotonic()
+
+        def owned(p: int) -> Callable[[], bool]:
+            # fenced once no renewal round began for the TTL less a second: the key may expire then
+            # (a round renews 17 keys, seconds on a busy machine: the round's start is what counts)
+            return lambda: p in leases.held and time.monotonic() - renewed < bus.LEASE_TTL_S - 1.0
+
+        while True:
+            give_back: list[int] = []
+            try:
+                began = time.monotonic()
+                give_back = await leases.tick()
+                renewed = began
+            except Exception as exc:  # the broker is away: try again next round
+                log.warning("lease renewal failed: %r", exc)
+            for p, (stop, task) in list(work.items()):
+                if p not in leases.held or p in give_back or not owned(p)():
+                    stop.set()
+                if task.done():
+                    del work[p]
+                    if not task.cancelled() and (failed := task.exception()) is not None:
+                        if not isinstance(failed, Fenced):  # a bug or a fatal state: fail as a crash would
+                            raise failed
+                        log.warning("partition %d stopped: %r", p, failed)
+            for p in give_back:  # its work has stopped (or never ran): free it for the others
+                if p not in work:
+                    await leases.release(p)
+            if self._stop.is_set():
+                break
+            for p in set(leases.held) - set(give_back) - set(work):
+                if not owned(p)():  # renewals failing: our view of the leases may be stale
+                    continue
+                stop = asyncio.Event()
+                work[p] = (stop, asyncio.create_task(self._own(js, p, stop, owned(p)), name=f"ledger-p{p}"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.lease_interval_s)
+        for stop, _ in work.values():
+            stop.set()
+        await asyncio.gather(*(task for _, task in work.values()), return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(leases.leave(), timeout=10)
+
+    async def _own(
+        self, js: JetStreamContext, p: int, stop: asyncio.Event, owned: Callable[[], bool]
+    ) -> None:
+        """Record lease `p` until `stop`: an episode partition, or (the last) the other streams."""
+        if p == S.EPISODE_PARTITIONS:
+            streams = [s for s in self.sinks if s != S.EPISODES_STREAM]
+            tasks = await self._start_streams(js, streams, stop, owned)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            stop.set()  # one failed (fenced, or worse): the others stop with it
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for task in done:
+                task.result()
+            return
+        writer = PartWriter(
+            self.cfg.run_dir, compression=self.cfg.compression, fsync=self.cfg.fsync, sub=f"p{p}"
+        )
+        await asyncio.to_thread(writer.prepare)
+        # Its own ordering state, from its files alone: what an earlier ownership here held
+        # unwritten must not count as seen when the partition's unacked messages come again.
+        ingest = self.partition_ingests[p] = Ingest(max_event_bytes=self.cfg.max_event_bytes)
+        hwm = (await asyncio.to_thread(self._recover, ingest.tracker, writer.sub)).get(S.EPISODES_STREAM, 0)
+        sink = StreamSink(S.EPISODES_STREAM, writer=writer, sourced=True, owned=owned, ingest=ingest)
+        sink.durable_seq = sink.last_seq = hwm
+        # a fresh consumer per takeover, its name new: a stalled earlier run of this partition here
+        # (stopping, fenced) must never read from it
+        stream, prefix = S.LEDGER_PARTS_STREAM, f"ledger-p{p}-"
+        name = f"{prefix}{self.cfg.replica}-{next(self._takeovers)}"
+        for info in await js.consumers_info(stream):  # a work queue allows one consumer per partition
+            if info.name.startswith(prefix):
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_consumer(stream, info.name)
+        sub = await bus.durable_pull(
+            js, stream, name, S.partition_filter(p, S.LEDGER_PARTITION_PREFIX),
+            ack_wait_s=self.cfg.ack_wait_s, max_ack_pending=self._max_ack_pending, pending_bytes_limit=0,
+        )  # fmt: skip
+        log.info("partition %d: resuming after EPISODES seq %d", p, hwm)
+        try:
+            await self._consume(sink, sub, stop)
+        finally:
+            self.partition_ingests.pop(p, None)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def stop(self) -> None:
         """Flush what is buffered (then ack it), and disconnect."""
@@ -142,32 +301,57 @@ class Ledger(Loops):
             dict(self.fetched),
         )
 
-    async def _consume(self, sink: StreamSink, sub: JetStreamContext.PullSubscription) -> None:
+    async def _consume(
+        self, sink: StreamSink, sub: JetStreamContext.PullSubscription, stop: asyncio.Event
+    ) -> None:
         cfg = self.cfg
         # No poison check (one ack acks every earlier message); after a stop, what the stream held
         # is still recorded (`stop_drain_s`).
         batches = bus.batches(
-            sub, self._stop, cfg.fetch_batch, cfg.poll_interval_s, dead_letters=None, drain_s=cfg.stop_drain_s
+            sub, stop, cfg.fetch_batch, cfg.poll_interval_s, dead_letters=None, drain_s=cfg.stop_drain_s
         )
-        async for msgs in batches:
-            self.fetched[sink.stream] += len(msgs)
-            complete = await self._handle(sink, msgs)
-            if sink.due(self.cfg, idle=not msgs):
-                await self._start_flush(sink)
-            elif sink.writing is not None and sink.writing.done():
+        checked = time.monotonic()
+        try:
+            async for msgs in batches:
+                if sink.owned is not None and not sink.owned():
+                    raise LeaseLost(f"lease on {sink.stream} lost: {sink.rows} rows left to its next owner")
+                if sink.sourced and not msgs and time.monotonic() - checked > CONSUMER_CHECK_S:
+                    checked = time.monotonic()
+                    await self._still_ours(sub)
+                self.fetched[sink.stream] += len(msgs)
+                complete = await self._handle(sink, msgs)
+                if sink.due(self.cfg, idle=not msgs):
+                    await self._start_flush(sink)
+                elif sink.writing is not None and sink.writing.done():
+                    await self._finish_flush(sink)
+                await self._ack_settled(sink)
+                if not complete:
+                    break  # stopping while the DLQ is unreachable: the rest is redelivered later
+            await self._start_flush(sink)
+        except Fenced:  # a replica's partition: the write begun while it was ours ends first
+            with contextlib.suppress(Fenced):
                 await self._finish_flush(sink)
-            await self._ack_settled(sink)
-            if not complete:
-                break  # stopping while the DLQ is unreachable: the rest is redelivered later
-        await self._start_flush(sink)
+            raise
         await self._finish_flush(sink)
         await self._ack_settled(sink)
 
-    def _ingester(self, stream: str) -> Callable[[Msg, int], tuple[str, Row]]:
+    @staticmethod
+    async def _still_ours(sub: JetStreamContext.PullSubscription) -> None:
+        """A partition's consumer deleted means another replica took the partition: stop (a fetch
+        from a deleted consumer would only time out, and the partition would stall)."""
+        try:
+            await sub.consumer_info()
+        except NotFoundError as exc:
+            raise LeaseLost("the partition's consumer was deleted: another replica owns it") from exc
+        except (nats.errors.Error, TimeoutError) as exc:  # the broker is away: look again later
+            log.debug("consumer check failed: %r", exc)
+
+    def _ingester(self, stream: str, ingest: Ingest) -> Callable[[Msg, int], tuple[str, Row]]:
         """The function that turns one message of `stream` into its (table, row), or raises why not."""
-        ingest = self.ingest
-        if stream == S.EPISODES_STREAM:
-            return lambda msg, seq: ingest.episode(msg.subject, msg.data, stream, seq, time.time())
+        if stream == S.EPISODES_STREAM:  # from LEDGER_PARTS too, under its partition's subject
+            return lambda msg, seq: ingest.episode(
+                S.unpartitioned(msg.subject), msg.data, stream, seq, time.time()
+            )
         if stream == S.SAMPLES_STREAM:
             return lambda msg, seq: ingest.sample(msg.subject, msg.data, stream, seq)
         if stream == S.METRICS_STREAM:
@@ -191,9 +375,10 @@ class Ledger(Loops):
     async def _handle(self, sink: StreamSink, msgs: list[Msg]) -> bool:
         """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
         not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
-        ingest = self._ingester(sink.stream)
+        ingest = self._ingester(sink.stream, sink.ingest or self.ingest)
         for msg in msgs:  # one plain loop: no coroutine per message, awaits only for the rare cases
-            seq = msg.metadata.sequence.stream  # nats-py raises NotJSMessageError for a non-JetStream one
+            # nats-py raises NotJSMessageError for a non-JetStream one
+            seq = bus.source_seq(msg) if sink.sourced else msg.metadata.sequence.stream
             if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
                 self.counts["redelivered"] += 1
                 if seq <= sink.durable_seq:
@@ -209,6 +394,10 @@ class Ledger(Loops):
                     reason = str(exc) if isinstance(exc, WireError | Rejected) else f"internal: {exc!r}"
                     if not await self._dead_letter(msg, reason):
                         return False
+                if sink.sourced:  # acked on its own: nothing else rides on its ack
+                    sink.last_seq = seq
+                    await self._ack(msg)
+                    continue
                 sink.last, sink.last_seq = msg, seq
                 await self._ack_settled(sink)
                 continue
@@ -243,7 +432,11 @@ class Ledger(Loops):
         if not sink.rows:
             return
         buffers, rows = sink.take(self.cfg)
-        covering, sink.last = sink.last, None  # this write owns the ack of everything up to it
+        covering = sink.take_acks()  # this write owns the ack of everything up to it
+        if sink.owned is not None and not sink.owned():
+            # Write nothing more and stop reading: the partition's next owner (maybe this replica
+            # again, with a fresh consumer) replays these from the files' end, in order.
+            raise LeaseLost(f"partition lease lost: {rows} rows of {sink.stream} left to its next owner")
         sink.writing = asyncio.create_task(self._write(sink, buffers, rows, sink.last_seq, covering))
 
     async def _finish_flush(self, sink: StreamSink) -> None:
@@ -257,12 +450,14 @@ class Ledger(Loops):
         buffers: dict[str, TableBuffer],
         rows: int,
         top: int,
-        covering: Msg | None,
+        covering: list[Msg],
     ) -> None:
         delay = 0.5
         while True:
             try:
-                paths = await asyncio.to_thread(self._write_files, buffers)
+                paths = await asyncio.to_thread(
+                    self._write_files, buffers, sink.writer or self.writer, sink.owned
+                )
                 break
             except OSError as exc:  # disk full, permissions: keep the messages unacked and retry
                 if self._stop.is_set():
@@ -276,12 +471,17 @@ class Ledger(Loops):
         for table, buffer in buffers.items():
             self.counts[table] += buffer.rows
         log.debug("flushed stream=%s rows=%d files=%d up to seq %d", sink.stream, rows, len(paths), top)
-        if covering is not None:
-            await self._ack(covering)
+        for msg in covering:
+            await self._ack(msg)
 
-    def _write_files(self, buffers: dict[str, TableBuffer]) -> list:
-        # In a worker thread: Arrow conversion, compression and fsync mostly release the GIL.
-        return self.writer.write_group({table: buffer.to_arrow() for table, buffer in buffers.items()})
+    @staticmethod
+    def _write_files(
+        buffers: dict[str, TableBuffer], writer: PartWriter, owned: Callable[[], bool] | None
+    ) -> list:
+        # In a worker thread: Arrow conversion, compression and fsync mostly release the GIL. A
+        # replica's partition is checked once more before its files take their place: a write begun
+        # while it was ours lands only if it still is (a stalled process wakes up fenced).
+        return writer.write_group({table: buffer.to_arrow() for table, buffer in buffers.items()}, owned)
 
     async def _ack_settled(self, sink: StreamSink) -> None:
         """Ack the latest handled message if nothing below it waits for a write (dead letters only)."""
@@ -304,13 +504,14 @@ class Ledger(Loops):
                 pass
             assert self.dlq is not None
             # Vanished clients' episodes: the ordering state stays bounded by the tracker's max_closed.
-            forgotten = self.ingest.tracker.expire(time.time(), self.cfg.open_episode_ttl_s)
-            self.counts["forgotten_open_episodes"] += len(forgotten)
+            for ingest in [self.ingest, *self.partition_ingests.values()]:
+                forgotten = ingest.tracker.expire(time.time(), self.cfg.open_episode_ttl_s)
+                self.counts["forgotten_open_episodes"] += len(forgotten)
             log.info(
                 "rows %s dead letters %s open episodes %d",
                 dict(self.counts),
                 dict(self.dlq.counts),
-                len(self.ingest.tracker.open),
+                sum(len(i.tracker.open) for i in [self.ingest, *self.partition_ingests.values()]),
             )
 
 

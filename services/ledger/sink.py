@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
+from swarmrl.services.ledger.ingest import Ingest
+from swarmrl.services.ledger.store import PartWriter
 from swarmrl.services.ledger.tables import Row
 
 
@@ -25,6 +28,17 @@ class StreamSink:
     """
 
     stream: str
+    writer: PartWriter | None = None
+    """Where its files go; None: the ledger's own writer (the tables' folders)."""
+    sourced: bool = False
+    """A partition of LEDGER_PARTS (ledger replicas): sequences are EPISODES' (`bus.source_seq`), and
+    each message is acked once its row is durable (a work queue takes no cumulative acks)."""
+    owned: Callable[[], bool] | None = None
+    """Replicas: whether the partition's lease is still ours (a flush is dropped unwritten if not)."""
+    ingest: Ingest | None = None
+    """Replicas: the partition's own ingest (ordering state); None: the ledger's."""
+    covered: list[Msg] = field(default_factory=list)
+    """Sourced: the buffered messages, acked after their flush."""
     durable_seq: int = 0
     """Every message of the stream up to this sequence is on disk or dead-lettered."""
     last_seq: int = 0
@@ -50,6 +64,14 @@ class StreamSink:
         self.rows += 1
         self.nbytes += len(msg.data)
         self.last, self.last_seq = msg, seq
+        if self.sourced:
+            self.covered.append(msg)
+
+    def take_acks(self) -> list[Msg]:
+        """The messages whose acks the next flush owns: each buffered one (sourced), else the latest."""
+        acks = self.covered if self.sourced else [m for m in (self.last,) if m is not None]
+        self.covered, self.last = [], None
+        return acks
 
     def due(self, cfg: LedgerConfig, idle: bool = False) -> bool:
         """Time to write: `flush_rows` or `flush_bytes` waiting, or rows `flush_interval_s` old; or,

@@ -1,4 +1,5 @@
-"""Parquet part files of the ledger: `<run_dir>/ledger/<table>/part-*.parquet`. Pure file logic, no NATS.
+"""Parquet part files of the ledger: `<run_dir>/ledger/<table>/part-*.parquet` (ledger replicas: their
+partitions' files in `<table>/p<partition>/`). Pure file logic, no NATS.
 
 A flush writes the rows of one stream, which may span several tables (EPISODES feeds `events` and
 `llm_calls`). The files of one flush form a *group*: they share a group id and each names the group's
@@ -15,6 +16,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,11 +54,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class Fenced(RuntimeError):
+    """A group's files were withdrawn before taking their place (`PartWriter.write_group`'s `commit`)."""
+
+
 class PartWriter:
     """Writes groups of Parquet files atomically (per file) and recoverably (per group)."""
 
-    def __init__(self, run_dir: Path | str, *, compression: str = "snappy", fsync: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path | str, *, compression: str = "snappy", fsync: bool = True, sub: str = ""
+    ) -> None:
         self.root = ledger_dir(run_dir)
+        self.sub = sub
+        """Write into `<table>/<sub>/` (a ledger replica's partition), not the table's folder."""
         self.compression = compression
         self.fsync = fsync
         # Group ids sort by creation time and stay unique within a process and across restarts.
@@ -69,21 +79,25 @@ class PartWriter:
         Returns the deleted files (temporary files and the parts of incomplete groups).
         """
         for table in TABLES:
-            (self.root / table).mkdir(parents=True, exist_ok=True)
+            self.folder(table).mkdir(parents=True, exist_ok=True)
         removed = self.recover()
-        for table, schema in TABLES.items():
-            self._write_file(self.root / table / EMPTY_FILE, schema.empty_table())
+        if not self.sub:  # the table's own folder holds its schema file
+            for table, schema in TABLES.items():
+                self._write_file(self.root / table / EMPTY_FILE, schema.empty_table())
         if self.fsync:
             for table in TABLES:
-                _fsync_dir(self.root / table)
+                _fsync_dir(self.folder(table))
         return removed
+
+    def folder(self, table: str) -> Path:
+        return self.root / table / self.sub if self.sub else self.root / table
 
     def recover(self) -> list[Path]:
         groups: dict[str, list[Path]] = {}
         sizes: dict[str, int] = {}
         removed: list[Path] = []
         for table in TABLES:
-            for path in (self.root / table).iterdir():
+            for path in self.folder(table).iterdir():
                 if path.name.endswith(_TMP_SUFFIX):
                     removed.append(path)
                     continue
@@ -104,17 +118,24 @@ class PartWriter:
             path.unlink()
         return removed
 
-    def write_group(self, tables: dict[str, pa.Table]) -> list[Path]:
-        """Write the non-empty `tables` as one group; return the final paths (durable on return)."""
+    def write_group(
+        self, tables: dict[str, pa.Table], commit: Callable[[], bool] | None = None
+    ) -> list[Path]:
+        """Write the non-empty `tables` as one group; return the final paths (durable on return).
+        `commit` is asked once every file is written, before any takes its place: False deletes them
+        and raises `Fenced` (a ledger replica's partition passed to another while it wrote)."""
         tables = {name: table for name, table in tables.items() if table.num_rows}
         if not tables:
             return []
         gid = f"{self._epoch:020d}-{next(self._ids):08d}"
-        paths = []
-        for name, table in tables.items():
-            path = self.root / name / f"part-{gid}-n{len(tables)}.parquet"
-            self._write_file(path, table, _SCALARS[name], _SCALARS[name])
-            paths.append(path)
+        paths = [self.folder(name) / f"part-{gid}-n{len(tables)}.parquet" for name in tables]
+        tmps = [self._write_tmp(path, table, _SCALARS[name], _SCALARS[name]) for path, (name, table) in zip(paths, tables.items(), strict=True)]  # fmt: skip
+        if commit is not None and not commit():
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+            raise Fenced(f"write of {len(paths)} files to {paths[0].parent} withdrawn: no longer ours")
+        for tmp, path in zip(tmps, paths, strict=True):
+            os.replace(tmp, path)
         if self.fsync:  # make the renames durable before the caller acks the messages
             for path in paths:
                 _fsync_dir(path.parent)
@@ -127,6 +148,16 @@ class PartWriter:
         dictionary: list[str] | bool = True,
         statistics: list[str] | bool = True,
     ) -> None:
+        os.replace(self._write_tmp(path, table, dictionary, statistics), path)
+
+    def _write_tmp(
+        self,
+        path: Path,
+        table: pa.Table,
+        dictionary: list[str] | bool = True,
+        statistics: list[str] | bool = True,
+    ) -> Path:
+        """`table` written and fsynced under `path`'s temporary name, which is returned."""
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         pq.write_table(
             table, tmp, compression=self.compression, use_dictionary=dictionary, write_statistics=statistics
@@ -137,4 +168,4 @@ class PartWriter:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        os.replace(tmp, path)
+        return tmp

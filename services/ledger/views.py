@@ -1,7 +1,7 @@
 """DuckDB over the ledger's Parquet files: the views `swarmrl query` offers and the queries a restart needs.
 
-Pure logic (no NATS). Each table is a view over `read_parquet('<ledger>/<table>/*.parquet',
-union_by_name=true)`, so new part files show up in the next query and older files missing a newer
+Pure logic (no NATS). Each table is a view over `read_parquet('<ledger>/<table>/**/*.parquet',
+union_by_name=true)` (ledger replicas' partition folders included), so new part files show up in the next query and older files missing a newer
 column read it as NULL. A table without any file yet is a typed empty SELECT, so a query never fails
 on a fresh run. `episodes` is derived from `events` and `llm_calls`.
 """
@@ -66,13 +66,15 @@ def empty_select(table: str) -> str:
     return f"SELECT * FROM (SELECT {cols}) WHERE false"
 
 
-def register_views(con: duckdb.DuckDBPyConnection, run_dir: Path | str) -> None:
-    """(Re)create every ledger view on `con` over the Parquet files under `<run_dir>/ledger/`."""
+def register_views(con: duckdb.DuckDBPyConnection, run_dir: Path | str, sub: str = "") -> None:
+    """(Re)create every ledger view on `con` over the Parquet files under `<run_dir>/ledger/` (those of
+    ledger replicas' partitions, in the tables' subfolders, included); `sub`: one such subfolder only."""
     root = ledger_dir(run_dir)
     for table in TABLES:
-        folder = root / table
-        if folder.is_dir() and any(folder.glob("*.parquet")):
-            source = f"SELECT * FROM read_parquet({_quote(str(folder / '*.parquet'))}, union_by_name=true)"
+        folder = root / table / sub if sub else root / table
+        if folder.is_dir() and any(folder.rglob("*.parquet")):
+            files = _quote(str(folder / "**" / "*.parquet"))
+            source = f"SELECT * FROM read_parquet({files}, union_by_name=true)"
         else:
             source = empty_select(table)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {source}")

@@ -55,7 +55,7 @@ async def test_eval_episodes_failed_by_the_engine_are_played_again_or_left_out(
     swarm = await SwarmClient.connect(stack.nats.service_url, client_id="evaluator", code_version="t")
     kw = {"limit": 2, "samples": 1, "max_tokens": 8}
     for handle in stack.gateway.gateway.models.values():  # a gateway that gives up on the engine after 1 s
-        handle.engine.retry_s = 1.0
+        handle.engine.retry_s = handle.engine.first.retry_s = 1.0
     try:
         up = await evaluate(swarm, "calculator", "policy", **kw)
         assert up.episodes == 2

@@ -63,15 +63,15 @@ async def mid_run(js: JetStreamContext) -> bool:
     return bool(held) and await stream_count(js, S.SAMPLES_STREAM) > 0
 
 
-async def leases(js: JetStreamContext) -> dict[str, int]:
-    """Partitions held per merger replica (KV swarm-leases)."""
+async def leases(js: JetStreamContext, service: str = "merger") -> dict[str, int]:
+    """Partitions held per `service` replica (KV swarm-leases)."""
     kv = await js.key_value(S.LEASES_BUCKET)
     held: dict[str, int] = {}
     try:
         keys = await kv.keys()
     except NoKeysError:
         return held
-    for key in [k for k in keys if k.startswith("merger.lease.")]:
+    for key in [k for k in keys if k.startswith(f"{service}.lease.")]:
         try:
             entry = await kv.get(key)
         except NotFoundError:  # expired since it was listed

@@ -28,6 +28,7 @@ async def gateway(swarm_nats: NatsServer):
     service.admission.retry_after_s = 0.05
     await service.start_nats()
     yield service
+    await service.admission.groups.stop()
     await nc.close()
 
 

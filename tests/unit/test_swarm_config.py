@@ -187,6 +187,23 @@ def test_lora_models_share_one_engine_that_serves_each_as_an_adapter(tmp_path: P
     assert procs["engine-caller"].adapters == ["caller"] and procs["engine-reporter"].adapters == []
 
 
+def test_replicas_start_pools_of_engines_and_several_gateways(tmp_path: Path) -> None:
+    from swarmrl.launch import plan_services
+
+    swarm = build(lora_team(), "t")
+    swarm.replicas.engine, swarm.replicas.gateway, swarm.replicas.merger, swarm.replicas.ledger = 2, 3, 2, 2
+    procs = {p.name: p.config for p in plan_services(swarm, dict.fromkeys(swarm.models, tmp_path), tmp_path)}
+    engines = [f"http://127.0.0.1:{procs[f'engine-caller-{i}'].port}" for i in range(2)]
+    assert len(set(engines)) == 2 and "engine-reporter-0" not in procs  # the adapters share the pool
+    gateways = [procs[f"gateway-{i}"] for i in range(3)]
+    assert len({g.port for g in gateways}) == 3
+    # every gateway routes each model to the whole pool
+    assert all(g.engine == [f"{m}={u}" for m in ("caller", "reporter") for u in engines] for g in gateways)
+    assert [procs[f"merger-{i}"].replica for i in range(2)] == ["merger-0", "merger-1"]
+    assert [procs[f"ledger-{i}"].replica for i in range(2)] == ["ledger-0", "ledger-1"]
+    assert len({procs[f"ledger-{i}"].run_dir for i in range(2)}) == 1  # one run dir, partition folders
+
+
 @pytest.mark.parametrize(
     ("reporter", "named"),
     [

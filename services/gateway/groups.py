@@ -1,0 +1,172 @@
+"""Admitted groups and task activity, shared by every gateway through NATS KV `swarm-groups`.
+
+Gateways answer token requests in one queue group, so the episodes of one GRPO group reach different
+gateways. They must admit a group whole and mix tasks by one count, so what admission and mixing
+decide is written where all of them see it:
+
+- `g.<digest of the group key>`: the group is admitted (value: its task and the gateway that admitted
+  it). Admitting a new group is a KV `create`, which the server grants once: of two gateways
+  admitting one group at once, one wins and the other finds it admitted. An episode of a group any
+  gateway admitted is admitted (`known`; before holding one, a gateway reads the key to be sure);
+- `a.<task>`: the task asked for a token (value: the gateway), written by each gateway at most every
+  `window_s / 4` per task.
+
+Every gateway watches the bucket and applies what the others wrote to its own `TaskMixer` (`charge`,
+`seen`); its own writes it applied when it made them. A (re)started gateway's watch begins with the
+bucket's live keys, so it knows (and charges) the groups admitted within `bus.GROUPS_TTL_S` instead
+of forgetting which groups it admitted. The bucket's TTL forgets the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyValueError
+from nats.js.kv import KeyValue
+
+from swarmrl.schemas import subjects as S
+from swarmrl.services.gateway.mixing import TaskMixer
+
+log = logging.getLogger("swarmrl.gateway")
+
+
+def _bounded_add(keys: dict[str, None], key: str, most: int) -> None:
+    keys[key] = None
+    while len(keys) > most:
+        del keys[next(iter(keys))]
+
+
+def group_key(group: str) -> str:
+    """KV key of group `group` (any string: a digest keeps it to KV's key alphabet)."""
+    return "g." + hashlib.blake2b(group.encode(), digest_size=16).hexdigest()
+
+
+class GroupBook:
+    """This gateway's view of the admitted groups and the tasks' activity (see the module docstring)."""
+
+    def __init__(self, js: JetStreamContext, mixer: TaskMixer | None, *, remember: int = 100_000) -> None:
+        self.js, self.mixer = js, mixer
+        self.kv: KeyValue  # bound by start()
+        self.gateway = f"gateway-{uuid.uuid4().hex[:12]}"
+        self._known: dict[str, None] = {}  # KV keys of admitted groups, oldest first
+        self._charged: dict[str, None] = {}  # of those, the ones this gateway's mixer counted
+        self.claimed = 0
+        """Groups this gateway admitted (won the KV create of), for logs and tests."""
+        self._remember = remember
+        self._announced: dict[str, float] = {}  # task -> when this gateway last wrote a.<task>
+        self._watch: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+        """Set once the watch has delivered the bucket's live keys."""
+
+    async def start(self) -> None:
+        self.kv = await self.js.key_value(S.GROUPS_BUCKET)
+        watcher = await self.kv.watch(">")
+        self._watch = asyncio.create_task(self._follow(watcher))
+        await self.ready.wait()
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    def known(self, group: str) -> bool:
+        return group_key(group) in self._known
+
+    async def admitted(self, group: str) -> bool:
+        """Whether some gateway admitted `group`, read from KV (for when the watch may lag)."""
+        key = group_key(group)
+        if key in self._known:
+            return True
+        try:
+            await self.kv.get(key)
+        except KeyNotFoundError:
+            return False
+        self._remember_key(key)
+        return True
+
+    async def claim(self, group: str, task: str) -> bool:
+        """Admit `group` of `task`: True if this gateway admitted it now (and charged the mixer),
+        False if another gateway had (its charge arrives through the watch)."""
+        key = group_key(group)
+        try:
+            await self.kv.create(key, json.dumps({"task": task, "by": self.gateway}).encode())
+        except KeyValueError:  # the key exists: another gateway admitted the group first
+            self._remember_key(key)
+            return False
+        self._remember_key(key)
+        self.claimed += 1
+        self._charge(key, task)
+        return True
+
+    async def asked(self, task: str, now: float) -> None:
+        """`task` asked for a token here: tell the other gateways now and then (its activity)."""
+        if self.mixer is None or now - self._announced.get(task, -1e18) < self.mixer.window_s / 4:
+            return
+        self._announced[task] = now
+        try:
+            await self.kv.put(f"a.{task}", self.gateway.encode())
+        except (nats.errors.Error, TimeoutError) as exc:  # informational: the next ask tells again
+            self._announced.pop(task, None)
+            log.warning("groups: task activity not shared (%r)", exc)
+
+    def _remember_key(self, key: str) -> None:
+        _bounded_add(self._known, key, self._remember)
+
+    def _charge(self, key: str, task: str) -> None:
+        """Count admitted group `key` in this gateway's mix, once (a re-watch delivers it again)."""
+        if self.mixer is None or key in self._charged:
+            return
+        _bounded_add(self._charged, key, self._remember)
+        self.mixer.charge(task)
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+        """Apply the bucket's changes; if the watch fails, watch again (its live keys come again,
+        and what was counted is not counted twice)."""
+        while True:
+            try:
+                async for entry in watcher:
+                    if entry is None:  # the live keys are all delivered
+                        self.ready.set()
+                        continue
+                    if entry.operation is None and entry.value:  # a put (deletes and TTL expiries pass)
+                        self._apply(entry.key, entry.value, entry.created)
+                    if not entry.delta:
+                        self.ready.set()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("groups: watch of %s failed (%r); watching again", S.GROUPS_BUCKET, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
+            watcher = await self._watch_again()
+
+    async def _watch_again(self) -> KeyValue.KeyWatcher:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                return await self.kv.watch(">")
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("groups: watch not restarted yet (%r)", exc)
+
+    def _apply(self, key: str, value: bytes, created: object) -> None:
+        try:
+            if key.startswith("g."):
+                self._remember_key(key)
+                self._charge(key, json.loads(value)["task"])
+            elif key.startswith("a.") and self.mixer is not None and value.decode() != self.gateway:
+                # when it asked, on this gateway's monotonic clock
+                age = time.time() - created.timestamp() if hasattr(created, "timestamp") else 0.0
+                self.mixer.seen(key.removeprefix("a."), time.monotonic() - max(age, 0.0))
+        except (ValueError, KeyError) as exc:  # a task this gateway does not mix, or a bad value
+            log.warning("groups: ignored %s (%s)", key, exc)

@@ -1,0 +1,115 @@
+"""Two gateways in one queue group admit as one does, against a real nats-server: the episodes of a
+group land on either gateway at once, yet every group is admitted once and whole, both gateways
+count one mix, and a gateway started later knows what was admitted before it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+
+import nats
+import pytest
+
+from swarmrl.agents import SwarmClient
+from swarmrl.infra.nats_server import NatsServer
+from swarmrl.services.gateway.config import GatewayConfig
+from swarmrl.services.gateway.service import GatewayService
+from tests.conftest import wait_for
+
+MODEL = "policy"
+WEIGHTS = ["calculator=0.7", "guess_number=0.3"]
+GROUP = 4
+
+
+async def start_gateway(server: NatsServer) -> tuple[GatewayService, nats.NATS]:
+    nc = await nats.connect(server.url("gateway"))  # the gateway role's own user: KV rights included
+    cfg = GatewayConfig(nats=server.url("gateway"), port=0, task_weight=WEIGHTS, mix_slack=1.0)
+    # The token responder only checks model names; no engine is needed to mint tokens.
+    service = GatewayService(cfg, nc, models={MODEL: None})  # type: ignore[dict-item]
+    service.admission.retry_after_s = 0.05
+    await service.start_nats()
+    return service, nc
+
+
+@pytest.fixture
+async def gateways(swarm_nats: NatsServer):
+    started = [await start_gateway(swarm_nats) for _ in range(2)]
+    yield [service for service, _ in started]
+    for service, nc in started:
+        await service.admission.groups.stop()
+        await nc.close()
+
+
+async def play_groups(server: NatsServer, task: str, stop: asyncio.Event, played: Counter[str], workers: int):
+    """A task's client: plays groups of GROUP episodes *at once* (their token requests race to both
+    gateways) with fresh group keys until `stop`; counts the groups it played whole."""
+    swarm = await SwarmClient.connect(server.agent, client_id=f"{task}-client")
+    keys = itertools.count()
+
+    async def episode(key: str) -> None:
+        async with swarm.episode(key, models=[MODEL], task={"name": task}, heartbeat_s=0):
+            pass
+
+    async def worker() -> None:
+        while not stop.is_set():
+            key = f"{task}-{next(keys)}"
+            await asyncio.gather(*(episode(key) for _ in range(GROUP)))
+            played[key] += 1
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    finally:
+        await swarm.close()
+
+
+async def test_two_gateways_admit_each_group_once_and_mix_as_one(
+    swarm_nats: NatsServer, gateways: list[GatewayService]
+):
+    stop, played = asyncio.Event(), Counter[str]()
+    # guess_number is the greedier client (3 workers against 2); the weights still hold.
+    clients = [
+        asyncio.create_task(play_groups(swarm_nats, "calculator", stop, played, workers=2)),
+        asyncio.create_task(play_groups(swarm_nats, "guess_number", stop, played, workers=3)),
+    ]
+
+    def progress() -> bool:
+        crashed = [c.exception() for c in clients if c.done()]
+        assert not crashed, crashed
+        return len(played) >= 100
+
+    await wait_for(progress, timeout=90, what="100 groups")
+    stop.set()
+    for c in clients:  # a client held now would wait for the other task's window: stop it
+        c.cancel()
+    await asyncio.gather(*clients, return_exceptions=True)
+
+    # both gateways admitted groups (the queue group spread the requests), and both know them all ...
+    assert all(g.admission.groups.claimed > 0 for g in gateways)
+    assert sum(g.admission.groups.claimed for g in gateways) >= len(played)
+    assert all(g.admission.groups.known(key) for g in gateways for key in played)
+    # ... each group was admitted by exactly one of them, and both charged every group once:
+    per_task = Counter(key.split("-")[0] for key in played)
+    await wait_for(
+        lambda: all(g.mixer.admitted == gateways[0].mixer.admitted for g in gateways),
+        timeout=5, what="both gateways to count the same groups",
+    )  # fmt: skip
+    counted = gateways[0].mixer.admitted
+    for task, n in per_task.items():  # a group in flight at the stop is counted, not yet played
+        assert n <= counted[task] <= n + 3
+    total = sum(counted.values())
+    assert counted["calculator"] / total == pytest.approx(0.7, abs=0.07)
+    assert sum(g.admission.held for g in gateways) > 0  # the mix held something back
+
+    # A third gateway, started now, knows those groups and charges them: it admits a late sibling of
+    # an admitted group even though that task is now past its share on every gateway.
+    late, nc = await start_gateway(swarm_nats)
+    try:
+        assert late.mixer.admitted == counted
+        key = next(k for k in played if k.startswith("guess_number"))
+        assert late.admission.groups.known(key)
+        assert await late.admission.check([MODEL], key, False, "guess_number") == 0.0
+        assert late.admission.groups.claimed == 0  # it admitted nothing itself
+    finally:
+        await late.admission.groups.stop()
+        await nc.close()
