@@ -113,3 +113,22 @@ async def test_two_gateways_admit_each_group_once_and_mix_as_one(
     finally:
         await late.admission.groups.stop()
         await nc.close()
+
+
+async def test_a_gateway_lost_mid_run_leaves_the_other_admitting_every_group_whole(
+    swarm_nats: NatsServer, gateways: list[GatewayService]
+):
+    stop, played = asyncio.Event(), Counter[str]()
+    clients = [asyncio.create_task(play_groups(swarm_nats, "calculator", stop, played, workers=3))]
+    await wait_for(lambda: len(played) >= 20, timeout=60, what="20 groups")
+    await gateways[0].nc.close()  # gone at once: its queue-group share goes to the other
+    before = len(played)
+    await wait_for(lambda: len(played) >= before + 30, timeout=60, what="30 groups after the loss")
+    stop.set()
+    for c in clients:
+        c.cancel()
+    await asyncio.gather(*clients, return_exceptions=True)
+    survivor = gateways[1].admission.groups
+    assert all(survivor.known(key) for key in played)  # every group, admitted by either, is known
+    assert survivor.claimed > 0
+    assert len(played) <= gateways[1].mixer.admitted["calculator"] <= len(played) + 3
