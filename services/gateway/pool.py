@@ -92,6 +92,12 @@ class EnginePool:
         finally:
             self.loads[url] -= 1
 
+    def _failed_over(self, url: str, exc: BaseException, tried: set[str]) -> None:
+        """`url` could not be reached: out of the pool for a while, and not tried again by this call."""
+        self.mark_down(url, exc)
+        tried.add(url)
+        self.failovers += 1
+
     async def _next(self, key: str, tried: set[str], deadline: float) -> str:
         """The engine for the next try: an untried one that is up, else (every engine tried or down)
         the first to come back, waiting until `deadline`."""
@@ -123,9 +129,7 @@ class EnginePool:
             except (EngineError, httpx.HTTPError) as exc:
                 if not _unreachable(exc):
                     raise
-                self.mark_down(url, exc)
-                tried.add(url)
-                self.failovers += 1
+                self._failed_over(url, exc, tried)
 
     async def generate_stream(
         self,
@@ -150,9 +154,7 @@ class EnginePool:
             except (EngineError, httpx.HTTPError) as exc:
                 if started or not _unreachable(exc):
                     raise
-                self.mark_down(url, exc)
-                tried.add(url)
-                self.failovers += 1
+                self._failed_over(url, exc, tried)
 
     async def aclose(self) -> None:
         for member in self.members.values():
