@@ -21,6 +21,25 @@ if TYPE_CHECKING:  # bench/ is on pytest's path, not on a subprocess's that impo
     from localstack import Stack
 
 
+SHOWN_ON_FAILURE = pytest.StashKey[list[Path]]()
+
+
+def show_on_failure(request: pytest.FixtureRequest, log: Path) -> None:
+    """Put the end of `log` (a server's own log file) into the report of the requesting test if
+    it fails: CI keeps only the test output, not the files."""
+    request.node.stash.setdefault(SHOWN_ON_FAILURE, []).append(log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if report.failed:
+        for log in item.stash.get(SHOWN_ON_FAILURE, []):
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log written)"]
+            report.sections.append((f"last 80 lines of {log}", "\n".join(lines[-80:])))
+    return report
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     server = NatsServer(store_dir=tmp_path / "nats").start()

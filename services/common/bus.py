@@ -132,6 +132,28 @@ async def ensure_streams(js: JetStreamContext, *, ledger_parts: bool = False) ->
     await _ensure_bucket(js, S.GROUPS_BUCKET, history=1, ttl=GROUPS_TTL_S, replicas=replicas)
 
 
+KEYS_INACTIVE_S = 5.0
+"""How long the server keeps the consumer that one `live_keys` call read through after it stopped."""
+
+
+async def live_keys(kv: KeyValue, pattern: str = ">") -> list[str]:
+    """The keys of `kv` matching `pattern` that hold a value now (deleted, purged and expired ones are
+    left out). Like `KeyValue.keys()`, but the consumer it reads through is gone `KEYS_INACTIVE_S`
+    after: `keys()` leaves one behind for 5 minutes, so a replica calling it every few seconds
+    piles up hundreds, and a stream takes no more than 1,000 (the server then refuses every new
+    consumer of the bucket, watches included)."""
+    watcher = await kv.watch(pattern, ignore_deletes=True, meta_only=True, inactive_threshold=KEYS_INACTIVE_S)
+    keys = []
+    try:
+        async for entry in watcher:
+            if entry is None:  # the watch has delivered every current key
+                break
+            keys.append(entry.key)
+    finally:
+        await watcher.stop()
+    return keys
+
+
 async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:
     """Create KV `bucket` with `config` unless it exists (an existing one keeps its own)."""
     try:

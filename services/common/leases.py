@@ -24,8 +24,10 @@ import random
 from dataclasses import dataclass, field
 
 import nats.errors
-from nats.js.errors import KeyValueError, NoKeysError
+from nats.js.errors import KeyValueError
 from nats.js.kv import KeyValue
+
+from swarmrl.services.common.bus import live_keys
 
 log = logging.getLogger("swarmrl.leases")
 
@@ -75,10 +77,7 @@ class Leases:
             except KeyValueError:  # expired (we stalled past the TTL) or taken since
                 del self.held[p]
                 lost.append(p)
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            keys = []
+        keys = await live_keys(self.kv, f"{self.service}.>")
         members = sum(k.startswith(f"{self.service}.member.") for k in keys)
         prefix = f"{self.service}.lease."
         taken = {int(k.removeprefix(prefix)) for k in keys if k.startswith(prefix)}

@@ -25,6 +25,7 @@ from swarmrl.services.engine.client import EngineClient, EngineError, open_engin
 from swarmrl.services.engine.engine_core import EngineCore
 from swarmrl.services.engine.server import create_app
 from swarmrl.services.engine.vllm_backend import VLLMClient, VLLMServer, find_vllm_python
+from tests.conftest import show_on_failure
 from tests.unit.engine.helpers import save_perturbed, train_adapter
 
 PROMPT = [5, 6, 7, 40, 41]
@@ -75,9 +76,20 @@ def server(
         extra_args=["--enforce-eager"],
         max_loras=1,  # LoRA on: the adapter test loads one
     )
+    VLLM_LOG.append(log)
     vllm.start(timeout=600)
     yield "vllm", vllm.url
     vllm.stop()
+
+
+VLLM_LOG: list[Path] = []
+"""The module's vLLM server log, shown in the report of a test that fails against it."""
+
+
+@pytest.fixture(autouse=True)
+def _vllm_log_on_failure(request: pytest.FixtureRequest) -> None:
+    if "server" in request.fixturenames and request.getfixturevalue("server")[0] == "vllm":
+        show_on_failure(request, VLLM_LOG[-1])
 
 
 @pytest.fixture

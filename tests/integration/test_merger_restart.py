@@ -13,11 +13,12 @@ from pathlib import Path
 import nats
 import pytest
 from nats.js import JetStreamContext
-from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import Event
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
 from tests.conftest import wait_for
 from tests.integration.merger_support import (
     chain_episode,
@@ -67,11 +68,7 @@ async def leases(js: JetStreamContext, service: str = "merger") -> dict[str, int
     """Partitions held per `service` replica (KV swarm-leases)."""
     kv = await js.key_value(S.LEASES_BUCKET)
     held: dict[str, int] = {}
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return held
-    for key in [k for k in keys if k.startswith(f"{service}.lease.")]:
+    for key in await bus.live_keys(kv, f"{service}.lease.>"):
         try:
             entry = await kv.get(key)
         except NotFoundError:  # expired since it was listed
