@@ -6,11 +6,12 @@ The stream layout comes from `swarmrl.schemas.subjects`; nothing here invents a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,36 @@ async def live_keys(kv: KeyValue, pattern: str = ">") -> list[str]:
     finally:
         await watcher.stop()
     return keys
+
+
+async def follow_kv(
+    kv: KeyValue, pattern: str, apply: Callable[[KeyValue.Entry], None], ready: asyncio.Event, what: str
+) -> None:
+    """Apply every change of `kv`'s keys matching `pattern`, first its live keys (then `ready` is
+    set), until cancelled. A watch that fails is started again a second later: the live keys come
+    again, so `apply` must take an entry it has seen before."""
+    watcher = None
+    while True:
+        try:
+            watcher = await kv.watch(pattern)
+            async for entry in watcher:
+                if entry is None:  # the live keys are all delivered
+                    ready.set()
+                    continue
+                apply(entry)
+                if not entry.delta:
+                    ready.set()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("%s: watch of %s failed (%r); watching again", what, pattern, exc)
+        finally:
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
+                watcher = None
+        await asyncio.sleep(1.0)
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:

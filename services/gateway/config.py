@@ -76,12 +76,13 @@ class GatewayConfig(ServiceConfig):
     agent_rate: float = Field(default=0.0, ge=0.0)
     """LLM calls per second each agent identity may make (a token bucket; 0 = no bound); past it a
     call gets 429 `rate_limit_exceeded` with `Retry-After`, which the OpenAI SDKs wait out and retry.
-    See `services/gateway/limits.py`."""
+    Each gateway replica bounds the calls it serves. See `services/gateway/limits.py`."""
     agent_burst: int = Field(default=0, ge=0)
     """Calls an agent identity may make at once before `agent_rate` applies (0 = max(1, agent_rate))."""
     agent_max_episodes: int = Field(default=0, ge=0)
-    """Episodes each agent identity may have open at once (0 = no bound): a token request for one more
-    is told to retry, as under admission control, until one of its episodes ends or aborts."""
+    """Episodes each agent identity may have open at once (0 = no bound), across all gateway replicas
+    (slots in KV `swarm-groups`): a token request for one more is told to retry, as under admission
+    control, until one of its episodes ends or aborts. See `services/gateway/episodes.py`."""
     agent_episode_idle_s: float = Field(default=600.0, gt=0.0)
     """An open episode without a call for this long no longer counts against `agent_max_episodes`
     (its client died without ending it)."""

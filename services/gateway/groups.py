@@ -33,6 +33,7 @@ from nats.js.errors import KeyNotFoundError, KeyValueError
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
 from swarmrl.services.gateway.mixing import TaskMixer
 
 log = logging.getLogger("swarmrl.gateway")
@@ -68,8 +69,7 @@ class GroupBook:
 
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
-        watcher = await self.kv.watch(">")
-        self._watch = asyncio.create_task(self._follow(watcher))
+        self._watch = asyncio.create_task(bus.follow_kv(self.kv, ">", self._apply, self.ready, "groups"))
         await self.ready.wait()
 
     async def stop(self) -> None:
@@ -128,38 +128,10 @@ class GroupBook:
         _bounded_add(self._charged, key, self._remember)
         self.mixer.charge(task)
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
-        """Apply the bucket's changes; if the watch fails, watch again (its live keys come again,
-        and what was counted is not counted twice)."""
-        while True:
-            try:
-                async for entry in watcher:
-                    if entry is None:  # the live keys are all delivered
-                        self.ready.set()
-                        continue
-                    if entry.operation is None and entry.value:  # a put (deletes and TTL expiries pass)
-                        self._apply(entry.key, entry.value, entry.created)
-                    if not entry.delta:
-                        self.ready.set()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("groups: watch of %s failed (%r); watching again", S.GROUPS_BUCKET, exc)
-            finally:
-                with contextlib.suppress(Exception):
-                    await watcher.stop()
-            watcher = await self._watch_again()
-
-    async def _watch_again(self) -> KeyValue.KeyWatcher:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                return await self.kv.watch(">")
-            except (nats.errors.Error, TimeoutError) as exc:
-                log.warning("groups: watch not restarted yet (%r)", exc)
-
-    def _apply(self, key: str, value: bytes, created: object) -> None:
+    def _apply(self, entry: KeyValue.Entry) -> None:
+        if entry.operation is not None or not entry.value:  # deletes and TTL expiries pass
+            return
+        key, value, created = entry.key, entry.value, entry.created
         try:
             if key.startswith("g."):
                 self._remember_key(key)

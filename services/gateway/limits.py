@@ -7,19 +7,21 @@ identity:
 
 - **calls**: a token bucket of `rate` LLM calls per second with room for `burst` at once; a call
   past it is refused with 429 `rate_limit_exceeded` and a `Retry-After` (the OpenAI SDKs wait that
-  long and retry by themselves);
-- **episodes**: at most `max_episodes` open at once; a token request for one more is answered with
-  `retry_after_s` (the SDK waits and asks again, as for admission control). An episode is open from
-  its first token until its `end` or `abort` event, or until no call of it came for `idle_s` (a
-  client that died without ending it).
+  long and retry by themselves). The bucket is this gateway's own: with several gateways, each
+  bounds the calls it serves (an HTTP agent's calls all go to the gateway that granted its episode);
+- **episodes**: at most `max_episodes` open at once, across every gateway; a token request for one
+  more is answered with `retry_after_s` (the SDK waits and asks again, as for admission control).
+  An episode is open from its first token until its `end` or `abort` event, or until no call of it
+  came for `idle_s` (a client that died without ending it). Each open episode holds one of its
+  identity's `max_episodes` slots, a key in NATS KV that every gateway sees (`episodes.py`); this
+  class holds the view of them, `OpenEpisode`s, as the gateways wrote them.
 
-Pure and clock-driven (`now` is passed in): no NATS here; `service.py` feeds it. 0 turns a bound off.
-The state is this gateway's own: with several gateways each bounds what it serves.
+Pure and clock-driven (`now` is passed in): no NATS here; `service.py` and `episodes.py` feed it. 0
+turns a bound off.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
@@ -27,6 +29,24 @@ from dataclasses import dataclass, field
 class _Bucket:
     tokens: float
     at: float
+
+
+@dataclass
+class OpenEpisode:
+    """An open episode as the gateways see it: the slot it holds and its KV key's revision."""
+
+    identity: str
+    episode_id: str
+    slot: int
+    revision: int
+    written: float
+    """When its key was last written (by any gateway), on this gateway's clock."""
+    seen: float = float("-inf")
+    """Its last call served by this gateway."""
+
+    @property
+    def last(self) -> float:
+        return max(self.written, self.seen)
 
 
 @dataclass
@@ -42,8 +62,8 @@ class AgentLimits:
     retry_after_s: float = 1.0
     """What a token request past `max_episodes` is told to wait before it asks again."""
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
-    _open: dict[str, OrderedDict[str, float]] = field(default_factory=dict)
-    """identity -> episode -> last seen, least recently seen first."""
+    _open: dict[str, dict[str, OpenEpisode]] = field(default_factory=dict)
+    """identity -> episode -> its slot."""
     refused_calls: int = 0
     refused_episodes: int = 0
 
@@ -66,43 +86,63 @@ class AgentLimits:
         self.refused_calls += 1
         return (1.0 - b.tokens) / self.rate
 
-    def check_episode(self, identity: str, episode_id: str, now: float) -> float:
-        """0.0 if `episode_id` may open (or go on: it is open already), else seconds to wait; records
-        nothing (`open_episode` does, once the token is granted)."""
+    def free_slots(self, identity: str, episode_id: str, now: float) -> list[int] | None:
+        """None if `episode_id` may go on without a new slot (no bound, or it holds one already);
+        else the slots no live episode of `identity` holds, lowest first (empty: it must wait, and
+        the refusal is counted). Records nothing: a slot is the gateway's once its KV create won."""
         if self.max_episodes <= 0:
-            return 0.0
-        episodes = self._open.get(identity)
-        if episodes is None:
-            return 0.0
-        self._expire(episodes, now)
-        if episode_id in episodes or len(episodes) < self.max_episodes:
-            return 0.0
-        self.refused_episodes += 1
-        return self.retry_after_s
+            return None
+        episodes = self._open.get(identity, {})
+        if episode_id in episodes:
+            return None
+        held = {e.slot for e in episodes.values() if now - e.last <= self.idle_s}
+        free = [slot for slot in range(self.max_episodes) if slot not in held]
+        if not free:
+            self.refused_episodes += 1
+        return free
 
-    def open_episode(self, identity: str, episode_id: str, now: float) -> None:
-        if self.max_episodes > 0:
-            episodes = self._open.setdefault(identity, OrderedDict())
-            episodes[episode_id] = now
-            episodes.move_to_end(episode_id)
+    def holder(self, identity: str, slot: int) -> OpenEpisode | None:
+        return next((e for e in self._open.get(identity, {}).values() if e.slot == slot), None)
 
-    def seen(self, identity: str, episode_id: str, now: float) -> None:
-        """A call of `episode_id` came: it is alive."""
-        episodes = self._open.get(identity)
-        if episodes is not None and episode_id in episodes:
-            episodes[episode_id] = now
-            episodes.move_to_end(episode_id)
+    def find(self, identity: str, episode_id: str) -> OpenEpisode | None:
+        return self._open.get(identity, {}).get(episode_id)
 
-    def close_episode(self, identity: str, episode_id: str) -> None:
+    def opened(self, episode: OpenEpisode) -> None:
+        """Its key was written (a new episode in the slot, or a refresh)."""
+        old = self.holder(episode.identity, episode.slot)
+        if old is not None and old.episode_id != episode.episode_id:
+            self.closed(episode.identity, old.episode_id)
+        known = self.find(episode.identity, episode.episode_id)
+        if known is not None and known.slot == episode.slot:
+            episode.seen = max(episode.seen, known.seen)
+        self._open.setdefault(episode.identity, {})[episode.episode_id] = episode
+
+    def closed(self, identity: str, episode_id: str) -> None:
         episodes = self._open.get(identity)
         if episodes is not None:
             episodes.pop(episode_id, None)
             if not episodes:
                 del self._open[identity]
 
+    def seen(self, identity: str, episode_id: str, now: float) -> None:
+        """A call of `episode_id` came here: it is alive."""
+        episode = self.find(identity, episode_id)
+        if episode is not None:
+            episode.seen = now
+
+    def idle(self, now: float) -> list[OpenEpisode]:
+        """Open episodes without a call or a write for `idle_s`: their slots are to be freed."""
+        return [e for eps in self._open.values() for e in eps.values() if now - e.last > self.idle_s]
+
+    def due(self, now: float, every_s: float) -> list[OpenEpisode]:
+        """Episodes called here since their key was last written, and not written for `every_s`:
+        their keys are to be written again, so that no gateway takes them as idle."""
+        return [
+            e
+            for eps in self._open.values()
+            for e in eps.values()
+            if e.seen > e.written and now - e.written >= every_s
+        ]
+
     def open_count(self, identity: str) -> int:
         return len(self._open.get(identity, ()))
-
-    def _expire(self, episodes: OrderedDict[str, float], now: float) -> None:
-        while episodes and now - next(iter(episodes.values())) > self.idle_s:
-            episodes.popitem(last=False)

@@ -8,7 +8,9 @@ models, for an episode the client owns, after admission control and task mixing;
 in queue group `gateway` so several gateways share the load (admitted groups and the task mix are
 shared through KV `swarm-groups`, `groups.py`; a model's engines are a pool, `pool.py`). Streaming is
 HTTP's (`app.py`).
-Per-agent limits (`limits.py`) follow each episode's `end` and `abort` events (`swarm.ep.*.*.{end,abort}`).
+Per-agent limits (`limits.py`): the call rate per gateway; the open episodes across gateways, slots in
+KV `swarm-groups` (`episodes.py`) freed by each episode's `end` or `abort` event (`swarm.ep.*.*.{end,abort}`,
+in queue group `gateway`).
 Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
 """
 
@@ -33,6 +35,7 @@ from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
+from swarmrl.services.gateway.episodes import SharedEpisodes
 from swarmrl.services.gateway.errors import ApiError, too_large
 from swarmrl.services.gateway.grants import check_token_request
 from swarmrl.services.gateway.groups import GroupBook
@@ -153,6 +156,7 @@ class GatewayService:
             )
         self.mixer = mixer
         self.admission = Admission(self.js, cfg.max_backlog, GroupBook(self.js, mixer))
+        self.episodes = SharedEpisodes(self.js, self.limits, self.admission.groups.gateway)
 
     async def publish_llm(self, event: LlmEvent) -> None:
         await self.js.publish(
@@ -171,16 +175,19 @@ class GatewayService:
             ttl_s = check_ttl(req.ttl_s, self.cfg.token_ttl_max_s)  # before admission counts the group
             if self.mixer is not None and not req.eval:
                 self.mixer.check(req.task)  # an unweighted task would slip past the mix
-            now = time.monotonic()
-            wait = self.limits.check_episode(owner, req.episode_id, now)  # before admission counts it too
+            held = self.limits.find(owner, req.episode_id) is not None  # asking again (another agent's token)
+            wait = await self.episodes.take(
+                owner, req.episode_id, time.monotonic()
+            )  # before admission counts it
             if not wait:
                 wait = await self.admission.check(
                     list(grant.models), req.group_key, req.eval, req.task, req.episode_id
                 )
+                if wait and not held:  # it will ask again: its slot waits with it no longer
+                    await self.episodes.give_back(owner, req.episode_id)
             if wait > 0:
                 await msg.respond(encode(TokenReply(retry_after_s=wait), exclude_none=True))
                 return
-            self.limits.open_episode(owner, req.episode_id, now)
             expires = time.time() + ttl_s
             tokens = {
                 agent: mint(
@@ -201,7 +208,7 @@ class GatewayService:
             episode_id, _ = S.parse_episode_subject(msg.subject)  # NotOwnerError is a ValueError
         except ValueError:
             return
-        self.limits.close_episode(S.episode_owner(episode_id), episode_id)
+        await self.episodes.give_back(S.episode_owner(episode_id), episode_id)
 
     async def on_llm(self, msg: Msg) -> None:
         try:
@@ -227,9 +234,12 @@ class GatewayService:
         if self.admission.active:  # the groups other gateways admitted, and the mix's counts
             await self.admission.groups.start()
         await self.nc.subscribe(S.TOKEN_REQUESTS, queue="gateway", cb=self.on_token)
-        if self.limits.max_episodes > 0:  # every gateway sees every end (no queue group): each counts its own
+        if self.episodes.active:  # every gateway's view of the open episodes; one of them frees a slot
+            await self.episodes.start()
             for kind in ("end", "abort"):
-                await self.nc.subscribe(S.episode_filter("*", kind), cb=self.on_episode_closed)
+                await self.nc.subscribe(
+                    S.episode_filter("*", kind), queue="gateway", cb=self.on_episode_closed
+                )
         for name in self.gateway.models:
             await self.nc.subscribe(S.llm_subject(name), queue="gateway", cb=self.on_llm)
 
@@ -243,3 +253,4 @@ class GatewayService:
         server.should_exit = True
         await task
         await self.admission.groups.stop()
+        await self.episodes.stop()

@@ -15,6 +15,7 @@ from localstack import generation_stack
 
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
+from tests.conftest import wait_for
 
 
 async def agent(server: NatsServer, name: str) -> SwarmClient:
@@ -76,7 +77,7 @@ async def test_an_agent_at_its_episode_bound_waits_until_one_ends(
             await first.__aexit__(None, None, None)  # its end event frees alice's place
             await asyncio.wait_for(second_started.wait(), timeout=10)
             await waiting
-            assert stack.gateway.limits.open_count("alice") == 0
+            await wait_for(lambda: stack.gateway.limits.open_count("alice") == 0, timeout=5, what="slots freed")
 
 
 @pytest.mark.timeout(120)

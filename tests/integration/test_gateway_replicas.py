@@ -1,12 +1,14 @@
 """Two gateways in one queue group admit as one does, against a real nats-server: the episodes of a
 group land on either gateway at once, yet every group is admitted once and whole, both gateways
-count one mix, and a gateway started later knows what was admitted before it."""
+count one mix, and a gateway started later knows what was admitted before it; an agent's bound on
+open episodes holds across both, and a slot its dead client left is freed once idle."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 from collections import Counter
+from typing import Any
 
 import nats
 import pytest
@@ -22,12 +24,12 @@ WEIGHTS = ["calculator=0.7", "guess_number=0.3"]
 GROUP = 4
 
 
-async def start_gateway(server: NatsServer) -> tuple[GatewayService, nats.NATS]:
+async def start_gateway(server: NatsServer, **config: Any) -> tuple[GatewayService, nats.NATS]:
     nc = await nats.connect(server.url("gateway"))  # the gateway role's own user: KV rights included
-    cfg = GatewayConfig(nats=server.url("gateway"), port=0, task_weight=WEIGHTS, mix_slack=1.0)
+    cfg = GatewayConfig(nats=server.url("gateway"), port=0, task_weight=WEIGHTS, mix_slack=1.0, **config)
     # The token responder only checks model names; no engine is needed to mint tokens.
     service = GatewayService(cfg, nc, models={MODEL: None})  # type: ignore[dict-item]
-    service.admission.retry_after_s = 0.05
+    service.admission.retry_after_s = service.limits.retry_after_s = 0.05
     await service.start_nats()
     return service, nc
 
@@ -38,6 +40,7 @@ async def gateways(swarm_nats: NatsServer):
     yield [service for service, _ in started]
     for service, nc in started:
         await service.admission.groups.stop()
+        await service.episodes.stop()
         await nc.close()
 
 
@@ -132,3 +135,54 @@ async def test_a_gateway_lost_mid_run_leaves_the_other_admitting_every_group_who
     assert all(survivor.known(key) for key in played)  # every group, admitted by either, is known
     assert survivor.claimed > 0
     assert len(played) <= gateways[1].mixer.admitted["calculator"] <= len(played) + 3
+
+
+async def test_an_agents_episode_bound_holds_across_gateways_and_an_abandoned_slot_is_freed(
+    swarm_nats: NatsServer,
+):
+    started = [
+        await start_gateway(swarm_nats, agent_max_episodes=2, agent_episode_idle_s=1.5) for _ in range(2)
+    ]
+    gateways = [service for service, _ in started]
+    swarm = await SwarmClient.connect(swarm_nats.agent, client_id="alice")
+    open_now, most, urls = 0, 0, Counter[str]()
+
+    async def episode(i: int) -> None:
+        nonlocal open_now, most
+        async with swarm.episode(f"k{i}", models=[MODEL], task={"name": "calculator"}, heartbeat_s=0) as ep:
+            open_now += 1
+            most = max(most, open_now)
+            urls[ep.base_url] += 1  # the gateway that granted it
+            await asyncio.sleep(0.1)
+            open_now -= 1
+
+    try:
+        # 1. Sixteen episodes of one identity at once, their token requests spread over both
+        # gateways: never more than two open (each gateway counting its own would allow four).
+        await asyncio.wait_for(asyncio.gather(*(episode(i) for i in range(16))), timeout=60)
+        assert most == 2 and len(urls) == 2 and sum(urls.values()) == 16
+        assert sum(g.limits.refused_episodes for g in gateways) > 0
+        await wait_for(
+            lambda: all(g.limits.open_count("alice") == 0 for g in gateways), timeout=5, what="ends"
+        )
+        # 2. Its client dies holding both slots (no end, no call): another episode waits, then gets
+        # a slot once the abandoned ones were idle for 1.5 s.
+        hung = [
+            swarm.episode(f"h{i}", models=[MODEL], task={"name": "calculator"}, heartbeat_s=0)
+            for i in range(2)
+        ]
+        for ep in hung:
+            await ep.__aenter__()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(episode(99), timeout=20)
+        assert loop.time() - began >= 1.0  # it waited for the idle slots
+        assert all(
+            g.limits.find("alice", "h0") is None or g.limits.find("alice", "h1") is None for g in gateways
+        )
+    finally:
+        await swarm.close()
+        for service, nc in started:
+            await service.admission.groups.stop()
+            await service.episodes.stop()
+            await nc.close()

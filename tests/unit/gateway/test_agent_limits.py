@@ -2,7 +2,7 @@
 
 import pytest
 
-from swarmrl.services.gateway.limits import AgentLimits
+from swarmrl.services.gateway.limits import AgentLimits, OpenEpisode
 
 
 def test_calls_past_the_burst_wait_for_the_bucket_to_refill() -> None:
@@ -25,15 +25,28 @@ def test_no_rate_means_no_bound_and_the_default_burst_is_the_rate() -> None:
 
 def test_episodes_past_the_bound_wait_until_one_ends_or_goes_idle() -> None:
     lim = AgentLimits(max_episodes=2, idle_s=60.0, retry_after_s=1.5)
+    assert AgentLimits().free_slots("a", "e1", 0.0) is None  # no bound
     for ep in ("e1", "e2"):
-        assert lim.check_episode("a", ep, 0.0) == 0.0
-        lim.open_episode("a", ep, 0.0)
-    assert lim.check_episode("a", "e3", 1.0) == 1.5
-    assert lim.check_episode("a", "e1", 1.0) == 0.0  # an open one asks again (a second agent's token)
-    assert lim.check_episode("b", "f1", 1.0) == 0.0  # the bound is per identity
-    lim.close_episode("a", "e1")
-    assert lim.check_episode("a", "e3", 2.0) == 0.0
-    lim.open_episode("a", "e3", 2.0)
+        slot = lim.free_slots("a", ep, 0.0)[0]
+        lim.opened(OpenEpisode("a", ep, slot, revision=1, written=0.0, seen=0.0))
+    assert lim.free_slots("a", "e3", 1.0) == []  # it waits
+    assert lim.free_slots("a", "e1", 1.0) is None  # an open one asks again (a second agent's token)
+    assert lim.free_slots("b", "f1", 1.0) == [0, 1]  # the bound is per identity
+    lim.closed("a", "e1")
+    assert lim.free_slots("a", "e3", 2.0) == [0]  # e1's slot
+    lim.opened(OpenEpisode("a", "e3", 0, revision=5, written=2.0, seen=2.0))
     lim.seen("a", "e3", 50.0)  # e3 is alive; e2 had no call since 0
-    assert lim.check_episode("a", "e4", 61.0) == 0.0 and lim.open_count("a") == 1
+    assert [e.episode_id for e in lim.idle(61.0)] == ["e2"]
+    assert lim.free_slots("a", "e4", 61.0) == [1] and lim.holder("a", 1).episode_id == "e2"  # stale, to free
     assert lim.refused_episodes == 1
+
+
+def test_a_slot_written_by_another_gateway_replaces_and_keeps_what_was_seen_here() -> None:
+    lim = AgentLimits(max_episodes=1, idle_s=10.0)
+    lim.opened(OpenEpisode("a", "e1", 0, revision=1, written=0.0))
+    lim.seen("a", "e1", 4.0)  # a call here
+    assert [e.episode_id for e in lim.due(4.0, every_s=2.5)] == ["e1"]  # to write again
+    lim.opened(OpenEpisode("a", "e1", 0, revision=2, written=5.0))  # a refresh through the watch
+    assert lim.find("a", "e1").seen == 4.0 and lim.due(6.0, every_s=2.5) == []
+    lim.opened(OpenEpisode("a", "e2", 0, revision=3, written=20.0))  # the slot went to another episode
+    assert lim.find("a", "e1") is None and lim.open_count("a") == 1

@@ -1,0 +1,172 @@
+"""Each agent identity's open episodes, shared by every gateway through NATS KV `swarm-groups`.
+
+An identity may have `max_episodes` episodes open at once however many gateways grant its tokens
+(`limits.py`). Its episodes hold slots, keys `e.<digest of the identity>.<slot>` (value: the
+identity, the episode and the gateway that granted it):
+
+- a gateway grants a token for a new episode only once it has taken a free slot with a KV `create`,
+  which the server grants once: two gateways can never put two episodes in one slot, so the bound is
+  exact across gateways;
+- the episode's `end` or `abort` event reaches one gateway (a queue group), which deletes the key;
+- a gateway that served calls of an episode writes its key again at most every `idle_s / 4`; a key
+  not written for `idle_s`, by an episode no gateway saw a call of, is deleted by whichever gateway
+  finds it idle first (a delete against the revision it saw, so a key written since stays).
+
+Every gateway watches the keys and keeps the view in its `AgentLimits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyValueError
+from nats.js.kv import KeyValue
+
+from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
+from swarmrl.services.gateway.limits import AgentLimits, OpenEpisode
+
+log = logging.getLogger("swarmrl.gateway")
+
+KV_ERRORS = (KeyValueError, nats.errors.Error, TimeoutError)
+
+
+def slot_key(identity: str, slot: int) -> str:
+    """KV key of `identity`'s slot `slot` (a digest keeps any identity to KV's key alphabet)."""
+    return f"e.{hashlib.blake2b(identity.encode(), digest_size=12).hexdigest()}.{slot}"
+
+
+def _monotonic(created: object) -> float:
+    """A KV entry's write time, on this gateway's monotonic clock."""
+    age = time.time() - created.timestamp() if hasattr(created, "timestamp") else 0.0
+    return time.monotonic() - max(age, 0.0)
+
+
+class SharedEpisodes:
+    """The NATS side of `AgentLimits`' episode bound (see the module docstring)."""
+
+    def __init__(self, js: JetStreamContext, limits: AgentLimits, gateway: str) -> None:
+        self.js, self.limits, self.gateway = js, limits, gateway
+        self.kv: KeyValue  # bound by start()
+        self.ready = asyncio.Event()
+        """Set once the watch has delivered the live slots."""
+        self._keys: dict[str, tuple[str, str]] = {}  # key -> (identity, episode), for deletes
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def active(self) -> bool:
+        return self.limits.max_episodes > 0
+
+    @property
+    def every_s(self) -> float:
+        """How often a called episode's key is written again, and idle ones are looked for."""
+        return min(self.limits.idle_s, bus.GROUPS_TTL_S) / 4
+
+    async def start(self) -> None:
+        self.kv = await self.js.key_value(S.GROUPS_BUCKET)
+        self._tasks = [
+            asyncio.create_task(bus.follow_kv(self.kv, "e.>", self._apply, self.ready, "episodes")),
+            asyncio.create_task(self._sweep()),
+        ]
+        await self.ready.wait()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def take(self, identity: str, episode_id: str, now: float) -> float:
+        """0.0 once `episode_id` holds a slot of `identity` (now, or already), else the seconds to
+        wait before asking again."""
+        free = self.limits.free_slots(identity, episode_id, now)
+        if free is None:
+            return 0.0
+        value = json.dumps({"identity": identity, "episode": episode_id, "by": self.gateway}).encode()
+        for slot in free:
+            key = slot_key(identity, slot)
+            stale = self.limits.holder(identity, slot)  # idle: its key is still there
+            try:
+                if stale is not None:
+                    await self.kv.delete(key, last=stale.revision)
+                revision = await self.kv.create(key, value)
+            except KeyValueError:  # another gateway took the slot first (or wrote the stale one again)
+                continue
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("episodes: slot not taken (%r)", exc)
+                break
+            self._keys[key] = (identity, episode_id)
+            self.limits.opened(OpenEpisode(identity, episode_id, slot, revision, now, seen=now))
+            return 0.0
+        return self.limits.retry_after_s
+
+    async def give_back(self, identity: str, episode_id: str) -> None:
+        """Free the slot of an episode that will not start after all (admission refused it) or ended."""
+        episode = self.limits.find(identity, episode_id)
+        if episode is None:  # the watch may lag behind the grant: look for it
+            episode = await self._lookup(identity, episode_id)
+            if episode is None:
+                return
+        self.limits.closed(identity, episode_id)
+        with contextlib.suppress(*KV_ERRORS):  # deleted or taken since: not ours to free
+            await self.kv.delete(slot_key(identity, episode.slot), last=episode.revision)
+
+    async def _lookup(self, identity: str, episode_id: str) -> OpenEpisode | None:
+        for slot in range(self.limits.max_episodes):
+            try:
+                entry = await self.kv.get(slot_key(identity, slot))
+            except KeyNotFoundError:
+                continue
+            except KV_ERRORS as exc:
+                log.warning("episodes: slot %d of %s not read (%r)", slot, identity, exc)
+                continue
+            if entry.value and json.loads(entry.value).get("episode") == episode_id:
+                return OpenEpisode(identity, episode_id, slot, entry.revision or 0, _monotonic(entry.created))
+        return None
+
+    def _apply(self, entry: KeyValue.Entry) -> None:
+        if entry.operation is not None or not entry.value:  # deleted or purged: the slot is free
+            identity, episode_id = self._keys.pop(entry.key, ("", ""))
+            if identity:
+                known = self.limits.find(identity, episode_id)
+                if known is not None and slot_key(identity, known.slot) == entry.key:
+                    self.limits.closed(identity, episode_id)
+            return
+        try:
+            value = json.loads(entry.value)
+            identity, episode_id = value["identity"], value["episode"]
+            slot = int(entry.key.rsplit(".", 1)[1])
+        except (ValueError, KeyError, IndexError) as exc:
+            log.warning("episodes: ignored %s (%s)", entry.key, exc)
+            return
+        self._keys[entry.key] = (identity, episode_id)
+        self.limits.opened(
+            OpenEpisode(identity, episode_id, slot, entry.revision or 0, _monotonic(entry.created))
+        )
+
+    async def _sweep(self) -> None:
+        """Write again the keys of episodes called here; delete the keys of idle ones."""
+        while True:
+            await asyncio.sleep(self.every_s)
+            now = time.monotonic()
+            for episode in self.limits.due(now, self.every_s):
+                key = slot_key(episode.identity, episode.slot)
+                value = json.dumps(
+                    {"identity": episode.identity, "episode": episode.episode_id, "by": self.gateway}
+                )
+                try:
+                    episode.revision = await self.kv.update(key, value.encode(), last=episode.revision)
+                    episode.written = now
+                except KV_ERRORS as exc:  # deleted (it ended) or written by another gateway meanwhile
+                    log.debug("episodes: %s not written again (%r)", key, exc)
+            for episode in self.limits.idle(now):
+                log.info("episodes: %s of %s idle for %.0f s: its slot is freed", episode.episode_id,
+                         episode.identity, now - episode.last)  # fmt: skip
+                await self.give_back(episode.identity, episode.episode_id)
