@@ -76,6 +76,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--procs", type=int, default=8, help="load processes (each one SwarmClient, many agents)")
     add("--calls", type=int, default=2, help="chat completions per episode")
     add("--max-tokens", type=int, default=4, help="max_tokens of every call")
+    add(
+        "--gateway",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [gateway] setting of the swarm (repeatable), e.g. engine_max_inflight=0",
+    )
     add("--p99-bound-s", type=float, default=2.0, help="p99 call latency that, with calls/s flat, is a bound")
     add("--call-timeout-s", type=float, default=120.0, help="a call slower than this is an error")
     add("--openai-retries", type=int, default=0,
@@ -129,6 +136,8 @@ def build_swarm(n: int, model: Path, args: argparse.Namespace) -> tuple[Any, dic
         "run": {"actions": "off", "max_tokens": args.max_tokens},
         "replicas": applied,
     }
+    if args.gateway:
+        data["gateway"] = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.gateway)}
     return build(data, "bench/load.py"), applied
 
 

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -153,6 +154,13 @@ async def live_keys(kv: KeyValue, pattern: str = ">") -> list[str]:
     finally:
         await watcher.stop()
     return keys
+
+
+def written_at(entry: KeyValue.Entry) -> float:
+    """When a KV entry was written (the server's stamp), on this process's monotonic clock."""
+    created: Any = entry.created
+    age = time.time() - created.timestamp() if hasattr(created, "timestamp") else 0.0
+    return time.monotonic() - max(age, 0.0)
 
 
 async def follow_kv(

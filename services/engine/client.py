@@ -11,6 +11,7 @@ server's own message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -171,6 +172,7 @@ class EngineClient:
         retries: int = 5,
         retry_s: float | None = None,
         adapter: str | None = None,
+        max_inflight: int = 0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.adapter = adapter
@@ -179,11 +181,20 @@ class EngineClient:
         self.retries = retries
         self.retry_s = retry_s
         """Retry connection failures this long instead of `retries` times: ride out an engine restart."""
-        # No cap on connections: every call in flight holds one, and the engine batches them; httpx's
-        # default (100, 20 kept alive) queued a gateway's calls and reopened connections past 20
-        # under load (bench/results/load.md). Idle ones close before the server's keep-alive ends.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=30)
+        self.max_inflight = max_inflight
+        """Requests sent at once (0: no bound); more wait here, first come first served. Every request
+        in flight holds a connection, and httpx looks at every connection of its pool at each
+        request's start and end: at 64 calls in flight that took a third of a gateway's CPU
+        (bench/results/load.md). Each request has a connection of its own kept alive (httpx's default
+        of 20 kept alive reopened connections under load); idle ones close before the server's
+        keep-alive ends."""
+        self._slots = asyncio.Semaphore(max_inflight) if max_inflight > 0 else None
+        cap = max_inflight or None
+        limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap, keepalive_expiry=30)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits)
+
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._slots if self._slots is not None else contextlib.nullcontext()
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -243,6 +254,11 @@ class EngineClient:
     async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
         """POST `body` for a server-sent event stream and yield each `data:` event, decoded, up to
         `[DONE]`; an HTTP error is an EngineError. Leaving early closes the connection."""
+        async with self._slot():
+            async for event in self._read_events(path, body):
+                yield event
+
+    async def _read_events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
         resp = await self._open_stream(path, body)
         try:
             if resp.status_code >= 400:
@@ -370,7 +386,8 @@ class EngineClient:
         try:
             async for attempt in self._retrying():
                 with attempt:
-                    resp = await self._http.request(method, path, json=body)
+                    async with self._slot():
+                        resp = await self._http.request(method, path, json=body)
         except RetryError as exc:
             raise self._unreachable(exc) from exc.last_attempt.exception()
         if resp.status_code >= 400:

@@ -43,12 +43,6 @@ def slot_key(identity: str, slot: int) -> str:
     return f"e.{hashlib.blake2b(identity.encode(), digest_size=12).hexdigest()}.{slot}"
 
 
-def _monotonic(created: object) -> float:
-    """A KV entry's write time, on this gateway's monotonic clock."""
-    age = time.time() - created.timestamp() if hasattr(created, "timestamp") else 0.0
-    return time.monotonic() - max(age, 0.0)
-
-
 class SharedEpisodes:
     """The NATS side of `AgentLimits`' episode bound (see the module docstring)."""
 
@@ -128,7 +122,7 @@ class SharedEpisodes:
                 log.warning("episodes: slot %d of %s not read (%r)", slot, identity, exc)
                 continue
             if entry.value and json.loads(entry.value).get("episode") == episode_id:
-                return OpenEpisode(identity, episode_id, slot, entry.revision or 0, _monotonic(entry.created))
+                return OpenEpisode(identity, episode_id, slot, entry.revision or 0, bus.written_at(entry))
         return None
 
     def _apply(self, entry: KeyValue.Entry) -> None:
@@ -148,7 +142,7 @@ class SharedEpisodes:
             return
         self._keys[entry.key] = (identity, episode_id)
         self.limits.opened(
-            OpenEpisode(identity, episode_id, slot, entry.revision or 0, _monotonic(entry.created))
+            OpenEpisode(identity, episode_id, slot, entry.revision or 0, bus.written_at(entry))
         )
 
     async def _sweep(self) -> None:

@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import time
 import uuid
 
 import nats.errors
@@ -131,14 +130,12 @@ class GroupBook:
     def _apply(self, entry: KeyValue.Entry) -> None:
         if entry.operation is not None or not entry.value:  # deletes and TTL expiries pass
             return
-        key, value, created = entry.key, entry.value, entry.created
+        key, value = entry.key, entry.value
         try:
             if key.startswith("g."):
                 self._remember_key(key)
                 self._charge(key, json.loads(value)["task"])
             elif key.startswith("a.") and self.mixer is not None and value.decode() != self.gateway:
-                # when it asked, on this gateway's monotonic clock
-                age = time.time() - created.timestamp() if hasattr(created, "timestamp") else 0.0
-                self.mixer.seen(key.removeprefix("a."), time.monotonic() - max(age, 0.0))
+                self.mixer.seen(key.removeprefix("a."), bus.written_at(entry))  # when it asked
         except (ValueError, KeyError) as exc:  # a task this gateway does not mix, or a bad value
             log.warning("groups: ignored %s (%s)", key, exc)

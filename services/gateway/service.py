@@ -64,7 +64,7 @@ async def _open_pool(urls: list[str], cfg: GatewayConfig) -> EnginePool:
 
     # in a pool an unreachable engine is left at once (the pool rides out restarts); alone, the
     # engine's client rides them out itself
-    kw: dict[str, Any] = {"timeout": cfg.request_timeout_s}
+    kw: dict[str, Any] = {"timeout": cfg.request_timeout_s, "max_inflight": cfg.engine_max_inflight}
     kw |= {"retry_s": cfg.engine_retry_s} if len(urls) == 1 else {"retries": 2}
     opening = {url: asyncio.create_task(open_engine(url, timeout_s=600, **kw)) for url in urls}
     done, _ = await asyncio.wait(opening.values(), return_when=asyncio.FIRST_COMPLETED)
