@@ -28,11 +28,11 @@ class GatewayConfig(ServiceConfig):
     """Engines as MODEL=URL (repeatable): the trainable model name and its engine (SGLang's API or
     vLLM's). A model named more than once has a pool of engines: calls spread by load, an episode's
     calls stay on one engine, a dead engine is left out (`services/gateway/pool.py`)."""
-    engine_max_inflight: int = Field(default=32, ge=0)
+    engine_max_inflight: int = Field(default=16, ge=0)
     """Calls this gateway sends one engine at once (0: no bound); more wait at the gateway, first come
-    first served. The embedded engine runs 16 at a time; raise it for SGLang or vLLM, whose batches
-    run to hundreds. An unbounded pool of connections costs the gateway CPU per call (httpx looks at
-    every connection at each call's start and end; bench/results/load.md)."""
+    first served: the embedded engine runs 16 at a time (more would only queue there); raise it for
+    SGLang or vLLM, whose batches run to hundreds. Every connection of the pool costs the gateway CPU
+    at each call's start and end (httpx checks each idle one; bench/results/load.md)."""
     engine_slack: int = Field(default=4, ge=0)
     """Engine pools: calls an episode's engine may have in flight beyond the least loaded one's
     before the episode's call goes to the least loaded instead."""
