@@ -77,7 +77,9 @@ async def test_an_agent_at_its_episode_bound_waits_until_one_ends(
             await first.__aexit__(None, None, None)  # its end event frees alice's place
             await asyncio.wait_for(second_started.wait(), timeout=10)
             await waiting
-            await wait_for(lambda: stack.gateway.limits.open_count("alice") == 0, timeout=5, what="slots freed")
+            await wait_for(
+                lambda: stack.gateway.limits.open_count("alice") == 0, timeout=5, what="slots freed"
+            )
 
 
 @pytest.mark.timeout(120)
