@@ -255,29 +255,25 @@ class EngineClient:
         """POST `body` for a server-sent event stream and yield each `data:` event, decoded, up to
         `[DONE]`; an HTTP error is an EngineError. Leaving early closes the connection."""
         async with self._slot():
-            async for event in self._read_events(path, body):
-                yield event
-
-    async def _read_events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
-        resp = await self._open_stream(path, body)
-        try:
-            if resp.status_code >= 400:
-                await resp.aread()
-                raise EngineError(resp.status_code, _error_message(resp))
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, SSE comments and fields the server does not send
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    continue
-                try:
-                    yield json.loads(data)
-                except ValueError as exc:
-                    raise EngineError(
-                        0, f"engine sent a stream event that is not JSON: {data[:200]!r}"
-                    ) from exc
-        finally:
-            await resp.aclose()
+            resp = await self._open_stream(path, body)
+            try:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise EngineError(resp.status_code, _error_message(resp))
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, SSE comments and fields the server does not send
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        continue
+                    try:
+                        yield json.loads(data)
+                    except ValueError as exc:
+                        raise EngineError(
+                            0, f"engine sent a stream event that is not JSON: {data[:200]!r}"
+                        ) from exc
+            finally:
+                await resp.aclose()
 
     async def generate_batch(
         self,

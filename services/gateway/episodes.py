@@ -77,13 +77,17 @@ class SharedEpisodes:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def _value(self, identity: str, episode_id: str) -> bytes:
+        """A slot's value: whose episode holds it, granted (or last called) by this gateway."""
+        return json.dumps({"identity": identity, "episode": episode_id, "by": self.gateway}).encode()
+
     async def take(self, identity: str, episode_id: str, now: float) -> float:
         """0.0 once `episode_id` holds a slot of `identity` (now, or already), else the seconds to
         wait before asking again."""
         free = self.limits.free_slots(identity, episode_id, now)
         if free is None:
             return 0.0
-        value = json.dumps({"identity": identity, "episode": episode_id, "by": self.gateway}).encode()
+        value = self._value(identity, episode_id)
         for slot in free:
             key = slot_key(identity, slot)
             stale = self.limits.holder(identity, slot)  # idle: its key is still there
@@ -151,12 +155,12 @@ class SharedEpisodes:
             await asyncio.sleep(self.every_s)
             now = time.monotonic()
             for episode in self.limits.due(now, self.every_s):
-                key = slot_key(episode.identity, episode.slot)
-                value = json.dumps(
-                    {"identity": episode.identity, "episode": episode.episode_id, "by": self.gateway}
+                key, value = (
+                    slot_key(episode.identity, episode.slot),
+                    self._value(episode.identity, episode.episode_id),
                 )
                 try:
-                    episode.revision = await self.kv.update(key, value.encode(), last=episode.revision)
+                    episode.revision = await self.kv.update(key, value, last=episode.revision)
                     episode.written = now
                 except KV_ERRORS as exc:  # deleted (it ended) or written by another gateway meanwhile
                     log.debug("episodes: %s not written again (%r)", key, exc)
