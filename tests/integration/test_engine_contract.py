@@ -158,11 +158,13 @@ async def test_a_batch_and_a_stream_equal_single_calls(engine: EngineClient) -> 
 
 
 async def test_prompt_logprobs_score_the_prompt(engine: EngineClient, hf) -> None:
-    prompts = [PROMPT, [9, 9, 4, 5]]
+    """Several prompts at once, as the judge sends them: in one engine step on vLLM, where an output
+    head wrapped for LoRA crashed the engine on them (`VLLMServer` leaves the head out of LoRA)."""
+    prompts, starts = [PROMPT, [9, 9, 4, 5], [7, 7, 7, 8, 9, 10], [100, 3]], [2, 1, 0, 1]
     scored = await engine.generate_batch(
-        prompts, {"max_new_tokens": 0, "temperature": 0}, logprob_start_len=[2, 1]
+        prompts, {"max_new_tokens": 0, "temperature": 0}, logprob_start_len=starts
     )
-    for prompt, start, result in zip(prompts, [2, 1], scored, strict=True):
+    for prompt, start, result in zip(prompts, starts, scored, strict=True):
         assert result.output_ids == [] and result.input_logprobs[0] is None
         assert len(result.input_logprobs) == len(prompt) - start
         want = reference(hf, prompt[: start + 1], prompt[start + 1 :])
