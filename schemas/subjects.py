@@ -79,6 +79,7 @@ LLM_PREFIX = "swarm.llm"  # swarm.llm.<model>: chat completion over NATS request
 CONTROL_PREFIX = "swarm.ctl"  # swarm.ctl.<verb>: operator control; never open to agents
 ACT_PREFIX = "swarm.act"  # swarm.act.<owner>: an agent's actions (ActionRequest -> ActionResult)
 ACT_REQUESTS = f"{ACT_PREFIX}.*"
+GATEWAY_CALLS = "swarm.gw.calls"  # the gateways' tallies of the calls each served (services/gateway/calls.py)
 
 # Action work queue (services only): the scheduler releases an action to `swarm.actions.run.<kind>`
 # once its units are free; workers (in the service or `swarmrl serve action-worker` anywhere) pull
@@ -295,8 +296,9 @@ def service_permissions(role: str) -> dict[str, object]:
     actions_pull = _consumer_api(ACTIONS_STREAM, "*")
     if role == "gateway":
         pub += [episode_filter("*", "llm"), f"{JS_API}.CONSUMER.INFO.{SAMPLES_STREAM}.*"]  # backlogs
-        pub += [f"$KV.{GROUPS_BUCKET}.>", *_kv_read(GROUPS_BUCKET)]
+        pub += [f"$KV.{GROUPS_BUCKET}.>", *_kv_read(GROUPS_BUCKET), GATEWAY_CALLS]
         sub += [TOKEN_REQUESTS, f"{LLM_PREFIX}.*", episode_filter("*", "end"), episode_filter("*", "abort")]
+        sub += [GATEWAY_CALLS]
         responds = True
     elif role == "engine":
         pub += _kv_read(MODELS_BUCKET)

@@ -81,7 +81,8 @@ class GatewayConfig(ServiceConfig):
     agent_rate: float = Field(default=0.0, ge=0.0)
     """LLM calls per second each agent identity may make (a token bucket; 0 = no bound); past it a
     call gets 429 `rate_limit_exceeded` with `Retry-After`, which the OpenAI SDKs wait out and retry.
-    Each gateway replica bounds the calls it serves. See `services/gateway/limits.py`."""
+    It holds across gateway replicas: each takes the calls the others served from its buckets too
+    (they tell each other every 50 ms). See `services/gateway/limits.py` and `calls.py`."""
     agent_burst: int = Field(default=0, ge=0)
     """Calls an agent identity may make at once before `agent_rate` applies (0 = max(1, agent_rate))."""
     agent_max_episodes: int = Field(default=0, ge=0)

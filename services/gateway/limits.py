@@ -7,8 +7,9 @@ identity:
 
 - **calls**: a token bucket of `rate` LLM calls per second with room for `burst` at once; a call
   past it is refused with 429 `rate_limit_exceeded` and a `Retry-After` (the OpenAI SDKs wait that
-  long and retry by themselves). The bucket is this gateway's own: with several gateways, each
-  bounds the calls it serves (an HTTP agent's calls all go to the gateway that granted its episode);
+  long and retry by themselves). Each gateway keeps the buckets, and takes from them the calls
+  every other gateway served too, as the gateways tell each other (`calls.py`): the rate holds
+  across gateways;
 - **episodes**: at most `max_episodes` open at once, across every gateway; a token request for one
   more is answered with `retry_after_s` (the SDK waits and asks again, as for admission control).
   An episode is open from its first token until its `end` or `abort` event, or until no call of it
@@ -16,12 +17,13 @@ identity:
   identity's `max_episodes` slots, a key in NATS KV that every gateway sees (`episodes.py`); this
   class holds the view of them, `OpenEpisode`s, as the gateways wrote them.
 
-Pure and clock-driven (`now` is passed in): no NATS here; `service.py` and `episodes.py` feed it. 0
-turns a bound off.
+Pure and clock-driven (`now` is passed in): no NATS here; `service.py`, `calls.py` and `episodes.py`
+feed it. 0 turns a bound off.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -62,6 +64,8 @@ class AgentLimits:
     retry_after_s: float = 1.0
     """What a token request past `max_episodes` is told to wait before it asks again."""
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _served: Counter[str] = field(default_factory=Counter)
+    """identity -> calls served here since `take_served` last took them."""
     _open: dict[str, dict[str, OpenEpisode]] = field(default_factory=dict)
     """identity -> episode -> its slot."""
     refused_calls: int = 0
@@ -71,20 +75,39 @@ class AgentLimits:
     def capacity(self) -> float:
         return float(self.burst) if self.burst > 0 else max(1.0, self.rate)
 
-    def call(self, identity: str, now: float) -> float:
-        """0.0 to serve the call now (one call taken from the bucket), else seconds until one may."""
-        if self.rate <= 0:
-            return 0.0
+    def _bucket(self, identity: str, now: float) -> _Bucket:
+        """`identity`'s bucket, refilled up to `now`."""
         b = self._buckets.get(identity)
         if b is None:
             b = self._buckets[identity] = _Bucket(self.capacity, now)
         b.tokens = min(self.capacity, b.tokens + (now - b.at) * self.rate)
         b.at = now
+        return b
+
+    def call(self, identity: str, now: float) -> float:
+        """0.0 to serve the call now (one call taken from the bucket), else seconds until one may."""
+        if self.rate <= 0:
+            return 0.0
+        b = self._bucket(identity, now)
         if b.tokens >= 1.0:
             b.tokens -= 1.0
+            self._served[identity] += 1
             return 0.0
         self.refused_calls += 1
         return (1.0 - b.tokens) / self.rate
+
+    def spent(self, identity: str, calls: int, now: float) -> None:
+        """`calls` of `identity` that another gateway served: taken from this bucket too. It may go
+        into debt (down to -capacity: what gateways that could not yet see each other served at once),
+        which this gateway's refusals then pay back."""
+        if self.rate > 0:
+            b = self._bucket(identity, now)
+            b.tokens = max(-self.capacity, b.tokens - calls)
+
+    def take_served(self) -> dict[str, int]:
+        """The calls served here since the last time, per identity (for the other gateways)."""
+        served, self._served = dict(self._served), Counter()
+        return served
 
     def free_slots(self, identity: str, episode_id: str, now: float) -> list[int] | None:
         """None if `episode_id` may go on without a new slot (no bound, or it holds one already);

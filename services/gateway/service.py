@@ -8,7 +8,8 @@ models, for an episode the client owns, after admission control and task mixing;
 in queue group `gateway` so several gateways share the load (admitted groups and the task mix are
 shared through KV `swarm-groups`, `groups.py`; a model's engines are a pool, `pool.py`). Streaming is
 HTTP's (`app.py`).
-Per-agent limits (`limits.py`): the call rate per gateway; the open episodes across gateways, slots in
+Per-agent limits (`limits.py`), both across gateways: the call rate (each gateway's served calls told
+to the others on `swarm.gw.calls`, `calls.py`); the open episodes, slots in
 KV `swarm-groups` (`episodes.py`) freed by each episode's `end` or `abort` event (`swarm.ep.*.*.{end,abort}`,
 in queue group `gateway`).
 Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
@@ -33,6 +34,7 @@ from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
 from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
+from swarmrl.services.gateway.calls import SharedCalls
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.episodes import SharedEpisodes
@@ -157,6 +159,7 @@ class GatewayService:
         self.mixer = mixer
         self.admission = Admission(self.js, cfg.max_backlog, GroupBook(self.js, mixer))
         self.episodes = SharedEpisodes(self.js, self.limits, self.admission.groups.gateway)
+        self.calls = SharedCalls(nc, self.limits, self.admission.groups.gateway)
 
     async def publish_llm(self, event: LlmEvent) -> None:
         await self.js.publish(
@@ -234,6 +237,8 @@ class GatewayService:
         if self.admission.active:  # the groups other gateways admitted, and the mix's counts
             await self.admission.groups.start()
         await self.nc.subscribe(S.TOKEN_REQUESTS, queue="gateway", cb=self.on_token)
+        if self.calls.active:  # the calls the other gateways served count against each agent's rate here
+            await self.calls.start()
         if self.episodes.active:  # every gateway's view of the open episodes; one of them frees a slot
             await self.episodes.start()
             for kind in ("end", "abort"):
@@ -254,3 +259,4 @@ class GatewayService:
         await task
         await self.admission.groups.stop()
         await self.episodes.stop()
+        await self.calls.stop()

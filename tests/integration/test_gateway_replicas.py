@@ -1,12 +1,14 @@
 """Two gateways in one queue group admit as one does, against a real nats-server: the episodes of a
 group land on either gateway at once, yet every group is admitted once and whole, both gateways
 count one mix, and a gateway started later knows what was admitted before it; an agent's bound on
-open episodes holds across both, and a slot its dead client left is freed once idle."""
+open episodes holds across both, and a slot its dead client left is freed once idle; its call rate
+holds across both too."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections import Counter
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 
 from swarmrl.agents import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
+from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.service import GatewayService
 from tests.conftest import wait_for
@@ -34,14 +37,19 @@ async def start_gateway(server: NatsServer, **config: Any) -> tuple[GatewayServi
     return service, nc
 
 
+async def stop_gateways(started: list[tuple[GatewayService, nats.NATS]]) -> None:
+    for service, nc in started:
+        await service.admission.groups.stop()
+        await service.episodes.stop()
+        await service.calls.stop()
+        await nc.close()
+
+
 @pytest.fixture
 async def gateways(swarm_nats: NatsServer):
     started = [await start_gateway(swarm_nats) for _ in range(2)]
     yield [service for service, _ in started]
-    for service, nc in started:
-        await service.admission.groups.stop()
-        await service.episodes.stop()
-        await nc.close()
+    await stop_gateways(started)
 
 
 async def play_groups(server: NatsServer, task: str, stop: asyncio.Event, played: Counter[str], workers: int):
@@ -182,7 +190,35 @@ async def test_an_agents_episode_bound_holds_across_gateways_and_an_abandoned_sl
         )
     finally:
         await swarm.close()
-        for service, nc in started:
-            await service.admission.groups.stop()
-            await service.episodes.stop()
-            await nc.close()
+        await stop_gateways(started)
+
+
+async def test_an_agents_call_rate_holds_across_gateways(swarm_nats: NatsServer):
+    """One identity calls as fast as it can for 3 s over NATS, where the gateways' queue group spreads
+    its calls over both: they serve about burst + rate x 3 s in all, not that much each."""
+    rate, burst, seconds = 4.0, 4, 3.0
+    started = [
+        await start_gateway(swarm_nats, secret="shared", agent_rate=rate, agent_burst=burst) for _ in range(2)
+    ]
+    swarm = await SwarmClient.connect(swarm_nats.agent, client_id="alice")
+    served = refused = 0
+    try:
+        async with swarm.episode("k", models=[MODEL], task={"name": "calculator"}, heartbeat_s=0) as ep:
+            request = {"model": MODEL, "messages": [{"role": "user", "content": "1+1"}]}
+            call = json.dumps({"api_key": ep.token(), "request": request}).encode()
+            loop = asyncio.get_running_loop()
+            end = loop.time() + seconds
+            while loop.time() < end:
+                reply = json.loads((await swarm.nc.request(S.llm_subject(MODEL), call, timeout=5)).data)
+                # No engine here: a call the rate lets through fails next, at the model lookup (404).
+                assert reply["status"] in (404, 429), reply
+                served += reply["status"] == 404
+                refused += reply["status"] == 429
+                if reply["status"] == 429:
+                    assert 0 < reply["retry_after_s"] <= 1 / rate * (burst + 1)
+        assert all(service.limits.refused_calls > 0 for service, _ in started)  # both served calls
+        # one gateway's bound is burst + rate x seconds = 16; each counting its own would serve ~32
+        assert burst + rate * (seconds - 2) <= served <= burst + rate * seconds + 6, (served, refused)
+    finally:
+        await swarm.close()
+        await stop_gateways(started)

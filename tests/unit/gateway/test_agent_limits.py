@@ -17,6 +17,18 @@ def test_calls_past_the_burst_wait_for_the_bucket_to_refill() -> None:
     assert lim.refused_calls == 3
 
 
+def test_calls_another_gateway_served_come_out_of_this_bucket_down_to_one_burst_of_debt() -> None:
+    lim = AgentLimits(rate=2.0, burst=3)
+    assert lim.call("a", 0.0) == 0.0 and lim.call("b", 0.0) == 0.0
+    assert lim.take_served() == {"a": 1, "b": 1} and lim.take_served() == {}
+    lim.spent("a", 2, 0.0)  # the other gateways served two: none left here
+    assert lim.call("a", 0.0) == pytest.approx(0.5)
+    lim.spent("a", 10, 0.0)  # more than a burst at once: the debt stops at one burst
+    assert lim.call("a", 0.0) == pytest.approx(2.0)  # (1 - -3) / 2
+    assert lim.take_served() == {}  # refused calls are not served ones
+    AgentLimits().spent("a", 5, 0.0)  # no rate: nothing to take from
+
+
 def test_no_rate_means_no_bound_and_the_default_burst_is_the_rate() -> None:
     assert all(AgentLimits().call("a", 0.0) == 0.0 for _ in range(1000))
     lim = AgentLimits(rate=0.5)
