@@ -194,6 +194,7 @@ async def test_a_reply_subject_cannot_aim_a_service_at_a_service_subject(
         S.episode_subject("agent", "llm"),  # llm events are the gateway's
         S.train_metrics_subject("policy"),
         "$JS.API.STREAM.DELETE.SAMPLES",
+        S.GATEWAY_CALLS,  # a forged tally would spend another agent's rate
     ],
 )
 async def test_agent_cannot_publish_outside_its_role(swarm_nats: NatsServer, subject: str) -> None:

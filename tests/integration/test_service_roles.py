@@ -32,6 +32,9 @@ PUBLISH = [
     ("merger", LLM, False),
     ("gateway", S.episode_subject("a_1", "end"), False),
     ("actions", LLM, False),
+    # Only gateways tell each other the calls they served (each agent's rate across gateways).
+    ("gateway", S.GATEWAY_CALLS, True),
+    ("merger", S.GATEWAY_CALLS, False),
     # Only trainers write model versions; the ledger and the tracker publish only their dead letters.
     ("trainer", MODEL_KEY, True),
     ("gateway", MODEL_KEY, False),
@@ -97,6 +100,8 @@ async def test_roles_subscribe_only_to_what_they_serve(swarm_nats: NatsServer) -
     cases = [
         ("gateway", S.llm_subject("policy"), True),
         ("gateway", S.episode_filter("*", "end"), True),
+        ("gateway", S.GATEWAY_CALLS, True),
+        ("engine", S.GATEWAY_CALLS, False),
         ("ledger", S.llm_subject("policy"), False),
         ("merger", S.TOKEN_REQUESTS, False),
         ("engine", f"{S.SAMPLES_PREFIX}.>", False),
