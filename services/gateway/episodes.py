@@ -8,6 +8,8 @@ identity, the episode and the gateway that granted it):
   which the server grants once: two gateways can never put two episodes in one slot, so the bound is
   exact across gateways;
 - the episode's `end` or `abort` event reaches one gateway (a queue group), which deletes the key;
+- an episode that two gateways gave a slot each at once (it asked both before either saw the other's
+  key) keeps the lower slot: every gateway that sees both frees the higher one;
 - a gateway that served calls of an episode writes its key again at most every `idle_s / 4`; a key
   not written for `idle_s`, by an episode no gateway saw a call of, is deleted by whichever gateway
   finds it idle first (a delete against the revision it saw, so a key written since stays).
@@ -53,6 +55,7 @@ class SharedEpisodes:
         """Set once the watch has delivered the live slots."""
         self._keys: dict[str, tuple[str, str]] = {}  # key -> (identity, episode), for deletes
         self._tasks: list[asyncio.Task[None]] = []
+        self._frees: set[asyncio.Task[None]] = set()  # deletes of an episode's second slot
 
     @property
     def active(self) -> bool:
@@ -101,7 +104,7 @@ class SharedEpisodes:
                 log.warning("episodes: slot not taken (%r)", exc)
                 break
             self._keys[key] = (identity, episode_id)
-            self.limits.opened(OpenEpisode(identity, episode_id, slot, revision, now, seen=now))
+            self._hold(OpenEpisode(identity, episode_id, slot, revision, now, seen=now))
             return 0.0
         return self.limits.retry_after_s
 
@@ -145,9 +148,25 @@ class SharedEpisodes:
             log.warning("episodes: ignored %s (%s)", entry.key, exc)
             return
         self._keys[entry.key] = (identity, episode_id)
-        self.limits.opened(
-            OpenEpisode(identity, episode_id, slot, entry.revision or 0, bus.written_at(entry))
-        )
+        self._hold(OpenEpisode(identity, episode_id, slot, entry.revision or 0, bus.written_at(entry)))
+
+    def _hold(self, episode: OpenEpisode) -> None:
+        """Record that `episode` holds its slot (taken here, or seen written). An episode that two
+        gateways gave a slot each at once (it asked both before either saw the other's) keeps the
+        lower: every gateway that sees both frees the higher (first come; the rest find it gone)."""
+        known = self.limits.find(episode.identity, episode.episode_id)
+        if known is not None and known.slot != episode.slot:
+            drop = episode if episode.slot > known.slot else known
+            task = asyncio.create_task(self._free(slot_key(drop.identity, drop.slot), drop.revision))
+            self._frees.add(task)
+            task.add_done_callback(self._frees.discard)
+            if drop is episode:
+                return
+        self.limits.opened(episode)
+
+    async def _free(self, key: str, revision: int) -> None:
+        with contextlib.suppress(*KV_ERRORS):  # freed (or written) by another gateway first
+            await self.kv.delete(key, last=revision)
 
     async def _sweep(self) -> None:
         """Write again the keys of episodes called here; delete the keys of idle ones."""

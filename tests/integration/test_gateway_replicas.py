@@ -18,6 +18,7 @@ import pytest
 from swarmrl.agents import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.service import GatewayService
 from tests.conftest import wait_for
@@ -221,4 +222,35 @@ async def test_an_agents_call_rate_holds_across_gateways(swarm_nats: NatsServer)
         assert burst + rate * (seconds - 2) <= served <= burst + rate * seconds + 6, (served, refused)
     finally:
         await swarm.close()
+        await stop_gateways(started)
+
+
+async def test_an_episode_given_a_slot_by_two_gateways_at_once_keeps_one(swarm_nats: NatsServer):
+    """Its token requests reach both gateways before either saw the other's slot: each takes one, and
+    then the higher is freed, so the identity loses no slot to it (it would stay taken for the
+    bucket's hour otherwise)."""
+    started = [await start_gateway(swarm_nats, agent_max_episodes=4) for _ in range(2)]
+    a, b = (service.episodes for service, _ in started)
+    stream = f"KV_{S.GROUPS_BUCKET}"
+
+    async def writes() -> int:
+        return (await started[0][0].js.stream_info(stream)).state.last_seq
+
+    async def live_slots() -> list[int]:
+        return sorted(int(k.rsplit(".", 1)[1]) for k in await bus.live_keys(a.kv, "e.>"))
+
+    async def settled() -> bool:
+        views = [s.limits.find("alice", "alice_e1") for s in (a, b)]
+        return await live_slots() == [0] and all(v is not None and v.slot == 0 for v in views)
+
+    try:
+        before = await writes()
+        both = await asyncio.gather(a.take("alice", "alice_e1", 0.0), b.take("alice", "alice_e1", 0.0))
+        assert both == [0.0, 0.0]  # each granted it a slot
+        await wait_for(settled, timeout=5, what="one slot left, seen by both")
+        assert await writes() - before == 3  # slots 0 and 1 created, 1 deleted
+        await a.give_back("alice", "alice_e1")
+        await wait_for(lambda: b.limits.open_count("alice") == 0, timeout=5, what="the slot freed")
+        assert await live_slots() == []
+    finally:
         await stop_gateways(started)
