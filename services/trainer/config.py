@@ -99,6 +99,10 @@ class TrainerConfig(ServiceConfig):
     grad_accum: int = Field(default=0, ge=0)
     """Micro-batches accumulated into one optimizer update. 0: one update per step over all its
     micro-batches. N: a step makes ceil(micro_batches / N) updates (PPO mini-batches)."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each step's samples (TRL's `num_iterations`, PPO's epochs), each of its updates
+    (`grad_accum`); every update after the first is clipped against the weights the step began with.
+    More than 1 learns more from each sample, at that many times the trainer's compute per step."""
     keep_checkpoints: int = Field(default=3, ge=1)
     """Checkpoints kept on disk (older ones are deleted; engines get time to load the newest)."""
     max_steps: int = Field(default=0, ge=0)

@@ -141,6 +141,7 @@ class Learner:
         mbs += [empty_micro_batch() for _ in range(n_mb - len(mbs))]
         per_update = cfg.grad_accum or n_mb
         updates = [list(range(i, min(i + per_update, n_mb))) for i in range(0, n_mb, per_update)]
+        updates *= cfg.epochs
         self.model.train()  # gradient checkpointing only runs in train mode; RL models have no dropout
         # With one update the proximal policy is the current one (logp detached); with several, later
         # updates need the logprobs of the weights the step started from.

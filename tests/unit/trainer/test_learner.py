@@ -68,6 +68,21 @@ def test_several_updates_per_step_use_the_proximal_policy(cfg: TrainerConfig) ->
     assert 0.25 <= stats["clip_frac"] <= 0.5  # only tokens of the second micro-batch can be clipped
 
 
+def test_a_second_epoch_goes_over_the_samples_again_clipped_against_the_steps_start(
+    cfg: TrainerConfig,
+) -> None:
+    items = _items(4)
+    (mb,) = pack(items, max_tokens=64)
+    gains = []
+    for epochs in (1, 2):
+        learner = Learner(cfg.model_copy(update={"epochs": epochs, "lr": 1e-2}), cfg.model_path)
+        before = learner._logprobs(learner.model, mb)
+        stats = learner.train_step(items, version=0).stats
+        gains.append((learner._logprobs(learner.model, mb) - before).mean().item())
+        assert stats["updates"] == epochs and stats["trained_tokens"] == epochs * 4 * 8
+    assert gains[1] > 1.5 * gains[0] > 0, gains  # the second pass moved them about as far again
+
+
 def test_checkpoint_round_trip(cfg: TrainerConfig, tmp_path: Path) -> None:
     learner = Learner(cfg, cfg.model_path)
     learner.train_step(_items(2), version=0)
