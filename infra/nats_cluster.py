@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmrl.infra.nats_server import NatsServer, free_port, new_passwords
+from swarmrl.infra.nats_server import NatsServer, free_ports, new_passwords
 
 SIZE = 3
 """Nodes; one config per node (`cluster-node<i>.conf`) ships in infra/nats."""
@@ -40,15 +40,21 @@ class NatsCluster:
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         passwords = new_passwords()
-        route_ports = [free_port() for _ in range(SIZE)]
+        # every node's client, route and monitor ports at once: picked one by one, two could be the same
+        ports = free_ports(3 * SIZE)
+        client_ports, route_ports, self.monitor_ports = (
+            ports[:SIZE],
+            ports[SIZE : 2 * SIZE],
+            ports[2 * SIZE :],
+        )
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in route_ports)
-        self.monitor_ports = [free_port() for _ in range(SIZE)]
         for i in range(SIZE):
             name = f"node{i + 1}"
             flags = ["--cluster", f"nats://127.0.0.1:{route_ports[i]}", "--routes", routes]
             self.nodes.append(
                 NatsServer(
                     store_dir=self.root / name,
+                    port=client_ports[i],
                     config=f"cluster-{name}.conf",
                     log_file=self.root / f"{name}.log",
                     passwords=dict(passwords),

@@ -8,6 +8,7 @@ agent identity, `agent`, is minted at start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -29,9 +30,17 @@ RUNS_CONF = "runs.conf"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports free now: held open together while the system picks them (one at a time,
+    a port released can be handed out again at once)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 ROLES = (OPERATOR, "sys", *SERVICE_ROLES)

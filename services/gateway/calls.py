@@ -8,7 +8,8 @@ served since the last tally on `swarm.gw.calls` (core NATS: nothing stored, noth
 every other gateway takes those calls from its own buckets too. So each bucket sees the calls of the
 whole swarm, and the bound is the same with one gateway or ten. It is exact in the long run; within
 one tally's time the gateways cannot see each other's calls, so N gateways may together serve up to
-N bursts at the very start, and a debt that leaves (down to `-burst`) is paid back by waiting.
+N bursts at the very start; a bucket may then go into debt (down to one burst), which the identity
+pays back by waiting.
 A tally lost (a gateway restarting, a slow subscriber) is calls the others do not take: the bound
 then errs on the side of serving.
 """

@@ -1,0 +1,23 @@
+"""Ports for servers the tests and `up` start: several picked at once are never the same one."""
+
+import socket
+
+from swarmrl.infra.nats_cluster import NatsCluster
+from swarmrl.infra.nats_server import free_ports
+
+
+def test_ports_picked_together_are_distinct_and_free() -> None:
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports[:8]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # nothing holds it any more
+
+
+def test_a_clusters_nodes_get_nine_distinct_ports(tmp_path) -> None:
+    cluster = NatsCluster(tmp_path)
+    ports = [n.port for n in cluster.nodes] + cluster.monitor_ports
+    ports += [
+        int(a.rsplit(":", 1)[1]) for n in cluster.nodes for a in n.extra_args if a.startswith("nats://")
+    ]
+    assert len(set(ports)) == 9
