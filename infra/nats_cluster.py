@@ -89,11 +89,15 @@ class NatsCluster:
         return [f"swarmrl-node{i + 1}" for i in range(SIZE)]
 
     def start(self, timeout: float = 60.0) -> NatsCluster:
-        first = self.nodes[0].start()
-        for node in self.nodes[1:]:
-            node.first_agent = first.first_agent  # one registry: mint the test identity once
-            node.start()
-        self.wait_ready(timeout)
+        try:
+            first = self.nodes[0].start()
+            for node in self.nodes[1:]:
+                node.first_agent = first.first_agent  # one registry: mint the test identity once
+                node.start()
+            self.wait_ready(timeout)
+        except BaseException:  # a node that did not start must not leave the others running
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

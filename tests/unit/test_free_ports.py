@@ -2,6 +2,8 @@
 
 import socket
 
+import pytest
+
 from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.infra.nats_server import free_ports
 
@@ -21,3 +23,13 @@ def test_a_clusters_nodes_get_nine_distinct_ports(tmp_path) -> None:
         int(a.rsplit(":", 1)[1]) for n in cluster.nodes for a in n.extra_args if a.startswith("nats://")
     ]
     assert len(set(ports)) == 9
+
+
+def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path) -> None:
+    cluster = NatsCluster(tmp_path)
+    with socket.socket() as taken:  # the third node's client port is someone else's
+        taken.bind(("127.0.0.1", cluster.nodes[2].port))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="nats-server exited"):
+            cluster.start(timeout=20)
+    assert all(node.proc is None or node.proc.poll() is not None for node in cluster.nodes)
