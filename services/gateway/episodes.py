@@ -116,8 +116,7 @@ class SharedEpisodes:
             if episode is None:
                 return
         self.limits.closed(identity, episode_id)
-        with contextlib.suppress(*KV_ERRORS):  # deleted or taken since: not ours to free
-            await self.kv.delete(slot_key(identity, episode.slot), last=episode.revision)
+        await self._free(slot_key(identity, episode.slot), episode.revision)
 
     async def _lookup(self, identity: str, episode_id: str) -> OpenEpisode | None:
         for slot in range(self.limits.max_episodes):
@@ -165,7 +164,8 @@ class SharedEpisodes:
         self.limits.opened(episode)
 
     async def _free(self, key: str, revision: int) -> None:
-        with contextlib.suppress(*KV_ERRORS):  # freed (or written) by another gateway first
+        """Delete a slot's key as of `revision`: one deleted, taken or written since is not ours to free."""
+        with contextlib.suppress(*KV_ERRORS):
             await self.kv.delete(key, last=revision)
 
     async def _sweep(self) -> None:
@@ -174,10 +174,8 @@ class SharedEpisodes:
             await asyncio.sleep(self.every_s)
             now = time.monotonic()
             for episode in self.limits.due(now, self.every_s):
-                key, value = (
-                    slot_key(episode.identity, episode.slot),
-                    self._value(episode.identity, episode.episode_id),
-                )
+                key = slot_key(episode.identity, episode.slot)
+                value = self._value(episode.identity, episode.episode_id)
                 try:
                     episode.revision = await self.kv.update(key, value, last=episode.revision)
                     episode.written = now
