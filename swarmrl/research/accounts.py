@@ -202,16 +202,23 @@ async def _delete_streams(url: str) -> None:
 
 
 async def wait_usable(url: str, timeout: float = 15.0) -> None:
-    """Until a service of the run's account can connect (the reload has applied it)."""
+    """Until a service of the run's account can connect and reach JetStream (the reload has applied it).
+
+    A reload admits the account's users before its JetStream is enabled: connecting alone is not
+    enough, a stream call in between answers "no responders" (seen on CI).
+    """
     import nats
 
     deadline, last = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
         try:
             nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0)
-            await nc.close()
+            try:
+                await nc.jetstream().account_info()
+            finally:
+                await nc.close()
             return
-        except Exception as exc:  # authorization refused until the servers have reloaded
+        except Exception as exc:  # refused, or JetStream not yet enabled, until the servers have reloaded
             last = repr(exc)
             await asyncio.sleep(0.1)
     raise TimeoutError(f"the run's NATS account was not usable after {timeout}s: {last}")
