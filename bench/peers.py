@@ -6,7 +6,7 @@
 Each round runs both systems one after the other on an otherwise idle machine for the same
 wall-clock budget, counted from the launch of each one's process (startup included); the second
 round swaps which goes first. swarmrl runs `swarmrl up --config bench/peers/swarmrl.toml` (`just
-up`'s defaults, without evaluation during the run, keeping every checkpoint); TRL runs
+up`'s defaults, without evaluation during the run, keeping every checkpoint, two passes per step); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
 
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
@@ -245,8 +245,8 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
         "groups of 8, 32 completions per optimizer step, temperature 1, AdamW at 1e-4 constant, clip "
-        "0.2/0.28, no KL. swarmrl: `just up`'s defaults without evaluation during the run "
-        "(`bench/peers/swarmrl.toml`); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
+        "0.2/0.28, no KL. swarmrl: `just up`'s defaults without evaluation during the run, with two "
+        "passes over each step's samples (`epochs = 2`; `bench/peers/swarmrl.toml`); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
         "and why). Each system gets the same wall-clock budget from the launch of its process, one "
         "after the other on an otherwise idle machine, twice, alternating which goes first. The same "
         f"evaluation scores both afterwards: a checkpoint from every {result['eval_every']:g} s, {EVAL_SAMPLES} episodes of "
