@@ -6,7 +6,8 @@
 Each round runs both systems one after the other on an otherwise idle machine for the same
 wall-clock budget, counted from the launch of each one's process (startup included); the second
 round swaps which goes first. swarmrl runs `swarmrl up --config bench/peers/swarmrl.toml` (`just
-up`'s defaults, without evaluation during the run, keeping every checkpoint, two passes per step); TRL runs
+up`'s defaults, without evaluation during the run, keeping every checkpoint, the tool in-process as
+TRL's, two passes per step); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
 
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
@@ -245,8 +246,9 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
         "groups of 8, 32 completions per optimizer step, temperature 1, AdamW at 1e-4 constant, clip "
-        "0.2/0.28, no KL. swarmrl: `just up`'s defaults without evaluation during the run, with two "
-        "passes over each step's samples (`epochs = 2`; `bench/peers/swarmrl.toml`); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
+        "0.2/0.28, no KL, the tool run in-process. swarmrl: `just up`'s defaults without evaluation "
+        "during the run, with the tool in its client processes instead of sandboxed and two passes over "
+        "each step's samples (`bench/peers/swarmrl.toml` says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
         "and why). Each system gets the same wall-clock budget from the launch of its process, one "
         "after the other on an otherwise idle machine, twice, alternating which goes first. The same "
         f"evaluation scores both afterwards: a checkpoint from every {result['eval_every']:g} s, {EVAL_SAMPLES} episodes of "
@@ -318,6 +320,18 @@ def write_md(result: dict[str, Any], out: Path) -> None:
                 f"| {run['round']} | {run['system']} | {run['why']} | {run['steps']} | {t['steps_per_min']:.1f} | "
                 f"{t['completions_per_s']:.2f} | {t['generated_tokens_per_s']:.0f} | {t['trained_tokens_per_s']:.0f} |"
             )
+    lines += [
+        "",
+        "## The multi-turn environment example: TRL cannot play it as it is",
+        "",
+        "`examples/env/arithmetic.py` answers a wrong final answer with a user turn (a hint) and a second "
+        "try (reward 1, 0.5 or 0). TRL's multi-turn rollouts (`GRPOTrainer(environment_factory=...)`, "
+        f"TRL {result['trl_version']}) go on only while the model calls a tool: the environment's methods are "
+        "the tools, a tool's result is the only message it can add, and a reply without a tool call ends the "
+        "rollout (`_tool_call_loop`). The hint turn has no place there; the first try alone is the "
+        "`calculator` task above with another question set. swarmrl's run of the example: "
+        "`bench/results/up/env-20min.md`.",
+    ]
     lines += ["", "## Every evaluated checkpoint", "",
               "| round | system | version (step) | minutes | success | n |", "| ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for run in result["runs"]:

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from swarmrl.services.actions.model import Outcome
+from swarmrl.services.common.tasks import Background
 from swarmrl.services.engine.client import EngineClient, EngineError, GenerateResult, open_engine
 
 log = logging.getLogger("swarmrl.actions.judge")
@@ -88,7 +89,7 @@ class JudgeManager:
         self._slots = asyncio.Condition()
         self._arrived = asyncio.Event()  # set on every put: wakes a batcher waiting for more items
         self._batcher: asyncio.Task[None] | None = None
-        self._calls: set[asyncio.Task[None]] = set()
+        self._calls = Background()  # engine calls in flight
 
     async def start(self, units: int) -> None:
         """Load the tokenizer and start batching with `units` accelerator slots."""
@@ -134,9 +135,7 @@ class JudgeManager:
         if self._batcher is not None:
             self._batcher.cancel()
             await asyncio.gather(self._batcher, return_exceptions=True)
-        for task in list(self._calls):
-            task.cancel()
-        await asyncio.gather(*self._calls, return_exceptions=True)
+        await self._calls.close()
         while not self._queue.empty():
             _settle(self._queue.get_nowait(), Outcome(status="error", error="judge closed"))
         await self._client.aclose()
@@ -205,9 +204,7 @@ class JudgeManager:
             if not batch:
                 continue
             self._in_flight += len(batch)
-            task = asyncio.create_task(self._call(batch), name=f"judge-batch-{len(batch)}")
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            self._calls.spawn(self._call(batch), name=f"judge-batch-{len(batch)}")
 
     async def _call(self, batch: list[_Item]) -> None:
         """One engine call for `batch`; every item gets an outcome, whatever happens."""

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from swarmrl.services.actions.model import Outcome
+from swarmrl.services.common.tasks import Background
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ class PythonSandbox:
         self._idle: list[_Worker] = []
         self._waiters: list[asyncio.Future[_Worker]] = []
         self._starting = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Background()
         self._closed = False
 
     @property
@@ -478,9 +479,7 @@ class PythonSandbox:
             w.retiring = True
             w.kill()
         await asyncio.gather(*(w.proc.wait() for w in workers))
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
         for w in workers:
             self._cleanup(w)
         self._workers.clear()
@@ -529,9 +528,7 @@ class PythonSandbox:
         self._idle.append(worker)
 
     def _background(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     def _fail_waiters_if_empty(self, reason: str) -> None:
         if not self._workers and not self._starting:

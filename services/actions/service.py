@@ -39,6 +39,7 @@ from swarmrl.services.actions.model import Action, Demand
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
 from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
 from swarmrl.services.common import bus
+from swarmrl.services.common.tasks import Background
 
 log = logging.getLogger("swarmrl.actions")
 
@@ -133,7 +134,7 @@ class ActionsService:
         self.remotes: dict[str, Remote] = {}
         self.workers: dict[str, WorkerLoop] = {}
         self.counts = Counts()
-        self._answering: set[asyncio.Task[None]] = set()
+        self._answering = Background()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
 
@@ -169,8 +170,7 @@ class ActionsService:
                 await loop.close()
             # Actions in flight are not answered: their askers repeat the request (same id) until
             # a service answers, so the next service (a restart) runs them.
-            for task in self._answering:
-                task.cancel()
+            self._answering.cancel()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -204,9 +204,7 @@ class ActionsService:
             pending = self._submit(req, owner, key)
         # Answer from a task: nats-py runs a subscription's callbacks one at a time, and this one
         # would otherwise hold every later request until this action is done.
-        task = asyncio.create_task(self._answer(msg, pending))
-        self._answering.add(task)
-        task.add_done_callback(self._answering.discard)
+        self._answering.spawn(self._answer(msg, pending))
 
     async def _answer(self, msg: Msg, pending: Pending) -> None:
         await self._reply(msg, await asyncio.shield(pending.future))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol
 
 
 class Loops:
@@ -33,6 +33,34 @@ class Loops:
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class Background:
+    """Tasks a service starts and does not await: it keeps each until it ends (the event loop holds
+    tasks only weakly, so an unreferenced one may vanish mid-run) and cancels those left on `close()`."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def cancel(self) -> None:
+        """Cancel every running task, without waiting for them to end."""
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def close(self) -> None:
+        """Cancel every running task and wait until all have ended."""
+        tasks = list(self._tasks)
+        self.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Service(Protocol):

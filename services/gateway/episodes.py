@@ -33,6 +33,7 @@ from nats.js.kv import KeyValue
 
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.tasks import Background
 from swarmrl.services.gateway.limits import AgentLimits, OpenEpisode
 
 log = logging.getLogger("swarmrl.gateway")
@@ -55,7 +56,7 @@ class SharedEpisodes:
         """Set once the watch has delivered the live slots."""
         self._keys: dict[str, tuple[str, str]] = {}  # key -> (identity, episode), for deletes
         self._tasks: list[asyncio.Task[None]] = []
-        self._frees: set[asyncio.Task[None]] = set()  # deletes of an episode's second slot
+        self._frees = Background()  # deletes of an episode's second slot
 
     @property
     def active(self) -> bool:
@@ -79,6 +80,7 @@ class SharedEpisodes:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._frees.close()
 
     def _value(self, identity: str, episode_id: str) -> bytes:
         """A slot's value: whose episode holds it, granted (or last called) by this gateway."""
@@ -156,9 +158,7 @@ class SharedEpisodes:
         known = self.limits.find(episode.identity, episode.episode_id)
         if known is not None and known.slot != episode.slot:
             drop = episode if episode.slot > known.slot else known
-            task = asyncio.create_task(self._free(slot_key(drop.identity, drop.slot), drop.revision))
-            self._frees.add(task)
-            task.add_done_callback(self._frees.discard)
+            self._frees.spawn(self._free(slot_key(drop.identity, drop.slot), drop.revision))
             if drop is episode:
                 return
         self.limits.opened(episode)

@@ -1,4 +1,5 @@
-"""`until_stopped`: a service returns on stop and fails loudly when one of its loops dies."""
+"""`until_stopped`: a service returns on stop and fails loudly when one of its loops dies; `Background`
+keeps the tasks a service does not await until they end, and cancels the rest on close."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from swarmrl.services.common.tasks import until_stopped
+from swarmrl.services.common.tasks import Background, until_stopped
 
 
 async def test_returns_when_stop_is_set() -> None:
@@ -46,3 +47,16 @@ async def test_a_loop_that_returns_because_of_the_stop_is_no_failure() -> None:
     await asyncio.sleep(0)  # the loop waits on the event, as the stopper will
     stop.set()
     await asyncio.wait_for(until_stopped(stop, [task]), 5)
+
+
+async def test_background_keeps_tasks_until_they_end_and_cancels_the_rest_on_close() -> None:
+    background = Background()
+    quick = background.spawn(asyncio.sleep(0))
+    slow = background.spawn(asyncio.sleep(60))
+    assert len(background) == 2
+    await quick
+    await asyncio.sleep(0)  # the done callback runs on the next turn of the loop
+    assert len(background) == 1
+    await asyncio.wait_for(background.close(), 5)
+    assert slow.cancelled()
+    assert len(background) == 0
