@@ -135,6 +135,7 @@ class ActionsService:
         self.workers: dict[str, WorkerLoop] = {}
         self.counts = Counts()
         self._answering = Background()
+        self._recording = Background()  # action metrics being published (`record`)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
 
@@ -386,7 +387,7 @@ class ActionsService:
             self.recent.popitem(last=False)
         pending.future.set_result(result)
         if self.cfg.record:
-            asyncio.get_running_loop().create_task(self._record(result))
+            self._recording.spawn(self._record(result))
         self._wake.set()
 
     async def _record(self, result: ActionResult) -> None:
