@@ -391,8 +391,11 @@ def main(argv: list[str] | None = None) -> int:
         for run in [x for x in runs if x["system"] == a.rerun]:
             superseded.append({**run, "why": a.why})
             old = a.work / f"{'swarmrl' if a.rerun == 'swarmrl' else 'trl'}-{run['round']}"
-            if old.exists():
-                old.rename(old.with_name(old.name + "-superseded"))
+            if old.exists():  # beside the ones an earlier rerun replaced, if any
+                target, k = old.with_name(old.name + "-superseded"), 2
+                while target.exists():
+                    target, k = old.with_name(f"{old.name}-superseded-{k}"), k + 1
+                old.rename(target)
         runs = [x for x in runs if x["system"] != a.rerun]
         before_file.write_text(json.dumps(superseded, indent=1))
         done.write_text(json.dumps(runs, indent=1))

@@ -47,6 +47,10 @@ class EngineConfig(ServiceConfig):
     context_length: int = 0
     """Most tokens (prompt + output) per request (embedded; vLLM's `--max-model-len`); 0: the model's
     max_position_embeddings."""
+    prefix_cache_mib: int = 256
+    """Embedded backend: MiB of KV kept for reuse by later prompts with the same prefix (a task's
+    system prompt and tools, a group's shared prompt, the earlier turns of an episode), cleared on every
+    weight update, as SGLang's radix cache and vLLM's prefix caching (both on by default); 0 turns it off."""
     torch_threads: int = 0
     """Torch intra-op threads (embedded; vLLM's `OMP_NUM_THREADS`); 0 keeps torch's default (one per core). On a machine
     shared with the trainer, 1 avoids thread oversubscription (5-15x faster decoding when overloaded)."""

@@ -13,6 +13,13 @@ the next step (continuous batching). Each row stops on its own (EOS, `stop_token
 strings, `max_new_tokens`, or the model's context length) and leaves the batch at once; the cache
 is then cut down to the rows and columns still in use.
 
+Prefix cache. The KV of every prefilled prompt and every finished request is kept
+(`prefix_cache.py`, `prefix_cache_mib`), and a new prompt computes only what follows its longest
+cached prefix: the prefill's cache starts from the cached KV (right-aligned like the batch, the rest
+of the row padding) and its positions from the cached length. A task's system prompt, a group's
+shared prompt and an episode's earlier turns are computed once per weight version; every reload
+clears the cache. Tokens whose input logprobs are asked for are always computed.
+
 Aborts. A request whose future is cancelled (`RequestStream.abort`, or cancelling the task that
 awaits `generate`) leaves the batch before the next decode step, or is dropped when it is taken
 from the queue; it costs no more compute and gets no output (counted in `stats()["requests_aborted"]`).
@@ -53,11 +60,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.functional import pad
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from swarmrl.services.engine import model_dir
-from swarmrl.services.engine.kv_batch import KVBatch, left_padded
+from swarmrl.services.engine.kv_batch import KVBatch, left_padded, row_kv
 from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
+from swarmrl.services.engine.prefix_cache import PrefixCache
 from swarmrl.services.engine.sampling import SamplingParams, sample
 
 log = logging.getLogger("swarmrl.engine.core")
@@ -80,6 +89,7 @@ class _Row:
     input_logprobs: list[float | None] = field(default_factory=list)
     on_step: Callable[[Step], None] | None = None  # streamed: told of every unfinished step
     adapter: str | None = None  # the LoRA adapter it runs with (None: the base weights)
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass
@@ -96,6 +106,7 @@ class _Swap:
 
 
 _STOP = object()
+_FLUSH = object()
 
 
 class EngineCore:
@@ -112,6 +123,7 @@ class EngineCore:
         seed: int = 0,
         context_length: int | None = None,
         adapters: Sequence[str] = (),
+        prefix_cache_mib: int = 256,
     ) -> None:
         self.model_path = str(model_path)
         self.max_batch = max_batch
@@ -138,6 +150,9 @@ class EngineCore:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._batch: KVBatch[_Row] = KVBatch(self.device)
         self._swap: _Swap | None = None
+        self._prefix = PrefixCache(prefix_cache_mib << 20)
+        """KV of prompts and finished requests, reused by later prompts; owned by the scheduler
+        thread, cleared whenever weights change."""
         self._closed = False
         # Counters read by tests and benchmarks (`stats()`); written by the scheduler thread only.
         self.batch_sizes: Counter[int] = Counter()  # decode steps by batch size
@@ -266,6 +281,10 @@ class EngineCore:
         swap = _Swap(str(path), tensors, weight_version, adapter=name, lora_config=config)
         return self._wait_swap(swap, f"LoRA adapter {name!r}")
 
+    def flush_cache(self) -> None:
+        """Drop the prefix cache (SGLang's `/flush_cache`); takes effect before the next admission."""
+        self._queue.put(_FLUSH)
+
     def _wait_swap(self, swap: _Swap, what: str) -> tuple[bool, str]:
         self._queue.put(swap)
         try:
@@ -297,6 +316,7 @@ class EngineCore:
             "reload_pending": self._swap is not None,
             "weight_version": self.weight_version,
             "adapters": dict(self.adapter_versions),
+            "prefix_cache": self._prefix.stats(),
         }
 
     def close(self, timeout: float = 10.0) -> None:
@@ -377,6 +397,8 @@ class EngineCore:
             return False
         if isinstance(item, _Swap):
             self._swap = item
+        elif item is _FLUSH:
+            self._prefix.clear()
         else:
             new.append(item)
         return True
@@ -389,8 +411,14 @@ class EngineCore:
             new = [r for r in new if r.params.max_new_tokens > 0]
             if not new:
                 return
-        ids, mask, positions = left_padded([r.prompt for r in new], self.device)
-        cache = DynamicCache()  # no config: plain full-attention layers, which KVBatch can pad and cut
+        hits = [self._prefix.lookup(r.prompt, r.adapter, _reusable(r)) for r in new]
+        for row, (n, _) in zip(new, hits, strict=True):
+            row.cached = n
+        # no config: plain full-attention layers, which KVBatch can pad and cut
+        cache, past_mask = _past(hits, self.device)
+        ids, mask, positions = left_padded([r.prompt[r.cached :] for r in new], self.device)
+        positions += torch.tensor([[r.cached] for r in new], device=self.device)
+        mask = torch.cat([past_mask, mask], dim=1)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -401,6 +429,8 @@ class EngineCore:
             **self._lora(new),
         )
         self._input_logprobs(new, out.logits)
+        for i, row in enumerate(new):
+            self._prefix.insert(row.prompt, row_kv(cache, mask, i), row.adapter)
         self._batch.join(new, cache, mask)
         self._advance(new, out.logits[:, -1, :])
 
@@ -469,6 +499,12 @@ class EngineCore:
             row.logprobs.append(lp)
             self._check_finished(row)
         self.tokens_generated += len(rows)
+        first = len(self._batch) - len(rows)  # `rows` are the batch's last rows
+        for i, row in enumerate(rows):
+            if row.finish is not None and len(row.output_ids) > 1:
+                # its cache holds the prompt and every output token but the last, which was never fed
+                kv = row_kv(self._batch.cache, self._batch.mask, first + i)
+                self._prefix.insert(row.prompt + row.output_ids[:-1], kv, row.adapter)
         for row in rows:
             if row.finish is not None:
                 self.requests_finished += 1
@@ -500,6 +536,7 @@ class EngineCore:
             self._version(row),
             input_logprobs=row.input_logprobs,
             input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
+            cached_tokens=row.cached,
         )
 
     def _version(self, row: _Row) -> str:
@@ -525,6 +562,7 @@ class EngineCore:
             self._version(row),
             input_logprobs=row.input_logprobs,
             input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
+            cached_tokens=row.cached,
         )
 
     def _apply_swap(self, swap: _Swap) -> None:
@@ -535,6 +573,7 @@ class EngineCore:
         except Exception as exc:  # reported to the caller; the engine keeps serving the old weights
             swap.done.set_exception(exc)
             return
+        self._prefix.clear()  # every cached prefix was computed by the old weights
         if swap.version is not None:
             self.weight_version = str(swap.version)
         elif self.weight_version.isdigit():
@@ -572,6 +611,7 @@ class EngineCore:
         except Exception as exc:  # reported to the caller; the engine keeps serving what it had
             swap.done.set_exception(exc)
             return
+        self._prefix.clear()
         version = swap.version if swap.version is not None else str(int(self.adapter_versions[name]) + 1)
         self.adapter_versions[name] = str(version)
         log.info("LoRA adapter %s reloaded from %s weight_version=%s", name, swap.path, version)
@@ -606,6 +646,32 @@ def _settle(
             fut.set_exception(exc)
         else:
             fut.set_result(out)  # type: ignore[arg-type]  # out is given whenever exc is not
+
+
+def _reusable(row: _Row) -> int:
+    """How many of a row's prompt tokens may come from the prefix cache: all but the last (its
+    logits pick the first output token), and none from `logprob_start` on (their logits are needed)."""
+    n = len(row.prompt) - 1
+    return n if row.logprob_start < 0 else min(n, row.logprob_start)
+
+
+def _past(hits: list[tuple[int, Any]], device: torch.device) -> tuple[DynamicCache, torch.Tensor]:
+    """The prefill's starting cache from the prefix-cache hits, right-aligned as `KVBatch` keeps rows,
+    and its attention mask (a row without a hit is all padding)."""
+    cache = DynamicCache()
+    width = max(n for n, _ in hits)
+    mask = torch.tensor([[0] * (width - n) + [1] * n for n, _ in hits], device=device)
+    if width == 0:
+        return cache, mask
+    some = next(kv for n, kv in hits if n)
+    for layer, (k0, v0) in enumerate(some):
+        keys, values = [], []
+        for n, kv in hits:
+            k, v = kv[layer] if n else (k0[:, :0], v0[:, :0])
+            keys.append(pad(k, (0, 0, width - n, 0)))
+            values.append(pad(v, (0, 0, width - n, 0)))
+        cache.update(torch.stack(keys), torch.stack(values), layer)
+    return cache, mask
 
 
 def _tail(rows: list[_Row]) -> int:

@@ -99,3 +99,9 @@ def _layers(cache: DynamicCache) -> list[DynamicLayer]:
 def _kv(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
     assert layer.keys is not None and layer.values is not None, "cache layer used before prefill"
     return layer.keys, layer.values
+
+
+def row_kv(cache: DynamicCache, mask: torch.Tensor, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Row i's keys and values without its padding, `[kv_heads, tokens, head_dim]` per layer (copies)."""
+    cols = mask[i].nonzero().squeeze(1)
+    return [(k[i][:, cols], v[i][:, cols]) for k, v in map(_kv, _layers(cache))]

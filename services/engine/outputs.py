@@ -30,6 +30,8 @@ class GenerationOutput:
     """SGLang's `input_token_logprobs` values for `prompt[logprob_start_len:]`; first None; empty if not asked."""
     input_logprob_ids: list[int] = field(default_factory=list)
     """The prompt tokens `input_logprobs` belong to (`prompt[logprob_start_len:]`)."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Step:
     weight_version: str
     input_logprobs: list[float | None] = field(default_factory=list)
     input_logprob_ids: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
 
 
 class RequestStream:

@@ -2,7 +2,7 @@
 
 Consumes HTTP: `POST /generate`, `POST /update_weights_from_disk`, `POST /load_lora_adapter`, `GET /health`,
 `GET /health_generate`, `GET /get_model_info`, `POST /flush_cache`; plus `GET /engine_stats`,
-a swarmrl extension (batching counters). Publishes HTTP responses shaped like SGLang's, so
+a swarmrl extension (batching and prefix-cache counters). Publishes HTTP responses shaped like SGLang's, so
 `EngineClient` and the gateway drive this server and a real SGLang server with the same code.
 
 Field names checked against sgl-project/sglang 0.5.x (`managers/io_struct.py` GenerateReqInput /
@@ -146,7 +146,7 @@ def create_app(engine: EngineCore) -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        # No prefix cache is kept across requests, so there is nothing to drop.
+        engine.flush_cache()
         return PlainTextResponse("Cache flushed.\n")
 
     @app.get("/engine_stats")
@@ -292,7 +292,7 @@ def _to_sglang(
         "finish_reason": finish,
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": len(out.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": out.cached_tokens,
         "weight_version": out.weight_version,
     }
     if with_logprobs:

@@ -96,7 +96,7 @@ class EngineService(Loops):
         self._engine = await asyncio.to_thread(
             EngineCore, path, max_batch=cfg.max_batch, device=cfg.device, dtype=cfg.dtype,
             weight_version=str(cfg.weight_version), seed=cfg.seed, context_length=cfg.context_length or None,
-            adapters=cfg.adapters,
+            adapters=cfg.adapters, prefix_cache_mib=cfg.prefix_cache_mib,
         )  # fmt: skip
         self._server, task = await serve_in_loop(create_app(self._engine), cfg.host, cfg.port)
         self._tasks.append(task)

@@ -110,6 +110,23 @@ async def test_health_model_info_and_flush(served: tuple[EngineCore, str], tiny_
         await client.flush_cache()
 
 
+async def test_cached_tokens_are_reported_and_flushed(served: tuple[EngineCore, str]) -> None:
+    """SGLang's `meta_info.cached_tokens`: the prompt tokens served from the prefix cache."""
+    prompt = list(range(3, 50))
+    async with httpx.AsyncClient(base_url=served[1], timeout=60) as http:
+        await http.post("/flush_cache")
+        body = {"input_ids": prompt, "sampling_params": GREEDY}
+        first = (await http.post("/generate", json=body)).json()
+        again = (await http.post("/generate", json=body)).json()
+        assert first["meta_info"]["cached_tokens"] == 0
+        assert again["meta_info"]["cached_tokens"] == len(prompt) - 1
+        assert again["output_ids"] == first["output_ids"]
+        assert (await http.post("/flush_cache")).status_code == 200
+        third = (await http.post("/generate", json=body)).json()
+        assert third["meta_info"]["cached_tokens"] == 0
+        assert (await http.get("/engine_stats")).json()["prefix_cache"]["hit_tokens"] >= len(prompt) - 1
+
+
 async def test_client_generates_and_reloads_weights(fresh: str, perturbed_dir: Path) -> None:
     async with EngineClient(fresh) as client:
         before = await client.generate([5, 6, 7], GREEDY)
