@@ -56,6 +56,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -430,7 +431,7 @@ class EngineCore:
         )
         self._input_logprobs(new, out.logits)
         for i, row in enumerate(new):
-            self._prefix.insert(row.prompt, row_kv(cache, mask, i), row.adapter)
+            self._prefix.insert(row.prompt, partial(row_kv, cache, mask, i), row.adapter)
         self._batch.join(new, cache, mask)
         self._advance(new, out.logits[:, -1, :])
 
@@ -503,8 +504,9 @@ class EngineCore:
         for i, row in enumerate(rows):
             if row.finish is not None and len(row.output_ids) > 1:
                 # its cache holds the prompt and every output token but the last, which was never fed
-                kv = row_kv(self._batch.cache, self._batch.mask, first + i)
-                self._prefix.insert(row.prompt + row.output_ids[:-1], kv, row.adapter)
+                tokens = row.prompt + row.output_ids[:-1]
+                kv_of = partial(row_kv, self._batch.cache, self._batch.mask, first + i)
+                self._prefix.insert(tokens, kv_of, row.adapter)
         for row in rows:
             if row.finish is not None:
                 self.requests_finished += 1

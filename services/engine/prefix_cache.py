@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -73,9 +73,10 @@ class PrefixCache:
         self.hit_tokens += n
         return n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]
 
-    def insert(self, tokens: list[int], kv: KV, adapter: str | None = None) -> None:
-        """Store `tokens` with their KV (`[kv_heads, len(tokens), head_dim]` per layer), unless a
-        cached entry already holds them all; an entry that is a prefix of `tokens` is replaced."""
+    def insert(self, tokens: list[int], kv_of: Callable[[], KV], adapter: str | None = None) -> None:
+        """Store `tokens` with their KV (`kv_of()`: `[kv_heads, len(tokens), head_dim]` per layer,
+        copied only when stored), unless a cached entry already holds them all; an entry that is a
+        prefix of `tokens` is replaced."""
         if self.capacity_bytes <= 0 or len(tokens) < BLOCK:
             return
         n, old = self._match(tokens, adapter, len(tokens), touch=False)
@@ -83,6 +84,7 @@ class PrefixCache:
             return
         if old is not None and n == len(old.tokens):
             self._drop(next(i for i, e in self._entries.items() if e is old))
+        kv = kv_of()
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
         if nbytes > self.capacity_bytes:
             return

@@ -21,7 +21,7 @@ def _kv(tokens: list[int], layers: int = 2) -> list[tuple[torch.Tensor, torch.Te
 def test_lookup_finds_the_longest_cached_prefix_token_by_token() -> None:
     cache = PrefixCache(1 << 20)
     a = list(range(100, 150))
-    cache.insert(a, _kv(a))
+    cache.insert(a, lambda: _kv(a))
     n, kv = cache.lookup([*a[:37], 7, 8, 9])  # diverges inside the third block
     assert n == 37 and torch.equal(kv[0][0][0, :, 0], torch.tensor(a[:37], dtype=torch.float32))
     assert cache.lookup([*a, 1, 2])[0] == len(a)
@@ -37,22 +37,22 @@ def test_an_extension_replaces_its_prefix_and_the_budget_evicts_least_recent() -
     a = list(range(64))
     one = sum(k.nbytes + v.nbytes for k, v in _kv(a))
     cache = PrefixCache(3 * one)
-    cache.insert(a, _kv(a))
-    cache.insert(a, _kv(a))  # all of it is cached already
+    cache.insert(a, lambda: _kv(a))
+    cache.insert(a, lambda: _kv(a))  # all of it is cached already
     assert len(cache) == 1
     longer = [*a, 1, 2, 3]
-    cache.insert(longer, _kv(longer))  # a's entry is a prefix of it: replaced
+    cache.insert(longer, lambda: _kv(longer))  # a's entry is a prefix of it: replaced
     assert len(cache) == 1 and cache.lookup([*longer, 5])[0] == len(longer)
     others = [[1000 * i + j for j in range(64)] for i in range(1, 4)]
     for seq in others:
-        cache.insert(seq, _kv(seq))
+        cache.insert(seq, lambda s=seq: _kv(s))
     assert cache.nbytes <= 3 * one
     assert cache.lookup(longer)[0] == 0  # the least recently used went first
     assert all(cache.lookup(seq)[0] == 64 for seq in others)
     cache.clear()
     assert len(cache) == 0 and cache.nbytes == 0 and cache.lookup(others[0])[0] == 0
     off = PrefixCache(0)
-    off.insert(a, _kv(a))
+    off.insert(a, lambda: _kv(a))
     assert len(off) == 0
 
 
