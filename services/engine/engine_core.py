@@ -18,7 +18,10 @@ Prefix cache. The KV of every prefilled prompt and every finished request is kep
 cached prefix: the prefill's cache starts from the cached KV (right-aligned like the batch, the rest
 of the row padding) and its positions from the cached length. A task's system prompt, a group's
 shared prompt and an episode's earlier turns are computed once per weight version; every reload
-clears the cache. Tokens whose input logprobs are asked for are always computed.
+clears the cache. Tokens whose input logprobs are asked for are always computed. Rows admitted
+together are prefilled in waves and buckets (`prefill_plan.py`): a row that shares uncached blocks
+with an earlier one waits for it and then reads them from the cache (a group's eight equal prompts
+cost one), and rows are split into forwards by length so that a long miss does not pad short hits.
 
 Aborts. A request whose future is cancelled (`RequestStream.abort`, or cancelling the task that
 awaits `generate`) leaves the batch before the next decode step, or is dropped when it is taken
@@ -67,6 +70,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from swarmrl.services.engine import model_dir
 from swarmrl.services.engine.kv_batch import KVBatch, left_padded, row_kv
 from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
+from swarmrl.services.engine.prefill_plan import buckets, waves
 from swarmrl.services.engine.prefix_cache import PrefixCache
 from swarmrl.services.engine.sampling import SamplingParams, sample
 
@@ -162,6 +166,11 @@ class EngineCore:
         self.tokens_generated = 0
         self.requests_finished = 0
         self.requests_aborted = 0
+        self.prefill_forwards = 0
+        self.prefill_tokens = 0
+        """Prompt tokens prefilled (those not served by the prefix cache)."""
+        self.prefill_padded_tokens = 0
+        """Positions the prefill forwards computed, pads included."""
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
         log.info(
@@ -318,6 +327,11 @@ class EngineCore:
             "weight_version": self.weight_version,
             "adapters": dict(self.adapter_versions),
             "prefix_cache": self._prefix.stats(),
+            "prefill": {
+                "forwards": self.prefill_forwards,
+                "tokens": self.prefill_tokens,
+                "padded_tokens": self.prefill_padded_tokens,
+            },
         }
 
     def close(self, timeout: float = 10.0) -> None:
@@ -406,19 +420,46 @@ class EngineCore:
 
     @torch.inference_mode()
     def _prefill(self, new: list[_Row]) -> None:
+        """Prefill the new rows and join them to the running batch (`prefill_plan.py` says how the
+        rows are split into forwards: waves share uncached tokens, buckets group similar lengths)."""
         scored = [r for r in new if r.params.max_new_tokens == 0]  # score-only: one forward, no cache
         if scored:
             self._score(scored)
             new = [r for r in new if r.params.max_new_tokens > 0]
             if not new:
                 return
-        hits = [self._prefix.lookup(r.prompt, r.adapter, _reusable(r)) for r in new]
-        for row, (n, _) in zip(new, hits, strict=True):
-            row.cached = n
+        pieces: list[tuple[list[_Row], DynamicCache, torch.Tensor]] = []
+        logits: list[torch.Tensor] = []
+        wave = new
+        while wave:
+            hits = [self._prefix.lookup(r.prompt, r.adapter, _reusable(r), count=False) for r in wave]
+            for row, (n, _) in zip(wave, hits, strict=True):
+                row.cached = n
+            now, later = list(range(len(wave))), []
+            if self._prefix.capacity_bytes > 0:
+                now, later = waves(
+                    [r.prompt for r in wave], [r.cached for r in wave], [r.adapter for r in wave]
+                )
+            for i in now:
+                self._prefix.record(len(wave[i].prompt), wave[i].cached)
+            for bucket in buckets([len(wave[i].prompt) - wave[i].cached for i in now]):
+                rows = [wave[now[b]] for b in bucket]
+                cache, mask, last = self._forward(rows, [hits[now[b]] for b in bucket])
+                pieces.append((rows, cache, mask))
+                logits.append(last)
+            wave = [wave[i] for i in later]
+        self._batch.join(pieces)
+        self._advance([r for rows, _, _ in pieces for r in rows], torch.cat(logits))
+
+    def _forward(
+        self, rows: list[_Row], hits: list[tuple[int, Any]]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One prefill forward of `rows`, each from its prefix-cache hit; their prompts' KV go into
+        the prefix cache. Returns the rows' cache and mask and their last position's logits."""
         # no config: plain full-attention layers, which KVBatch can pad and cut
         cache, past_mask = _past(hits, self.device)
-        ids, mask, positions = left_padded([r.prompt[r.cached :] for r in new], self.device)
-        positions += torch.tensor([[r.cached] for r in new], device=self.device)
+        ids, mask, positions = left_padded([r.prompt[r.cached :] for r in rows], self.device)
+        positions += torch.tensor([[r.cached] for r in rows], device=self.device)
         mask = torch.cat([past_mask, mask], dim=1)
         out = self.model(
             input_ids=ids,
@@ -426,14 +467,16 @@ class EngineCore:
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=_tail(new),
-            **self._lora(new),
+            logits_to_keep=_tail(rows),
+            **self._lora(rows),
         )
-        self._input_logprobs(new, out.logits)
-        for i, row in enumerate(new):
+        self.prefill_forwards += 1
+        self.prefill_tokens += sum(len(r.prompt) - r.cached for r in rows)
+        self.prefill_padded_tokens += ids.numel()
+        self._input_logprobs(rows, out.logits)
+        for i, row in enumerate(rows):
             self._prefix.insert(row.prompt, partial(row_kv, cache, mask, i), row.adapter)
-        self._batch.join(new, cache, mask)
-        self._advance(new, out.logits[:, -1, :])
+        return cache, mask, out.logits[:, -1, :]
 
     def _score(self, rows: list[_Row]) -> None:
         """Input logprobs for `max_new_tokens=0` rows, batched in one forward; they finish at once."""
@@ -493,8 +536,9 @@ class EngineCore:
 
     def _advance(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample one token for each of `rows` (the batch's last rows), then retire finished rows."""
-        generators = [r.generator or self._generator for r in rows]
-        tokens, logprobs = sample(logits, [r.params for r in rows], generators)
+        tokens, logprobs = sample(
+            logits, [r.params for r in rows], [r.generator for r in rows], self._generator
+        )
         for row, tok, lp in zip(rows, tokens, logprobs, strict=True):
             row.output_ids.append(tok)
             row.logprobs.append(lp)

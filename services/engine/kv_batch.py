@@ -44,20 +44,24 @@ class KVBatch(Generic[R]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(self, rows: list[R], cache: DynamicCache, mask: torch.Tensor) -> None:
-        """Append freshly prefilled rows, left-padding whichever cache is shorter."""
-        if self.cache is None or not self.rows:
-            self.rows, self.cache, self.mask = list(rows), cache, mask
+    def join(self, pieces: list[tuple[list[R], DynamicCache, torch.Tensor]]) -> None:
+        """Append freshly prefilled rows (one piece per prefill forward: its rows, cache and mask),
+        left-padding every cache to the longest; the running batch's cache is copied once."""
+        if self.cache is not None and self.rows:
+            pieces = [(self.rows, self.cache, self.mask), *pieces]
+        self.rows = [row for rows, _, _ in pieces for row in rows]
+        if len(pieces) == 1:
+            _, self.cache, self.mask = pieces[0]
             return
-        width = max(self.mask.shape[1], mask.shape[1])
-        old_pad, new_pad = width - self.mask.shape[1], width - mask.shape[1]
-        for old, new in zip(_layers(self.cache), _layers(cache), strict=True):
-            (ok, ov), (nk, nv) = _kv(old), _kv(new)
-            # [batch, heads, seq, head_dim]: pad the seq dim on the left
-            old.keys = torch.cat([pad(ok, (0, 0, old_pad, 0)), pad(nk, (0, 0, new_pad, 0))])
-            old.values = torch.cat([pad(ov, (0, 0, old_pad, 0)), pad(nv, (0, 0, new_pad, 0))])
-        self.mask = torch.cat([pad(self.mask, (old_pad, 0)), pad(mask, (new_pad, 0))])
-        self.rows = self.rows + list(rows)
+        width = max(mask.shape[1] for _, _, mask in pieces)
+        pads = [(0, 0, width - mask.shape[1], 0) for _, _, mask in pieces]  # the seq dim, on the left
+        joined = pieces[0][1]
+        for layers in zip(*(_layers(cache) for _, cache, _ in pieces), strict=True):
+            kvs = [_kv(layer) for layer in layers]  # [batch, heads, seq, head_dim] each
+            layers[0].keys = torch.cat([pad(k, n) for (k, _), n in zip(kvs, pads, strict=True)])
+            layers[0].values = torch.cat([pad(v, n) for (_, v), n in zip(kvs, pads, strict=True)])
+        self.mask = torch.cat([pad(mask, (n[2], 0)) for (_, _, mask), n in zip(pieces, pads, strict=True)])
+        self.cache = joined
 
     def grow_mask(self) -> torch.Tensor:
         """Add the column of the token about to be fed to every row; return the mask for the step."""

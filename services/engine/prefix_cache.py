@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,16 +62,22 @@ class PrefixCache:
         return len(self._entries)
 
     def lookup(
-        self, tokens: list[int], adapter: str | None = None, limit: int | None = None
+        self, tokens: list[int], adapter: str | None = None, limit: int | None = None, count: bool = True
     ) -> tuple[int, KV]:
-        """The longest cached prefix of `tokens` (at most `limit` tokens): its length and KV (views)."""
-        self.lookups += 1
-        self.lookup_tokens += len(tokens)
+        """The longest cached prefix of `tokens` (at most `limit` tokens): its length and KV (views).
+        `count=False` leaves it out of the stats (a lookup the caller repeats before using it)."""
         n, entry = self._match(tokens, adapter, len(tokens) if limit is None else limit)
-        if entry is None or n == 0:
-            return 0, []
-        self.hit_tokens += n
-        return n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]
+        if entry is None:
+            n = 0
+        if count:
+            self.record(len(tokens), n)
+        return (n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]) if entry is not None and n else (0, [])
+
+    def record(self, tokens: int, hit: int) -> None:
+        """Count a lookup of `tokens` prompt tokens that served `hit` of them (in `stats`)."""
+        self.lookups += 1
+        self.lookup_tokens += tokens
+        self.hit_tokens += hit
 
     def insert(self, tokens: list[int], kv_of: Callable[[], KV], adapter: str | None = None) -> None:
         """Store `tokens` with their KV (`kv_of()`: `[kv_heads, len(tokens), head_dim]` per layer,
@@ -89,7 +95,7 @@ class PrefixCache:
         if nbytes > self.capacity_bytes:
             return
         eid = next(self._ids)
-        keys = [(adapter, h) for h in _chain(tokens)]
+        keys = [(adapter, h) for h in block_hashes(tokens)]
         self._entries[eid] = _Entry(list(tokens), kv, nbytes, keys)
         for key in keys:
             self._index[key] = eid  # the newest entry holding a block answers for it
@@ -116,7 +122,7 @@ class PrefixCache:
     ) -> tuple[int, _Entry | None]:
         best: int | None = None
         blocks = 0
-        for i, h in enumerate(_chain(tokens[: limit - limit % BLOCK])):
+        for i, h in enumerate(block_hashes(tokens[: limit - limit % BLOCK])):
             eid = self._index.get((adapter, h))
             if eid is None:
                 break
@@ -142,7 +148,7 @@ class PrefixCache:
                 del self._index[key]
 
 
-def _chain(tokens: list[int]) -> Iterator[int]:
+def block_hashes(tokens: Sequence[int]) -> Iterator[int]:
     """The chained hash of each full block of `tokens`: block i's hash covers blocks 0..i."""
     h = 0
     for start in range(0, len(tokens) - BLOCK + 1, BLOCK):

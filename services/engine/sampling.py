@@ -108,23 +108,36 @@ class SamplingParams:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    shared: torch.Generator | None = None,
 ) -> tuple[list[int], list[float]]:
     """Pick one token per row of `logits` [B, V]; return the tokens and their logprobs.
 
-    The logprob is `log_softmax(logits / T)` at the chosen token (T = 1 when greedy), before any
-    top-k / top-p / min-p filtering: SGLang's default, see the module docstring.
+    A row with its own generator (a seeded request) draws from it alone, so its tokens do not
+    depend on its batch; the others draw together, in one call, from `shared` (torch's default
+    generator when None). The logprob is `log_softmax(logits / T)` at the chosen token (T = 1 when
+    greedy), before any top-k / top-p / min-p filtering: SGLang's default, see the module docstring.
     """
     logits = logits.float().cpu()  # the generators are CPU generators, whatever the model's device
     temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)
     logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
-    tokens = logits.argmax(dim=-1).tolist()
-    for i, p in enumerate(params):
-        if not p.greedy:
-            probs = _filtered_probs(logprobs[i].exp(), p)
-            tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-    return tokens, chosen
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        probs = logprobs[rows].exp()
+        for j, i in enumerate(rows):
+            probs[j] = _filtered_probs(probs[j], params[i])
+        together = [j for j, i in enumerate(rows) if generators[i] is None]
+        if together:
+            picks = torch.multinomial(probs[together], 1, generator=shared)[:, 0]
+            tokens[[rows[j] for j in together]] = picks
+        for j, i in enumerate(rows):
+            if generators[i] is not None:
+                tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+    chosen = logprobs[torch.arange(len(params)), tokens].tolist()
+    return tokens.tolist(), chosen
 
 
 def _filtered_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:

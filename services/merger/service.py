@@ -19,7 +19,10 @@ Taking a partition over, a merger deletes the partition's consumers and creates 
 queue: an acked event is gone from it, so the new consumer delivers, at once and in stream order,
 exactly the events nobody has acked, which are those of every episode still open when the last owner
 stopped or died. No wait for the old owner's ack wait, and no begin arriving after its own episode's
-later events.
+later events. The one other thing it can deliver is what the old owner left of an episode it closed:
+the owner acks an episode's begin first, so events it died before acking (or whose acks a broker
+node lost) come without their begin; they are acked and counted (`replayed_leftovers`), not
+dead-lettered as `unknown_episode`.
 
 Ack discipline: the events of an open episode stay unacked (kept alive with in-progress acks). At
 `end` the samples and the stats are published, each confirmed by JetStream, and only then are the
@@ -260,6 +263,10 @@ class Partition:
         self._last_keepalive = time.monotonic()
         self.replay_upto = 0
         """The partition's last stream sequence when we took it: what our consumer replays up to."""
+        self.leftovers_upto = 0
+        """`replay_upto` when we took the partition from an earlier owner (its consumer existed), else 0:
+        a replayed event of an episode we never saw begin is what that owner left of an episode it
+        closed (`_accept`)."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -273,8 +280,10 @@ class Partition:
         # partition, and an owner that lost its lease unnoticed reads from a deleted consumer, nothing.
         async def fresh_consumer() -> JetStreamContext.PullSubscription:
             self.replay_upto = (await self._js.stream_info(stream)).state.last_seq
+            self.leftovers_upto = 0
             for info in await self._js.consumers_info(stream):
                 if info.name.startswith(prefix):
+                    self.leftovers_upto = self.replay_upto  # an owner before us may have left some
                     with contextlib.suppress(NotFoundError):
                         await self._js.delete_consumer(stream, info.name)
             return await bus.durable_pull(
@@ -344,6 +353,15 @@ class Partition:
             self.counts["late_calls"] += 1
             return await self._ack(msg, seq)
         reason = self.tracker.check(ev, received=time.monotonic())
+        if reason is not None and reason.startswith("unknown_episode") and seq <= self.leftovers_upto:
+            # An earlier owner closed this episode and acked its begin, but not this event: it died
+            # between the acks, or they were lost with a broker node. An open episode's events are
+            # all unacked, begin included, so the replay would have brought its begin first.
+            self.counts["replayed_leftovers"] += 1
+            log.info(
+                "subject=%s seq=%d: left over from an episode closed before the takeover", msg.subject, seq
+            )
+            return await self._ack(msg, seq)
         if reason is not None:
             return await retry(self._stop, self._dead_letter, msg, reason)
         if isinstance(ev, BeginEvent):
@@ -455,7 +473,8 @@ class Partition:
     async def _ack_episode(self, episode_id: str) -> None:
         self.merger.closed.add(episode_id, time.monotonic())
         ep = self.episodes.pop(episode_id, None)
-        # Begin first: if we die halfway, the rest come back as unknown_episode (dead-lettered, seen)
+        # Begin first: if we die halfway (or a broker node loses some acks), the rest come back to the
+        # partition's next owner without their begin, which acks them as leftovers (`_accept`),
         # instead of rebuilding a partial episode.
         for seq in ep.seqs if ep else []:
             held = self.held.pop(seq, None)

@@ -110,6 +110,37 @@ async def test_a_call_that_finishes_after_the_abort_is_dropped_not_dead_lettered
     assert await stream_count(js, S.DLQ_STREAM) == 0 and await stream_count(js, S.SAMPLES_STREAM) == 0
 
 
+async def test_a_successor_acks_what_its_predecessor_left_of_a_closed_episode(
+    js: JetStreamContext, start_merger: Callable[..., Merger]
+) -> None:
+    """A merger acks a closed episode's begin first. Should it die before the rest are acked (or a
+    broker node lose those acks), the partition's next owner gets them without their begin: acked
+    as leftovers, not dead-lettered as unknown. Bad input after the takeover is still dead-lettered."""
+    await bus.ensure_streams(js)
+    events = chain_episode("closed", turns=2, outcome="abort")
+    for ev in events:
+        await publish(js, ev)
+    await wait_for(lambda: _equal(stream_count(js, S.EPISODE_PARTS_STREAM), len(events)), what="partitioned")
+    [partition] = {m.subject.split(".")[2] for m in await read_stream(js, S.EPISODE_PARTS_STREAM)}
+    p = int(partition)
+    # the owner that died: its consumer took the episode, closed it and acked only the begin
+    dead = await bus.durable_pull(js, S.EPISODE_PARTS_STREAM, f"merger-p{p}-dead", S.partition_filter(p))
+    msgs = await dead.fetch(len(events), timeout=5)
+    await next(m for m in msgs if m.subject.endswith(".begin")).ack_sync()
+    merger = start_merger(**MERGER)
+    await wait_for(lambda: merger_settled(js), what="the leftovers acked")
+    assert merger.counts["replayed_leftovers"] == len(events) - 1
+    assert await stream_count(js, S.DLQ_STREAM) == 0 and await stream_count(js, S.METRICS_STREAM) == 0
+    await publish(js, llm([1], [2], episode_id="never-begun"))
+    await wait_for(lambda: stream_count(js, S.DLQ_STREAM), what="the unknown episode dead-lettered")
+    [letter] = await read_stream(js, S.DLQ_STREAM)
+    assert letter.headers[bus.REASON_HEADER].startswith("unknown_episode:")
+
+
+async def _equal(value: object, want: object) -> bool:
+    return bool(await value == want)  # type: ignore[misc]
+
+
 async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, merger: Merger) -> None:
     good = chain_episode("good", turns=2)
     await publish(js, good[0])

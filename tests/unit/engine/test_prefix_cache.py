@@ -92,6 +92,44 @@ def test_cached_prefixes_give_the_same_tokens_and_logprobs(tiny_model_dir: Path)
         core.close()
 
 
+def test_rows_admitted_together_compute_what_they_share_once(tiny_model_dir: Path) -> None:
+    """One admission of a group's four equal prompts, three other questions on the same system
+    prompt and an unrelated prompt: the shared tokens are computed once (waves), and the long rows
+    do not pad the short ones (buckets); every logprob still equals one plain forward's."""
+    core = EngineCore(tiny_model_dir, max_batch=16)
+    try:
+        system = [(7 * i) % 500 + 3 for i in range(70)]
+        group = [*system, 11, 12, 13]
+        others = [[*system, 40 + i, 41] for i in range(3)]
+        lone = list(range(600, 610))
+        prompts = [group] * 4 + others + [lone]
+        running = core.submit([5, 6, 7], params(core, max_new_tokens=60, ignore_eos=True))
+        wait_until(lambda: core.stats()["running"] == 1, what="a running request")
+        done: list[tuple[bool, str]] = []
+        reload = threading.Thread(
+            target=lambda: done.append(core.update_weights_from_disk(str(tiny_model_dir)))
+        )
+        reload.start()  # the rows queued behind a reload are admitted together once it is applied
+        wait_until(lambda: done or core.stats()["reload_pending"], what="the reload to wait for the batch")
+        before = core.stats()["prefill"]
+        sampled = params(core, temperature=1.0, max_new_tokens=6, ignore_eos=True, seed=3)
+        outs = [f.result(30) for f in [core.submit(p, sampled) for p in prompts]]
+        reload.join(30)
+        running.result(30)
+        assert done and done[0][0], done
+        n = len(group)
+        assert [o.cached_tokens for o in outs] == [0, n - 1, n - 1, n - 1, *[len(system)] * 3, 0]
+        after = core.stats()["prefill"]
+        assert after["tokens"] - before["tokens"] == n + 3 * 1 + 3 * 2 + len(lone)
+        # only the three one-token rows pad, by one each, next to the two-token ones
+        assert after["padded_tokens"] - before["padded_tokens"] == after["tokens"] - before["tokens"] + 3
+        for prompt, out in zip(prompts, outs, strict=True):
+            ref = reference_logprobs(core, prompt, out.output_ids, 1.0)
+            torch.testing.assert_close(torch.tensor(out.output_logprobs), ref, atol=1e-4, rtol=1e-4)
+    finally:
+        core.close()
+
+
 def test_new_weights_and_flushes_clear_the_cache(tiny_model_dir: Path, other_weights_dir: Path) -> None:
     core = EngineCore(tiny_model_dir, max_batch=4)
     try:

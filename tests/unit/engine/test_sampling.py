@@ -72,3 +72,21 @@ def test_seeded_sampling_repeats() -> None:
         for g in (torch.Generator().manual_seed(5), torch.Generator().manual_seed(5))
     ]
     assert runs[0] == runs[1] and len(set(runs[0])) > 1
+
+
+def test_unseeded_rows_draw_together_from_the_shared_generator_and_seeded_rows_alone() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    plain, top2 = SamplingParams(), SamplingParams(top_k=2)
+    params = [plain if i % 2 else top2 for i in range(4000)]
+    tokens, lps = sample(logits, params, [None] * 4000, torch.Generator().manual_seed(0))
+    again, _ = sample(logits, params, [None] * 4000, torch.Generator().manual_seed(0))
+    assert tokens == again  # one draw from the shared generator decides them all
+    torch.testing.assert_close(torch.tensor(lps), probs.log()[torch.tensor(tokens)])
+    odd = torch.bincount(torch.tensor(tokens[1::2]), minlength=4) / 2000
+    torch.testing.assert_close(odd, probs, atol=0.04, rtol=0)  # each row its own distribution
+    assert set(tokens[::2]) == {0, 1}
+    # a seeded row's token does not depend on the rows beside it
+    seeded = [sample(logits[:n], [plain] * n, [None] * (n - 1) + [torch.Generator().manual_seed(7)])[0][-1]
+              for n in (1, 2, 50) for _ in range(3)]  # fmt: skip
+    assert len(set(seeded)) == 1
