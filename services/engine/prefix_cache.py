@@ -38,6 +38,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class _Entry:
+    eid: int
     tokens: list[int]
     kv: KV
     nbytes: int
@@ -89,14 +90,14 @@ class PrefixCache:
         if n == len(tokens):
             return
         if old is not None and n == len(old.tokens):
-            self._drop(next(i for i, e in self._entries.items() if e is old))
+            self._drop(old.eid)
         kv = kv_of()
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
         if nbytes > self.capacity_bytes:
             return
         eid = next(self._ids)
         keys = [(adapter, h) for h in block_hashes(tokens)]
-        self._entries[eid] = _Entry(list(tokens), kv, nbytes, keys)
+        self._entries[eid] = _Entry(eid, list(tokens), kv, nbytes, keys)
         for key in keys:
             self._index[key] = eid  # the newest entry holding a block answers for it
         self.nbytes += nbytes
