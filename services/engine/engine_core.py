@@ -548,9 +548,9 @@ class EngineCore:
         for i, row in enumerate(rows):
             if row.finish is not None and len(row.output_ids) > 1:
                 # its cache holds the prompt and every output token but the last, which was never fed
-                tokens = row.prompt + row.output_ids[:-1]
+                fed = row.prompt + row.output_ids[:-1]
                 kv_of = partial(row_kv, self._batch.cache, self._batch.mask, first + i)
-                self._prefix.insert(tokens, kv_of, row.adapter)
+                self._prefix.insert(fed, kv_of, row.adapter)
         for row in rows:
             if row.finish is not None:
                 self.requests_finished += 1

@@ -79,3 +79,8 @@ async def merger_settled(js: JetStreamContext) -> bool:
     episodes = (await js.stream_info(S.EPISODES_STREAM)).state
     parts = (await js.stream_info(S.EPISODE_PARTS_STREAM)).state
     return parts.last_seq == episodes.last_seq and parts.messages == 0
+
+
+async def awaited_equals(value: object, want: object) -> bool:
+    """Does the awaitable `value` come to `want`? (for `wait_for` on an async query)"""
+    return bool(await value == want)  # type: ignore[misc]

@@ -17,6 +17,7 @@ from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import (
+    awaited_equals,
     chain_episode,
     merge_stats,
     merger_settled,
@@ -120,7 +121,9 @@ async def test_a_successor_acks_what_its_predecessor_left_of_a_closed_episode(
     events = chain_episode("closed", turns=2, outcome="abort")
     for ev in events:
         await publish(js, ev)
-    await wait_for(lambda: _equal(stream_count(js, S.EPISODE_PARTS_STREAM), len(events)), what="partitioned")
+    await wait_for(
+        lambda: awaited_equals(stream_count(js, S.EPISODE_PARTS_STREAM), len(events)), what="partitioned"
+    )
     [partition] = {m.subject.split(".")[2] for m in await read_stream(js, S.EPISODE_PARTS_STREAM)}
     p = int(partition)
     # the owner that died: its consumer took the episode, closed it and acked only the begin
@@ -135,10 +138,6 @@ async def test_a_successor_acks_what_its_predecessor_left_of_a_closed_episode(
     await wait_for(lambda: stream_count(js, S.DLQ_STREAM), what="the unknown episode dead-lettered")
     [letter] = await read_stream(js, S.DLQ_STREAM)
     assert letter.headers[bus.REASON_HEADER].startswith("unknown_episode:")
-
-
-async def _equal(value: object, want: object) -> bool:
-    return bool(await value == want)  # type: ignore[misc]
 
 
 async def test_bad_input_goes_to_the_dead_letter_queue(js: JetStreamContext, merger: Merger) -> None:

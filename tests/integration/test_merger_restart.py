@@ -21,6 +21,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from tests.conftest import wait_for
 from tests.integration.merger_support import (
+    awaited_equals,
     chain_episode,
     merge_stats,
     merger_settled,
@@ -41,10 +42,6 @@ def spawn_merger(server: NatsServer, log: Path, replica: str = "") -> subprocess
     with log.open("ab") as err:  # credentials by environment, never on the command line
         env = os.environ | {"SWARMRL_NATS": server.url("merger")}
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-
-
-async def _equal(value: object, want: object) -> bool:
-    return bool(await value == want)  # type: ignore[misc]
 
 
 async def publish_waves(js: JetStreamContext, episodes: list[list[Event]], killed: asyncio.Event) -> None:
@@ -97,7 +94,7 @@ async def test_a_killed_merger_loses_and_doubles_nothing(
     if replicas == 2:  # both at work before any event: each holds half of the partitions
         want = {"m0": S.EPISODE_PARTITIONS // 2, "m1": S.EPISODE_PARTITIONS // 2}
         await wait_for(
-            lambda: _equal(leases(js), want), timeout=30, what="two replicas sharing the partitions"
+            lambda: awaited_equals(leases(js), want), timeout=30, what="two replicas sharing the partitions"
         )
     publisher = asyncio.create_task(publish_waves(js, episodes, killed))
     first = mergers[0]
@@ -111,7 +108,7 @@ async def test_a_killed_merger_loses_and_doubles_nothing(
 
         if replicas == 1:
             mergers.append(spawn_merger(swarm_nats, log, "m1"))
-        await wait_for(lambda: _equal(leases(js), {"m1": S.EPISODE_PARTITIONS}), timeout=30,
+        await wait_for(lambda: awaited_equals(leases(js), {"m1": S.EPISODE_PARTITIONS}), timeout=30,
                        what="the survivor holding every partition")  # fmt: skip
         await wait_for(lambda: merger_settled(js), timeout=40, what=f"replay after the kill; log {log}")
         got = await samples(js)
