@@ -10,8 +10,9 @@
 # /tmp/gpu-check-out) with a JUnit report beside it. Exit status: pytest's.
 #
 # What runs (see each file's docstring): the embedded engine on CUDA against the CPU engine
-# (test_engine_gpu), the learner's GRPO steps on CUDA against the CPU, prefix-shared against
-# packed, bf16 autocast (test_learner_gpu), the engine's logprobs against the trainer's
+# (test_engine_gpu), LoRA adapters served in mixed batches there (test_lora_gpu), the learner's
+# GRPO steps on CUDA against the CPU, prefix-shared against packed, LoRA, bf16 autocast
+# (test_learner_gpu), the engine's logprobs against the trainer's
 # (test_capture_gpu), and the engine and trainer services over a real nats-server (test_swarm_gpu).
 # The SGLang backend test (tests/integration/test_engine_server.py) is collected and skips:
 # sglang and its CUDA kernels cannot be installed offline within the 64 MiB that the machine's

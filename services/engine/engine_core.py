@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import pad
 from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -110,6 +111,9 @@ class _Swap:
     lora_config: Any = None
 
 
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""The attention kernels a CUDA engine's forwards may use: all of torch's but cuDNN's (see `_loop`)."""
+
 _STOP = object()
 _FLUSH = object()
 
@@ -151,7 +155,7 @@ class EngineCore:
         self.adapter_versions: dict[str, str] = dict.fromkeys(adapters, self.weight_version)
         """Adapter name -> the version of its weights; one not loaded yet runs as the base (a fresh
         adapter's B is 0: the same outputs)."""
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator(self.device).manual_seed(seed)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._batch: KVBatch[_Row] = KVBatch(self.device)
         self._swap: _Swap | None = None
@@ -203,7 +207,7 @@ class EngineCore:
         self.check_prompt(input_ids)
         self.check_logprob_start(logprob_start_len, len(input_ids))
         fut: cf.Future[GenerationOutput] = future or cf.Future()
-        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        gen = torch.Generator(self.device).manual_seed(params.seed) if params.seed is not None else None
         row = _Row(
             rid or uuid.uuid4().hex,
             list(input_ids),
@@ -365,6 +369,14 @@ class EngineCore:
     # -- scheduler thread -----------------------------------------------------------------------
 
     def _loop(self) -> None:
+        # cuDNN's attention kernel builds a plan for every new shape (50-100 ms a step for a 0.5B
+        # model on an H200 against 16 ms warm), and a decode batch meets a new KV length at every
+        # step: the scheduler leaves it out (`bench/gpu.py`). The flags are the process's.
+        cuda = self.device.type == "cuda"
+        with sdpa_kernel(_SDPA_BACKENDS) if cuda else contextlib.nullcontext():
+            self._schedule()
+
+    def _schedule(self) -> None:
         while True:
             new: list[_Row] = []
             if not self._batch and self._swap is None:

@@ -1,5 +1,6 @@
 """The trainer's learner on the GPU: the same GRPO steps from the same samples as on the CPU, the
-prefix-shared (tree attention) and packed layouts agreeing there, and a bf16 mixed-precision step.
+prefix-shared (tree attention) and packed layouts agreeing there, a LoRA adapter's steps matching the
+CPU's, and a bf16 mixed-precision step.
 
 Each (device, precision) trains in its own process (`learner_runs.py`: Accelerate's state is
 process-wide); the three run at once and the tests compare what they wrote.
@@ -24,8 +25,8 @@ pytestmark = [pytest.mark.gpu, needs_device]
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = {  # name -> (device, mixed precision, layouts)
-    "cpu": ("cpu", "no", ["shared"]),
-    "gpu": (DEVICE, "no", ["shared", "packed"]),
+    "cpu": ("cpu", "no", ["shared", "shared-lora"]),
+    "gpu": (DEVICE, "no", ["shared", "packed", "shared-lora"]),
     "bf16": (DEVICE, "bf16", ["shared"]),
 }
 LR = 1e-3
@@ -155,6 +156,27 @@ def test_shared_and_packed_steps_agree_on_the_device(
     for s, p in zip(shared["stats"], packed["stats"], strict=True):
         assert s["computed_tokens"] < 0.6 * p["computed_tokens"]  # the shared prefixes, computed once
     assert_same_update(start, weights(runs, "gpu", "shared"), weights(runs, "gpu", "packed"))
+
+
+def test_lora_steps_on_the_device_match_the_cpu(
+    runs: dict[str, Path], start: dict[str, torch.Tensor]
+) -> None:
+    """Only the adapter moves (the base stays bit for bit), and it moves as on the CPU."""
+    cpu, gpu = result(runs, "cpu")["shared-lora"], result(runs, "gpu")["shared-lora"]
+    assert_logprobs_close(gpu["before"], cpu["before"], atol=LOGPROB_ATOL)
+    assert_same_steps(gpu["stats"], cpu["stats"])
+    a, b = weights(runs, "gpu", "shared-lora"), weights(runs, "cpu", "shared-lora")
+    lora = sorted(n for n in a if "lora_" in n)
+    assert lora and sorted(a) == sorted(b)
+    base = {n.replace("base_model.model.", "").replace(".base_layer", ""): n for n in a if "lora_" not in n}
+    assert len(base) == len(start), "the LoRA model holds the base's tensors beside its adapter"
+    for plain, name in base.items():
+        assert torch.equal(a[name], start[plain]), f"{name} moved: the base is frozen under LoRA"
+    for name in lora:
+        diff = (a[name] - b[name]).abs().max().item()
+        assert diff <= WEIGHT_ATOL, f"{name}: the adapters differ by {diff:.2e} after the same steps"
+    moved = sum(int(a[n].abs().max() > LR / 2) for n in lora if "lora_B" in n)  # B starts at 0
+    assert moved > len([n for n in lora if "lora_B" in n]) // 2, "the adapter barely moved"
 
 
 def test_a_bf16_step_on_the_device(runs: dict[str, Path]) -> None:

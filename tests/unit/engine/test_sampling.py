@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmrl.services.engine.sampling import SamplingParams, sample
+from swarmrl.services.engine.sampling import SamplingParams, draw, sample
 
 VOCAB = 50
 
@@ -90,3 +90,26 @@ def test_unseeded_rows_draw_together_from_the_shared_generator_and_seeded_rows_a
     seeded = [sample(logits[:n], [plain] * n, [None] * (n - 1) + [torch.Generator().manual_seed(7)])[0][-1]
               for n in (1, 2, 50) for _ in range(3)]  # fmt: skip
     assert len(set(seeded)) == 1
+
+
+def test_draw_follows_the_probabilities_and_never_picks_a_zero() -> None:
+    """Each row's picks come in proportion to its (unnormalised) probabilities, zeros never."""
+    probs = torch.tensor([[0.0, 2.0, 0.0, 5.0, 3.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    n = 40_000
+    picks = draw(probs.repeat(n, 1), torch.Generator().manual_seed(0)).view(n, 2)
+    for row in range(2):
+        freq = torch.bincount(picks[:, row], minlength=6).double() / n
+        want = probs[row].double() / probs[row].sum()
+        assert torch.all(freq[want == 0] == 0), freq
+        # binomial standard error at p = 0.5 and n = 40k is 0.0025: 0.01 is four of them
+        torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
+
+
+def test_draw_repeats_with_its_generator_and_reaches_the_last_token() -> None:
+    probs = torch.softmax(torch.randn(8, 151_936, generator=torch.Generator().manual_seed(1)), -1)
+    a = draw(probs, torch.Generator().manual_seed(3))
+    assert torch.equal(a, draw(probs, torch.Generator().manual_seed(3)))
+    assert not torch.equal(a, draw(probs, torch.Generator().manual_seed(4)))
+    last = torch.zeros(1, 5)
+    last[0, -1] = 1.0
+    assert draw(last, None).tolist() == [4]
