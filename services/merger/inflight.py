@@ -42,6 +42,18 @@ class Held:
     episode_id: str
 
 
+@dataclass
+class Parked:
+    """An event of an episode whose begin has not come (yet): the merger's `_park`."""
+
+    msg: Msg
+    """The newest delivery of the message."""
+    touched: float
+    """Monotonic time of the delivery or of the last in-progress ack."""
+    reason: str
+    """What it is dead-lettered with should its begin never come (`unknown_episode: ...`)."""
+
+
 class RecentAcks(Generic[K]):
     """Keys (stream sequences acked, episodes closed) seen within the last `keep_s` seconds (a lost ack
     returns within the ack wait)."""

@@ -24,6 +24,12 @@ the owner acks an episode's begin first, so events it died before acking (or who
 node lost) come without their begin; they are acked and counted (`replayed_leftovers`), not
 dead-lettered as `unknown_episode`.
 
+One consumer can deliver an episode's begin after its later events too: a delivery lost in flight
+with a broker node comes back only after the ack wait, behind whatever was delivered since. So an
+event of an episode whose begin has not come is parked (kept unacked and alive, counted `parked`)
+for two ack waits; if its begin comes, the parked events follow it in stream order (`unparked`),
+else they are dead-lettered as `unknown_episode`.
+
 Ack discipline: the events of an open episode stay unacked (kept alive with in-progress acks). At
 `end` the samples and the stats are published, each confirmed by JetStream, and only then are the
 episode's events acked; `abort` or `episode_timeout_s` without events publishes stats and acks. A
@@ -88,7 +94,7 @@ from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject
 from swarmrl.services.common.retry import Stopping, retry
 from swarmrl.services.merger.assembler import assemble, dropped_stats, lost_episodes
 from swarmrl.services.merger.config import MergerConfig
-from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
+from swarmrl.services.merger.inflight import Held, OpenEpisode, Parked, RecentAcks
 
 log = logging.getLogger("swarmrl.merger")
 SERVICE = "merger"
@@ -254,6 +260,10 @@ class Partition:
         self.tracker = EpisodeTracker()
         self.episodes: dict[str, OpenEpisode] = {}
         self.held: dict[int, Held] = {}
+        self.parked: dict[str, dict[int, Parked]] = {}
+        """Episode id -> its events that came before its begin, by stream sequence (`_park`)."""
+        self._park_until: dict[str, float] = {}
+        """Episode id -> when its parked events are dead-lettered if its begin has not come."""
         self.counts = merger.counts
         self._js = js
         self._due: list[Callable[[], Awaitable[None]]] = []
@@ -305,7 +315,8 @@ class Partition:
         except Stopping:
             pass
         finally:
-            await self._nak([h.msg for h in self.held.values()])
+            parked = [h.msg for episode in self.parked.values() for h in episode.values()]
+            await self._nak([*(h.msg for h in self.held.values()), *parked])
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -315,7 +326,7 @@ class Partition:
         """Decide what one event becomes: held, dead-lettered (and acked), or acked."""
         meta = msg.metadata
         seq = meta.sequence.stream
-        held = self.held.get(seq)
+        held: Held | Parked | None = self.held.get(seq) or self._parked(seq)
         if held is not None:  # redelivered although we hold it (the ack wait ran out): keep the newest
             held.msg, held.touched = msg, time.monotonic()
             self.counts["redelivered"] += 1
@@ -362,6 +373,8 @@ class Partition:
                 "subject=%s seq=%d: left over from an episode closed before the takeover", msg.subject, seq
             )
             return await self._ack(msg, seq)
+        if reason is not None and reason.startswith("unknown_episode"):
+            return self._park(msg, seq, eid, reason)
         if reason is not None:
             return await retry(self._stop, self._dead_letter, msg, reason)
         if isinstance(ev, BeginEvent):
@@ -378,6 +391,23 @@ class Partition:
         elif ev.kind == "abort":
             stats = dropped_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client", ep.begin)
             self._due.append(partial(self._close, stats))
+        if isinstance(ev, BeginEvent) and eid in self.parked:
+            self._park_until.pop(eid)
+            episode = self.parked.pop(eid)
+            for later in sorted(episode):  # in stream order, after their begin
+                self.counts["unparked"] += 1
+                await self._accept(episode[later].msg, later, episode[later].msg.metadata.num_delivered)
+
+    def _park(self, msg: Msg, seq: int, eid: str, reason: str) -> None:
+        """Hold an event whose begin has not come (module docstring) until it comes or two ack waits
+        pass; `reason` (`unknown_episode: ...`) is what it is dead-lettered with then."""
+        episode = self.parked.setdefault(eid, {})
+        self._park_until.setdefault(eid, time.monotonic() + 2 * self.cfg.ack_wait_s)
+        episode[seq] = Parked(msg, time.monotonic(), reason)
+        self.counts["parked"] += 1
+
+    def _parked(self, seq: int) -> Parked | None:
+        return next((episode[seq] for episode in self.parked.values() if seq in episode), None)
 
     def _calls(self, ep: OpenEpisode) -> list[LlmEvent]:
         """The episode's LLM calls, decoded again from the held bytes (validated when they came)."""
@@ -497,9 +527,15 @@ class Partition:
             stats = dropped_stats(eid, calls, "timeout", reason, ep.begin if ep else None)
             self._due.append(partial(self._close, stats))
         await self.settle()
+        for eid in [eid for eid, until in self._park_until.items() if now >= until]:
+            del self._park_until[eid]
+            episode = self.parked.pop(eid)
+            for seq in sorted(episode):
+                await retry(self._stop, self._dead_letter, episode[seq].msg, episode[seq].reason)
         if now - self._last_keepalive > self.cfg.ack_wait_s / 4:
             self._last_keepalive = now
-            for held in self.held.values():
+            parked = (p for episode in self.parked.values() for p in episode.values())
+            for held in [*self.held.values(), *parked]:
                 if now - held.touched > self.cfg.ack_wait_s / 2:
                     await held.msg.in_progress()
                     held.touched = now

@@ -249,3 +249,30 @@ async def test_heartbeats_keep_an_episode_alive(
     await wait_for(lambda: merger_settled(js), what="merger acked every event")
     stats = {s.episode_id: s.status for s in await merge_stats(js)}
     assert stats == {"quiet": "timeout", "beating": "empty"}
+
+
+async def test_events_that_come_before_their_begin_wait_for_it(
+    js: JetStreamContext, start_merger: Callable[..., Merger]
+) -> None:
+    """A delivery lost with a broker node comes back only after the ack wait, behind later events.
+    An episode's events that come before its begin are parked until it comes, then merged with it;
+    those whose begin never comes are dead-lettered as unknown after two ack waits."""
+    merger = start_merger(**MERGER)
+    events = chain_episode("late", turns=2)
+    for ev in events[1:]:  # the begin last, as a redelivery brings it
+        await publish(js, ev)
+    await wait_for(lambda: merger.counts["parked"] == len(events) - 1, what="the begin-less events parked")
+    await asyncio.sleep(1.5 * MERGER["ack_wait_s"])  # past an ack wait: parked events are kept alive
+    assert await stream_count(js, S.DLQ_STREAM) == 0 and not await samples(js)
+    await publish(js, events[0])
+    await wait_for(lambda: merger_settled(js), what="the episode merged once its begin came")
+    assert [s.sample_id for s in await samples(js)] == ["late.a.m.0"]
+    assert merger.counts["unparked"] == len(events) - 1 and merger.counts["redelivered"] == 0
+    assert await stream_count(js, S.DLQ_STREAM) == 0
+    started = asyncio.get_running_loop().time()
+    await publish(js, llm([1], [2], episode_id="never-begun"))
+    await wait_for(lambda: stream_count(js, S.DLQ_STREAM), what="the unknown episode dead-lettered")
+    assert asyncio.get_running_loop().time() - started > 1.5 * MERGER["ack_wait_s"]
+    [letter] = await read_stream(js, S.DLQ_STREAM)
+    assert letter.headers[bus.REASON_HEADER].startswith("unknown_episode:")
+    await wait_for(lambda: merger_settled(js), what="the dead letter acked")
