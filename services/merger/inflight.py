@@ -43,13 +43,9 @@ class Held:
 
 
 @dataclass
-class Parked:
+class Parked(Held):
     """An event of an episode whose begin has not come (yet): the merger's `_park`."""
 
-    msg: Msg
-    """The newest delivery of the message."""
-    touched: float
-    """Monotonic time of the delivery or of the last in-progress ack."""
     reason: str
     """What it is dead-lettered with should its begin never come (`unknown_episode: ...`)."""
 

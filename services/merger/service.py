@@ -260,8 +260,8 @@ class Partition:
         self.tracker = EpisodeTracker()
         self.episodes: dict[str, OpenEpisode] = {}
         self.held: dict[int, Held] = {}
-        self.parked: dict[str, dict[int, Parked]] = {}
-        """Episode id -> its events that came before its begin, by stream sequence (`_park`)."""
+        self.parked: dict[int, Parked] = {}
+        """Events that came before their episode's begin, by stream sequence (`_park`)."""
         self._park_until: dict[str, float] = {}
         """Episode id -> when its parked events are dead-lettered if its begin has not come."""
         self.counts = merger.counts
@@ -315,8 +315,7 @@ class Partition:
         except Stopping:
             pass
         finally:
-            parked = [h.msg for episode in self.parked.values() for h in episode.values()]
-            await self._nak([*(h.msg for h in self.held.values()), *parked])
+            await self._nak([h.msg for h in (*self.held.values(), *self.parked.values())])
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -326,7 +325,7 @@ class Partition:
         """Decide what one event becomes: held, dead-lettered (and acked), or acked."""
         meta = msg.metadata
         seq = meta.sequence.stream
-        held: Held | Parked | None = self.held.get(seq) or self._parked(seq)
+        held = self.held.get(seq) or self.parked.get(seq)
         if held is not None:  # redelivered although we hold it (the ack wait ran out): keep the newest
             held.msg, held.touched = msg, time.monotonic()
             self.counts["redelivered"] += 1
@@ -391,23 +390,23 @@ class Partition:
         elif ev.kind == "abort":
             stats = dropped_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client", ep.begin)
             self._due.append(partial(self._close, stats))
-        if isinstance(ev, BeginEvent) and eid in self.parked:
-            self._park_until.pop(eid)
-            episode = self.parked.pop(eid)
-            for later in sorted(episode):  # in stream order, after their begin
+        if isinstance(ev, BeginEvent) and eid in self._park_until:
+            for later, parked in self._unpark(eid):  # in stream order, after their begin
                 self.counts["unparked"] += 1
-                await self._accept(episode[later].msg, later, episode[later].msg.metadata.num_delivered)
+                await self._accept(parked.msg, later, parked.msg.metadata.num_delivered)
 
     def _park(self, msg: Msg, seq: int, eid: str, reason: str) -> None:
         """Hold an event whose begin has not come (module docstring) until it comes or two ack waits
         pass; `reason` (`unknown_episode: ...`) is what it is dead-lettered with then."""
-        episode = self.parked.setdefault(eid, {})
         self._park_until.setdefault(eid, time.monotonic() + 2 * self.cfg.ack_wait_s)
-        episode[seq] = Parked(msg, time.monotonic(), reason)
+        self.parked[seq] = Parked(msg, time.monotonic(), eid, reason)
         self.counts["parked"] += 1
 
-    def _parked(self, seq: int) -> Parked | None:
-        return next((episode[seq] for episode in self.parked.values() if seq in episode), None)
+    def _unpark(self, eid: str) -> list[tuple[int, Parked]]:
+        """Take episode `eid`'s parked events out, in stream order."""
+        del self._park_until[eid]
+        mine = sorted(seq for seq, parked in self.parked.items() if parked.episode_id == eid)
+        return [(seq, self.parked.pop(seq)) for seq in mine]
 
     def _calls(self, ep: OpenEpisode) -> list[LlmEvent]:
         """The episode's LLM calls, decoded again from the held bytes (validated when they came)."""
@@ -528,14 +527,11 @@ class Partition:
             self._due.append(partial(self._close, stats))
         await self.settle()
         for eid in [eid for eid, until in self._park_until.items() if now >= until]:
-            del self._park_until[eid]
-            episode = self.parked.pop(eid)
-            for seq in sorted(episode):
-                await retry(self._stop, self._dead_letter, episode[seq].msg, episode[seq].reason)
+            for _, parked in self._unpark(eid):
+                await retry(self._stop, self._dead_letter, parked.msg, parked.reason)
         if now - self._last_keepalive > self.cfg.ack_wait_s / 4:
             self._last_keepalive = now
-            parked = (p for episode in self.parked.values() for p in episode.values())
-            for held in [*self.held.values(), *parked]:
+            for held in [*self.held.values(), *self.parked.values()]:
                 if now - held.touched > self.cfg.ack_wait_s / 2:
                     await held.msg.in_progress()
                     held.touched = now
