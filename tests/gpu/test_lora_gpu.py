@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from swarmrl.services.engine.engine_core import EngineCore
 from swarmrl.services.engine.outputs import GenerationOutput
 from tests.gpu.device import DEVICE, DEVICE_TYPE, LOGPROB_ATOL, NEAR_TIE, needs_device
-from tests.unit.engine.helpers import params, train_adapter
+from tests.unit.engine.helpers import merged_logprobs, params, train_adapter
 
 pytestmark = [pytest.mark.gpu, needs_device]
 
@@ -57,12 +55,7 @@ def generate_mixed(engine: EngineCore) -> dict[tuple[str | None, int], Generatio
 def assert_matches_merged(base: Path, adapter: Path | None, prompt: list[int], out: GenerationOutput) -> None:
     """`out` is the greedy continuation of `prompt` under the base with `adapter` merged in (a pick
     may differ only where the top two logits are within NEAR_TIE), with that model's logprobs."""
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + out.output_ids])).logits[0, len(prompt) - 1 : -1].float()
-    lp = torch.log_softmax(logits, -1)
+    lp = merged_logprobs(base, adapter, prompt, out.output_ids)
     picked = lp[torch.arange(len(out.output_ids)), torch.tensor(out.output_ids)]
     torch.testing.assert_close(torch.tensor(out.output_logprobs), picked, atol=LOGPROB_ATOL, rtol=0)
     short = (lp.max(-1).values - picked).max().item()

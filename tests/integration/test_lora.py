@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from swarmrl.infra.nats_server import NatsServer, free_port
 from swarmrl.schemas import ModelVersion, encode
@@ -24,7 +22,7 @@ from swarmrl.services.trainer.checkpoint import ADAPTER_CONFIG, TrainerState
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.learner import Learner
 from tests.conftest import wait_for
-from tests.unit.engine.helpers import train_adapter
+from tests.unit.engine.helpers import merged_logprobs, train_adapter
 from tests.unit.trainer.samples import make_sample
 
 PROMPT = [5, 6, 7, 8, 9]
@@ -45,13 +43,8 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def _reference(base: Path, adapter: Path | None, prompt: list[int], out: list[int]) -> list[float]:
     """Logprobs of `out` after `prompt` under the base with `adapter` merged into it (plain HF)."""
-    model = AutoModelForCausalLM.from_pretrained(base)
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + out])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
-    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(out)]
+    lp = merged_logprobs(base, adapter, prompt, out)
+    return lp[torch.arange(len(out)), torch.tensor(out)].tolist()
 
 
 def test_lora_trainer_trains_the_adapter_only_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:

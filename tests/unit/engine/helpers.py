@@ -65,3 +65,16 @@ def reference_logprobs(
     steps = logits[len(prompt) - 1 : -1]
     lp = torch.log_softmax(steps / (temperature or 1.0), dim=-1)
     return lp[torch.arange(len(output)), torch.tensor(output)]
+
+
+def merged_logprobs(base: Path, adapter: Path | None, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """log_softmax over the vocabulary at each of `output`'s positions after `prompt`, `[len(output),
+    vocab]`, under the base with LoRA `adapter` merged into it (a plain HF forward, fp32, CPU)."""
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1)
