@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -248,7 +249,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, checkpoint = Path(tmp) / "model", Path(tmp) / "checkpoint"
         info = build(model, args.layers, args.vocab)
-        build(checkpoint, args.layers, args.vocab)  # the same weights saved again: a trainer's checkpoint
+        shutil.copytree(model, checkpoint)  # a trainer's checkpoint of the same model: the same files
         print(f"model: {info}", file=sys.stderr, flush=True)
         result = {
             "card": card(args.device),

@@ -371,7 +371,7 @@ class EngineCore:
     def _loop(self) -> None:
         # cuDNN's attention kernel builds a plan for every new shape (50-100 ms a step for a 0.5B
         # model on an H200 against 16 ms warm), and a decode batch meets a new KV length at every
-        # step: the scheduler leaves it out (`bench/gpu.py`). The flags are the process's.
+        # step: the scheduler leaves it out (`bench/gpu_attention.py`). The flags are the process's.
         cuda = self.device.type == "cuda"
         with sdpa_kernel(_SDPA_BACKENDS) if cuda else contextlib.nullcontext():
             self._schedule()

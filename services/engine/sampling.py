@@ -117,8 +117,8 @@ def sample(
 
     The generators are on the device of `logits` (a CUDA engine's are CUDA generators: a [B, vocab]
     draw on the CPU costs milliseconds per row at a 150k vocabulary). A row with its own generator
-    (a seeded request) draws from it alone, so its tokens do not depend on its batch; the others draw together, in one call, from `shared` (torch's default
-    generator when None). The logprob is `log_softmax(logits / T)` at the chosen token (T = 1 when
+    (a seeded request) draws from it alone, so its tokens do not depend on its batch; the others
+    draw together, in one call, from `shared` (torch's default generator when None). The logprob is `log_softmax(logits / T)` at the chosen token (T = 1 when
     greedy), before any top-k / top-p / min-p filtering: SGLang's default, see the module docstring.
     """
     logits = logits.float()  # on the model's device, as the generators are: only the picks leave it
@@ -146,8 +146,8 @@ def sample(
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One index per row of `probs` [B, V] (unnormalised, >= 0), drawn in proportion to it: the
     inverse CDF at one uniform number per row. `torch.multinomial` draws V random numbers per row
-    on the CPU (3.7 ms a row at V = 152k on one core, against about 0.3 ms for this). The CDF is summed
-    in float64, so a token of probability 0 is never picked."""
+    on the CPU (3.7 ms a row at V = 152k on one core, against about 0.3 ms for this). The CDF is
+    summed in float64, so a token of probability 0 is never picked."""
     cdf = probs.cumsum(-1, dtype=torch.float64)
     u = torch.rand(len(probs), 1, generator=generator, dtype=torch.float64, device=probs.device)
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)[:, 0]
