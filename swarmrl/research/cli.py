@@ -2,6 +2,7 @@
 
     swarmrl research STUDY.toml [--dir DIR] [--parallel N] [--minutes M]   run a study
     swarmrl research --resume DIR                          go on after a kill, a crash or Ctrl-C
+    swarmrl research --resume DIR --more-seeds N           add N seeds to a study and run them
     swarmrl research status DIR [--watch S]                progress, decisions and time left
     swarmrl research report DIR                            write report.md and the plots again
     swarmrl research --check STUDY.toml                    validate only
@@ -37,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("study", nargs="?", type=Path, help="the study file (TOML)")
     add("--resume", type=Path, metavar="DIR", help="go on with the study in DIR")
+    add("--more-seeds", type=int, metavar="N", help="with --resume: add N seeds (the next integers above the "
+        "study's largest) to every arm still in it and run them; finished runs are kept")  # fmt: skip
     add("--check", action="store_true", help="validate the study file and exit")
     add("--template", action="store_true", help="print a commented study template and exit")
     add("--dir", type=Path, help="study directory (default runs/studies/<name>-<timestamp>)")
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.nats_conf is not None and 'include "runs.conf"' not in _read(args.nats_conf / "accounts.conf"):
         p.error(f"{args.nats_conf}/accounts.conf does not include runs.conf: copy infra/nats/accounts.conf and "
                 "infra/nats/runs.conf there (the servers then take one account pair per run)")  # fmt: skip
+    if args.more_seeds is not None and (args.resume is None or args.more_seeds < 1):
+        p.error("--more-seeds N goes with --resume DIR, N >= 1")
     if args.resume is not None:
         return resume(args)
     if args.topic:
@@ -159,6 +164,15 @@ def resume(args: argparse.Namespace) -> int:
         state.nats, state.nats_conf = args.nats, str(args.nats_conf.resolve())
     if args.up_command:
         state.up_command = shlex.split(args.up_command)
+    if args.more_seeds:
+        if S.is_locked(study_dir):
+            print(f"swarmrl research: {study_dir} is being run by another process; add seeds once it stops",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        added = state.add_seeds(args.more_seeds)
+        S.save(study_dir, state)
+        print(f"swarmrl research: seeds {added} added; the study has {len(state.study.seeds)} seeds",
+              flush=True)  # fmt: skip
     return execute(study_dir, state, args)
 
 

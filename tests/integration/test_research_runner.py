@@ -164,3 +164,36 @@ def test_parallel_runs_on_one_shared_server(tmp_path: Path, nats_server: NatsSer
     assert RunAccounts(nats_server.conf_dir).keys() == []  # every run's accounts removed after it
     accounts = [a["account"] for r in state(tmp_path / "out")["runs"].values() for a in r["attempts"]]
     assert len(set(accounts)) == 3
+
+
+def test_more_seeds_extends_a_finished_study(tmp_path: Path) -> None:
+    """`--resume DIR --more-seeds 1` on a finished study: every kept arm runs seed 3, no finished run
+    is redone, an arm early stopping dropped gets no new run, and the report counts three seeds."""
+    study = tmp_path / "study.toml"
+    extra = "total_minutes = 4\n[early_stop]\nafter_seeds = [1]\n"
+    study.write_text(STUDY.format(third="lr-3e-5", third_lr="3e-5", extra=extra))
+    out = tmp_path / "out"
+    proc = research(tmp_path, str(study), "--dir", str(out))
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log
+    before = {rid: r["attempts"] for rid, r in state(out)["runs"].items() if r["status"] == "done"}
+    assert sorted(before) == ["lr-1e-4-s1", "lr-1e-4-s2", "lr-3e-4-s1", "lr-3e-4-s2", "lr-3e-5-s1"]
+
+    proc = research(tmp_path, "--resume", str(out), "--more-seeds", "1")
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log
+    assert "seeds [3] added; the study has 3 seeds" in log
+    final = state(out)
+    assert final["study"]["seeds"] == [1, 2, 3]
+    assert final["study"]["budget"]["total_minutes"] == pytest.approx(6)
+    assert {rid: r["status"] for rid, r in final["runs"].items() if rid.endswith("-s3")} == {
+        "lr-1e-4-s3": "done", "lr-3e-4-s3": "done", "lr-3e-5-s3": "halved",
+    }  # fmt: skip
+    assert all(final["runs"][rid]["attempts"] == attempts for rid, attempts in before.items())
+    assert final["runs"]["lr-3e-4-s3"]["metric"] == pytest.approx(0.63)  # 0.3 + 1000 * lr + 0.01 * seed
+    assert sorted(fake_log(tmp_path)).count("lr-1e-4-s3") == 1 and len(fake_log(tmp_path)) == 7
+    assert "| lr-3e-4 | 3 | 0.620 |" in (out / "report.md").read_text()
+
+    proc = research(tmp_path, str(study), "--more-seeds", "1")
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--more-seeds N goes with --resume DIR" in log
