@@ -14,9 +14,10 @@ from pathlib import Path
 
 from swarmrl.research import findings as F
 from swarmrl.research.flags import up_argv
-from swarmrl.research.ledger import MetricError, curve, metric_value
+from swarmrl.research.ledger import MetricError, curve, metric_value, run_sql
 from swarmrl.research.state import StudyState
 from swarmrl.research.stats import ArmStats, bootstrap_ci, mean, summarize
+from swarmrl.research.study import DEFAULT_CURVE
 
 Curves = dict[str, dict[int, list[tuple[float, float]]]]
 """arm -> seed -> (x, y) points."""
@@ -43,7 +44,18 @@ def collect(state: StudyState) -> tuple[dict[str, list[float]], dict[str, float 
     return values, per_run, curves
 
 
-def plot_curves(curves: Curves, out: Path, ylabel: str) -> None:
+def curve_labels(sql: str) -> tuple[str, str]:
+    """Axis labels of a curve query: its two column names (the default curve's said in words)."""
+    if sql == DEFAULT_CURVE:
+        return "model version (trainer step)", "held-out success"
+    try:
+        names, _ = run_sql(None, sql)
+    except MetricError:
+        names = []
+    return (names[0], names[1]) if len(names) == 2 else ("x", "y")
+
+
+def plot_curves(curves: Curves, out: Path, xlabel: str, ylabel: str) -> None:
     """Mean curve per arm over its seeds, with a bootstrap 95% band where 2+ seeds have a point."""
     import matplotlib
 
@@ -61,11 +73,7 @@ def plot_curves(curves: Curves, out: Path, ylabel: str) -> None:
         if band:
             ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],
                             color=line.get_color(), alpha=0.2)  # fmt: skip
-    ax.set(
-        xlabel="x (default: model version = trainer step)",
-        ylabel=ylabel,
-        title="curves per arm, 95% CI bands",
-    )
+    ax.set(xlabel=xlabel, ylabel=ylabel, title="curves per arm, 95% CI bands")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -106,7 +114,7 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
     study_dir, study = Path(study_dir).resolve(), state.study
     values, per_run, curves = collect(state)
     stats = summarize(values, study.baseline.name)
-    plot_curves(curves, study_dir / "curves.png", "y (default: held-out success)")
+    plot_curves(curves, study_dir / "curves.png", *curve_labels(study.metric.curve))
     plot_forest(stats, study_dir / "forest.png", study.metric.label)
     counts = state.counts()
     progress = "finished" if state.finished else "in progress"

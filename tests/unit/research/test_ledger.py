@@ -58,3 +58,12 @@ def test_a_metric_must_be_a_number(run_dir: Path) -> None:
     with pytest.raises(MetricError, match="the metric is not a number: 'a'"):
         metric_value(run_dir, "SELECT task FROM evals")
     assert referenced_views("SELECT * FROM Evals JOIN train_steps USING (step)") == ["train_steps", "evals"]
+
+
+def test_curve_axes_are_named_after_the_curve_columns() -> None:
+    from swarmrl.research.report import curve_labels
+
+    assert curve_labels(DEFAULT_CURVE) == ("model version (trainer step)", "held-out success")
+    minutes = "SELECT (ts - min(ts) OVER ()) / 60 AS minutes, success_rate AS success FROM evals"
+    assert curve_labels(minutes) == ("minutes", "success")
+    assert curve_labels("SELECT nonsense FROM nowhere") == ("x", "y")
