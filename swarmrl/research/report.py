@@ -12,6 +12,8 @@ import shlex
 import time
 from pathlib import Path
 
+import numpy as np
+
 from swarmrl.research import findings as F
 from swarmrl.research.flags import up_argv
 from swarmrl.research.ledger import MetricError, curve, metric_value, run_sql
@@ -55,8 +57,29 @@ def curve_labels(sql: str) -> tuple[str, str]:
     return (names[0], names[1]) if len(names) == 2 else ("x", "y")
 
 
+GRID_POINTS = 40
+"""Points of the common grid that per-seed curves with their own x values (minutes) are read at."""
+
+
+def aligned(seeds: dict[int, list[tuple[float, float]]]) -> dict[float, list[float]]:
+    """x -> the seeds' y at x. Curves on shared x values (model versions) are taken as they are; curves
+    whose x values differ from seed to seed (wall-clock minutes) are each interpolated linearly at
+    `GRID_POINTS` points over the span every seed covers, so the mean at x is over all seeds."""
+    pts = {seed: sorted(p) for seed, p in seeds.items() if p}
+    xs = sorted({x for p in pts.values() for x, _ in p})
+    shared = [x for x in xs if sum(any(px == x for px, _ in p) for p in pts.values()) > 1]
+    if len(pts) < 2 or 2 * len(shared) >= len(xs):
+        return {x: [y for p in pts.values() for px, y in p if px == x] for x in xs}
+    lo, hi = max(p[0][0] for p in pts.values()), min(p[-1][0] for p in pts.values())
+    grid = [lo + (hi - lo) * i / (GRID_POINTS - 1) for i in range(GRID_POINTS)] if hi > lo else [lo]
+    return {
+        x: [float(np.interp(x, [a for a, _ in p], [b for _, b in p])) for p in pts.values()] for x in grid
+    }
+
+
 def plot_curves(curves: Curves, out: Path, xlabel: str, ylabel: str) -> None:
-    """Mean curve per arm over its seeds, with a bootstrap 95% band where 2+ seeds have a point."""
+    """Mean curve per arm over its seeds, with a bootstrap 95% band where 2+ seeds have a point; each
+    seed's own curve faintly behind it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,11 +87,14 @@ def plot_curves(curves: Curves, out: Path, xlabel: str, ylabel: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for arm, seeds in curves.items():
-        xs = sorted({x for pts in seeds.values() for x, _ in pts})
-        if not xs:
+        at = aligned(seeds)
+        if not at:
             continue
-        at = {x: [y for pts in seeds.values() for px, y in pts if px == x] for x in xs}
-        line = ax.plot(xs, [mean(at[x]) for x in xs], marker="o", label=f"{arm} (n={len(seeds)})")[0]
+        xs = sorted(at)
+        line = ax.plot(xs, [mean(at[x]) for x in xs], label=f"{arm} (n={len(seeds)})",
+                       marker="o" if len(xs) < GRID_POINTS else None)[0]  # fmt: skip
+        for pts in seeds.values():
+            ax.plot([x for x, _ in pts], [y for _, y in pts], color=line.get_color(), alpha=0.25, lw=0.8)
         band = [(x, *bootstrap_ci(at[x])) for x in xs if len(at[x]) > 1]
         if band:
             ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],

@@ -67,3 +67,17 @@ def test_curve_axes_are_named_after_the_curve_columns() -> None:
     minutes = "SELECT (ts - min(ts) OVER ()) / 60 AS minutes, success_rate AS success FROM evals"
     assert curve_labels(minutes) == ("minutes", "success")
     assert curve_labels("SELECT nonsense FROM nowhere") == ("x", "y")
+
+
+def test_curves_on_their_own_clocks_are_averaged_on_a_common_grid() -> None:
+    from swarmrl.research.report import GRID_POINTS, aligned
+
+    versions = {1: [(0, 0.2), (10, 0.6)], 2: [(0, 0.4), (10, 0.8), (20, 0.9)]}
+    assert aligned(versions) == {0: [0.2, 0.4], 10: [0.6, 0.8], 20: [0.9]}
+    minutes = {1: [(0.0, 0.2), (1.1, 0.6), (5.9, 0.8)], 2: [(0.1, 0.4), (2.0, 0.4), (6.2, 1.0)]}
+    at = aligned(minutes)
+    xs = sorted(at)
+    assert len(xs) == GRID_POINTS and xs[0] == pytest.approx(0.1) and xs[-1] == pytest.approx(5.9)
+    assert all(len(ys) == 2 for ys in at.values())
+    assert at[xs[0]] == pytest.approx([0.2 + 0.4 * 0.1 / 1.1, 0.4])
+    assert at[xs[-1]] == pytest.approx([0.8, 0.4 + 0.6 * 3.9 / 4.2])
