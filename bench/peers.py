@@ -7,7 +7,7 @@ Each round runs both systems one after the other on an otherwise idle machine fo
 wall-clock budget, counted from the launch of each one's process (startup included); the second
 round swaps which goes first. swarmrl runs `swarmrl up --config bench/peers/swarmrl.toml` (`just
 up`'s defaults, without evaluation during the run, keeping every checkpoint, the tool in-process as
-TRL's, two passes per step); TRL runs
+TRL's, one pass per step as `just up`); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
 
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
@@ -172,6 +172,10 @@ def evaluate_run(run: dict[str, Any], cache: dict[str, tuple[float, int]]) -> No
         p["success"], p["n"] = cache[p["path"]]
 
 
+LEVELS = (0.70, 0.75, 0.80, 0.85, 0.90)
+"""Held-out success levels whose time to reach the report compares too (the best is one noisy point)."""
+
+
 def first_reach(points: list[dict[str, Any]], target: float) -> float | None:
     return next((p["t"] for p in points if p["success"] >= target - 1e-9), None)
 
@@ -190,6 +194,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "swarmrl_best": max(p["success"] for p in ours["points"]),
             "swarmrl_reaches_trl_best_t": reach,
             "ratio": None if reach is None else reach / best["t"],
+            "levels": [
+                {"level": level, "trl_t": first_reach(trl["points"], level), "swarmrl_t": first_reach(ours["points"], level)}
+                for level in LEVELS
+            ],
         })  # fmt: skip
     return {"rounds": rounds}
 
@@ -247,8 +255,8 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
         "groups of 8, 32 completions per optimizer step, temperature 1, AdamW at 1e-4 constant, clip "
         "0.2/0.28, no KL, the tool run in-process. swarmrl: `just up`'s defaults without evaluation "
-        "during the run, with the tool in its client processes instead of sandboxed and two passes over "
-        "each step's samples (`bench/peers/swarmrl.toml` says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
+        "during the run, with the tool in its client processes instead of sandboxed (`bench/peers/swarmrl.toml` "
+        "says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
         "and why). Each system gets the same wall-clock budget from the launch of its process, one "
         "after the other on an otherwise idle machine, twice, alternating which goes first. The same "
         f"evaluation scores both afterwards: a checkpoint from every {result['eval_every']:g} s, {EVAL_SAMPLES} episodes of "
@@ -277,6 +285,24 @@ def write_md(result: dict[str, Any], out: Path) -> None:
             + (f"{reach / 60:.1f} min | **{r['ratio']:.2f}x** |" if reach is not None else "never | - |")
             + f" {100 * r['swarmrl_best']:.1f}% |"
         )
+    lines += [
+        "",
+        "Time to each level of held-out success (the first evaluated checkpoint at or above it): TRL's best "
+        "is a single checkpoint, about 2 points of standard error high or low, so the ratio to it moves "
+        "with the noise of one point; the levels below it show the same race where both curves climb.",
+        "",
+        "| round | level | TRL reached it at | swarmrl reached it at | swarmrl / TRL time |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in result["summary"]["rounds"]:
+        for lv in r.get("levels", []):
+            trl_t, ours_t = lv["trl_t"], lv["swarmrl_t"]
+            ratio = f"{ours_t / trl_t:.2f}x" if trl_t and ours_t is not None else "-"
+            lines.append(
+                f"| {r['round']} | {100 * lv['level']:.0f}% | "
+                + " | ".join("never" if t is None else f"{t / 60:.1f} min" for t in (trl_t, ours_t))
+                + f" | {ratio} |"
+            )
     for system in ("swarmrl", "TRL"):
         mine = [x for x in result["runs"] if x["system"] == system]
         best = [max(p["success"] for p in x["points"]) for x in mine]
@@ -370,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.report_only:
         result = json.loads((a.out / "peers.json").read_text())
+        result["summary"] = summarise(result["runs"])
+        (a.out / "peers.json").write_text(json.dumps(result, indent=1))
         plot(result["runs"], a.out / "peers.png", {x["system"] for x in result.get("superseded", [])})
         write_md(result, a.out)
         return 0
