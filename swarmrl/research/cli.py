@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from swarmrl.research import state as S
+from swarmrl.research.schedule import add_seeds
 from swarmrl.research.study import Budget, Study, StudyError, load_study
 from swarmrl.research.template import TEMPLATE
 
@@ -169,7 +170,7 @@ def resume(args: argparse.Namespace) -> int:
             print(f"swarmrl research: {study_dir} is being run by another process; add seeds once it stops",
                   file=sys.stderr)  # fmt: skip
             return 2
-        added = state.add_seeds(args.more_seeds)
+        added = add_seeds(state, args.more_seeds)
         S.save(study_dir, state)
         print(f"swarmrl research: seeds {added} added; the study has {len(state.study.seeds)} seeds",
               flush=True)  # fmt: skip

@@ -61,10 +61,19 @@ def run_sql(run_dir: Path | None, sql: str) -> tuple[list[str], list[tuple[Any, 
 
 
 @functools.lru_cache(maxsize=64)  # the named metrics are checked for every study loaded
+def sql_columns(sql: str) -> tuple[str, ...]:
+    """The column names `sql` selects, from a run over an empty ledger.
+
+    Raises:
+        MetricError: as `run_sql`.
+    """
+    return tuple(run_sql(None, sql)[0])
+
+
 def check_sql(sql: str, columns: int) -> str | None:
     """Why `sql` is no metric (`columns` = 1) or curve (`columns` = 2) query, or None if it is one."""
     try:
-        names, _ = run_sql(None, sql)
+        names = list(sql_columns(sql))
     except MetricError as exc:
         return str(exc)
     if len(names) != columns:

@@ -16,7 +16,7 @@ import numpy as np
 
 from swarmrl.research import findings as F
 from swarmrl.research.flags import up_argv
-from swarmrl.research.ledger import MetricError, curve, metric_value, run_sql
+from swarmrl.research.ledger import MetricError, curve, metric_value, sql_columns
 from swarmrl.research.state import StudyState
 from swarmrl.research.stats import ArmStats, bootstrap_ci, mean, summarize
 from swarmrl.research.study import DEFAULT_CURVE
@@ -51,9 +51,9 @@ def curve_labels(sql: str) -> tuple[str, str]:
     if sql == DEFAULT_CURVE:
         return "model version (trainer step)", "held-out success"
     try:
-        names, _ = run_sql(None, sql)
+        names = sql_columns(sql)
     except MetricError:
-        names = []
+        names = ()
     return (names[0], names[1]) if len(names) == 2 else ("x", "y")
 
 

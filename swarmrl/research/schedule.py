@@ -6,6 +6,7 @@ finished their first c seeds; the non-baseline arms are ranked by mean metric ov
 the lower part stops (its remaining runs are marked `halved` and never start). Until a checkpoint is
 decided, no run of a later seed starts, so the decision sees every arm on the same seeds. `swarmrl
 up` cannot pause a run and go on later, so the budget that halving saves is seeds, not minutes.
+`add_seeds` gives a study more seeds later (`--resume DIR --more-seeds N`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,33 @@ def apply(state: StudyState, decision: Decision) -> list[RunState]:
             )
             out.append(r)
     return out
+
+
+def add_seeds(state: StudyState, n: int) -> list[int]:
+    """Extend the study by `n` seeds, the next integers above its largest; returns them.
+
+    Every arm gets a pending run per new seed, except arms an early-stopping decision stopped (their
+    runs are `halved`, as their other unstarted runs were). A total budget grows in proportion to the
+    seeds, so the new runs fit as the old ones did. The study is unfinished again.
+    """
+    if n < 1:
+        raise ValueError(f"seeds to add must be >= 1, got {n}")
+    study = state.study
+    start = max(study.seeds) + 1
+    new = list(range(start, start + n))
+    old_count = len(study.seeds)
+    study.seeds = [*study.seeds, *new]
+    if study.budget.total_minutes is not None:
+        study.budget.total_minutes *= len(study.seeds) / old_count
+    gone = stopped_arms(state)
+    for seed in new:
+        for arm in study.arm_names:
+            run = RunState(arm=arm, seed=seed, seed_index=study.seeds.index(seed))
+            if arm in gone:
+                run.status, run.note = "halved", "its arm was stopped before this seed was added"
+            state.runs[run.id] = run
+    state.finished = None
+    return new
 
 
 def runnable(state: StudyState) -> list[RunState]:

@@ -117,32 +117,6 @@ class StudyState(BaseModel):
         }
         return cls(study=study, study_file=str(study_file), created=time.time(), runs=runs, **kw)
 
-    def add_seeds(self, n: int) -> list[int]:
-        """Extend the study by `n` seeds, the next integers above its largest; returns them.
-
-        Every arm gets a pending run per new seed, except arms an early-stopping decision stopped (their
-        runs are `halved`, as their other unstarted runs were). A total budget grows in proportion to the
-        seeds, so the new runs fit as the old ones did. The study is unfinished again.
-        """
-        if n < 1:
-            raise ValueError(f"seeds to add must be >= 1, got {n}")
-        study = self.study
-        start = max(study.seeds) + 1
-        new = list(range(start, start + n))
-        old_count = len(study.seeds)
-        study.seeds = [*study.seeds, *new]
-        if study.budget.total_minutes is not None:
-            study.budget.total_minutes *= len(study.seeds) / old_count
-        gone = {arm for d in self.decisions for arm in d.stopped}
-        for seed in new:
-            for arm in study.arm_names:
-                run = RunState(arm=arm, seed=seed, seed_index=study.seeds.index(seed))
-                if arm in gone:
-                    run.status, run.note = "halved", "its arm was stopped before this seed was added"
-                self.runs[run.id] = run
-        self.finished = None
-        return new
-
     def ordered(self) -> list[RunState]:
         """Runs in the order they start: seed-major, the baseline first."""
         arms = self.study.arm_names
