@@ -1,4 +1,5 @@
-"""The embedded engine (the CPU, or one CUDA device): any HF causal LM, continuous batching over a KV cache, no HTTP.
+"""The embedded engine (the CPU or one CUDA device): any HF causal LM, continuous batching over a KV
+cache, no HTTP.
 
 Consumes: generation requests (`submit` / `generate` / `stream`: prompt token ids +
 `SamplingParams`) and weight reloads (`update_weights_from_disk`: an HF directory of safetensors).

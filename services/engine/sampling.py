@@ -118,8 +118,9 @@ def sample(
     The generators are on the device of `logits` (a CUDA engine's are CUDA generators: a [B, vocab]
     draw on the CPU costs milliseconds per row at a 150k vocabulary). A row with its own generator
     (a seeded request) draws from it alone, so its tokens do not depend on its batch; the others
-    draw together, in one call, from `shared` (torch's default generator when None). The logprob is `log_softmax(logits / T)` at the chosen token (T = 1 when
-    greedy), before any top-k / top-p / min-p filtering: SGLang's default, see the module docstring.
+    draw together, in one call, from `shared` (torch's default generator when None). The logprob
+    is `log_softmax(logits / T)` at the chosen token (T = 1 when greedy), before any top-k / top-p /
+    min-p filtering: SGLang's default, see the module docstring.
     """
     logits = logits.float()  # on the model's device, as the generators are: only the picks leave it
     temps = torch.tensor(
