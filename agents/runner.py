@@ -31,6 +31,7 @@ from swarmrl.agents.tasks import TaskSpec, get_task
 from swarmrl.core.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import ClientState
+from swarmrl.services.common import loop as aio
 
 log = logging.getLogger("swarmrl.client")
 
@@ -446,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             tool_actions=args.tool_actions,
         )
 
-    asyncio.run(run())
+    aio.run(run())
     return 0
 
 

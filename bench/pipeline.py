@@ -34,18 +34,16 @@ import gc
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from benchutil import machine
+from benchutil import baseline_tree, machine
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, LlmEvent, RewardEvent, encode
@@ -278,21 +276,6 @@ async def ledger_phase(
         "tail_after_last_ack_s": t_durable - t_acked,
         "cpu_us_per_event": {"publishers": cpu[0], "nats_server": cpu[1], "ledger": cpu[2]},
     }
-
-
-def baseline_tree(ref: str, tmp: Path) -> Path:
-    """An import tree of commit `ref` for PYTHONPATH: its `swarmrl/`, with the folders its pyproject
-    maps into `swarmrl.*` (`package-dir`) linked in."""
-    src, tree = tmp / "baseline-src", tmp / "baseline"
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    package_dir = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    shutil.copytree(src / package_dir["swarmrl"], tree / "swarmrl")
-    for package, folder in package_dir.items():
-        if package != "swarmrl":
-            (tree / Path(*package.split("."))).symlink_to(src / folder, target_is_directory=True)
-    return tree
 
 
 async def fresh_episodes(js) -> None:

@@ -11,6 +11,7 @@ import socket
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
 from swarmrl.services.actions.config import ActionsConfig, WorkerConfig
+from swarmrl.services.common import loop as aio
 
 
 async def _serve(cfg: ActionsConfig) -> None:
@@ -33,7 +34,7 @@ async def _serve(cfg: ActionsConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ActionsConfig, argv, prog="swarmrl serve actions")
     setup_logging("actions", cfg.log_level)
-    asyncio.run(_serve(cfg))
+    aio.run(_serve(cfg))
     return 0
 
 
@@ -71,5 +72,5 @@ async def _work(cfg: WorkerConfig) -> None:
 def worker_main(argv: list[str] | None = None) -> int:
     cfg = parse_config(WorkerConfig, argv, prog="swarmrl serve action-worker")
     setup_logging("action-worker", cfg.log_level)
-    asyncio.run(_work(cfg))
+    aio.run(_work(cfg))
     return 0

@@ -6,10 +6,9 @@ external server). With `--nats ""` no weight watcher runs. See `service.py` for 
 
 from __future__ import annotations
 
-import asyncio
-
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
+from swarmrl.services.common import loop as aio
 from swarmrl.services.engine.config import EngineConfig
 
 
@@ -24,5 +23,5 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so `--help` stays fast (torch, transformers and nats load only to run).
     from swarmrl.services.engine.service import run
 
-    asyncio.run(run(cfg))
+    aio.run(run(cfg))
     return 0

@@ -7,6 +7,7 @@ import signal
 
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
+from swarmrl.services.common import loop as aio
 from swarmrl.services.gateway.config import GatewayConfig
 
 
@@ -28,5 +29,5 @@ async def run(cfg: GatewayConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GatewayConfig, argv, "swarmrl serve gateway")
     setup_logging("gateway", cfg.log_level)
-    asyncio.run(run(cfg))
+    aio.run(run(cfg))
     return 0

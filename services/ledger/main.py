@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
+from swarmrl.services.common import loop as aio
 from swarmrl.services.ledger.config import LedgerConfig
 
 
@@ -15,5 +14,5 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so `--help` stays fast (duckdb, pyarrow and nats load only to run).
     from swarmrl.services.ledger.service import run
 
-    asyncio.run(run(cfg))
+    aio.run(run(cfg))
     return 0

@@ -7,6 +7,7 @@ import signal
 
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
+from swarmrl.services.common import loop as aio
 from swarmrl.services.merger.config import MergerConfig
 
 
@@ -24,5 +25,5 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(MergerConfig, argv, prog="swarmrl serve merger")
     log = setup_logging("merger", cfg.log_level)
     log.info("starting: nats=%s episode_timeout_s=%g", cfg.nats.rsplit("@", 1)[-1], cfg.episode_timeout_s)
-    asyncio.run(_serve(cfg))
+    aio.run(_serve(cfg))
     return 0

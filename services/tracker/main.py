@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from swarmrl.core.config import SwarmConfigError, parse_config
 from swarmrl.core.log import setup_logging
+from swarmrl.services.common import loop as aio
 from swarmrl.services.tracker.config import TrackerConfig, check_installed
 
 
@@ -21,5 +20,5 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so `--help` stays fast (nats, and the trackers' libraries when it starts).
     from swarmrl.services.tracker.service import run
 
-    asyncio.run(run(cfg))
+    aio.run(run(cfg))
     return 0

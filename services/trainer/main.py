@@ -10,6 +10,7 @@ import signal
 
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
+from swarmrl.services.common import loop as aio
 from swarmrl.services.trainer.config import TrainerConfig
 
 
@@ -25,5 +26,5 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, trainer.stop)
         await trainer.run()
 
-    asyncio.run(run())
+    aio.run(run())
     return 0

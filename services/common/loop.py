@@ -1,0 +1,33 @@
+"""The event loop of every long-running swarmrl process (the services and the example clients):
+uvloop where it is installed (a dependency on Linux and macOS), else asyncio's own.
+
+On the 2-core reference machine the swarm of `just up` spends about half its CPU outside the engine
+and the trainer, much of it in event loops (HTTP between clients, gateway and engine, NATS
+publishes). Side by side with the code before (`bench/results/swarm-uvloop.md`, httptools under uvicorn on
+both sides) the swarm spent 0.97x the CPU per LLM call (gateway 0.93x, merger 0.93x, ledger 0.90x)
+and finished 1.01x the episodes a second; against asyncio's loop and uvicorn's pure-Python parser
+both (two exploratory pairs of 3-minute runs), 1.035x.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop constructor, or None (asyncio's default loop) where uvloop is not installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on the loop `loop_factory` gives."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main)
