@@ -45,6 +45,10 @@ trl-env:
 bench-peers *ARGS:
     python bench/peers.py "$@"
 
+# Whole swarm, today's code against commit BASELINE's, alternating 3-minute runs of the peer benchmark's swarm: episodes, calls and steps a second, CPU per LLM call by process; bench/results/swarm.{json,md} (`--name` for another file).
+bench-swarm BASELINE *ARGS:
+    python bench/swarm.py --baseline "$@"
+
 # Benchmarks; results land in bench/results/ with the machine noted.
 bench:
     python bench/pipeline.py

@@ -1,5 +1,6 @@
 """Whole-swarm throughput: today's code against an older commit, running the same `swarmrl up`.
 
+    just bench-swarm REF [--config bench/peers/swarmrl.toml] [--minutes 3] [--rounds 2] [--name swarm]
     python bench/swarm.py --baseline REF [--config bench/peers/swarmrl.toml] [--minutes 3]
                           [--rounds 2] [--out bench/results] [--name swarm]
 

@@ -28,7 +28,7 @@ async def _serve(cfg: ActionsConfig) -> None:
     try:
         await service.run()
     finally:
-        await nc.close()
+        await bus.close(nc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +66,7 @@ async def _work(cfg: WorkerConfig) -> None:
         await nc.publish(S.ACTION_WORKERS_SUBJECT, msgpack.packb(beat | {"units": 0}))  # gone now
     finally:
         await worker.close()
-        await nc.close()
+        await bus.close(nc)
 
 
 def worker_main(argv: list[str] | None = None) -> int:

@@ -87,12 +87,14 @@ async def connect(url: str, name: str) -> NATS:
     return nc
 
 
-async def close(nc: NATS) -> None:
-    """Close a connection on the way out; a broker already gone (the connection reset under a pending
-    flush) is logged, not raised, so the rest of a service's shutdown still runs."""
+async def close(nc: NATS, drain: bool = False) -> None:
+    """Close a connection on the way out (`drain`: let its subscriptions finish what they hold first);
+    a broker already gone (the connection reset under a pending flush) is logged, not raised, so the
+    rest of a service's shutdown still runs. uvloop reports a write to a transport that is already
+    closed as a RuntimeError (asyncio's loop drops it)."""
     try:
-        await nc.close()
-    except (OSError, nats.errors.Error) as exc:
+        await (nc.drain() if drain else nc.close())
+    except (OSError, RuntimeError, nats.errors.Error) as exc:
         log.warning("nats connection closed with an error (the server is gone?): %r", exc)
 
 

@@ -23,7 +23,7 @@ async def run(cfg: GatewayConfig) -> None:
     try:
         await service.run(stop)
     finally:
-        await nc.drain()
+        await bus.close(nc, drain=True)
 
 
 def main(argv: list[str] | None = None) -> int:
