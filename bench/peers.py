@@ -213,14 +213,14 @@ def throughput(run: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def order(run: dict[str, Any], rerun: set[str]) -> str:
+def order(run: dict[str, Any]) -> str:
     """Where the run stood in its round: first, second, or run again after the other system's runs."""
-    if run["system"] in rerun:
+    if run.get("rerun"):
         return "rerun after both of the other's"
     return "first" if run["first"] else "second"
 
 
-def plot(runs: list[dict[str, Any]], path: Path, rerun: set[str]) -> None:
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,7 +232,7 @@ def plot(runs: list[dict[str, Any]], path: Path, rerun: set[str]) -> None:
         xs = [p["t"] / 60 for p in run["points"]]
         ys = [100 * p["success"] for p in run["points"]]
         ax.plot(xs, ys, marker="o", ms=3, color=colors[run["system"]], ls="-" if run["round"] == 1 else "--",
-                label=f"{run['system']} (round {run['round']}, {order(run, rerun)})")  # fmt: skip
+                label=f"{run['system']} (round {run['round']}, {order(run)})")  # fmt: skip
     ax.set_xlabel("minutes from launch (2 CPU cores)")
     ax.set_ylabel("held-out success, % (n=256, T=1)")
     ax.set_title("calculator, tiny model: swarmrl vs TRL GRPOTrainer")
@@ -244,7 +244,7 @@ def plot(runs: list[dict[str, Any]], path: Path, rerun: set[str]) -> None:
 
 def write_md(result: dict[str, Any], out: Path) -> None:
     m = result["machine"]
-    rerun = {x["system"] for x in result.get("superseded", [])}
+    rerun = {x["system"] for x in result["runs"] if x.get("rerun")}
     lines = [
         "# swarmrl vs TRL's GRPOTrainer: calculator, same model, same machine",
         "",
@@ -328,7 +328,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
     for run in result["runs"]:
         t = throughput(run)
         lines.append(
-            f"| {run['round']} | {run['system']} | {order(run, rerun)} | {run['steps']} | "
+            f"| {run['round']} | {run['system']} | {order(run)} | {run['steps']} | "
             f"{t['steps_per_min']:.1f} | {t['completions_per_s']:.2f} | {t['generated_tokens_per_s']:.0f} | "
             f"{t['trained_tokens_per_s']:.0f} | {t['samples_per_s']:.2f} | {100 * run['points'][-1]['success']:.1f}% |"
         )
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads((a.out / "peers.json").read_text())
         result["summary"] = summarise(result["runs"])
         (a.out / "peers.json").write_text(json.dumps(result, indent=1))
-        plot(result["runs"], a.out / "peers.png", {x["system"] for x in result.get("superseded", [])})
+        plot(result["runs"], a.out / "peers.png")
         write_md(result, a.out)
         return 0
     if not TRL_PYTHON.exists():
@@ -437,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = run_swarmrl((a.work / f"swarmrl-{r}").resolve(), a.minutes, a.eval_every, base)
             else:
                 run = run_trl((a.work / f"trl-{r}").resolve(), a.minutes, a.eval_every, base)
-            runs.append({**run, "round": r, "first": i == 0})
+            again = {"rerun": True} if a.rerun == system else {}  # after both of the other's runs
+            runs.append({**run, "round": r, "first": i == 0, **again})
             done.write_text(json.dumps(runs, indent=1))
     cache: dict[str, tuple[float, int]] = {}
     for run in runs:
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         "superseded": [{**x, "throughput": throughput(x)} for x in superseded],
     }
     write_json("peers", result, a.out)
-    plot(runs, a.out / "peers.png", {x["system"] for x in superseded})
+    plot(runs, a.out / "peers.png")
     write_md(result, a.out)
     print((a.out / "peers.md").read_text())
     return 0
