@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tomllib
@@ -11,10 +12,11 @@ from typing import Any
 
 from swarmrl.machine import machine
 
-__all__ = ["RESULTS", "baseline_tree", "machine", "write_json"]
+__all__ = ["REPO", "RESULTS", "baseline_tree", "machine", "proc_cpu_s", "write_json"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def write_json(name: str, result: dict[str, Any], out: Path = RESULTS) -> Path:
@@ -37,3 +39,10 @@ def baseline_tree(ref: str, tmp: Path) -> Path:
         if package != "swarmrl":
             (tree / Path(*package.split("."))).symlink_to(src / folder, target_is_directory=True)
     return tree
+
+
+def proc_cpu_s(pid: int, waited_children: bool = False) -> float:
+    """CPU seconds (user + system) of process `pid`, from /proc (Linux, as swarmrl); with
+    `waited_children` also those of its children it has waited for. OSError once it is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11 : 15 if waited_children else 13]) / CLK_TCK

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 # The load processes' code is in load_agents.py; the stage figures and the results are in load_report.py.
+from benchutil import proc_cpu_s
 from load_agents import MODEL, TASK, agent_proc
 from load_report import caveat, figures, first_bottleneck, report, signals, write_report
 
@@ -154,8 +155,7 @@ class Probe:
         out = {}
         for name, pid in self.procs.items():
             with contextlib.suppress(OSError, ValueError, IndexError):  # exited
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                out[name] = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+                out[name] = proc_cpu_s(pid)
         cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         out["@machine_busy"] = (sum(cpu[:8]) - cpu[3] - cpu[4]) / CLK_TCK  # all but idle and iowait
         return out

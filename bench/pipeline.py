@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from benchutil import baseline_tree, machine
+from benchutil import baseline_tree, machine, proc_cpu_s
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import BeginEvent, EndEvent, EnvEvent, LlmEvent, RewardEvent, encode
@@ -153,8 +153,7 @@ def cpu_s(pid: int | None = None) -> float:
     """CPU seconds (user + system) of this process, or of `pid` (read from /proc)."""
     if pid is None:
         return time.process_time()
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc_cpu_s(pid)
 
 
 class RowCounter:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,21 +31,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchutil import RESULTS, baseline_tree, machine, write_json
+from benchutil import REPO, RESULTS, baseline_tree, machine, proc_cpu_s, write_json
 
 from swarmrl.machine import describe
 
-ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+ROOT = REPO
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds of `pid` and its waited-for children (utime, stime, cutime, cstime); 0 if gone."""
+    """CPU seconds of `pid` and its waited-for children; 0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return proc_cpu_s(pid, waited_children=True)
     except OSError:
         return 0.0
-    return sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
 def descendants(pid: int) -> list[int]:
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(systems) if k % 2 == 0 else list(systems)[::-1]
             for i, system in enumerate(order):
                 run_dir = args.work / f"{system}-{k + 1}"
-                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+                shutil.rmtree(run_dir, ignore_errors=True)
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
                 print(f"round {k + 1}: {system} ...", file=sys.stderr, flush=True)
                 r = run_swarm(run_dir, args.config.resolve(), args.minutes, systems[system])
