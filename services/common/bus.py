@@ -35,9 +35,12 @@ from nats.js.kv import KeyValue
 
 from swarmrl.schemas import MAX_EVENT_BYTES, WireError
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.retry import within
 
 log = logging.getLogger("swarmrl.bus")
 
+ENSURE_STREAMS_S = 60.0
+"""How long `ensure_streams` waits through JetStream answering 503 (a config reload) before failing."""
 DUPLICATE_WINDOW_S = 120.0
 """JetStream de-duplicates a re-published Nats-Msg-Id within this window (agents' retries)."""
 SERVICE_DUPLICATE_WINDOW_S = 1800.0
@@ -108,7 +111,12 @@ async def ensure_streams(js: JetStreamContext, *, ledger_parts: bool = False) ->
 
     Writes only what is missing or differs: a service role may not manage streams (its NATS user's
     permissions, `schemas/subjects.py`), so it finds them as the operator set them up (`swarmrl up`
-    does first) and reads their info only."""
+    does first) and reads their info only. Retried whole through a moment of 503s for up to
+    ENSURE_STREAMS_S (a server's config reload, `retry.within`)."""
+    await within(ENSURE_STREAMS_S, _ensure_streams, js, ledger_parts)
+
+
+async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     replicas = stream_replicas()
     for name, subjects in S.STREAM_SUBJECTS.items():
         cfg = StreamConfig(

@@ -14,7 +14,13 @@ from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 log = logging.getLogger("swarmrl.retry")
 
@@ -57,3 +63,22 @@ async def retry(stop: asyncio.Event, action: Callable[..., Awaitable[T]], *args:
     except TRANSIENT as exc:  # re-raised by tenacity only once the stop was requested
         raise Stopping from exc
     return result
+
+
+async def within(seconds: float, action: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Await `action(*args, **kwargs)` through transient failures for up to `seconds` (backing off
+    as `retry` does), then let the last one propagate. For setup that has no stop event yet.
+
+    A config reload of nats-server (a study adding a run's account, `up` minting an agent) makes
+    JetStream API calls of *other* accounts answer 503 for a moment: measured on nats-server 2.12,
+    stream info and KV gets failed in about 3 of 10 reloads, and a new run's stream setup in 7 of 10
+    when the next run's account was added right after (`tests/integration/test_research_accounts.py`)."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(TRANSIENT),
+        stop=stop_after_delay(seconds),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
+            return await action(*args, **kwargs)
+    raise AssertionError("unreachable: tenacity re-raises the last failure")

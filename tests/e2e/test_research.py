@@ -61,6 +61,14 @@ def wait(predicate, timeout: float, what: str, proc: subprocess.Popen[str] | Non
         time.sleep(0.5)
 
 
+def tails(out: Path, n: int = 15) -> str:
+    """The last lines of every attempt's `up.out`: what a failing assertion shows."""
+    return "\n".join(
+        f"--- {p.relative_to(out)}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-n:])
+        for p in sorted(out.glob("runs/*/up.out"))
+    )
+
+
 def alive(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -82,10 +90,16 @@ def test_a_tiny_study_on_a_shared_server_survives_kill_9(
     pids = [r["attempts"][-1]["pid"] for r in json.loads((out / "state.json").read_text())["runs"].values()]
     wait(lambda: not any(alive(p) for p in pids), 300, "the runs' up to stop after research died")
 
+    first = json.loads((out / "state.json").read_text())["runs"]
+    assert {rid: (r["status"], len(r["attempts"])) for rid, r in first.items()} == {
+        "baseline-s1": ("running", 1),
+        "fast-s1": ("running", 1),
+    }, f"a run had ended before research was killed:\n{json.dumps(first, indent=1)}\n{tails(out)}"
+
     proc = research("--resume", str(out))
     log, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, log
-    assert log.count("was interrupted (attempt 1") == 2 and "restarts from the beginning" in log
+    assert log.count("was interrupted (attempt 1") == 2 and "restarts from the beginning" in log, log
     runs = json.loads((out / "state.json").read_text())["runs"]
     assert {rid: (r["status"], len(r["attempts"])) for rid, r in runs.items()} == {
         "baseline-s1": ("done", 2),

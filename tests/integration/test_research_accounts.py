@@ -108,3 +108,40 @@ def test_a_restarted_server_keeps_the_runs_accounts(nats_server: NatsServer) -> 
     acct = accounts.create("study-x-s1-a1")
     nats_server.restart()
     asyncio.run(wait_usable(acct.url(plain_servers(nats_server.plain_url))))
+
+
+async def test_a_run_sets_up_its_streams_while_the_next_runs_account_is_added(
+    nats_server: NatsServer,
+) -> None:
+    """`research --parallel`: run 1's `up` creates its streams while run 2's account is added. The
+    reload that applies it answers JetStream calls of run 1's account with 503 for a moment (CI saw a
+    run's `up` fail so); `bus.ensure_streams` waits that out."""
+    accounts = RunAccounts(nats_server.conf_dir)
+    servers = plain_servers(nats_server.plain_url)
+    for i in range(5):
+        acct = accounts.create(f"study-base-s{i}-a1")
+        await wait_usable(acct.url(servers))
+        nc = await nats.connect(acct.url(servers))
+        try:
+            adding = asyncio.create_task(asyncio.to_thread(accounts.create, f"study-fast-s{i}-a1"))
+            await bus.ensure_streams(nc.jetstream())
+            await adding
+            assert (await nc.jetstream().stream_info(S.EPISODES_STREAM)).config.name == S.EPISODES_STREAM
+        finally:
+            await nc.close()
+
+
+async def test_streams_setup_gives_up_on_a_lasting_outage(nats_server: NatsServer, monkeypatch) -> None:
+    """The wait is bounded: JetStream that never answers (a domain no server serves) fails after it."""
+    monkeypatch.setattr(bus, "ENSURE_STREAMS_S", 1.0)
+    nc = await nats.connect(nats_server.service_url)
+    try:
+        js = nc.jetstream()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(nats.js.errors.ServiceUnavailableError):
+            await bus.ensure_streams(nc.jetstream(domain="nowhere"))  # no server answers there
+        assert loop.time() - started >= 1.0
+        await bus.ensure_streams(js)  # the real domain: set up at once
+    finally:
+        await nc.close()
