@@ -35,7 +35,6 @@ from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavaila
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from openai import DefaultAsyncHttpxClient, DefaultHttpxClient
 from pydantic import ValidationError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import (
@@ -56,6 +55,7 @@ from swarmrl.schemas import (
     encode,
 )
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.retry import within
 
 T = TypeVar("T")
 
@@ -91,15 +91,7 @@ def default_code_version() -> str:
 
 
 async def _retrying(fn: Any, *args: Any, retry_s: float, **kwargs: Any) -> Any:
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT),
-        stop=stop_after_delay(retry_s),
-        wait=wait_exponential(multiplier=0.1, max=2.0),
-        reraise=True,
-    ):
-        with attempt:
-            return await fn(*args, **kwargs)
-    raise AssertionError("unreachable")
+    return await within(retry_s, fn, *args, transient=TRANSIENT, **kwargs)
 
 
 async def _log_nats_error(exc: Exception) -> None:

@@ -242,6 +242,11 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _rounds_said(result: dict[str, Any]) -> str:
+    n = len({x["round"] for x in result["runs"]})
+    return "once" if n == 1 else f"{'twice' if n == 2 else f'{n} times'}, alternating which goes first"
+
+
 def write_md(result: dict[str, Any], out: Path) -> None:
     m = result["machine"]
     rerun = {x["system"] for x in result["runs"] if x.get("rerun")}
@@ -258,7 +263,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "during the run, with the tool in its client processes instead of sandboxed (`bench/peers/swarmrl.toml` "
         "says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
         "and why). Each system gets the same wall-clock budget from the launch of its process, one "
-        "after the other on an otherwise idle machine, twice, alternating which goes first. The same "
+        f"after the other on an otherwise idle machine, {_rounds_said(result)}. The same "
         f"evaluation scores both afterwards: a checkpoint from every {result['eval_every']:g} s, {EVAL_SAMPLES} episodes of "
         "each of the 64 held-out questions at temperature 1 through the embedded engine and gateway.",
         "",
@@ -309,7 +314,8 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         final = [x["points"][-1]["success"] for x in mine]
         lines.append(
             f"\n{system}: best {', '.join(f'{100 * b:.1f}%' for b in best)}; at the end of the budget "
-            f"{', '.join(f'{100 * f:.1f}%' for f in final)} (rounds 1, 2)."
+            f"{', '.join(f'{100 * f:.1f}%' for f in final)} (round{'s' if len(mine) > 1 else ''} "
+            f"{', '.join(str(x['round']) for x in mine)})."
         )
     lines += [
         "",

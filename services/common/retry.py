@@ -65,16 +65,23 @@ async def retry(stop: asyncio.Event, action: Callable[..., Awaitable[T]], *args:
     return result
 
 
-async def within(seconds: float, action: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-    """Await `action(*args, **kwargs)` through transient failures for up to `seconds` (backing off
-    as `retry` does), then let the last one propagate. For setup that has no stop event yet.
+async def within(
+    seconds: float,
+    action: Callable[..., Awaitable[T]],
+    *args: Any,
+    transient: tuple[type[BaseException], ...] = TRANSIENT,
+    **kwargs: Any,
+) -> T:
+    """Await `action(*args, **kwargs)` through `transient` failures for up to `seconds` (backing off
+    0.1 s doubling to 2 s), then let the last one propagate. For setup that has no stop event yet,
+    and for the agents' SDK, which gives up after its `retry_s`.
 
     A config reload of nats-server (a study adding a run's account, `up` minting an agent) makes
-    JetStream API calls of *other* accounts answer 503 for a moment: measured on nats-server 2.12,
+    JetStream API calls of *other* accounts answer 503 for a moment: measured on nats-server 2.15,
     stream info and KV gets failed in about 3 of 10 reloads, and a new run's stream setup in 7 of 10
     when the next run's account was added right after (`tests/integration/test_research_accounts.py`)."""
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT),
+        retry=retry_if_exception_type(transient),
         stop=stop_after_delay(seconds),
         wait=wait_exponential(multiplier=0.1, max=2.0),
         reraise=True,

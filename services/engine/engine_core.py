@@ -70,7 +70,7 @@ from torch.nn.functional import pad
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from swarmrl.services.engine import model_dir
-from swarmrl.services.engine.kv_batch import KVBatch, left_padded, row_kv
+from swarmrl.services.engine.kv_batch import KVBatch, cache_argument, left_padded, row_kv
 from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
 from swarmrl.services.engine.prefill_plan import buckets, waves
 from swarmrl.services.engine.prefix_cache import PrefixCache
@@ -153,6 +153,7 @@ class EngineCore:
         self.weight_version = str(weight_version)
         self.base = self.model
         """The HF model; `model` becomes peft's wrapper of it once a LoRA adapter is loaded."""
+        self._cache_arg = cache_argument(self.base)
         self.adapter_versions: dict[str, str] = dict.fromkeys(adapters, self.weight_version)
         """Adapter name -> the version of its weights; one not loaded yet runs as the base (a fresh
         adapter's B is 0: the same outputs)."""
@@ -478,9 +479,9 @@ class EngineCore:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=_tail(rows),
+            **{self._cache_arg: cache},
             **self._lora(rows),
         )
         self.prefill_forwards += 1
@@ -534,8 +535,8 @@ class EngineCore:
             input_ids=last,
             attention_mask=self._batch.grow_mask(),
             position_ids=positions,
-            past_key_values=self._batch.cache,
             use_cache=True,
+            **{self._cache_arg: self._batch.cache},
             **self._lora(rows),
         )
         self._advance(rows, out.logits[:, -1, :])

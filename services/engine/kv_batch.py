@@ -11,6 +11,7 @@ Only plain `DynamicLayer`s (full attention) are handled; the engine creates its 
 
 from __future__ import annotations
 
+import inspect
 from typing import Generic, TypeVar
 
 import torch
@@ -109,3 +110,9 @@ def row_kv(cache: DynamicCache, mask: torch.Tensor, i: int) -> list[tuple[torch.
     """Row i's keys and values without its padding, `[kv_heads, tokens, head_dim]` per layer (copies)."""
     cols = mask[i].nonzero().squeeze(1)
     return [(k[i][:, cols], v[i][:, cols]) for k, v in map(_kv, _layers(cache))]
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache by: transformers 5.x renamed
+    `past_key_values` to `cache` (the old name goes in 5.40); the versions before know only the old one."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,12 @@ def test_close_aborts_what_is_left(tiny_model_dir: Path) -> None:
     assert fut.result(10).finish_reason["type"] == "abort"
     with pytest.raises(RuntimeError, match="closed"):
         core.submit([5], params(core))
+
+
+def test_the_cache_goes_by_the_name_this_transformers_takes(engine: EngineCore) -> None:
+    """transformers 5.x takes the KV cache as `cache` and warns that `past_key_values` goes in 5.40:
+    prefill and decode pass it by the name the model's forward declares, so nothing warns."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.submit(PROMPTS[1], params(engine, max_new_tokens=4, ignore_eos=True)).result(30)
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
