@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
-from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from openai import DefaultAsyncHttpxClient, DefaultHttpxClient
 from pydantic import ValidationError
@@ -55,21 +55,16 @@ from swarmrl.schemas import (
     encode,
 )
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.retry import TRANSIENT as RETRY_TRANSIENT
 from swarmrl.services.common.retry import within
 
 T = TypeVar("T")
 
 log = logging.getLogger("swarmrl.sdk")
 
-TRANSIENT = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    # a stream (or KV bucket) between leaders: a node of a cluster died and its replicas elect another
-    NoStreamResponseError,
-    ServiceUnavailableError,
-)
+TRANSIENT = (*RETRY_TRANSIENT, nats.errors.OutboundBufferLimitError)
+"""What the SDK retries for its `retry_s`: the services' transient failures (timeouts, no responders,
+reconnecting, a stream between leaders when a node of a cluster died) and a full outbound buffer."""
 
 
 ACT_ASK_S = 30.0

@@ -35,8 +35,6 @@ from benchutil import REPO, RESULTS, baseline_tree, machine, proc_cpu_s, write_j
 
 from swarmrl.machine import describe
 
-ROOT = REPO
-
 
 def cpu_s(pid: int) -> float:
     """CPU seconds of `pid` and its waited-for children; 0 once it is gone."""
@@ -69,7 +67,7 @@ def run_swarm(run_dir: Path, config: Path, minutes: float, code: Path | None) ->
     t0 = time.time()
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
         # `cwd`: `python -m` puts it first on sys.path, ahead of PYTHONPATH (this repo's root has `swarmrl/`)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=code or ROOT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=code or REPO)
         while proc.poll() is None:
             time.sleep(2)
             try:
@@ -158,17 +156,17 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="git ref whose code runs beside today's")
-    ap.add_argument("--config", type=Path, default=ROOT / "bench" / "peers" / "swarmrl.toml",
+    ap.add_argument("--config", type=Path, default=REPO / "bench" / "peers" / "swarmrl.toml",
                     help="swarm description both run (default: the peer benchmark's)")  # fmt: skip
     ap.add_argument("--minutes", type=float, default=3.0, help="budget of each run (default 3)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of both runs (default 2)")
-    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-swarm", help="run directories")
+    ap.add_argument("--work", type=Path, default=REPO / "runs" / "bench-swarm", help="run directories")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where swarm.{json,md} go")
     ap.add_argument("--name", default="swarm", help="file name of the results (default swarm)")
     args = ap.parse_args(argv)
-    ref = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
+    ref = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.baseline],
                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    head = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+    head = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
                           check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
