@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass, field
 
 import nats.errors
+from nats.js import JetStreamContext
 from nats.js.errors import KeyValueError
 from nats.js.kv import KeyValue
 
@@ -51,6 +52,7 @@ def plan(partitions: int, held: set[int], taken: set[int], members: int) -> tupl
 class Leases:
     """One replica's leases on `partitions` partitions of `service` (see the module docstring)."""
 
+    js: JetStreamContext
     kv: KeyValue
     service: str
     replica: str
@@ -77,7 +79,7 @@ class Leases:
             except KeyValueError:  # expired (we stalled past the TTL) or taken since
                 del self.held[p]
                 lost.append(p)
-        keys = await live_keys(self.kv, f"{self.service}.>")
+        keys = await live_keys(self.js, self.kv, f"{self.service}.>")
         members = sum(k.startswith(f"{self.service}.member.") for k in keys)
         prefix = f"{self.service}.lease."
         taken = {int(k.removeprefix(prefix)) for k in keys if k.startswith(prefix)}

@@ -70,7 +70,7 @@ class SharedEpisodes:
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
         self._tasks = [
-            asyncio.create_task(bus.follow_kv(self.kv, "e.>", self._apply, self.ready, "episodes")),
+            asyncio.create_task(bus.follow_kv(self.js, self.kv, "e.>", self._apply, self.ready, "episodes")),
             asyncio.create_task(self._sweep()),
         ]
         await self.ready.wait()

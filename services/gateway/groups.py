@@ -68,7 +68,9 @@ class GroupBook:
 
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
-        self._watch = asyncio.create_task(bus.follow_kv(self.kv, ">", self._apply, self.ready, "groups"))
+        self._watch = asyncio.create_task(
+            bus.follow_kv(self.js, self.kv, ">", self._apply, self.ready, "groups")
+        )
         await self.ready.wait()
 
     async def stop(self) -> None:

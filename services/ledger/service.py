@@ -192,7 +192,7 @@ class Ledger(Loops):
 
     async def _replica(self, js: JetStreamContext) -> None:
         kv = await js.key_value(S.LEASES_BUCKET)
-        leases = Leases(kv, SERVICE, self.cfg.replica, S.EPISODE_PARTITIONS + 1)
+        leases = Leases(js, kv, SERVICE, self.cfg.replica, S.EPISODE_PARTITIONS + 1)
         log.info(
             "replica %s consuming %s and the other streams by lease", self.cfg.replica, S.LEDGER_PARTS_STREAM
         )

@@ -160,7 +160,7 @@ class Merger:
             self._max_payload = min(nc.max_payload, stream_max) if stream_max > 0 else nc.max_payload
             self.dlq = bus.DeadLetters(js, SERVICE)
             kv = await js.key_value(S.LEASES_BUCKET)
-            leases = Leases(kv, SERVICE, self.replica, S.EPISODE_PARTITIONS)
+            leases = Leases(js, kv, SERVICE, self.replica, S.EPISODE_PARTITIONS)
             log.info("replica %s consuming %s (merge=%s mode=%s)", self.replica, S.EPISODE_PARTS_STREAM,
                      self.cfg.merge, self.cfg.merge_mode)  # fmt: skip
             while not self._stop.is_set():
@@ -375,6 +375,9 @@ class Partition:
         if reason is not None and reason.startswith("unknown_episode"):
             return self._park(msg, seq, eid, reason)
         if reason is not None:
+            held = self.episodes[eid].seqs if eid in self.episodes else None
+            log.warning("partition %d: stream seq %d (delivery %d) refused; its episode holds seqs %s",
+                        self.partition, seq, delivered, held)  # fmt: skip
             return await retry(self._stop, self._dead_letter, msg, reason)
         if isinstance(ev, BeginEvent):
             self.episodes[eid] = OpenEpisode(begin=ev)

@@ -65,7 +65,7 @@ async def leases(js: JetStreamContext, service: str = "merger") -> dict[str, int
     """Partitions held per `service` replica (KV swarm-leases)."""
     kv = await js.key_value(S.LEASES_BUCKET)
     held: dict[str, int] = {}
-    for key in await bus.live_keys(kv, f"{service}.lease.>"):
+    for key in await bus.live_keys(js, kv, f"{service}.lease.>"):
         try:
             entry = await kv.get(key)
         except NotFoundError:  # expired since it was listed
