@@ -53,7 +53,8 @@ async def kv(js: JetStreamContext) -> KeyValue:
 
 
 async def follow(js: JetStreamContext, kv: Any, pattern: str) -> tuple[dict[str, bytes], asyncio.Task[None]]:
-    """Follow `pattern` until `ready`; what was applied by then, and the task that goes on."""
+    """Follow `pattern` until `ready`: the keys and values applied (as they are at `ready` until the
+    caller next awaits, kept up to date after), and the task that goes on."""
     seen: dict[str, bytes] = {}
     ready = asyncio.Event()
 
@@ -65,7 +66,7 @@ async def follow(js: JetStreamContext, kv: Any, pattern: str) -> tuple[dict[str,
 
     task = asyncio.create_task(bus.follow_kv(js, kv, pattern, apply, ready, "test"))
     await asyncio.wait_for(ready.wait(), timeout=10)
-    return dict(seen), task
+    return seen, task
 
 
 @pytest.mark.parametrize("early", [False, True], ids=["as-sent", "marker-first"])
@@ -78,7 +79,8 @@ async def test_a_watch_is_ready_only_once_every_stored_key_is_applied(
     await kv.delete("g.7")
     watched = EarlyMarker(kv) if early else kv
 
-    at_ready, task = await follow(js, watched, "g.>")
+    seen, task = await follow(js, watched, "g.>")
+    at_ready = dict(seen)
     try:
         assert at_ready == {f"g.{i}": str(i).encode() for i in range(60) if i != 7}
         assert sorted(await bus.live_keys(js, watched, "g.>")) == sorted(at_ready)  # type: ignore[arg-type]
@@ -92,13 +94,8 @@ async def test_nothing_stored_under_the_pattern_is_ready_at_once_and_later_keys_
 ):
     await kv.put("a.other", b"x")  # the bucket is not empty, the pattern is
     watched = EarlyMarker(kv) if early else kv
-    seen: dict[str, bytes] = {}
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        bus.follow_kv(js, watched, "g.>", lambda e: seen.__setitem__(e.key, e.value), ready, "test")  # type: ignore[arg-type]
-    )
+    seen, task = await follow(js, watched, "g.>")
     try:
-        await asyncio.wait_for(ready.wait(), timeout=10)
         assert seen == {}
         assert await bus.live_keys(js, watched, "g.>") == []  # type: ignore[arg-type]
         await kv.put("g.late", b"1")
