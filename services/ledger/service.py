@@ -49,6 +49,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.leases import Leases
 from swarmrl.services.common.lifecycle import EpisodeTracker
+from swarmrl.services.common.retry import TRANSIENT
 from swarmrl.services.common.tasks import Loops
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
@@ -218,7 +219,10 @@ class Ledger(Loops):
                 if task.done():
                     del work[p]
                     if not task.cancelled() and (failed := task.exception()) is not None:
-                        if not isinstance(failed, Fenced):  # a bug or a fatal state: fail as a crash would
+                        # Fenced, or a NATS call that timed out (a stall makes every request then in
+                        # flight time out): the partition's next round starts afresh, if it is still
+                        # ours. Anything else is a bug or a fatal state: fail as a crash would.
+                        if not isinstance(failed, (Fenced, *TRANSIENT)):
                             raise failed
                         log.warning("partition %d stopped: %r", p, failed)
             for p in give_back:  # its work has stopped (or never ran): free it for the others
@@ -549,6 +553,9 @@ async def run(cfg: LedgerConfig) -> None:
         loop.add_signal_handler(sig, ledger.request_stop)
     try:
         await ledger.wait()
+    except Exception:
+        log.exception("ledger stopping: one of its loops failed")
+        raise
     finally:
         await ledger.stop()
         gc.set_threshold(*threshold)

@@ -130,3 +130,49 @@ async def test_a_killed_ledger_replica_is_covered_and_nothing_is_lost_or_doubled
     assert con.execute("SELECT count(*) FROM merges").fetchone() == (len(stats) + len(more_stats),)
     assert "partition" in text and "resuming after EPISODES seq" in text
     assert "stopped: LeaseLost" in text or "stopped: Fenced" in text  # the stalled one was fenced (1.)
+
+
+async def test_a_replica_whose_partitions_start_while_the_broker_stalls_goes_on(
+    swarm_nats: NatsServer, tmp_path: Path
+) -> None:
+    """The broker stalls (SIGSTOP) just as a replica has taken its leases: every NATS request of its
+    partitions' start (consumer lookups, deletes, creates) times out. Those partitions stop and start
+    again at a later round; the service does not fail. (CI saw a replica fail so: stalled itself
+    past its leases' TTL, it woke with the requests then in flight timed out.)"""
+    run_dir, log = tmp_path / "run", tmp_path / "ledger.log"
+    run_dir.mkdir()
+    nc = await nats.connect(swarm_nats.service_url)
+    js = nc.jetstream()
+    await bus.ensure_streams(js, ledger_parts=True)
+    events = interleaved(40, "s", window=5)
+    proc = start_replica(swarm_nats, run_dir, log, "l0")
+    assert swarm_nats.proc is not None
+    try:
+        await wait_for(lambda: log.exists() and "ledger l0: took" in log.read_text(), timeout=60,
+                       interval=0.002, what="the replica taking its leases")  # fmt: skip
+        swarm_nats.proc.send_signal(signal.SIGSTOP)  # before its partitions' first request
+        try:
+            await asyncio.sleep(7.0)  # past nats-py's 5 s request timeout
+        finally:
+            swarm_nats.proc.send_signal(signal.SIGCONT)
+        await publish_all(js, events)
+        await wait_for(lambda: recorded(run_dir) >= len(events), timeout=60, what=f"every event; log {log}")
+        assert await leases(js) == {"l0": LEASES}
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await nc.close()
+    assert "stopped: TimeoutError" in log.read_text()  # the stall did fall on the partitions' start
+    total, distinct = (
+        connect(run_dir)
+        .execute(
+            "SELECT count(*), count(DISTINCT (episode_id, client_id, seq)) FROM "
+            "(SELECT episode_id, client_id, seq FROM events UNION ALL SELECT episode_id, client_id, seq FROM llm_calls)"
+        )
+        .fetchone()
+    )
+    assert total == distinct == len(events)
