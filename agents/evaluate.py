@@ -35,6 +35,9 @@ from swarmrl.schemas import subjects as S
 
 log = logging.getLogger("swarmrl.evaluator")
 
+SEED_STRIDE = 1 << 16
+"""Sampling seeds per eval episode: its model calls use `seed + n` for n below this."""
+
 INFRA = (openai.APIConnectionError, openai.InternalServerError, *TRANSIENT)
 """Failures of the swarm, not of the policy: connection refused or timed out, a 5xx from the
 gateway (engine unreachable, NATS without a stream leader), NATS timeouts."""
@@ -99,10 +102,17 @@ async def evaluate(
     temperature: float = 1.0,
     max_tokens: int | None = None,
     attempts: int = 4,
+    seed: int | None = 0,
 ) -> EvalOutcome:
     """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each instance played
     `samples` times; `roles` maps each role to its model (or is the model of a single-agent task).
-    An episode failed by the infrastructure (`INFRA`) is played again, `attempts` times in all."""
+    An episode failed by the infrastructure (`INFRA`) is played again, `attempts` times in all.
+
+    `seed`: the k-th episode (of the instances, `samples` rounds of them in order) samples its model
+    calls with seeds from `seed + SEED_STRIDE * k` on, each its own draws whatever else the engine
+    runs: the same weights score the same twice, and two versions are scored on the same draws, so
+    the difference between them is the models', not the sampler's (a shared sampler moved a
+    checkpoint's score by 2 points from one evaluation to the next). None: the engine's sampler."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     spec = get_task(task)
@@ -112,7 +122,8 @@ async def evaluate(
     gate = asyncio.Semaphore(parallel)
     unscored: list[BaseException] = []
 
-    async def one(instance: Any) -> Outcome | None:
+    async def one(k: int, instance: Any) -> Outcome | None:
+        episode_seed = None if seed is None else seed + SEED_STRIDE * k
         async with gate:
             try:
                 async for attempt in AsyncRetrying(
@@ -122,7 +133,7 @@ async def evaluate(
                     with attempt:
                         return await play_episode(
                             swarm, spec, instance, role_map, eval=True, temperature=temperature,
-                            max_tokens=max_tokens,
+                            max_tokens=max_tokens, seed=episode_seed,
                         )  # fmt: skip
             except INFRA as exc:
                 unscored.append(exc)
@@ -132,7 +143,9 @@ async def evaluate(
                 return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
         raise AssertionError("unreachable")
 
-    results = [r for r in await asyncio.gather(*(one(i) for i in instances)) if r is not None]
+    results = [
+        r for r in await asyncio.gather(*(one(k, i) for k, i in enumerate(instances))) if r is not None
+    ]
     if unscored:
         log.warning(
             "task %s: %d of %d eval episodes left out, failed by the swarm %d times each (last: %r)",

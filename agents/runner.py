@@ -67,9 +67,12 @@ async def play(
     max_tokens: int | None,
     abort_rate: float = 0.0,
     tool_actions: bool = False,
+    seed: int | None = None,
 ) -> Outcome:
     """Play one episode of a single-agent task inside an open episode; publishes the reward. With
-    `tool_actions` (and a task that has them), tool calls run as sandboxed actions (`ep.act`)."""
+    `tool_actions` (and a task that has them), tool calls run as sandboxed actions (`ep.act`).
+    `seed`: the episode's n-th model call samples with seed `seed + n` (the same tokens whatever else
+    the engine runs beside it); None: the engine's own sampler."""
     llm = ep.openai(max_retries=0)
     env = spec.make_env(instance)
     messages = env.reset()
@@ -77,6 +80,8 @@ async def play(
     tools = getattr(env, "tool_specs", None) or spec.tools  # an env task's tools are its own
     while True:
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+        if seed is not None:
+            kwargs["seed"] = seed + turns
         resp = await llm.chat.completions.create(
             model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, **kwargs
         )
@@ -121,14 +126,17 @@ async def play_team(
     temperature: float,
     max_tokens: int | None,
     abort_rate: float = 0.0,
+    seed: int | None = None,
 ) -> Outcome:
     """Play one episode of a multi-role task: each role is an agent of the episode calling its own
-    model with its own token; each agent gets its own reward."""
+    model with its own token; each agent gets its own reward. `seed` as in `play`."""
     llms = {role: ep.openai(agent=role, max_retries=0) for role in roles}
     env = spec.make_env(instance)
     turns = 0
     while (turn := env.turn()) is not None:
         kwargs: dict[str, Any] = {"tools": turn.tools} if turn.tools else {}
+        if seed is not None:
+            kwargs["seed"] = seed + turns
         resp = await llms[turn.role].chat.completions.create(
             model=roles[turn.role], messages=turn.messages, temperature=temperature, max_tokens=max_tokens,
             **kwargs,
@@ -156,9 +164,10 @@ async def play_episode(
     group_size: int = 0,
     abort_rate: float = 0.0,
     tool_actions: bool = False,
+    seed: int | None = None,
 ) -> Outcome:
     """Run one whole episode (begin ... end) of `instance`; `roles` maps each agent to its model
-    (or is the model of a single-agent task)."""
+    (or is the model of a single-agent task). `seed`: its model calls' sampling seeds (`play`)."""
     if isinstance(roles, str):
         roles = roles_of(spec, {}, roles)
     if max_tokens is None:
@@ -175,10 +184,12 @@ async def play_episode(
         heartbeat_s=5.0,
     ) as ep:
         if spec.roles:
-            out = await play_team(ep, spec, instance, roles, temperature, max_tokens, abort_rate)
+            out = await play_team(ep, spec, instance, roles, temperature, max_tokens, abort_rate, seed)
         else:
             (model,) = roles.values()
-            out = await play(ep, spec, instance, model, temperature, max_tokens, abort_rate, tool_actions)
+            out = await play(
+                ep, spec, instance, model, temperature, max_tokens, abort_rate, tool_actions, seed
+            )
         await ep.end(reward=out.reward, success=float(out.success), turns=float(out.turns), **out.metrics)
     return out
 

@@ -13,7 +13,8 @@ TRL's, one pass per step as `just up`); TRL runs
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
 run (swarmrl: the newest version published by then; TRL: the one it saved at that minute) is
 loaded into the embedded engine behind a gateway, and `swarmrl.agents.evaluate.evaluate` plays the
-64 held-out questions 4 times each at temperature 1 (n = 256), as `just up`'s evaluator does.
+64 held-out questions 4 times each at temperature 1 (n = 256), as `just up`'s evaluator does, with
+the same sampling seeds for every checkpoint (a checkpoint scored again scores the same).
 
 Writes `peers.{json,md}` (held-out success against minutes, the throughputs of each run, and the
 time each system needs to reach TRL's best) and `peers.png` (the curves).
@@ -254,7 +255,13 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "# swarmrl vs TRL's GRPOTrainer: calculator, same model, same machine",
         "",
         f"{describe(m)}. Command: `python bench/peers.py {' '.join(result['argv'])}`; "
-        f"{result['wall_s'] / 60:.0f} min in all. TRL {result['trl_version']}.",
+        f"{result['wall_s'] / 60:.0f} min"
+        + (
+            " in all"
+            if result.get("ran", 1)
+            else " (this invocation: it ran none, the runs came from earlier ones)"
+        )
+        + f". TRL {result['trl_version']}.",
         "",
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
@@ -265,7 +272,9 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "and why). Each system gets the same wall-clock budget from the launch of its process, one "
         f"after the other on an otherwise idle machine, {_rounds_said(result)}. The same "
         f"evaluation scores both afterwards: a checkpoint from every {result['eval_every']:g} s, {EVAL_SAMPLES} episodes of "
-        "each of the 64 held-out questions at temperature 1 through the embedded engine and gateway.",
+        "each of the 64 held-out questions at temperature 1 through the embedded engine and gateway, each "
+        "episode sampling with its own seeds (`swarmrl.agents.evaluate.evaluate`): every checkpoint of "
+        "both systems is scored on the same draws, and a checkpoint scored again scores the same.",
         "",
         *(
             [
@@ -433,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [x for x in runs if x["system"] != a.rerun]
         before_file.write_text(json.dumps(superseded, indent=1))
         done.write_text(json.dumps(runs, indent=1))
+    ran = 0
     for r in range(1, a.rounds + 1):
         order = ["swarmrl", "TRL"] if r % 2 else ["TRL", "swarmrl"]
         for i, system in enumerate(order):
@@ -445,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = run_trl((a.work / f"trl-{r}").resolve(), a.minutes, a.eval_every, base)
             again = {"rerun": True} if a.rerun == system else {}  # after both of the other's runs
             runs.append({**run, "round": r, "first": i == 0, **again})
+            ran += 1
             done.write_text(json.dumps(runs, indent=1))
     cache: dict[str, tuple[float, int]] = {}
     for run in runs:
@@ -457,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": a.minutes,
         "eval_every": a.eval_every,
         "wall_s": time.time() - started,
+        "ran": ran,
         "runs": runs,
         "throughput": [{"round": x["round"], "system": x["system"], **throughput(x)} for x in runs],
         "summary": summarise(runs),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 import pytest
 from localstack import Stack
@@ -72,5 +73,33 @@ async def test_eval_episodes_failed_by_the_engine_are_played_again_or_left_out(
         again = await evaluate(swarm, "calculator", "policy", attempts=4, **kw)
         await restart
         assert again.episodes == 2
+    finally:
+        await swarm.close()
+
+
+@pytest.mark.timeout(180)
+async def test_an_evaluation_draws_the_same_tokens_each_time_unless_unseeded(stack: Stack) -> None:
+    """Seeded per episode (and per call), an evaluation of the same weights samples the same replies
+    however its 16 concurrent episodes interleave in the engine's batches; another seed or the
+    engine's own sampler draws others."""
+    from localstack import llm_events
+
+    swarm = await SwarmClient.connect(stack.nats.service_url, client_id="evaluator", code_version="t")
+    kw = {"limit": 4, "samples": 4, "max_tokens": 8}
+    seen = 0
+
+    async def replies(**extra: object) -> Counter[tuple[int, ...]]:
+        nonlocal seen
+        await evaluate(swarm, "calculator", "policy", **kw, **extra)  # type: ignore[arg-type]
+        events = await llm_events(stack.nats)
+        new, seen = events[seen:], len(events)
+        assert len(new) >= 16
+        return Counter(tuple(ev.prompt_ids + [-1] + ev.output_ids) for ev in new)
+
+    try:
+        first = await replies()
+        assert await replies() == first  # seed 0, the default: the same draws
+        assert await replies(seed=1) != first
+        assert await replies(seed=None) != first
     finally:
         await swarm.close()
