@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
+
+log = logging.getLogger("swarmrl.tasks")
 
 
 class Loops:
@@ -101,7 +104,9 @@ async def serve_until_signalled(service: Service) -> None:
 
 async def until_stopped(stop: asyncio.Event, tasks: Iterable[asyncio.Task[object]]) -> None:
     """Return when `stop` is set. If one of `tasks` ends first, set `stop` and raise: its exception,
-    or a RuntimeError when it returned; a service never keeps running with one of its loops dead."""
+    or a RuntimeError when it returned; a service never keeps running with one of its loops dead.
+    A loop's failure is logged here, as it happens: the service's stop may hang after it (on a
+    dead broker), and its traceback would then never reach the log."""
     stopper = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -111,6 +116,8 @@ async def until_stopped(stop: asyncio.Event, tasks: Iterable[asyncio.Task[object
     for task in done:
         if task is not stopper:
             stop.set()
+            if not task.cancelled() and (failed := task.exception()) is not None:
+                log.error("%s failed: stopping the service", task.get_name(), exc_info=failed)
             task.result()  # raises the failure
             if not stopping:
                 raise RuntimeError(f"{task.get_name()} ended unexpectedly")

@@ -553,9 +553,6 @@ async def run(cfg: LedgerConfig) -> None:
         loop.add_signal_handler(sig, ledger.request_stop)
     try:
         await ledger.wait()
-    except Exception:
-        log.exception("ledger stopping: one of its loops failed")
-        raise
     finally:
         await ledger.stop()
         gc.set_threshold(*threshold)

@@ -8,7 +8,7 @@ import logging
 from collections import Counter
 
 import pytest
-from localstack import Stack
+from localstack import Stack, llm_events
 
 from swarmrl.agents.evaluate import evaluate
 from swarmrl.agents.sdk import SwarmClient
@@ -82,8 +82,6 @@ async def test_an_evaluation_draws_the_same_tokens_each_time_unless_unseeded(sta
     """Seeded per episode (and per call), an evaluation of the same weights samples the same replies
     however its 16 concurrent episodes interleave in the engine's batches; another seed or the
     engine's own sampler draws others."""
-    from localstack import llm_events
-
     swarm = await SwarmClient.connect(stack.nats.service_url, client_id="evaluator", code_version="t")
     kw = {"limit": 4, "samples": 4, "max_tokens": 8}
     seen = 0

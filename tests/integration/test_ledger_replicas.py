@@ -45,6 +45,18 @@ async def paced(js: JetStreamContext, events: list, per: int = 25, every_s: floa
         await asyncio.sleep(every_s)
 
 
+def rows_and_distinct(run_dir: Path) -> tuple[int, int]:
+    """Rows of events and llm_calls, and how many distinct (episode, client, seq) they hold."""
+    keys = "SELECT episode_id, client_id, seq FROM events UNION ALL SELECT episode_id, client_id, seq FROM llm_calls"
+    row = (
+        connect(run_dir)
+        .execute(f"SELECT count(*), count(DISTINCT (episode_id, client_id, seq)) FROM ({keys})")
+        .fetchone()
+    )
+    assert row is not None
+    return row[0], row[1]
+
+
 async def _is(value: object, want: object) -> bool:
     return bool(await value == want)  # type: ignore[misc]
 
@@ -110,10 +122,7 @@ async def test_a_killed_ledger_replica_is_covered_and_nothing_is_lost_or_doubled
     folders = {p.name for p in (run_dir / "ledger" / "events").iterdir() if p.is_dir()}
     assert len(folders) > 1 and all(f.startswith("p") for f in folders)  # partitions' own folders
     con = connect(run_dir)
-    keys = "SELECT episode_id, client_id, seq FROM events UNION ALL SELECT episode_id, client_id, seq FROM llm_calls"
-    total, distinct = con.execute(
-        f"SELECT count(*), count(DISTINCT (episode_id, client_id, seq)) FROM ({keys})"
-    ).fetchone()
+    total, distinct = rows_and_distinct(run_dir)
     assert total == distinct == len(events), text[-3000:]
     # rows carry EPISODES' own sequence numbers, as with one ledger
     seqs = con.execute(
@@ -167,12 +176,5 @@ async def test_a_replica_whose_partitions_start_while_the_broker_stalls_goes_on(
             proc.wait()
         await nc.close()
     assert "stopped: TimeoutError" in log.read_text()  # the stall did fall on the partitions' start
-    total, distinct = (
-        connect(run_dir)
-        .execute(
-            "SELECT count(*), count(DISTINCT (episode_id, client_id, seq)) FROM "
-            "(SELECT episode_id, client_id, seq FROM events UNION ALL SELECT episode_id, client_id, seq FROM llm_calls)"
-        )
-        .fetchone()
-    )
+    total, distinct = rows_and_distinct(run_dir)
     assert total == distinct == len(events)

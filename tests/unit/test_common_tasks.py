@@ -19,14 +19,15 @@ async def test_returns_when_stop_is_set() -> None:
     loop.cancel()
 
 
-async def test_a_failed_loop_raises_and_sets_stop() -> None:
+async def test_a_failed_loop_raises_sets_stop_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     async def boom() -> None:
         raise ValueError("consumer died")
 
     stop = asyncio.Event()
-    with pytest.raises(ValueError, match="consumer died"):
-        await asyncio.wait_for(until_stopped(stop, [asyncio.create_task(boom())]), 5)
+    with pytest.raises(ValueError, match="consumer died"), caplog.at_level("ERROR", logger="swarmrl.tasks"):
+        await asyncio.wait_for(until_stopped(stop, [asyncio.create_task(boom(), name="consumer")]), 5)
     assert stop.is_set()
+    assert "consumer failed: stopping the service" in caplog.text and "consumer died" in caplog.text
 
 
 async def test_a_loop_that_returns_early_is_a_failure_too() -> None:
