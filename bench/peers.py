@@ -9,6 +9,8 @@ round swaps which goes first. swarmrl runs `swarmrl up --config bench/peers/swar
 up`'s defaults, without evaluation during the run, keeping every checkpoint, the tool in-process as
 TRL's, one pass per step as `just up`); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
+Both take 32 completions per optimizer step (swarmrl's default, 4 groups of 8); `--batch 16` gives
+both 16 (swarmrl `--batch-groups 2`, TRL `per_device_train_batch_size=16`).
 
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
 run (swarmrl: the newest version published by then; TRL: the one it saved at that minute) is
@@ -51,8 +53,10 @@ TRL_SCRIPT = HERE / "peers" / "trl_grpo.py"
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 EVAL_SAMPLES = 4
 MAX_TOKENS = 48
-GROUP = 32
-"""Completions per optimizer step in both systems (4 groups of 8)."""
+GROUP_SIZE = 8
+"""Completions of one prompt (a GRPO group), in both systems."""
+BATCH = 32
+"""Completions per optimizer step in both systems by default (4 groups of 8: swarmrl's `batch_groups = 4`)."""
 
 
 def base_model() -> Path:
@@ -60,7 +64,9 @@ def base_model() -> Path:
     return resolve_base(swarm.models["policy"])
 
 
-def run_swarmrl(run_dir: Path, minutes: float, every: float, base: Path) -> dict[str, Any]:
+def run_swarmrl(
+    run_dir: Path, minutes: float, every: float, base: Path, batch: int = BATCH
+) -> dict[str, Any]:
     """`swarmrl up` for `minutes`; its checkpoints (the newest at every `every` seconds) and
     throughputs, from its ledger."""
     from swarmrl.services.ledger.query import connect
@@ -69,7 +75,7 @@ def run_swarmrl(run_dir: Path, minutes: float, every: float, base: Path) -> dict
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     cmd = [sys.executable, "-m", "swarmrl.cli", "up", "--config", str(SWARM_FILE), "--minutes", str(minutes),
-           "--run-dir", str(run_dir), "--no-display"]  # fmt: skip
+           "--run-dir", str(run_dir), "--no-display", "--batch-groups", str(batch // GROUP_SIZE)]  # fmt: skip
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     wall = time.time() - t0
@@ -104,13 +110,13 @@ def run_swarmrl(run_dir: Path, minutes: float, every: float, base: Path) -> dict
     }
 
 
-def run_trl(out: Path, minutes: float, save_every: float, base: Path) -> dict[str, Any]:
+def run_trl(out: Path, minutes: float, save_every: float, base: Path, batch: int = BATCH) -> dict[str, Any]:
     """TRL's GRPOTrainer for `minutes`; its checkpoints and throughputs, from its own log."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t0 = time.time()
     cmd = [str(TRL_PYTHON), str(TRL_SCRIPT), "--model", str(base), "--out", str(out),
-           "--minutes", str(minutes), "--t0", str(t0), "--save-every", str(save_every)]  # fmt: skip
+           "--minutes", str(minutes), "--t0", str(t0), "--save-every", str(save_every), "--batch", str(batch)]  # fmt: skip
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
     with (out.parent / f"{out.name}.log").open("w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
@@ -127,10 +133,10 @@ def run_trl(out: Path, minutes: float, save_every: float, base: Path) -> dict[st
         "wall_s": wall,
         "train_s": steps[-1]["t"] if steps else wall,
         "steps": len(steps),
-        "completions": GROUP * len(steps),
-        "trained_samples": GROUP * len(steps),
+        "completions": batch * len(steps),
+        "trained_samples": batch * len(steps),
         "trained_tokens": int(steps[-1]["num_tokens"]) if steps else 0,
-        "generated_tokens": int(sum(GROUP * r["completions/mean_length"] for r in steps)),
+        "generated_tokens": int(sum(batch * r["completions/mean_length"] for r in steps)),
         "points": points,
     }
 
@@ -265,7 +271,8 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "",
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
-        "groups of 8, 32 completions per optimizer step, temperature 1, AdamW at 1e-4 constant, clip "
+        f"groups of {GROUP_SIZE}, {result.get('batch', BATCH)} completions per optimizer step, temperature 1, "
+        "AdamW at 1e-4 constant, clip "
         "0.2/0.28, no KL, the tool run in-process. swarmrl: `just up`'s defaults without evaluation "
         "during the run, with the tool in its client processes instead of sandboxed (`bench/peers/swarmrl.toml` "
         "says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
@@ -396,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="seconds between evaluated checkpoints (TRL saves one then; swarmrl's newest then)",
     )
+    p.add_argument("--batch", type=int, default=BATCH,
+                   help=f"completions per optimizer step in both systems, a multiple of the group size "
+                   f"{GROUP_SIZE} (swarmrl: batch_groups = batch / {GROUP_SIZE}; TRL: per_device_train_batch_size)")  # fmt: skip
     p.add_argument("--work", type=Path, default=Path("runs/peers"), help="run directories and logs")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument(
@@ -409,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="rewrite peers.md and peers.png from OUT/peers.json"
     )
     a = p.parse_args(argv)
+    if a.batch < GROUP_SIZE or a.batch % GROUP_SIZE:
+        p.error(f"--batch {a.batch}: a positive multiple of the group size {GROUP_SIZE}")
     if a.report_only:
         result = json.loads((a.out / "peers.json").read_text())
         result["summary"] = summarise(result["runs"])
@@ -430,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = json.loads(done.read_text()) if a.resume and done.exists() else []
     before_file = a.work / "superseded.json"
     superseded: list[dict[str, Any]] = json.loads(before_file.read_text()) if before_file.exists() else []
+    other = sorted({x.get("batch", BATCH) for x in runs} - {a.batch})
+    if other:
+        raise SystemExit(
+            f"{done} holds runs with {other} completions per step; --batch {a.batch} cannot join them"
+        )
     if a.rerun:  # this system's runs are done again (after a change to it); the old ones are kept apart
         for run in [x for x in runs if x["system"] == a.rerun]:
             superseded.append({**run, "why": a.why})
@@ -450,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # --resume: run before
             print(f"round {r}: {system} for {a.minutes:g} min", flush=True)
             if system == "swarmrl":
-                run = run_swarmrl((a.work / f"swarmrl-{r}").resolve(), a.minutes, a.eval_every, base)
+                run = run_swarmrl((a.work / f"swarmrl-{r}").resolve(), a.minutes, a.eval_every, base, a.batch)
             else:
-                run = run_trl((a.work / f"trl-{r}").resolve(), a.minutes, a.eval_every, base)
+                run = run_trl((a.work / f"trl-{r}").resolve(), a.minutes, a.eval_every, base, a.batch)
+            run["batch"] = a.batch
             again = {"rerun": True} if a.rerun == system else {}  # after both of the other's runs
             runs.append({**run, "round": r, "first": i == 0, **again})
             ran += 1
@@ -466,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": before,
         "trl_version": version,
         "minutes": a.minutes,
+        "batch": a.batch,
         "eval_every": a.eval_every,
         "wall_s": time.time() - started,
         "ran": ran,

@@ -15,7 +15,8 @@ The same work as swarmrl's `calculator`:
 - the reward: each completion replayed through the task's own `CalculatorEnv` (three turns at most,
   1 when the final answer is right);
 - group size 8 and 32 completions per optimizer step (4 prompts), as swarmrl's trainer defaults
-  (`num_repeat = 8`, `batch_groups = 4`); sampling temperature 1; the same learning rate, AdamW,
+  (`num_repeat = 8`, `batch_groups = 4`; `--batch` changes both sides of `bench/peers.py` alike);
+  sampling temperature 1; the same learning rate, AdamW,
   constant schedule, gradient clipping at 1, no KL term and the clip range 0.2 / 0.28.
 
 Everything else is TRL's default (`loss_type="dapo"`, `scale_rewards="group"`, one iteration per
@@ -168,6 +169,7 @@ def main() -> None:
         "--t0", type=float, default=0.0, help="epoch seconds the budget counts from (default: now)"
     )
     p.add_argument("--save-every", type=float, default=60.0, help="seconds between saved checkpoints")
+    p.add_argument("--batch", type=int, default=32, help="completions per optimizer step (groups of 8)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -189,7 +191,7 @@ def main() -> None:
         lr_scheduler_type="constant",
         weight_decay=0.0,
         max_grad_norm=1.0,
-        per_device_train_batch_size=32,
+        per_device_train_batch_size=a.batch,
         gradient_accumulation_steps=1,
         num_generations=8,
         temperature=1.0,
