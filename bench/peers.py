@@ -9,8 +9,9 @@ round swaps which goes first. swarmrl runs `swarmrl up --config bench/peers/swar
 up`'s defaults, without evaluation during the run, keeping every checkpoint, the tool in-process as
 TRL's, one pass per step as `just up`); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
-Both take 32 completions per optimizer step (swarmrl's default, 4 groups of 8); `--batch 16` gives
-both 16 (swarmrl `--batch-groups 2`, TRL `per_device_train_batch_size=16`).
+Both take swarmrl's group size, learning rate and completions per optimizer step from its trainer
+defaults (`num_repeat = 8`, `lr = 1e-4`, `batch_groups = 4`: 32); `--batch 16` gives both 16
+(swarmrl `--batch-groups 2`, TRL `per_device_train_batch_size=16`).
 
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
 run (swarmrl: the newest version published by then; TRL: the one it saved at that minute) is
@@ -53,10 +54,13 @@ TRL_SCRIPT = HERE / "peers" / "trl_grpo.py"
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 EVAL_SAMPLES = 4
 MAX_TOKENS = 48
-GROUP_SIZE = 8
-"""Completions of one prompt (a GRPO group), in both systems."""
-BATCH = 32
-"""Completions per optimizer step in both systems by default (4 groups of 8: swarmrl's `batch_groups = 4`)."""
+_TRAINER = build(load(SWARM_FILE), str(SWARM_FILE)).trainer("policy")
+GROUP_SIZE = _TRAINER.num_repeat
+"""Completions of one prompt (a GRPO group), in both systems: swarmrl's `num_repeat`."""
+BATCH = _TRAINER.batch_groups * GROUP_SIZE
+"""Completions per optimizer step in both systems by default: swarmrl's `batch_groups` groups."""
+LR = _TRAINER.lr
+"""Learning rate of both systems: swarmrl's `lr` (TRL's own default is sized for billion-parameter models)."""
 
 
 def base_model() -> Path:
@@ -116,7 +120,8 @@ def run_trl(out: Path, minutes: float, save_every: float, base: Path, batch: int
     out.mkdir(parents=True)
     t0 = time.time()
     cmd = [str(TRL_PYTHON), str(TRL_SCRIPT), "--model", str(base), "--out", str(out),
-           "--minutes", str(minutes), "--t0", str(t0), "--save-every", str(save_every), "--batch", str(batch)]  # fmt: skip
+           "--minutes", str(minutes), "--t0", str(t0), "--save-every", str(save_every), "--batch", str(batch),
+           "--group-size", str(GROUP_SIZE), "--lr", str(LR)]  # fmt: skip
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
     with (out.parent / f"{out.name}.log").open("w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

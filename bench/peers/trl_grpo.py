@@ -15,7 +15,8 @@ The same work as swarmrl's `calculator`:
 - the reward: each completion replayed through the task's own `CalculatorEnv` (three turns at most,
   1 when the final answer is right);
 - group size 8 and 32 completions per optimizer step (4 prompts), as swarmrl's trainer defaults
-  (`num_repeat = 8`, `batch_groups = 4`; `--batch` changes both sides of `bench/peers.py` alike);
+  (`num_repeat = 8`, `batch_groups = 4`, which `bench/peers.py` reads from swarmrl's configuration and
+  passes here as `--group-size` and `--batch`; its `--batch` changes both sides alike);
   sampling temperature 1; the same learning rate, AdamW,
   constant schedule, gradient clipping at 1, no KL term and the clip range 0.2 / 0.28.
 
@@ -169,8 +170,9 @@ def main() -> None:
         "--t0", type=float, default=0.0, help="epoch seconds the budget counts from (default: now)"
     )
     p.add_argument("--save-every", type=float, default=60.0, help="seconds between saved checkpoints")
-    p.add_argument("--batch", type=int, default=32, help="completions per optimizer step (groups of 8)")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch", type=int, default=32, help="completions per optimizer step (whole groups)")
+    p.add_argument("--group-size", type=int, default=8, help="completions of one prompt (num_generations)")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (bench/peers.py passes swarmrl's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args()
@@ -193,7 +195,7 @@ def main() -> None:
         max_grad_norm=1.0,
         per_device_train_batch_size=a.batch,
         gradient_accumulation_steps=1,
-        num_generations=8,
+        num_generations=a.group_size,
         temperature=1.0,
         max_completion_length=3 * 48 + 2 * 16,  # three replies of 48 tokens and two tool results
         max_tool_calling_iterations=2,  # three turns in all, as the task allows
