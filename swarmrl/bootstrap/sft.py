@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swarmrl.agents.tasks import TASKS
 from swarmrl.agents.tasks.base import Message
 from swarmrl.bootstrap.presets import DEFAULT_PRESET, get_preset, parse_source, sft_weight
+from swarmrl.services.engine.kv_batch import cache_argument
 
 Demonstrate = Callable[[Any, random.Random], list[Message]]
 
@@ -163,7 +164,8 @@ def sft_loss(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Te
         cache = model(input_ids=batch["prefix_ids"], use_cache=True).past_key_values
         cache.batch_repeat_interleave(batch["input_ids"].shape[0])
     # Labels are shifted inside the model; -100 masks prompts, environment replies and padding.
-    return model(input_ids=batch["input_ids"], labels=batch["labels"], past_key_values=cache).loss
+    kv = {cache_argument(model): cache}  # `cache` in the transformers that deprecate `past_key_values`
+    return model(input_ids=batch["input_ids"], labels=batch["labels"], **kv).loss
 
 
 def warm_start(

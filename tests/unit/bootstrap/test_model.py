@@ -71,6 +71,7 @@ def test_loss_mask_covers_exactly_the_replies():
     ).rstrip("\n")
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # a deprecated argument (`past_key_values`) goes in 5.40
 def test_shared_prefix_loss_equals_full_sequence_loss():
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
