@@ -21,6 +21,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from swarmrl.services.gateway.config import MAX_REQUEST_BYTES
 from swarmrl.services.gateway.core import Gateway
@@ -64,6 +66,13 @@ def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> 
             headers = {"retry-after": str(math.ceil(exc.retry_after_s)),
                        "retry-after-ms": str(math.ceil(1000 * exc.retry_after_s))}  # fmt: skip
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, _: ClientDisconnect) -> Response:
+        # a client killed mid-request (the chaos benchmark's SIGKILLs): nobody reads this reply, and
+        # nothing failed here; uncaught, uvicorn logs it as a server error with a traceback
+        log.info("a client left before its request to %s was read", request.url.path)
+        return Response(status_code=400)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 import time
@@ -152,3 +153,35 @@ async def test_no_token_request_gets_a_token_beyond_the_max_lifetime(stack, swar
         except TokenError as exc:
             assert exc.code == "expired", ttl
         await ep.end()
+
+
+async def test_a_client_gone_mid_body_is_one_log_line_not_a_traceback(stack, swarm, caplog) -> None:
+    """A client killed while it sends its request (the chaos benchmark's SIGKILLs) is a client gone,
+    not a server error: before, uvicorn logged "Exception in ASGI application" with a traceback."""
+    u = httpx.URL(f"{stack.base_url}/chat/completions")
+    async with swarm.episode("gone", models=["policy"], heartbeat_s=0) as ep:
+        head = {
+            "Authorization": f"Bearer {ep.token()}",
+            "Content-Type": "application/json",
+            "Content-Length": "1000",
+        }
+        caplog.set_level(logging.INFO)
+        reader, writer = await asyncio.open_connection(u.host, u.port)
+        lines = [
+            f"POST {u.raw_path.decode()} HTTP/1.1",
+            f"Host: {u.host}",
+            *(f"{k}: {v}" for k, v in head.items()),
+        ]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"model": "policy", ')
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.transport.abort()  # gone, as a SIGKILLed process's socket
+        for _ in range(100):
+            if any("left before its request" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+        ok = await ep.openai().chat.completions.create(model="policy", messages=MSGS, max_tokens=4)
+    assert ok.choices[0].message.role == "assistant"
+    said = [r.getMessage() for r in caplog.records]
+    assert any("left before its request" in m for m in said), said[-20:]
+    assert not [r for r in caplog.records if r.exc_info or "Exception in ASGI" in r.getMessage()], said[-20:]
