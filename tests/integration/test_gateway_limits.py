@@ -25,9 +25,10 @@ from swarmrl.services.gateway.tokens import TokenError, verify
 MSGS = [{"role": "user", "content": "Guess a number between 1 and 64."}]
 
 
-async def _raw_post(url: str, head: dict[str, str], body: bytes = b"") -> tuple[int, dict[str, Any]]:
-    """POST over a bare socket: the status and JSON body, sending only `body` (maybe none of what
-    the headers announce)."""
+async def _send(
+    url: str, head: dict[str, str], body: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a bare socket and send a POST's headers and `body` (maybe less than the headers announce)."""
     u = httpx.URL(url)
     reader, writer = await asyncio.open_connection(u.host, u.port)
     lines = [
@@ -37,6 +38,13 @@ async def _raw_post(url: str, head: dict[str, str], body: bytes = b"") -> tuple[
     ]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
     await writer.drain()
+    return reader, writer
+
+
+async def _raw_post(url: str, head: dict[str, str], body: bytes = b"") -> tuple[int, dict[str, Any]]:
+    """POST over a bare socket: the status and JSON body, sending only `body` (maybe none of what
+    the headers announce)."""
+    reader, writer = await _send(url, head, body)
     status = int((await reader.readline()).split()[1])
     length = 0
     while (line := await reader.readline()) not in (b"\r\n", b""):
@@ -158,7 +166,6 @@ async def test_no_token_request_gets_a_token_beyond_the_max_lifetime(stack, swar
 async def test_a_client_gone_mid_body_is_one_log_line_not_a_traceback(stack, swarm, caplog) -> None:
     """A client killed while it sends its request (the chaos benchmark's SIGKILLs) is a client gone,
     not a server error: before, uvicorn logged "Exception in ASGI application" with a traceback."""
-    u = httpx.URL(f"{stack.base_url}/chat/completions")
     async with swarm.episode("gone", models=["policy"], heartbeat_s=0) as ep:
         head = {
             "Authorization": f"Bearer {ep.token()}",
@@ -166,14 +173,7 @@ async def test_a_client_gone_mid_body_is_one_log_line_not_a_traceback(stack, swa
             "Content-Length": "1000",
         }
         caplog.set_level(logging.INFO)
-        reader, writer = await asyncio.open_connection(u.host, u.port)
-        lines = [
-            f"POST {u.raw_path.decode()} HTTP/1.1",
-            f"Host: {u.host}",
-            *(f"{k}: {v}" for k, v in head.items()),
-        ]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"model": "policy", ')
-        await writer.drain()
+        _, writer = await _send(f"{stack.base_url}/chat/completions", head, b'{"model": "policy", ')
         await asyncio.sleep(0.2)
         writer.transport.abort()  # gone, as a SIGKILLed process's socket
         for _ in range(100):
