@@ -54,7 +54,8 @@ TRL_SCRIPT = HERE / "peers" / "trl_grpo.py"
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 EVAL_SAMPLES = 4
 MAX_TOKENS = 48
-_TRAINER = build(load(SWARM_FILE), str(SWARM_FILE)).trainer("policy")
+_SWARM = build(load(SWARM_FILE), str(SWARM_FILE))
+_TRAINER = _SWARM.trainer("policy")
 GROUP_SIZE = _TRAINER.num_repeat
 """Completions of one prompt (a GRPO group), in both systems: swarmrl's `num_repeat`."""
 BATCH = _TRAINER.batch_groups * GROUP_SIZE
@@ -64,8 +65,7 @@ LR = _TRAINER.lr
 
 
 def base_model() -> Path:
-    swarm = build(load(SWARM_FILE), str(SWARM_FILE))
-    return resolve_base(swarm.models["policy"])
+    return resolve_base(_SWARM.models["policy"])
 
 
 def run_swarmrl(
@@ -277,7 +277,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
         f"groups of {GROUP_SIZE}, {result.get('batch', BATCH)} completions per optimizer step, temperature 1, "
-        "AdamW at 1e-4 constant, clip "
+        f"AdamW at {LR:g} constant, clip "
         "0.2/0.28, no KL, the tool run in-process. swarmrl: `just up`'s defaults without evaluation "
         "during the run, with the tool in its client processes instead of sandboxed (`bench/peers/swarmrl.toml` "
         "says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
