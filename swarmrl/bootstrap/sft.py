@@ -159,13 +159,13 @@ def _common_prefix_len(rows: list[list[int]]) -> int:
 def sft_loss(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean cross-entropy on the labelled tokens; the shared prefix is run once and its KV cache
     repeated over the batch (gradients flow through it, so this equals the full-sequence loss)."""
+    name = cache_argument(model)  # `cache` in the transformers that deprecate `past_key_values`
     cache = None
     if batch["prefix_ids"].shape[1] > 0:
-        cache = model(input_ids=batch["prefix_ids"], use_cache=True).past_key_values
+        cache = getattr(model(input_ids=batch["prefix_ids"], use_cache=True), name)  # the output's field too
         cache.batch_repeat_interleave(batch["input_ids"].shape[0])
     # Labels are shifted inside the model; -100 masks prompts, environment replies and padding.
-    kv = {cache_argument(model): cache}  # `cache` in the transformers that deprecate `past_key_values`
-    return model(input_ids=batch["input_ids"], labels=batch["labels"], **kv).loss
+    return model(input_ids=batch["input_ids"], labels=batch["labels"], **{name: cache}).loss
 
 
 def warm_start(
