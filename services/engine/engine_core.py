@@ -67,10 +67,11 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import pad
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
+from transformers.cache_utils import Cache
 
 from swarmrl.services.engine import model_dir
-from swarmrl.services.engine.kv_batch import KVBatch, cache_argument, left_padded, row_kv
+from swarmrl.services.engine.kv_batch import KVBatch, cache_argument, left_padded, new_cache, row_kv
 from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
 from swarmrl.services.engine.prefill_plan import buckets, waves
 from swarmrl.services.engine.prefix_cache import PrefixCache
@@ -442,7 +443,7 @@ class EngineCore:
             new = [r for r in new if r.params.max_new_tokens > 0]
             if not new:
                 return
-        pieces: list[tuple[list[_Row], DynamicCache, torch.Tensor]] = []
+        pieces: list[tuple[list[_Row], Cache, torch.Tensor]] = []
         logits: list[torch.Tensor] = []
         wave = new
         while wave:
@@ -467,7 +468,7 @@ class EngineCore:
 
     def _forward(
         self, rows: list[_Row], hits: list[tuple[int, Any]]
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    ) -> tuple[Cache, torch.Tensor, torch.Tensor]:
         """One prefill forward of `rows`, each from its prefix-cache hit; their prompts' KV go into
         the prefix cache. Returns the rows' cache and mask and their last position's logits."""
         # no config: plain full-attention layers, which KVBatch can pad and cut
@@ -715,10 +716,10 @@ def _reusable(row: _Row) -> int:
     return n if row.logprob_start < 0 else min(n, row.logprob_start)
 
 
-def _past(hits: list[tuple[int, Any]], device: torch.device) -> tuple[DynamicCache, torch.Tensor]:
+def _past(hits: list[tuple[int, Any]], device: torch.device) -> tuple[Cache, torch.Tensor]:
     """The prefill's starting cache from the prefix-cache hits, right-aligned as `KVBatch` keeps rows,
     and its attention mask (a row without a hit is all padding)."""
-    cache = DynamicCache()
+    cache = new_cache()
     width = max(n for n, _ in hits)
     mask = torch.tensor([[0] * (width - n) + [1] * n for n, _ in hits], device=device)
     if width == 0:
