@@ -63,6 +63,10 @@ bench-trainer *ARGS:
 bench-weight-sync *ARGS:
     python bench/weight_sync.py "$@"
 
+# A decode step of the embedded engine's in-place KV cache against transformers' concatenating DynamicCache, side by side (tiny and a 100M Qwen2); bench/results/engine-decode.{json,md}.
+bench-decode *ARGS:
+    python bench/engine_decode.py "$@"
+
 # Chaos benchmark: the default swarm on a local 3-node NATS cluster under SIGKILLs (`--replicas 2`: two of each of merger, ledger, gateway, engine; bench/results/chaos-replicas.*), against a fault-free run of the same swarm (~17 min each; the fault-free one only when none of this swarm is recorded); bench/results/chaos{,-fault-free}.{json,md}.
 chaos *ARGS:
     python bench/chaos.py "$@"

@@ -58,6 +58,7 @@ def descendants(pid: int) -> list[int]:
 
 def run_swarm(run_dir: Path, config: Path, minutes: float, code: Path | None) -> dict[str, Any]:
     """One `swarmrl up`; its rates from the ledger and its processes' CPU seconds."""
+    run_dir = run_dir.resolve()  # the baseline's `up` runs in the baseline's tree (`cwd` below)
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

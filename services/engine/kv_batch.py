@@ -8,7 +8,8 @@ padding for row i. Joining pads the shorter side on the left; retiring rows drop
 leading columns that are padding for every remaining row, so the cache never keeps dead columns.
 Only full-attention layers are handled; the engine creates its caches with `new_cache`, whose
 `RoomyLayer`s keep spare columns so a decode step writes its token in place (transformers'
-`DynamicLayer` concatenates, copying the whole cache every step: 39% of a 16-row decode step's time).
+`DynamicLayer` concatenates, copying the whole cache every step; `bench/results/engine-decode.md`:
+a 16-row step 1.14x faster at 200 tokens, 1.45x at 800).
 """
 
 from __future__ import annotations
