@@ -1,6 +1,6 @@
 """One decode step of the embedded engine's KV cache against transformers' own, side by side.
 
-    python bench/engine_decode.py [--steps 60] [--threads 1] [--out bench/results]
+    python bench/engine_decode.py [--steps 60] [--rounds 3] [--threads 1] [--out bench/results]
 
 The embedded engine decodes over a cache of `RoomyLayer`s (`services/engine/kv_batch.py`): each
 layer's keys and values live in buffers with spare columns, and a step writes its token in place.
@@ -10,7 +10,7 @@ decode steps of one token per row, the mask grown by a column each step) on two 
 the bootstrap `tiny` (Qwen2, 1.8M parameters, random init) and a 100M-parameter Qwen2 of the shape
 `bench/weight_sync.py` uses. For each model, batch size and prompt length the two caches alternate,
 `--rounds` times each, and the figure is the median time of a decode step over `--steps` steps
-(the first 5 of each run left out). The two caches must produce the same logits; the run stops if
+(the first `WARMUP` of each run left out). The two caches must produce the same logits; the run stops if
 they do not. Writes `engine-decode.{json,md}` with the machine.
 """
 
@@ -29,7 +29,7 @@ import torch
 from benchutil import RESULTS, machine, write_json
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import Cache
-from weight_sync import BIG
+from weight_sync import make_models
 
 from swarmrl.machine import describe
 from swarmrl.services.engine.kv_batch import cache_argument, new_cache
@@ -38,6 +38,8 @@ CACHES: dict[str, Callable[[], Cache]] = {
     "DynamicCache (concatenates)": DynamicCache,
     "RoomyLayer (in place)": new_cache,
 }
+WARMUP = 5
+"""Decode steps of each run left out of its median (allocator and cache warm-up)."""
 SHAPES = {"tiny": [(1, 200), (16, 200), (16, 800), (32, 200)], "qwen2-100m": [(1, 200), (4, 200)]}
 
 
@@ -61,7 +63,7 @@ def decode(
         out = model(input_ids=token, attention_mask=mask, position_ids=torch.full((batch, 1), prompt + n),
                     use_cache=True, **{arg: cache})  # fmt: skip
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[5:]), out.logits[:, -1]
+    return statistics.median(times[WARMUP:]), out.logits[:, -1]
 
 
 def measure(name: str, path: Path, steps: int, rounds: int) -> list[dict[str, Any]]:
@@ -96,7 +98,7 @@ def write_md(result: dict[str, Any], out: Path) -> Path:
         f"--steps {result['steps']} --rounds {result['rounds']} --threads {result['threads']}`.",
         "",
         "A prefill of `batch` random prompts of `prompt` tokens, then greedy decode steps of one token a row, as "
-        f"the engine runs them; the median step of {result['steps'] - 5} steps (the first 5 left out), the median "
+        f"the engine runs them; the median step of {result['steps'] - WARMUP} steps (the first {WARMUP} left out), the median "
         f"of {result['rounds']} runs of each cache, the two alternating. Both caches gave the same logits.",
         "",
         f"| model | batch | prompt | {old} | {new} | speed-up |",
@@ -120,16 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from swarmrl.bootstrap import build_model
-
     rows = []
     with tempfile.TemporaryDirectory(prefix="engine-decode-") as tmp:
-        tiny = Path(tmp) / "tiny"
-        build_model(tiny, seed=0, warm_start_steps=0)
-        big = Path(tmp) / "qwen2-100m"
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(BIG).save_pretrained(big)
-        for name, path in (("tiny", tiny), ("qwen2-100m", big)):
+        for name, path in make_models(Path(tmp)).items():  # the models bench/weight_sync.py measures
             rows += measure(name, path, args.steps, args.rounds)
     result = {
         "machine": machine(),
