@@ -35,13 +35,14 @@ def loop(model, batch: int, steps: int, label: str, kernels: AbstractContextMana
     import torch
     from transformers import DynamicCache
 
+    from swarmrl.services.engine.kv_batch import cache_argument
+
+    arg = cache_argument(model)  # `cache` in the transformers that deprecate `past_key_values`
     ids = torch.randint(10, 700, (batch, 128), device="cuda")
     mask = torch.ones_like(ids)
     cache = DynamicCache()
     with torch.inference_mode(), kernels:
-        out = model(
-            input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{arg: cache})
         last = out.logits[:, -1].argmax(-1, keepdim=True)
         times = []
         for s in range(steps):
@@ -49,9 +50,7 @@ def loop(model, batch: int, steps: int, label: str, kernels: AbstractContextMana
             started = time.perf_counter()
             mask = torch.cat([mask, mask.new_ones(batch, 1)], 1)
             pos = torch.full((batch, 1), 128 + s, device="cuda")
-            out = model(
-                input_ids=last, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-            )
+            out = model(input_ids=last, attention_mask=mask, position_ids=pos, use_cache=True, **{arg: cache})
             last = out.logits[:, -1].argmax(-1, keepdim=True)
             torch.cuda.synchronize()
             times.append((time.perf_counter() - started) * 1000)

@@ -5,9 +5,9 @@
 
 Each round runs both systems one after the other on an otherwise idle machine for the same
 wall-clock budget, counted from the launch of each one's process (startup included); the second
-round swaps which goes first. swarmrl runs `swarmrl up --config bench/peers/swarmrl.toml` (`just
-up`'s defaults, without evaluation during the run, keeping every checkpoint, the tool in-process as
-TRL's, one pass per step as `just up`); TRL runs
+round swaps which goes first (`--first` names round 1's first). swarmrl runs `swarmrl up --config
+bench/peers/swarmrl.toml` (`just up`'s defaults, without evaluation during the run, keeping every
+checkpoint, the tool in-process as TRL's, one pass per step as `just up`); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
 Both take swarmrl's group size, learning rate and completions per optimizer step from its trainer
 defaults (`num_repeat = 8`, `lr = 1e-4`, `batch_groups = 4`: 32); `--batch 16` gives both 16
@@ -396,12 +396,22 @@ def write_md(result: dict[str, Any], out: Path) -> None:
     (out / "peers.md").write_text("\n".join(lines) + "\n")
 
 
+def round_order(round_no: int, first: str) -> list[str]:
+    """The two systems of round `round_no` (from 1) in the order they run: `first` goes first in the
+    odd rounds, the other in the even ones."""
+    other = "TRL" if first == "swarmrl" else "swarmrl"
+    return [first, other] if round_no % 2 else [other, first]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run")
     p.add_argument(
         "--rounds", type=int, default=2, help="rounds of both systems, alternating which goes first"
     )
+    p.add_argument("--first", choices=["swarmrl", "TRL"], default="swarmrl",
+                   help="the system that goes first in round 1 (and every odd round); the other goes first "
+                   "in even rounds")  # fmt: skip
     p.add_argument(
         "--eval-every",
         type=float,
@@ -466,8 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         done.write_text(json.dumps(runs, indent=1))
     ran = 0
     for r in range(1, a.rounds + 1):
-        order = ["swarmrl", "TRL"] if r % 2 else ["TRL", "swarmrl"]
-        for i, system in enumerate(order):
+        for i, system in enumerate(round_order(r, a.first)):
             if any(x["round"] == r and x["system"] == system for x in runs):
                 continue  # --resume: run before
             print(f"round {r}: {system} for {a.minutes:g} min", flush=True)
