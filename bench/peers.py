@@ -52,6 +52,8 @@ ROOT = HERE.parent
 SWARM_FILE = HERE / "peers" / "swarmrl.toml"
 TRL_SCRIPT = HERE / "peers" / "trl_grpo.py"
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
+SYSTEMS = ("swarmrl", "TRL")
+"""The two systems a round runs (as runs name them)."""
 EVAL_SAMPLES = 4
 MAX_TOKENS = 48
 _SWARM = build(load(SWARM_FILE), str(SWARM_FILE))
@@ -329,7 +331,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
                 + " | ".join("never" if t is None else f"{t / 60:.1f} min" for t in (trl_t, ours_t))
                 + f" | {ratio} |"
             )
-    for system in ("swarmrl", "TRL"):
+    for system in SYSTEMS:
         mine = [x for x in result["runs"] if x["system"] == system]
         best = [max(p["success"] for p in x["points"]) for x in mine]
         final = [x["points"][-1]["success"] for x in mine]
@@ -399,7 +401,7 @@ def write_md(result: dict[str, Any], out: Path) -> None:
 def round_order(round_no: int, first: str) -> list[str]:
     """The two systems of round `round_no` (from 1) in the order they run: `first` goes first in the
     odd rounds, the other in the even ones."""
-    other = "TRL" if first == "swarmrl" else "swarmrl"
+    [other] = [s for s in SYSTEMS if s != first]
     return [first, other] if round_no % 2 else [other, first]
 
 
@@ -409,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rounds", type=int, default=2, help="rounds of both systems, alternating which goes first"
     )
-    p.add_argument("--first", choices=["swarmrl", "TRL"], default="swarmrl",
+    p.add_argument("--first", choices=SYSTEMS, default="swarmrl",
                    help="the system that goes first in round 1 (and every odd round); the other goes first "
                    "in even rounds")  # fmt: skip
     p.add_argument(
@@ -426,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--resume", action="store_true", help="keep the runs already in WORK/runs.json; run the rest"
     )
-    p.add_argument("--rerun", choices=["swarmrl", "TRL"],
+    p.add_argument("--rerun", choices=SYSTEMS,
                    help="with --resume: run this system's rounds again (after a change to it); the runs it "
                    "replaces are reported apart, with --why")  # fmt: skip
     p.add_argument("--why", default="", help="what changed, for the report of the replaced runs")
