@@ -7,7 +7,7 @@ Each round runs both systems one after the other on an otherwise idle machine fo
 wall-clock budget, counted from the launch of each one's process (startup included); the second
 round swaps which goes first (`--first` names round 1's first). swarmrl runs `swarmrl up --config
 bench/peers/swarmrl.toml` (`just up`'s defaults, without evaluation during the run, keeping every
-checkpoint, the tool in-process as TRL's, one pass per step as `just up`); TRL runs
+checkpoint, the tool in-process as TRL's, one pass per step as `just up`, 64 episodes in flight); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
 Both take swarmrl's group size, learning rate and completions per optimizer step from its trainer
 defaults (`num_repeat = 8`, `lr = 1e-4`, `batch_groups = 4`: 32); `--batch 16` gives both 16
@@ -281,8 +281,8 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         f"groups of {GROUP_SIZE}, {result.get('batch', BATCH)} completions per optimizer step, temperature 1, "
         f"AdamW at {LR:g} constant, clip "
         "0.2/0.28, no KL, the tool run in-process. swarmrl: `just up`'s defaults without evaluation "
-        "during the run, with the tool in its client processes instead of sandboxed (`bench/peers/swarmrl.toml` "
-        "says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
+        "during the run, with the tool in its client processes instead of sandboxed and 64 episodes in flight "
+        "with an engine batch of 32 (`bench/peers/swarmrl.toml` says why); TRL: its defaults otherwise (`bench/peers/trl_grpo.py` says which "
         "and why). Each system gets the same wall-clock budget from the launch of its process, one "
         f"after the other on an otherwise idle machine, {_rounds_said(result)}. The same "
         f"evaluation scores both afterwards: a checkpoint from every {result['eval_every']:g} s, {EVAL_SAMPLES} episodes of "
