@@ -332,6 +332,18 @@ def learning(curve: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> 
     return out
 
 
+def _lost_rows(a: dict[str, Any]) -> list[str]:
+    """Where the lost episodes are (`chaos_accounting.lost_summary`), when there are any."""
+    ls = a.get("lost_summary") or {}
+    if not ls.get("count"):
+        return []
+    return [
+        f"| lost: ended between (s after the first begin) | {ls['ended_t'][0]:.0f}-{ls['ended_t'][1]:.0f} |",
+        f"| lost: events still queued for a merger at the stop (by partition) | {ls['queued_at_stop']} "
+        f"{ls['queued_by_partition']} |",
+    ]
+
+
 def write_md(r: dict[str, Any], path: Path) -> None:
     m, a, ep = r["machine"], r["accounting"], r["accounting"]["episodes"]
     tr = a["training"]
@@ -435,6 +447,7 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         f"| ended, samples present exactly once (= merge stats' timelines, ids unique) | {a['ended_samples_exactly_once']} |",
         *[f"| ended, no samples: {k} | {v} |" for k, v in a["ended_without_samples_with_reason"].items()],
         f"| ended, lost (no samples and no reason) | {len(a['lost'])} |",
+        *_lost_rows(a),
         f"| dropped episodes whose models got no lost-episode record | {a['lost_records_missing_count']} |",
         f"| aborted (`abort`) | {ep['aborted']} (with samples: {len(a['aborted_with_samples'])}) |",
         f"| never ended | {ep['never_ended']} (with samples: {len(a['never_ended_with_samples'])}; "

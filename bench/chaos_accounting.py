@@ -35,6 +35,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from swarmrl.launch import client_name
@@ -73,15 +74,44 @@ async def read_stream(js: JetStreamContext, stream: str, batch: int = 1000) -> l
     )
     sub = await js.pull_subscribe(S.STREAM_SUBJECTS[stream][0], stream=stream, config=cfg)
     out: list[Msg] = []
+    timeouts = 0
     try:
         while not out or out[-1].seq < info.state.last_seq:
             try:
                 msgs = await _fetch(sub, batch)
             except nats.errors.TimeoutError:
-                break
+                # A short read would show as lost messages: try again, then fail loudly. (The stream's
+                # last message can be gone only from a work queue, which is never read here.)
+                timeouts += 1
+                if timeouts > READ_TIMEOUTS:
+                    got = out[-1].seq if out else 0
+                    raise RuntimeError(
+                        f"{stream}: read stopped at seq {got} of {info.state.last_seq}"
+                    ) from None
+                continue
             out += [Msg(m.metadata.sequence.stream, m.subject, m.data, dict(m.headers or {})) for m in msgs]
     finally:
         await sub.unsubscribe()
+    return out
+
+
+READ_TIMEOUTS = 3
+"""Fetches of 5 s that may come back empty in a row before `read_stream` gives up."""
+
+
+async def queued_events(js: JetStreamContext) -> dict[str, tuple[int, int]]:
+    """Episode id -> (partition, events) still in EPISODE_PARTS: events no merger acked (a work queue
+    deletes an event once its episode is closed), from the stream's per-subject counts."""
+    try:
+        info = await js.stream_info(S.EPISODE_PARTS_STREAM, subjects_filter=">")
+    except NotFoundError:
+        return {}
+    out: dict[str, tuple[int, int]] = {}
+    for subject, n in (info.state.subjects or {}).items():
+        parts = subject.split(".")  # swarm.epp.<p>.<owner>.<episode id>.<kind>
+        if len(parts) == 6:
+            p, count = out.get(parts[4], (int(parts[2]), 0))
+            out[parts[4]] = (p, count + n)
     return out
 
 
@@ -129,6 +159,8 @@ class Streams:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     seqs: dict[str, list[int]] = field(default_factory=dict)
     """Stream -> sequence numbers of the messages it holds."""
+    queued: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Episode id -> (partition, events) left unmerged in EPISODE_PARTS at the stop (`queued_events`)."""
     undecodable: Counter[str] = field(default_factory=Counter)
 
 
@@ -146,6 +178,7 @@ async def read_streams(url: str) -> tuple[Streams, dict[str, Any]]:
                     _add(out, stream, m)
                 except Exception as exc:  # counted and reported: the accounting must see everything
                     out.undecodable[f"{stream}: {type(exc).__name__}"] += 1
+        out.queued = await queued_events(js)
         consumers = {}
         for model in sorted({s[2] for copies in out.samples.values() for s in copies}):
             durable = S.durable_name("trainer", S.SAMPLES_STREAM, model)
@@ -257,6 +290,7 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
     distinct = len({ep.task_id for ep in training.values()})
 
     exactly_once, accounted, lost, token_mismatch = 0, Counter[str](), [], []
+    t0 = min((ep.begin_ts for ep in training.values() if ep.begin_ts is not None), default=0.0)
     for eid in sorted(ended):
         stats = st.merges.get(eid, [])
         n = len(by_episode.get(eid, []))
@@ -267,7 +301,9 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
         elif stats and stats[0].status != "merged" and n == 0:
             accounted[f"{stats[0].status}: {stats[0].reason[:60]}"] += 1
         else:
-            lost.append({"episode": eid, "samples": n, "stats": [s.status for s in stats]})
+            lost.append({"episode": eid, "samples": n, "stats": [s.status for s in stats],
+                         "ended_t": round((st.episodes[eid].outcome_ts or 0) - t0, 1),
+                         "queued": st.queued.get(eid)})  # fmt: skip
     with_samples = lambda ids: sorted(e for e in ids if by_episode.get(e))  # noqa: E731
     eval_samples = with_samples(eid for eid, ep in st.episodes.items() if ep.eval)
     orphan_samples = sorted(e for e in by_episode if e not in st.episodes)
@@ -314,6 +350,7 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
         "ended_samples_exactly_once": exactly_once,
         "ended_without_samples_with_reason": dict(accounted),
         "lost": lost,
+        "lost_summary": lost_summary(lost, st.queued),
         "lost_records_missing": untold[:20],
         "lost_records_missing_count": len(untold),
         "token_mismatch": token_mismatch[:20],
@@ -327,6 +364,20 @@ def account_streams(st: Streams, consumers: dict[str, Any], faults: list[dict[st
         "dead_letters": dict(dl),
         "dead_letter_list": st.dead_letters[:50],
         "undecodable": dict(st.undecodable),
+    }
+
+
+def lost_summary(lost: list[dict[str, Any]], queued: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """Where the lost episodes are, to tell a stalled merger partition (their events still queued in
+    EPISODE_PARTS, in one partition, ending over a stretch of the run) from events that never reached
+    it: when they ended (seconds from the first episode's begin) and which partitions hold them."""
+    ended = [x["ended_t"] for x in lost]
+    return {
+        "count": len(lost),
+        "ended_t": [min(ended), max(ended)] if ended else [],
+        "queued_at_stop": sum(x["queued"] is not None for x in lost),
+        "queued_by_partition": dict(Counter(x["queued"][0] for x in lost if x["queued"] is not None)),
+        "episodes_queued_at_stop": len(queued),
     }
 
 

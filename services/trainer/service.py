@@ -233,14 +233,17 @@ class Trainer:
         )  # fmt: skip
 
     async def _take_batch(self) -> list[Scored] | None:
-        """`batch_groups` groups re-scored at the current version, or None (groups stay queued)."""
+        """Up to `batch_groups` groups re-scored at the current version, or None while fewer than
+        `min_batch_groups` (0: `batch_groups`) are ready (groups stay queued)."""
+        cfg = self.cfg
+        need = min(cfg.min_batch_groups or cfg.batch_groups, cfg.batch_groups)
         taken: list[tuple[Group, GroupScore]] = []
-        while self.ready and len(taken) < self.cfg.batch_groups:
+        while self.ready and len(taken) < cfg.batch_groups:
             group = self.ready.popleft()
             score = await self._score(group)
             if score is not None:
                 taken.append((group, score))
-        if len(taken) < self.cfg.batch_groups:
+        if len(taken) < need:
             self.ready.extendleft(g for g, _ in reversed(taken))
             return None
         self.inflight = [h for g, _ in taken for h in g.items]

@@ -183,8 +183,11 @@ async def test_a_restarted_trainer_gets_the_lost_records_of_the_groups_it_had_no
     await bus.ensure_streams(js)
     await publish_lost(js, "gone-ep3", "gone")
     await publish(js, group("gone")[:3])
-    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, max_steps=1, group_timeout_s=3600)
-    first = Trainer(cfg)  # waits for a second group that never comes
+    cfg = config(
+        swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, min_batch_groups=0, max_steps=1,
+        group_timeout_s=3600,
+    )  # fmt: skip
+    first = Trainer(cfg)  # waits for a second group that never comes (every step takes 2)
     run = asyncio.create_task(first.run())
     await wait_for(lambda: len(first.ready) == 1 or run.done(), what="the first trainer formed the group")
     first.stop()
@@ -229,6 +232,37 @@ async def test_dropped_samples_are_reported_and_acked_without_waiting_for_a_step
     assert await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS") == []
     trainer.stop()
     await asyncio.wait_for(run, timeout=30)
+    await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_min_batch_groups_steps_on_the_groups_that_are_ready(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With `min_batch_groups = 1` a free trainer steps on the trainable groups ready, up to
+    `batch_groups`: three groups published before it starts make one step of three; one more group
+    alone makes the next step instead of waiting for three others."""
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    await publish(js, group("a") + group("b") + group("c"))
+    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=4, min_batch_groups=1, max_steps=2)
+    run = asyncio.create_task(Trainer(cfg).run())
+
+    async def steps() -> list[TrainStep]:
+        return [
+            decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+        ]
+
+    async def stepped_once() -> bool:
+        return len(await steps()) == 1
+
+    await wait_for(stepped_once, timeout=45, what="the first step")
+    await publish(js, group("d"))
+    await asyncio.wait_for(run, timeout=45)  # returns at max_steps = 2
+    first, second = await steps()
+    assert sorted(first.sample_ids) == sorted(x.sample_id for g in "abc" for x in group(g))
+    assert sorted(second.sample_ids) == sorted(x.sample_id for x in group("d"))
     await nc.close()
 
 
