@@ -7,11 +7,14 @@ Each round runs both systems one after the other on an otherwise idle machine fo
 wall-clock budget, counted from the launch of each one's process (startup included); the second
 round swaps which goes first (`--first` names round 1's first). swarmrl runs `swarmrl up --config
 bench/peers/swarmrl.toml` (`just up`'s defaults, without evaluation during the run, keeping every
-checkpoint, the tool in-process as TRL's, one pass per step as `just up`, 64 episodes in flight); TRL runs
+checkpoint, the tool in-process as TRL's, one pass per step as `just up`, 64 episodes in flight,
+steps on the groups ready); TRL runs
 `bench/peers/trl_grpo.py` in `.venv-trl` (its docstring says which settings it shares and why).
 Both take swarmrl's group size, learning rate and completions per optimizer step from its trainer
-defaults (`num_repeat = 8`, `lr = 1e-4`, `batch_groups = 4`: 32); `--batch 16` gives both 16
-(swarmrl `--batch-groups 2`, TRL `per_device_train_batch_size=16`).
+defaults (`num_repeat = 8`, `lr = 1e-4`, `batch_groups = 4`: 32; swarmrl's steps take at most that,
+the groups with unequal rewards ready when its trainer is free, `min_batch_groups = 1` in its swarm
+file); `--batch 16`
+gives both 16 (swarmrl `--batch-groups 2`, TRL `per_device_train_batch_size=16`).
 
 Afterwards the same evaluation scores both: a checkpoint of each system from every minute of its
 run (swarmrl: the newest version published by then; TRL: the one it saved at that minute) is
@@ -102,6 +105,10 @@ def run_swarmrl(
         points.append({"version": steps[-1][0], "t": end})
     for p in points[1:]:
         p["path"] = str(run_dir / "checkpoints" / "policy" / f"step-{p['version']}")
+    keep = {p["path"] for p in points}
+    for step in (run_dir / "checkpoints" / "policy").glob("step-*"):  # ~20 MB each, one per step
+        if str(step) not in keep:
+            shutil.rmtree(step)
     return {
         "system": "swarmrl",
         "wall_s": wall,
@@ -256,6 +263,17 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _swarm_batch(result: dict[str, Any]) -> str:
+    """How many completions swarmrl's steps take, for the report: runs from before its trainer took the
+    groups ready (`min_batch_groups`) took a fixed `batch_groups` per step."""
+    if result.get("min_batch_groups", 0) == 0:
+        return "both systems, every step"
+    return (
+        "TRL every step, every group trained; swarmrl at most: its trainer takes the groups with unequal "
+        "rewards ready when it is free, at least one, `min_batch_groups = 1` in `bench/peers/swarmrl.toml`"
+    )
+
+
 def _rounds_said(result: dict[str, Any]) -> str:
     n = len({x["round"] for x in result["runs"]})
     return "once" if n == 1 else f"{'twice' if n == 2 else f'{n} times'}, alternating which goes first"
@@ -278,7 +296,8 @@ def write_md(result: dict[str, Any], out: Path) -> None:
         "",
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
-        f"groups of {GROUP_SIZE}, {result.get('batch', BATCH)} completions per optimizer step, temperature 1, "
+        f"groups of {GROUP_SIZE}, {result.get('batch', BATCH)} completions per optimizer step ({_swarm_batch(result)}), "
+        "temperature 1, "
         f"AdamW at {LR:g} constant, clip "
         "0.2/0.28, no KL, the tool run in-process. swarmrl: `just up`'s defaults without evaluation "
         "during the run, with the tool in its client processes instead of sandboxed and 64 episodes in flight "
@@ -501,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         "trl_version": version,
         "minutes": a.minutes,
         "batch": a.batch,
+        "min_batch_groups": _TRAINER.min_batch_groups,
         "eval_every": a.eval_every,
         "wall_s": time.time() - started,
         "ran": ran,

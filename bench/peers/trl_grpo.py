@@ -16,7 +16,8 @@ The same work as swarmrl's `calculator`:
   1 when the final answer is right);
 - group size 8 and 32 completions per optimizer step (4 prompts), as swarmrl's trainer defaults
   (`num_repeat = 8`, `batch_groups = 4`, which `bench/peers.py` reads from swarmrl's configuration and
-  passes here as `--group-size` and `--batch`; its `--batch` changes both sides alike);
+  passes here as `--group-size` and `--batch`; its `--batch` changes both sides alike; swarmrl's
+  steps take at most that many, the informative groups ready when its trainer is free);
   sampling temperature 1; the same learning rate, AdamW,
   constant schedule, gradient clipping at 1, no KL term and the clip range 0.2 / 0.28.
 

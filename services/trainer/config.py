@@ -71,14 +71,16 @@ class TrainerConfig(ServiceConfig):
     episode that yielded several samples weighs more in the group mean/std)."""
     batch_groups: int = Field(default=4, ge=1)
     """Groups per training step (one step = one policy version); with `min_batch_groups`, the most."""
-    min_batch_groups: int = Field(default=1, ge=0)
+    min_batch_groups: int = Field(default=0, ge=0)
     """Fewest trainable groups a step waits for; a free trainer then takes every ready group, up to
-    `batch_groups`. 1: the trainer steps whenever a group is ready, so a step takes the groups that
-    arrived during the previous one. 0: `batch_groups` (every step the same size). Late in a run,
+    `batch_groups`. 0: `batch_groups` (every step the same size). 1: the trainer steps whenever a
+    group is ready, so a step takes the groups that arrived during the previous one. Late in a run,
     when most groups have equal rewards and are dropped, steps of a fixed `batch_groups` wait for
-    many groups to be played and grow rare (16 a minute at 48 episodes a second in a 20-minute peers
-    run); taking what is ready kept 35-40 a minute there and reached higher held-out success sooner
-    (bench/results/peers.md)."""
+    many groups to be played and grow rare (12-16 a minute at 48 episodes a second late in a 20-minute
+    peers run); with 1 they stayed at 35-60 a minute and passed TRL's best held-out success
+    (bench/results/peers-20min-round7/). Not the default: steps of one group are noisier, and a
+    `just up` run with 1 collapsed from 90.6% to 5.9% held-out success within a minute
+    (bench/results/up/calculator-min-batch-groups-1.md)."""
 
     # Loss --------------------------------------------------------------------------------------
     clip_eps_low: float = Field(default=0.2, ge=0)
