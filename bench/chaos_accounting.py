@@ -107,11 +107,13 @@ async def queued_events(js: JetStreamContext) -> dict[str, tuple[int, int]]:
     except NotFoundError:
         return {}
     out: dict[str, tuple[int, int]] = {}
-    for subject, n in (info.state.subjects or {}).items():
-        parts = subject.split(".")  # swarm.epp.<p>.<owner>.<episode id>.<kind>
-        if len(parts) == 6:
-            p, count = out.get(parts[4], (int(parts[2]), 0))
-            out[parts[4]] = (p, count + n)
+    for subject, n in (info.state.subjects or {}).items():  # swarm.epp.<p>.<owner>.<episode id>.<kind>
+        try:
+            eid, _ = S.parse_episode_subject(S.unpartitioned(subject))
+        except ValueError:  # not an episode event: nothing a merger would close
+            continue
+        p, count = out.get(eid, (int(subject.split(".")[2]), 0))
+        out[eid] = (p, count + n)
     return out
 
 

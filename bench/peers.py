@@ -266,11 +266,12 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 def _swarm_batch(result: dict[str, Any]) -> str:
     """How many completions swarmrl's steps take, for the report: runs from before its trainer took the
     groups ready (`min_batch_groups`) took a fixed `batch_groups` per step."""
-    if result.get("min_batch_groups", 0) == 0:
+    least = result.get("min_batch_groups", 0)
+    if least == 0:
         return "both systems, every step"
     return (
         "TRL every step, every group trained; swarmrl at most: its trainer takes the groups with unequal "
-        "rewards ready when it is free, at least one, `min_batch_groups = 1` in `bench/peers/swarmrl.toml`"
+        f"rewards ready when it is free, at least `min_batch_groups = {least}` of them (`bench/peers/swarmrl.toml`)"
     )
 
 
