@@ -283,17 +283,31 @@ def _rounds_said(result: dict[str, Any]) -> str:
 def write_md(result: dict[str, Any], out: Path) -> None:
     m = result["machine"]
     rerun = {x["system"] for x in result["runs"] if x.get("rerun")}
+    if "joined" in result:
+        said = "; ".join(
+            f"round {k}: `python bench/peers.py {' '.join(j['argv'])}`, {j['wall_s'] / 60:.0f} min, "
+            f"{j['machine']['date'][:10]}, load average before {j['machine']['load_average']}"
+            for k, j in enumerate(result["joined"], 1)
+        )
+        header = (
+            f"{describe(m)}. Rounds run one invocation each, joined by "
+            f"`python bench/peers.py {' '.join(result['argv'])}`: {said}. TRL {result['trl_version']}."
+        )
+    else:
+        header = (
+            f"{describe(m)}. Command: `python bench/peers.py {' '.join(result['argv'])}`; "
+            f"{result['wall_s'] / 60:.0f} min"
+            + (
+                " in all"
+                if result.get("ran", 1)
+                else " (this invocation: it ran none, the runs came from earlier ones)"
+            )
+            + f". TRL {result['trl_version']}."
+        )
     lines = [
         "# swarmrl vs TRL's GRPOTrainer: calculator, same model, same machine",
         "",
-        f"{describe(m)}. Command: `python bench/peers.py {' '.join(result['argv'])}`; "
-        f"{result['wall_s'] / 60:.0f} min"
-        + (
-            " in all"
-            if result.get("ran", 1)
-            else " (this invocation: it ran none, the runs came from earlier ones)"
-        )
-        + f". TRL {result['trl_version']}.",
+        header,
         "",
         "Both train the bootstrap `tiny` model (Qwen2, 1.8M parameters) from the same warm start on the "
         "`calculator` task: the same prompts and tool, the same reward (the task's own environment), "
@@ -425,6 +439,36 @@ def round_order(round_no: int, first: str) -> list[str]:
     return [first, other] if round_no % 2 else [other, first]
 
 
+JOINED_SAME = ("trl_version", "minutes", "batch", "min_batch_groups", "eval_every")
+"""Settings every report joined into one must share."""
+
+
+def join(results: list[dict[str, Any]], argv: list[str]) -> dict[str, Any]:
+    """One report from the runs of several (rounds run as separate invocations, for example on
+    different days), renumbered in the order given; settings that differ are refused."""
+    for key in JOINED_SAME:
+        values = {json.dumps(r.get(key)) for r in results}
+        if len(values) > 1:
+            raise SystemExit(f"--join: the reports differ in {key} ({', '.join(sorted(values))})")
+    runs: list[dict[str, Any]] = []
+    for res in results:
+        offset = max((x["round"] for x in runs), default=0)
+        runs += [{**x, "round": x["round"] + offset} for x in res["runs"]]
+    first = results[0]
+    return {
+        **{key: first.get(key) for key in JOINED_SAME},
+        "argv": argv,
+        "machine": first["machine"],
+        "joined": [{"argv": r["argv"], "wall_s": r["wall_s"], "machine": r["machine"]} for r in results],
+        "wall_s": sum(r["wall_s"] for r in results),
+        "ran": 0,
+        "runs": runs,
+        "throughput": [{"round": x["round"], "system": x["system"], **throughput(x)} for x in runs],
+        "summary": summarise(runs),
+        "superseded": [x for r in results for x in r.get("superseded", [])],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each run")
@@ -455,9 +499,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report-only", action="store_true", help="rewrite peers.md and peers.png from OUT/peers.json"
     )
+    p.add_argument("--join", nargs="+", type=Path, metavar="PEERS_JSON",
+                   help="write one report in OUT from the runs of these reports (one invocation each, "
+                   "with the same settings), rounds numbered in the order given; runs nothing")  # fmt: skip
     a = p.parse_args(argv)
     if a.batch < GROUP_SIZE or a.batch % GROUP_SIZE:
         p.error(f"--batch {a.batch}: a positive multiple of the group size {GROUP_SIZE}")
+    if a.join:
+        result = join([json.loads(f.read_text()) for f in a.join], argv if argv is not None else sys.argv[1:])
+        write_json("peers", result, a.out)
+        plot(result["runs"], a.out / "peers.png")
+        write_md(result, a.out)
+        return 0
     if a.report_only:
         result = json.loads((a.out / "peers.json").read_text())
         result["summary"] = summarise(result["runs"])

@@ -81,6 +81,13 @@ class TrainerConfig(ServiceConfig):
     (bench/results/peers-20min-round7/). Not the default: steps of one group are noisier, and a
     `just up` run with 1 collapsed from 90.6% to 5.9% held-out success within a minute
     (bench/results/up/calculator-min-batch-groups-1.md)."""
+    batch_wait_s: float = Field(default=0.0, ge=0)
+    """With `min_batch_groups`: how long a free trainer that holds at least `min_batch_groups`
+    trainable groups, and fewer than `batch_groups`, waits for more before it steps with those
+    (0: it steps at once). Early in a run groups with unequal rewards come fast and steps stay full;
+    late, when they are rare, the wait runs out and steps of fewer groups keep the trainer busy. In
+    the peers race 1 s cost steps late (25-32 a minute against 24-72) and time to 98.8% held-out success
+    (19.9 min against 11.0), and did not remove an early dip (bench/results/peers-probe-batch-wait.md)."""
 
     # Loss --------------------------------------------------------------------------------------
     clip_eps_low: float = Field(default=0.2, ge=0)
@@ -135,6 +142,11 @@ class TrainerConfig(ServiceConfig):
     def _check(self) -> TrainerConfig:
         if self.min_group_size > self.num_repeat:
             raise ValueError(f"min_group_size {self.min_group_size} > num_repeat {self.num_repeat}")
+        if self.min_batch_groups > self.batch_groups:
+            raise ValueError(
+                f"min_batch_groups {self.min_batch_groups} > batch_groups {self.batch_groups}: a step "
+                "never takes more than batch_groups groups"
+            )
         if self.lr_scheduler != "constant" and self.max_steps <= 0:
             raise ValueError(
                 f"lr_scheduler {self.lr_scheduler!r} decays to 0 at max_steps: give max_steps > 0"

@@ -64,6 +64,9 @@ class Trainer:
         """The lost-episode records of the groups being trained: acked with their samples."""
         self.dropped: list[tuple[Held, str]] = []
         self._dropped_since = 0.0
+        self._short_since: float | None = None
+        """When a free trainer first held `min_batch_groups` groups but fewer than `batch_groups`
+        (`batch_wait_s`); None while it holds a full batch or too few."""
         """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
         self.state = TrainerState(model=cfg.model, step=0, version=0)
         self.diversity = Diversity()
@@ -234,9 +237,10 @@ class Trainer:
 
     async def _take_batch(self) -> list[Scored] | None:
         """Up to `batch_groups` groups re-scored at the current version, or None while fewer than
-        `min_batch_groups` (0: `batch_groups`) are ready (groups stay queued)."""
+        `min_batch_groups` (0: `batch_groups`) are ready, or fewer than `batch_groups` for less than
+        `batch_wait_s` (groups stay queued)."""
         cfg = self.cfg
-        need = min(cfg.min_batch_groups or cfg.batch_groups, cfg.batch_groups)
+        need = cfg.min_batch_groups or cfg.batch_groups
         taken: list[tuple[Group, GroupScore]] = []
         while self.ready and len(taken) < cfg.batch_groups:
             group = self.ready.popleft()
@@ -244,8 +248,16 @@ class Trainer:
             if score is not None:
                 taken.append((group, score))
         if len(taken) < need:
+            self._short_since = None
+        elif len(taken) < cfg.batch_groups and cfg.batch_wait_s > 0:
+            now = time.monotonic()
+            self._short_since = now if self._short_since is None else self._short_since
+            if now - self._short_since < cfg.batch_wait_s:
+                need = cfg.batch_groups
+        if len(taken) < need:
             self.ready.extendleft(g for g, _ in reversed(taken))
             return None
+        self._short_since = None
         self.inflight = [h for g, _ in taken for h in g.items]
         self.inflight_lost = [m for g, _ in taken for m in g.lost]
         return [Scored(h.sample, a) for g, s in taken for h, a in zip(g.items, s.advantages, strict=True)]

@@ -266,6 +266,39 @@ async def test_min_batch_groups_steps_on_the_groups_that_are_ready(
     await nc.close()
 
 
+@pytest.mark.timeout(120)
+async def test_batch_wait_s_fills_a_step_that_is_short_then_steps_with_fewer(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With `min_batch_groups = 1` and `batch_wait_s`, a free trainer holding two of its four groups
+    waits: two more arriving within the wait make one step of four (without the wait it would step
+    on the first two). One group alone then steps once the wait runs out, instead of waiting for three
+    others. A `min_batch_groups` above `batch_groups` is refused."""
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    await publish(js, group("a") + group("b"))
+    cfg = config(
+        swarm_nats, tiny_model_dir, tmp_path, batch_groups=4, min_batch_groups=1, batch_wait_s=6.0,
+        max_steps=2,
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    run = asyncio.create_task(trainer.run())
+    await wait_for(lambda: len(trainer.ready) == 2 or run.done(), what="the trainer to hold two groups")
+    await publish(js, group("c") + group("d"))
+    await wait_for(lambda: trainer.state.step == 1 or run.done(), timeout=45, what="the first step")
+    await publish(js, group("e"))
+    await asyncio.wait_for(run, timeout=45)  # returns at max_steps = 2
+    first, second = [
+        decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
+    ]
+    assert sorted(first.sample_ids) == sorted(x.sample_id for g in "abcd" for x in group(g))
+    assert sorted(second.sample_ids) == sorted(x.sample_id for x in group("e"))
+    with pytest.raises(ValueError, match="min_batch_groups 5 > batch_groups 4"):
+        TrainerConfig.model_validate(cfg.model_dump() | {"min_batch_groups": 5})
+    await nc.close()
+
+
 def assert_finite_checkpoint(path: str | Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(path)
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
