@@ -439,6 +439,13 @@ def round_order(round_no: int, first: str) -> list[str]:
     return [first, other] if round_no % 2 else [other, first]
 
 
+def write_report(result: dict[str, Any], out: Path) -> None:
+    """`out/peers.json`, `peers.png` and `peers.md` from one result."""
+    write_json("peers", result, out)
+    plot(result["runs"], out / "peers.png")
+    write_md(result, out)
+
+
 JOINED_SAME = ("trl_version", "minutes", "batch", "min_batch_groups", "eval_every")
 """Settings every report joined into one must share."""
 
@@ -506,17 +513,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.batch < GROUP_SIZE or a.batch % GROUP_SIZE:
         p.error(f"--batch {a.batch}: a positive multiple of the group size {GROUP_SIZE}")
     if a.join:
-        result = join([json.loads(f.read_text()) for f in a.join], argv if argv is not None else sys.argv[1:])
-        write_json("peers", result, a.out)
-        plot(result["runs"], a.out / "peers.png")
-        write_md(result, a.out)
+        write_report(
+            join([json.loads(f.read_text()) for f in a.join], argv if argv is not None else sys.argv[1:]),
+            a.out,
+        )
         return 0
     if a.report_only:
         result = json.loads((a.out / "peers.json").read_text())
         result["summary"] = summarise(result["runs"])
-        (a.out / "peers.json").write_text(json.dumps(result, indent=1))
-        plot(result["runs"], a.out / "peers.png")
-        write_md(result, a.out)
+        write_report(result, a.out)
         return 0
     if not TRL_PYTHON.exists():
         raise SystemExit(
@@ -583,9 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarise(runs),
         "superseded": [{**x, "throughput": throughput(x)} for x in superseded],
     }
-    write_json("peers", result, a.out)
-    plot(runs, a.out / "peers.png")
-    write_md(result, a.out)
+    write_report(result, a.out)
     print((a.out / "peers.md").read_text())
     return 0
 

@@ -63,11 +63,11 @@ class Trainer:
         self.inflight_lost: list[Msg] = []
         """The lost-episode records of the groups being trained: acked with their samples."""
         self.dropped: list[tuple[Held, str]] = []
+        """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
         self._dropped_since = 0.0
         self._short_since: float | None = None
         """When a free trainer first held `min_batch_groups` groups but fewer than `batch_groups`
         (`batch_wait_s`); None while it holds a full batch or too few."""
-        """Samples that will not be trained, with the reason: acked once a TrainStep reports them."""
         self.state = TrainerState(model=cfg.model, step=0, version=0)
         self.diversity = Diversity()
         self.learner: Learner | None = None
