@@ -269,9 +269,16 @@ def _swarm_batch(result: dict[str, Any]) -> str:
     least = result.get("min_batch_groups", 0)
     if least == 0:
         return "both systems, every step"
+    guard = result.get("rollback_window") or 0
     return (
         "TRL every step, every group trained; swarmrl at most: its trainer takes the groups with unequal "
         f"rewards ready when it is free, at least `min_batch_groups = {least}` of them (`bench/peers/swarmrl.toml`)"
+        + (
+            f", and rolls back to an earlier version if the train reward of its last {guard} groups "
+            "collapses (`rollback_window`)"
+            if guard
+            else ""
+        )
     )
 
 
@@ -446,7 +453,7 @@ def write_report(result: dict[str, Any], out: Path) -> None:
     write_md(result, out)
 
 
-JOINED_SAME = ("trl_version", "minutes", "batch", "min_batch_groups", "eval_every")
+JOINED_SAME = ("trl_version", "minutes", "batch", "min_batch_groups", "rollback_window", "eval_every")
 """Settings every report joined into one must share."""
 
 
@@ -580,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": a.minutes,
         "batch": a.batch,
         "min_batch_groups": _TRAINER.min_batch_groups,
+        "rollback_window": _TRAINER.rollback_window,
         "eval_every": a.eval_every,
         "wall_s": time.time() - started,
         "ran": ran,

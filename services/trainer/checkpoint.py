@@ -72,10 +72,11 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (and `.tmp` leftovers); return what was deleted."""
+def prune(root: Path, keep: int, pinned: int | None = None) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints (and `.tmp` leftovers), and the step `pinned`
+    (a rollback target, `guard.py`); return what was deleted."""
     found = list_checkpoints(root)
-    doomed = [p for _, p in found[: max(0, len(found) - keep)]]
+    doomed = [p for step, p in found[: max(0, len(found) - keep)] if step != pinned]
     doomed += list(root.glob("step-*.tmp"))  # a crash mid-save; only this process writes here
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)

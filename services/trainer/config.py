@@ -90,6 +90,18 @@ class TrainerConfig(ServiceConfig):
     the peers race 1 s cost steps late (25-32 a minute against 24-72) and time to 98.8% held-out success
     (19.9 min against 11.0), and did not remove an early dip (bench/results/peers-probe-batch-wait.md)."""
 
+    rollback_window: int = Field(default=0, ge=0)
+    """Groups the collapse guard averages the train reward over (`guard.py`); 0: no guard. When a
+    window of groups made by newer versions has a mean reward `rollback_drop` below the best window's,
+    the trainer loads the checkpoint of the best window's newest version back (weights and optimizer
+    state, kept on disk for this) and serves it as a new version. For runs whose steps are small
+    (`min_batch_groups`): round 9 of the peers race went from 90.6% to 0-6% held-out success in seven
+    versions of one-group steps and never came back (bench/results/peers-20min-round9/). One
+    training process only (a trainer under `accelerate launch` refuses it)."""
+    rollback_drop: float = Field(default=0.5, gt=0)
+    """How far (in reward units) a window's mean reward must fall below the best window's for the
+    collapse guard (`rollback_window`) to roll back."""
+
     # Loss --------------------------------------------------------------------------------------
     clip_eps_low: float = Field(default=0.2, ge=0)
     """PPO ratio clip below: ratio >= 1 - clip_eps_low."""

@@ -17,6 +17,7 @@ not applied (`StepResult.skipped` names its samples), and `save` refuses non-fin
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import math
 import shutil
@@ -89,6 +90,8 @@ class Learner:
         trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's
         optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        """The optimizer's state before any update: what a rollback to the base model restores."""
         # Stepped once per trainer step, on every process alike (not prepared: Accelerate would step
         # it once per process); its state is checkpointed beside the optimizer's.
         schedule = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
@@ -322,6 +325,28 @@ class Learner:
         sched = checkpoint / f"scheduler-rank{self.accelerator.process_index}.pt"
         if sched.is_file():  # checkpoints from before schedules start the schedule over
             self.scheduler.load_state_dict(torch.load(sched, map_location="cpu", weights_only=False))
+
+    def restore(self, weights: str | Path) -> None:
+        """Load the weights of `weights` (a checkpoint, or the base model directory) into the live
+        model in place, with that checkpoint's optimizer and schedule state (the base model's: a fresh
+        optimizer, the schedule kept): a rollback (`guard.py`). One training process only: under
+        DDP/FSDP a rollback would have to reload every process's shard, which this does not do."""
+        if self.accelerator.num_processes > 1:
+            raise NotImplementedError("a rollback in place runs on one training process only")
+        model = self.accelerator.unwrap_model(self.model)
+        if self.cfg.lora_rank:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(model, load_file(Path(weights) / "adapter_model.safetensors"))
+        else:
+            loaded = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
+            model.load_state_dict(loaded.state_dict())
+        if (Path(weights) / f"optimizer-rank{self.accelerator.process_index}.pt").is_file():
+            self.load_optimizer(Path(weights))
+        else:
+            self.optimizer.load_state_dict(copy.deepcopy(self._fresh_optimizer))
+        self.check_weights(f"restored from {weights}")
 
 
 def load_trainable(cfg: TrainerConfig, weights: str | Path) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import statistics
 import time
 from collections import Counter, deque
@@ -44,6 +45,7 @@ from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.diversity import Diversity
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held, Stall
 from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
+from swarmrl.services.trainer.guard import RewardGuard
 from swarmrl.services.trainer.intake import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
 
@@ -70,6 +72,9 @@ class Trainer:
         (`batch_wait_s`); None while it holds a full batch or too few."""
         self.state = TrainerState(model=cfg.model, step=0, version=0)
         self.diversity = Diversity()
+        self.guard = RewardGuard(cfg.rollback_window, cfg.rollback_drop)
+        self._rollback_to: int | None = None
+        """The version the collapse guard wants back, until the trainer is free to load it."""
         self.learner: Learner | None = None
         self.kv: KeyValue | None = None
         self.dead_letters: bus.DeadLetters | None = None
@@ -86,6 +91,8 @@ class Trainer:
         found = latest(self.root)
         weights = found[1] if found else self.cfg.model_path
         self.learner = learner = await asyncio.to_thread(Learner, self.cfg, weights)
+        if self.cfg.rollback_window and learner.accelerator.num_processes > 1:
+            raise ValueError("rollback_window: the collapse guard runs on one training process only")
         if found:
             self.state = TrainerState.read(found[1])
             self.counts.update(self.state.counts)
@@ -142,6 +149,8 @@ class Trainer:
             if step_task is not None and step_task.done():
                 step_task.result()  # a failed step raises here: the process exits, a restart resumes
                 step_task = None
+            if step_task is None and self._rollback_to is not None:
+                await self._rollback(self._rollback_to)
             if step_task is None and not self._done():
                 batch = await self._take_batch()
                 if batch is not None:
@@ -168,10 +177,48 @@ class Trainer:
         )  # fmt: skip
 
     def _observe(self, group: Group) -> None:
-        """Count a formed group's task instance (`Diversity`), whatever its scores."""
-        sample = group.items[0].sample
-        if warning := self.diversity.observe(sample.task or self.cfg.model, sample.task_id):
+        """Count a formed group's task instance (`Diversity`) and its reward (`RewardGuard`), whatever
+        its scores."""
+        samples = [h.sample for h in group.items]
+        if warning := self.diversity.observe(samples[0].task or self.cfg.model, samples[0].task_id):
             log.warning("model=%s %s", self.cfg.model, warning)
+        version = max(max(s.policy_versions, default=-1) for s in samples)
+        rewards = [s.reward for s in samples]
+        if all(math.isfinite(r) for r in rewards):  # a NaN reward is the group's problem, not a collapse
+            target = self.guard.observe(version, statistics.fmean(rewards))
+            if target is not None and self._rollback_to is None:
+                self._rollback_to = target
+                log.warning(
+                    "model=%s train reward collapsed: last %d groups (versions > %d) average %.3f, the best "
+                    "window %.3f; rolling back to version %d",
+                    self.cfg.model, self.guard.window, target, statistics.fmean(r for _, r in self.guard.recent),
+                    self.guard.best, target,
+                )  # fmt: skip
+
+    async def _rollback(self, target: int) -> None:
+        """Load version `target` (its checkpoint, or the base model for 0) back into the learner and
+        serve it as a new version: the next step's number. Called while no step runs."""
+        self._rollback_to = None
+        path = step_dir(self.root, target) if target > 0 or self.cfg.lora_rank else self.base
+        if not path.is_dir():
+            log.error("model=%s cannot roll back: %s is gone; training on", self.cfg.model, path)
+            self.guard.rolled_back(self.version + 1)
+            return
+        learner = self.learner
+        assert learner is not None
+        step = self.state.step + 1
+        self.counts["rollbacks"] += 1
+        state = TrainerState(self.cfg.model, step, step, [], dict(self.counts))
+
+        def restore_and_save() -> None:
+            learner.restore(path)
+            learner.save(step_dir(self.root, step), state)
+
+        await asyncio.to_thread(restore_and_save)
+        self.state = state
+        self.guard.rolled_back(step)
+        await self._put_version(step_dir(self.root, step))
+        log.warning("model=%s rolled back to version %d, served as version %d", self.cfg.model, target, step)
 
     def _handles(self) -> list[Msg]:
         """Every unacked message this trainer holds: samples waiting for a group, queued, being
@@ -294,7 +341,7 @@ class Trainer:
         await ack_all(h.handle for h in self.inflight)
         await ack_all([*self.inflight_lost, *(h.handle for h, _ in reported), *self._take_spent()])
         self.inflight, self.inflight_lost = [], []
-        await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints)
+        await asyncio.to_thread(prune, self.root, self.cfg.keep_checkpoints, self.guard.good_version)
         if self._done():
             log.info("model=%s reached max_steps=%d", self.cfg.model, self.cfg.max_steps)
             self.stop()

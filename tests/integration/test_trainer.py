@@ -299,6 +299,67 @@ async def test_batch_wait_s_fills_a_step_that_is_short_then_steps_with_fewer(
     await nc.close()
 
 
+def rewarded(name: str, rewards: list[float], version: int) -> list[Sample]:
+    return [
+        make_sample(
+            f"{name}-ep{i}", r, group=name, prompt=20, gen=30, vocab=VOCAB, model=MODEL, version=version
+        )
+        for i, r in enumerate(rewards)
+    ]
+
+
+def weights(path: str | Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+
+@pytest.mark.timeout(150)
+async def test_a_collapsed_train_reward_rolls_the_policy_back_to_the_best_windows_version(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollback_window`: groups made by versions 1-2 average 0.75, then groups of versions 3-4 score 0
+    (a collapse). The trainer loads version 2's checkpoint back (kept on disk although
+    `keep_checkpoints = 1`), weights and optimizer state, and serves it as version 5; groups of the
+    collapsed versions still arriving do not roll it back again."""
+    nc = await bus.connect(swarm_nats.service_url, "test")
+    js = nc.jetstream()
+    cfg = config(
+        swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, keep_checkpoints=1, rollback_window=2,
+        rollback_drop=0.3,
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    run = asyncio.create_task(trainer.run())
+
+    async def step(n: int) -> None:
+        await wait_for(lambda: trainer.state.step == n or run.done(), timeout=45, what=f"step {n}")
+        assert not run.done(), run.result()
+
+    await publish(js, rewarded("a", [0.0, 1.0, 0.0, 0.0], 0) + rewarded("b", [0.0, 1.0, 0.0, 0.0], 0))
+    await step(2)
+    await publish(js, rewarded("c", [1.0, 1.0, 1.0, 0.0], 1) + rewarded("d", [1.0, 1.0, 1.0, 0.0], 2))
+    await step(4)
+    root = tmp_path / "run" / "checkpoints" / MODEL
+    assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-4"]  # step-2 pinned, step-3 pruned
+    before = weights(root / "step-2")
+    collapsed = weights(root / "step-4")
+    await publish(js, rewarded("e", [0.0] * 4, 3) + rewarded("f", [0.0] * 4, 4))
+    await step(5)
+    assert trainer.counts["rollbacks"] == 1 and trainer.guard.since == 5
+    restored = weights(root / "step-5")
+    assert all(torch.equal(restored[k], before[k]) for k in before)
+    assert any(not torch.equal(restored[k], collapsed[k]) for k in before)
+    adam = [torch.load(root / f"step-{n}" / "optimizer-rank0.pt", weights_only=False) for n in (2, 5)]
+    assert adam[0]["state"][0]["step"] == adam[1]["state"][0]["step"] == 2  # version 2's AdamW state
+    kv = await bus.models_kv(js)
+    assert [(v.version, Path(v.path).name) for v in await versions(kv)][-1] == (5, "step-5")
+    # Late groups of the collapsed versions are not counted; the restored policy's groups train on.
+    await publish(js, rewarded("g", [0.0] * 4, 4) + rewarded("h", [0.0] * 4, 3) + rewarded("i", REWARDS, 5))
+    await step(6)
+    assert trainer.counts["rollbacks"] == 1
+    trainer.stop()
+    await asyncio.wait_for(run, timeout=30)
+    await nc.close()
+
+
 def assert_finite_checkpoint(path: str | Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(path)
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]

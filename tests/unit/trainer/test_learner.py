@@ -1,5 +1,6 @@
 """The update on the project's real tiny model (random init): packing, learning signal, checkpoints."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,36 @@ def test_bf16_autocast_trains_with_fp32_weights(tiny_model_dir: Path) -> None:
         runs[precision] = before
     assert runs["bf16"] != runs["no"]  # bf16 rounding: the forward ran under autocast
     assert runs["bf16"] == pytest.approx(runs["no"], abs=0.1)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_restore_loads_a_checkpoint_or_the_base_model_back_in_place(
+    cfg: TrainerConfig, tmp_path: Path, lora_rank: int
+) -> None:
+    """A rollback (`Learner.restore`): the trainable weights and AdamW state of an earlier checkpoint
+    replace the live ones; restoring the base model (version 0 of a full-weights run) empties AdamW."""
+    cfg = cfg.model_copy(update={"lora_rank": lora_rank})
+    learner = Learner(cfg, cfg.model_path)
+
+    def trainable() -> dict[str, torch.Tensor]:
+        model = learner.accelerator.unwrap_model(learner.model)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    learner.train_step(_items(2), version=0)
+    good = step_dir(tmp_path / "checkpoints" / "tiny", 1)
+    learner.save(good, TrainerState("tiny", 1, 1))
+    kept, moments = trainable(), copy.deepcopy(learner.optimizer.state_dict()["state"])  # live tensors
+    for _ in range(2):
+        learner.train_step(_items(2, adv=-1.0), version=1)
+    assert any(not torch.equal(p, kept[n]) for n, p in trainable().items())
+    learner.restore(good)
+    assert all(torch.equal(p, kept[n]) for n, p in trainable().items())
+    assert all(
+        torch.equal(a["exp_avg"], b["exp_avg"])
+        for a, b in zip(learner.optimizer.state_dict()["state"].values(), moments.values(), strict=True)
+    )
+    if not lora_rank:
+        learner.restore(cfg.model_path)
+        base = AutoModelForCausalLM.from_pretrained(cfg.model_path).state_dict()
+        assert all(torch.equal(p, base[n]) for n, p in trainable().items())
+        assert learner.optimizer.state_dict()["state"] == {}
