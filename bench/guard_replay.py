@@ -17,16 +17,18 @@ from swarmrl.services.ledger.query import connect
 from swarmrl.services.trainer.guard import RewardGuard
 
 
-def groups(run_dir: Path) -> list[tuple[float, str, float, int]]:
-    """(completion time in s since the first group, group key, mean reward, newest version) of every
+def groups(run_dir: Path) -> list[tuple[float, str, float, int, int]]:
+    """(completion time in s since the first group, group key, mean reward, oldest and newest
+    generating version) of every
     whole training group of the run, in completion order (evaluation episodes left out)."""
     con = connect(run_dir)
     rows = con.sql(
         """
         with calls as (
-          select episode_id, max(policy_version) as version from llm_calls group by episode_id
+          select episode_id, min(policy_version) as oldest, max(policy_version) as newest
+          from llm_calls where policy_version >= 0 group by episode_id
         )
-        select e.group_key, max(e.end_ts) as done, avg(e.reward) as reward, max(c.version) as version
+        select e.group_key, max(e.end_ts) as done, avg(e.reward) as reward, min(c.oldest), max(c.newest)
         from episodes e join calls c using (episode_id)
         where e.status = 'ok' and not coalesce(e.eval, false) and e.group_key is not null
         group by e.group_key
@@ -36,7 +38,7 @@ def groups(run_dir: Path) -> list[tuple[float, str, float, int]]:
     if not rows:
         raise SystemExit(f"{run_dir}: no ended training episodes in its ledger")
     t0 = rows[0][1]
-    return [(float(done - t0), key, float(reward), int(version)) for key, done, reward, version in rows]
+    return [(float(done - t0), key, float(r), int(old), int(new)) for key, done, r, old, new in rows]
 
 
 def main() -> None:
@@ -49,15 +51,11 @@ def main() -> None:
         found = groups(run_dir)
         guard = RewardGuard(a.window, a.drop)
         verdict = "no rollback"
-        for at, _key, reward, version in found:
-            target = guard.observe(version, reward)
+        for at, _key, reward, oldest, newest in found:
+            target = guard.observe(oldest, newest, reward)
             if target is not None:
-                versions = [v for v, _ in guard.recent]
-                recent = sum(r for _, r in guard.recent) / len(guard.recent)
-                verdict = (
-                    f"at {at / 60:.2f} min groups of versions {min(versions)}-{max(versions)} averaged "
-                    f"{recent:.3f} against the best window's {guard.best:.3f}: roll back to version {target}"
-                )
+                lo, hi = min(old for old, _, _ in guard.recent), max(new for _, new, _ in guard.recent)
+                verdict = f"at {at / 60:.2f} min groups of versions {lo}-{hi} averaged {guard.mean():.3f} against the best window's {guard.best:.3f}: roll back to version {target}"
                 break
         print(
             f"{run_dir}: {len(found)} groups over {found[-1][0] / 60:.1f} min, window {a.window}, drop "

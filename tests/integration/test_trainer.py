@@ -28,12 +28,12 @@ VOCAB = 500  # token ids drawn below the tiny model's vocabulary (about 800)
 REWARDS = [1.0, 0.0, 0.5, 0.0]
 
 
-def group(name: str, version: int = 0) -> list[Sample]:
+def group(name: str, version: int = 0, rewards: list[float] = REWARDS) -> list[Sample]:
     return [
         make_sample(
             f"{name}-ep{i}", r, group=name, prompt=20, gen=30, vocab=VOCAB, model=MODEL, version=version
         )
-        for i, r in enumerate(REWARDS)
+        for i, r in enumerate(rewards)
     ]
 
 
@@ -299,15 +299,6 @@ async def test_batch_wait_s_fills_a_step_that_is_short_then_steps_with_fewer(
     await nc.close()
 
 
-def rewarded(name: str, rewards: list[float], version: int) -> list[Sample]:
-    return [
-        make_sample(
-            f"{name}-ep{i}", r, group=name, prompt=20, gen=30, vocab=VOCAB, model=MODEL, version=version
-        )
-        for i, r in enumerate(rewards)
-    ]
-
-
 def weights(path: str | Path) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(path).state_dict()
 
@@ -317,14 +308,14 @@ async def test_a_collapsed_train_reward_rolls_the_policy_back_to_the_best_window
     swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """`rollback_window`: groups made by versions 1-2 average 0.75, then groups of versions 3-4 score 0
-    (a collapse). The trainer loads version 2's checkpoint back (kept on disk although
-    `keep_checkpoints = 1`), weights and optimizer state, and serves it as version 5; groups of the
-    collapsed versions still arriving do not roll it back again."""
+    (a collapse). The trainer loads version 2's checkpoint back (pinned on disk past the newest
+    checkpoints it keeps), weights and optimizer state, and serves it as version 5; samples of the
+    collapsed versions still arriving are dropped, and do not roll it back again."""
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
     cfg = config(
-        swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, keep_checkpoints=1, rollback_window=2,
-        rollback_drop=0.3,
+        swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, keep_checkpoints=1, max_staleness=1,
+        rollback_window=2, rollback_drop=0.3,
     )  # fmt: skip
     trainer = Trainer(cfg)
     run = asyncio.create_task(trainer.run())
@@ -333,15 +324,16 @@ async def test_a_collapsed_train_reward_rolls_the_policy_back_to_the_best_window
         await wait_for(lambda: trainer.state.step == n or run.done(), timeout=45, what=f"step {n}")
         assert not run.done(), run.result()
 
-    await publish(js, rewarded("a", [0.0, 1.0, 0.0, 0.0], 0) + rewarded("b", [0.0, 1.0, 0.0, 0.0], 0))
+    await publish(js, group("a", 0, [0.0, 1.0, 0.0, 0.0]) + group("b", 0, [0.0, 1.0, 0.0, 0.0]))
     await step(2)
-    await publish(js, rewarded("c", [1.0, 1.0, 1.0, 0.0], 1) + rewarded("d", [1.0, 1.0, 1.0, 0.0], 2))
+    await publish(js, group("c", 1, [1.0, 1.0, 1.0, 0.0]) + group("d", 2, [1.0, 1.0, 1.0, 0.0]))
     await step(4)
     root = tmp_path / "run" / "checkpoints" / MODEL
-    assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-4"]  # step-2 pinned, step-3 pruned
+    # The guard keeps max_staleness + 1 = 2 checkpoints (step-2 is still one of them).
+    assert {"step-3", "step-4"} <= {p.name for p in root.iterdir()}
     before = weights(root / "step-2")
     collapsed = weights(root / "step-4")
-    await publish(js, rewarded("e", [0.0] * 4, 3) + rewarded("f", [0.0] * 4, 4))
+    await publish(js, group("e", 3, [0.0] * 4) + group("f", 4, [0.0] * 4))
     await step(5)
     assert trainer.counts["rollbacks"] == 1 and trainer.guard.since == 5
     restored = weights(root / "step-5")
@@ -351,10 +343,17 @@ async def test_a_collapsed_train_reward_rolls_the_policy_back_to_the_best_window
     assert adam[0]["state"][0]["step"] == adam[1]["state"][0]["step"] == 2  # version 2's AdamW state
     kv = await bus.models_kv(js)
     assert [(v.version, Path(v.path).name) for v in await versions(kv)][-1] == (5, "step-5")
-    # Late groups of the collapsed versions are not counted; the restored policy's groups train on.
-    await publish(js, rewarded("g", [0.0] * 4, 4) + rewarded("h", [0.0] * 4, 3) + rewarded("i", REWARDS, 5))
+    # Late groups of the thrown-away versions 3-4 are neither counted by the guard nor trained, even
+    # one with a learning signal (g); the restored policy's groups train on.
+    await publish(js, group("g", 4) + group("h", 4, [0.0] * 4) + group("i", 5))
     await step(6)
-    assert trainer.counts["rollbacks"] == 1
+    assert trainer.counts["rollbacks"] == 1 and trainer.counts["dropped_rolled_back"] == 8
+    # step-2 stays pinned past the two newest (step-5, step-6): the guard's good version.
+    await wait_for(
+        lambda: sorted(p.name for p in root.iterdir()) == ["step-2", "step-5", "step-6"], what="pruning"
+    )
+    last = decode((await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS"))[-1].data, TrainStep)
+    assert last.step == 6 and sorted(last.sample_ids) == sorted(x.sample_id for x in group("i", 5))
     trainer.stop()
     await asyncio.wait_for(run, timeout=30)
     await nc.close()

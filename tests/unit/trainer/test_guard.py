@@ -7,8 +7,9 @@ from swarmrl.services.trainer.guard import RewardGuard
 
 
 def feed(guard: RewardGuard, groups: list[tuple[int, float]]) -> list[int]:
-    """Observe each (version, reward); the versions the guard asked to roll back to, in order."""
-    return [t for v, r in groups if (t := guard.observe(v, r)) is not None]
+    """Observe each (version, reward) of groups made by one version; the versions the guard asked to
+    roll back to, in order."""
+    return [t for v, r in groups if (t := guard.observe(v, v, r)) is not None]
 
 
 def test_a_collapse_rolls_back_to_the_newest_version_of_the_best_window() -> None:
@@ -28,7 +29,9 @@ def test_noise_and_slow_dips_below_the_drop_do_not_roll_back() -> None:
     assert feed(guard, wobbly + dip) == []
 
 
-def test_after_a_rollback_only_the_restored_policys_groups_count_and_a_new_collapse_rolls_back_again() -> None:
+def test_after_a_rollback_only_the_restored_policys_groups_count_and_a_new_collapse_rolls_back_again() -> (
+    None
+):
     guard = RewardGuard(window=2, drop=0.3)
     assert feed(guard, [(1, 0.8), (2, 0.8), (3, 0.0), (4, 0.0)]) == [2]
     guard.rolled_back(5)  # version 2's weights, served as version 5
@@ -36,6 +39,20 @@ def test_after_a_rollback_only_the_restored_policys_groups_count_and_a_new_colla
     assert feed(guard, [(4, 0.0), (3, 0.0), (5, 0.8), (6, 0.9)]) == []
     assert guard.good_version == 6
     assert feed(guard, [(7, 0.1), (8, 0.1)]) == [6]
+
+
+def test_groups_begun_by_a_collapsed_version_do_not_count_after_the_rollback() -> None:
+    """Multi-turn episodes span versions: a group whose first turns the collapsed policy played, and
+    whose last ones the restored policy did, says nothing about the restored policy."""
+    guard = RewardGuard(window=2, drop=0.3)
+    assert feed(guard, [(1, 0.9), (2, 0.9), (3, 0.0), (4, 0.0)]) == [2]
+    guard.rolled_back(5)
+    assert guard.observe(4, 5, 0.0) is None and guard.observe(3, 6, 0.0) is None
+    assert not guard.recent
+    # Nor does a window that still holds a group begun by the good version or before roll back.
+    assert guard.observe(5, 5, 0.9) is None and guard.observe(6, 6, 0.9) is None  # best: good = 6
+    assert guard.observe(6, 7, 0.0) is None and guard.observe(7, 7, 0.0) is None
+    assert guard.observe(7, 8, 0.0) == 6
 
 
 def test_a_window_of_zero_never_rolls_back() -> None:
