@@ -81,7 +81,8 @@ class TrainerConfig(ServiceConfig):
     (bench/results/peers-20min-round7/). Not the default: steps of one group are noisier, and a
     `just up` run with 1 collapsed from 90.6% to 5.9% held-out success within a minute
     (bench/results/up/calculator-min-batch-groups-1.md), as did round 9 of the peers race at 2 min
-    (its tool calls broke; bench/results/peers-20min-round9/)."""
+    (its tool calls broke; bench/results/peers-20min-round9/). `rollback_window` brings such a fall
+    back (bench/results/peers-20min-round10/)."""
     batch_wait_s: float = Field(default=0.0, ge=0)
     """With `min_batch_groups`: how long a free trainer that holds at least `min_batch_groups`
     trainable groups, and fewer than `batch_groups`, waits for more before it steps with those
