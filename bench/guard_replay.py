@@ -1,11 +1,11 @@
 """Replay a recorded run's groups through the collapse guard (`services/trainer/guard.py`).
 
 `python bench/guard_replay.py RUN_DIR [RUN_DIR ...] [--window N] [--drop D]` reads each run's ledger
-(the groups' rewards, from `episodes`, and the newest policy version of each group's model calls,
-from `llm_calls`), feeds the groups to `RewardGuard` in the order they completed, as the trainer
-would have, and prints when it would first have rolled back and to which version. It judges guard settings on
-runs that collapsed and on runs that did not, without training again; a rollback changes everything
-after it, so the first verdict is the only one a recorded run can tell.
+(the groups' rewards, from `episodes`, and the oldest and newest policy versions of each group's
+model calls, from `llm_calls`), feeds the groups to `RewardGuard` in the order they completed, as the
+trainer would have, and prints when it would first have rolled back and to which version. It judges
+guard settings on runs that collapsed and on runs that did not, without training again; a rollback
+changes everything after it, so the first verdict is the only one a recorded run can tell.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from swarmrl.services.trainer.guard import RewardGuard
 
 def groups(run_dir: Path) -> list[tuple[float, str, float, int, int]]:
     """(completion time in s since the first group, group key, mean reward, oldest and newest
-    generating version) of every
-    whole training group of the run, in completion order (evaluation episodes left out)."""
+    generating version) of every whole training group of the run, in completion order (evaluation
+    episodes left out)."""
     con = connect(run_dir)
     rows = con.sql(
         """
@@ -55,7 +55,10 @@ def main() -> None:
             target = guard.observe(oldest, newest, reward)
             if target is not None:
                 lo, hi = min(old for old, _, _ in guard.recent), max(new for _, new, _ in guard.recent)
-                verdict = f"at {at / 60:.2f} min groups of versions {lo}-{hi} averaged {guard.mean():.3f} against the best window's {guard.best:.3f}: roll back to version {target}"
+                verdict = (
+                    f"at {at / 60:.2f} min groups of versions {lo}-{hi} averaged {guard.mean():.3f} against "
+                    f"the best window's {guard.best:.3f}: roll back to version {target}"
+                )
                 break
         print(
             f"{run_dir}: {len(found)} groups over {found[-1][0] / 60:.1f} min, window {a.window}, drop "

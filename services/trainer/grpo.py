@@ -51,9 +51,14 @@ def check_sample(sample: Sample, model: str, vocab_size: int) -> str | None:
     return None
 
 
+def generated_versions(sample: Sample) -> list[int]:
+    """The policy version of every trained token of `sample` whose version is known."""
+    return [v for v, m in zip(sample.policy_versions, sample.loss_mask, strict=True) if m and v >= 0]
+
+
 def staleness(sample: Sample, version: int) -> int:
     """How many versions the oldest generated token of `sample` is behind `version` (>= 0)."""
-    versions = [v for v, m in zip(sample.policy_versions, sample.loss_mask, strict=True) if m and v >= 0]
+    versions = generated_versions(sample)
     return max(0, version - min(versions)) if versions else 0
 
 

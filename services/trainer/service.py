@@ -46,7 +46,7 @@ from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, l
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.diversity import Diversity
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Held, Stall
-from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
+from swarmrl.services.trainer.grpo import GroupScore, generated_versions, score_group, staleness
 from swarmrl.services.trainer.guard import RewardGuard
 from swarmrl.services.trainer.intake import SampleIntake, ack_all, dead_letter_all, keep_alive, nak_all
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
@@ -187,9 +187,7 @@ class Trainer:
         samples = [h.sample for h in group.items]
         if warning := self.diversity.observe(samples[0].task or self.cfg.model, samples[0].task_id):
             log.warning("model=%s %s", self.cfg.model, warning)
-        versions = [
-            v for s in samples for v, m in zip(s.policy_versions, s.loss_mask, strict=True) if m and v >= 0
-        ]
+        versions = [v for s in samples for v in generated_versions(s)]
         rewards = [s.reward for s in samples]
         # A NaN reward is the group's problem, not a collapse; samples of unknown versions say nothing.
         if versions and all(math.isfinite(r) for r in rewards):
