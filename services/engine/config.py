@@ -14,6 +14,11 @@ class EngineConfig(ServiceConfig):
     """Models served as LoRA adapters of this engine's base (repeatable; each watches its own KV key and
     loads every version as its adapter; requests name it in `lora_path`). Empty: `model` is served as
     full weights. `swarmrl up` sets it for models that train LoRA (`lora_rank`)."""
+    merge_lora: bool = True
+    """An engine that serves one LoRA adapter merges it into its weights at every version, so it
+    decodes at the base model's speed (peft's unmerged adapter cost 1.2-2.4x a decode step of a 135M
+    model, `bench/results/real-model.md`); it then serves only that adapter. False serves it through
+    peft beside the base. Engines serving several adapters always go through peft (embedded)."""
     model_path: str = ""
     """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
     base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""
@@ -42,8 +47,9 @@ class EngineConfig(ServiceConfig):
     """Most requests decoded together in one batch (embedded; vLLM's `--max-num-seqs`)."""
     device: str = "cpu"
     """Embedded backend: torch device (`cpu`, `cuda`, `cuda:1`)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the model runs in (embedded; vLLM's `--dtype`)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the model runs in (embedded; vLLM's `--dtype`). `auto`: bfloat16 for a model of at least
+    100M parameters, float32 below (`swarmrl.core.precision`)."""
     context_length: int = 0
     """Most tokens (prompt + output) per request (embedded; vLLM's `--max-model-len`); 0: the model's
     max_position_embeddings."""

@@ -70,8 +70,11 @@ from torch.nn.functional import pad
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import Cache
 
+from swarmrl.core.precision import resolve_dtype
 from swarmrl.services.engine import model_dir
+from swarmrl.services.engine.attention import ENGINE_ATTENTION
 from swarmrl.services.engine.kv_batch import KVBatch, cache_argument, left_padded, new_cache, row_kv
+from swarmrl.services.engine.lora import Merged, peft_load
 from swarmrl.services.engine.outputs import GenerationOutput, RequestStream, Step
 from swarmrl.services.engine.prefill_plan import buckets, waves
 from swarmrl.services.engine.prefix_cache import PrefixCache
@@ -129,17 +132,24 @@ class EngineCore:
         *,
         max_batch: int = 16,
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = "auto",
         weight_version: str = "0",
         seed: int = 0,
         context_length: int | None = None,
         adapters: Sequence[str] = (),
         prefix_cache_mib: int = 256,
+        merge_lora: bool = True,
     ) -> None:
         self.model_path = str(model_path)
         self.max_batch = max_batch
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
+        # On the CPU: `attention.py` (two matmuls per call) instead of SDPA, which costs more than its
+        # arithmetic at decode shapes; on CUDA, torch's fused kernels.
+        attn = {"attn_implementation": ENGINE_ATTENTION} if self.device.type == "cpu" else {}
+        self.dtype = resolve_dtype(dtype, self.model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=getattr(torch, self.dtype), **attn
+        )
         self.model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to() oddly
         self.tokenizer = model_dir.load_tokenizer(self.model_path)
         self.tokenizer_path = self.model_path if self.tokenizer is not None else None
@@ -158,6 +168,9 @@ class EngineCore:
         self.adapter_versions: dict[str, str] = dict.fromkeys(adapters, self.weight_version)
         """Adapter name -> the version of its weights; one not loaded yet runs as the base (a fresh
         adapter's B is 0: the same outputs)."""
+        self._merged = Merged(self.base) if merge_lora and len(adapters) == 1 else None
+        """With one adapter and `merge_lora`: it is merged into the weights (`lora.py`), and every
+        request must name it."""
         self._generator = torch.Generator(self.device).manual_seed(seed)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._batch: KVBatch[_Row] = KVBatch(self.device)
@@ -312,6 +325,12 @@ class EngineCore:
 
     def check_adapter(self, adapter: str | None) -> None:
         """ValueError unless `adapter` is None (the base) or one of the engine's adapters."""
+        if adapter is None and self._merged is not None:
+            (only,) = self.adapter_versions
+            raise ValueError(
+                f"this engine serves LoRA adapter {only!r} merged into its weights (merge_lora): name it "
+                "(lora_path); an engine with merge_lora = false serves the base beside it"
+            )
         if adapter is not None and adapter not in self.adapter_versions:
             served = sorted(self.adapter_versions) or "none"
             raise ValueError(f"unknown LoRA adapter {adapter!r}; this engine serves adapters: {served}")
@@ -552,7 +571,7 @@ class EngineCore:
     def _advance(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample one token for each of `rows` (the batch's last rows), then retire finished rows."""
         tokens, logprobs = sample(
-            logits, [r.params for r in rows], [r.generator for r in rows], self._generator
+            logits, [r.params for r in rows], [r.generator for r in rows], self._generator, scratch=True
         )
         for row, tok, lp in zip(rows, tokens, logprobs, strict=True):
             row.output_ids.append(tok)
@@ -644,31 +663,14 @@ class EngineCore:
         swap.done.set_result(self.weight_version)
 
     def _apply_adapter(self, swap: _Swap) -> None:
-        """Load adapter `swap.adapter` into peft's wrapper of the base (made on the first adapter)."""
-        from peft import get_peft_model, set_peft_model_state_dict
-
-        name, config = swap.adapter, swap.lora_config
+        """Load adapter `swap.adapter`: merged into the weights (`lora.Merged`) or through peft."""
+        name = swap.adapter
         assert name is not None
-        model: Any = self.model  # peft's PeftModel once wrapped
         try:
-            if self.model is self.base:
-                self.model = get_peft_model(self.base, config, adapter_name=name).eval()
-            elif name not in model.peft_config:
-                model.add_adapter(name, config)
+            if self._merged is not None:
+                self._merged.load(swap.tensors, swap.lora_config)
             else:
-                old = model.peft_config[name]
-                if (old.r, old.lora_alpha, old.target_modules) != (
-                    config.r,
-                    config.lora_alpha,
-                    config.target_modules,
-                ):
-                    raise ValueError(
-                        f"adapter {name!r} changed shape (rank {old.r} -> {config.r}, alpha "
-                        f"{old.lora_alpha} -> {config.lora_alpha}, targets); restart the engine for it"
-                    )
-            result: Any = set_peft_model_state_dict(self.model, swap.tensors, adapter_name=name)
-            if result.unexpected_keys:
-                raise ValueError(f"adapter tensors match no module: {result.unexpected_keys[:3]}")
+                self.model = peft_load(self.model, self.base, name, swap.tensors, swap.lora_config)
         except Exception as exc:  # reported to the caller; the engine keeps serving what it had
             swap.done.set_exception(exc)
             return

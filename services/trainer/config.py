@@ -31,10 +31,10 @@ class TrainerConfig(ServiceConfig):
     of linear warmup from 0; `linear` and `cosine` decay to 0 at `max_steps`."""
     warmup_steps: int = Field(default=0, ge=0)
     """Trainer steps of linear learning-rate warmup (0: none)."""
-    mixed_precision: Literal["no", "bf16"] | None = None
+    mixed_precision: Literal["auto", "no", "bf16"] | None = "auto"
     """`bf16`: forward and backward under bf16 autocast (CPU and GPU, through Accelerate); the
-    weights and the optimizer state stay fp32. None: what `accelerate launch`'s config says (fp32
-    when the trainer runs alone)."""
+    weights and the optimizer state stay fp32. `auto`: bf16 for a model of at least 100M parameters,
+    `no` below (`swarmrl.core.precision`). None: what `accelerate launch`'s config says."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -136,6 +136,13 @@ class TrainerConfig(ServiceConfig):
     More than 1 learns more from each sample, at that many times the trainer's compute per step."""
     keep_checkpoints: int = Field(default=3, ge=1)
     """Checkpoints kept on disk (older ones are deleted; engines get time to load the newest)."""
+    optimizer_state_every: int = Field(default=0, ge=0)
+    """Steps between saves of the optimizer state beside a checkpoint's weights (step 0 included).
+    0: every step while the trained weights are under 100M parameters (an adapter, a tiny model),
+    every 10 steps above: for a model trained in full the state is twice the weights (1 GB at 135M
+    parameters) and writing it every step doubled a step's time (`bench/results/real-model.md`). A
+    resumed (or rolled back) trainer takes its checkpoint's weights, which are exact, and the newest
+    optimizer state at or before it."""
     max_steps: int = Field(default=0, ge=0)
     """Stop after this many steps in total (counting resumed ones); 0 runs forever."""
 
