@@ -4,9 +4,9 @@ A study is a TOML file (`swarmrl research --template` prints a commented one). T
 arm are `swarmrl up` flags (without the dashes: `lr = 3e-4`, `config = "../examples/cocktail.toml"`,
 `trainer-arg = ["--kl-coef=0.01"]`); an arm's flags replace the baseline's of the same name, and the
 baseline itself runs as the first arm (`baseline.name`). `load_study` validates everything before a
-single run starts: the schema (pydantic), every flag against `swarmrl up`'s own parser, every arm's
-resulting swarm description (`swarmrl.swarm`), and the metric SQL on an empty ledger; the errors
-name the entry (`arms.fast.flags.lrr: unknown swarmrl up flag`).
+single run starts: the schema (pydantic), every flag against the flags of `swarmrl up` that change a
+description (`swarmrl.overrides`), every arm's resulting swarm, and the metric SQL on an empty
+ledger; the errors name the entry (`arms.fast.flags.lrr: unknown swarmrl up flag`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from swarmrl.research.flags import FlagValue, arm_namespace, normalize_flags
+from swarmrl.core.config import error_lines
+from swarmrl.research.flags import FlagValue, arm_swarm, normalize_flags
 from swarmrl.research.ledger import check_sql
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$"
@@ -171,15 +172,6 @@ class Study(_Strict):
         return [(arm, seed) for seed in self.seeds for arm in self.arm_names]
 
 
-def _pydantic_errors(exc: ValidationError) -> list[str]:
-    out = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        out.append(f"{where}: {msg}" if where else msg)
-    return out
-
-
 def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Study:
     """Validate a parsed study (TOML as a dict); `root` resolves relative paths in flags.
 
@@ -187,12 +179,11 @@ def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Stud
         StudyError: every problem found, one per line, each naming its entry.
     """
     from swarmrl.swarm import SwarmConfigError
-    from swarmrl.up import swarm_from_args
 
     try:
         study = Study.model_validate(data)
     except ValidationError as exc:
-        raise StudyError(f"invalid study {source}:\n  " + "\n  ".join(_pydantic_errors(exc))) from None
+        raise StudyError(f"invalid study {source}:\n  " + "\n  ".join(error_lines(exc, Study))) from None
     errors = []
     study.baseline.flags, errs = normalize_flags(study.baseline.flags, root, "baseline")
     errors += errs
@@ -204,7 +195,7 @@ def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Stud
         for arm in study.arm_names:
             where = "baseline" if arm == study.baseline.name else f"arms.{arm}"
             try:
-                swarm_from_args(arm_namespace(study, arm, study.seeds[0]))
+                arm_swarm(study, arm, study.seeds[0])
             except SwarmConfigError as exc:
                 if str(exc) not in seen:
                     errors.append(f"{where}: " + str(exc).replace("\n", "\n    "))

@@ -91,10 +91,9 @@ def test_task_weights() -> None:
 def test_flags_override_the_file_and_a_missing_base_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = parse_args(
+    _, swarm = parse_args(
         ["--config", str(EXAMPLES / "team.toml"), "--minutes", "3", "--lr", "5e-5", "--clients", "0"]
     )
-    swarm = args.swarm
     assert (
         swarm.run.minutes == 3 and swarm.trainer("reporter").lr == 5e-5 and swarm.trainer("caller").lr == 5e-5
     )
@@ -105,7 +104,7 @@ def test_flags_override_the_file_and_a_missing_base_is_refused(
 
 
 def test_the_short_form_is_one_model_policy_with_weighted_tasks() -> None:
-    swarm = parse_args(["--task", "calculator=0.7,guess_number=0.3", "--clients", "1"]).swarm
+    _, swarm = parse_args(["--task", "calculator=0.7,guess_number=0.3", "--clients", "1"])
     assert list(swarm.models) == ["policy"]
     assert {n: t.roles for n, t in swarm.tasks.items()} == {
         "calculator": {"agent": "policy"},
@@ -116,7 +115,7 @@ def test_the_short_form_is_one_model_policy_with_weighted_tasks() -> None:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.toml")))
 def test_every_shipped_example_is_valid(name: str) -> None:
-    assert parse_args(["--config", str(EXAMPLES / name)]).swarm.tasks
+    assert parse_args(["--config", str(EXAMPLES / name)])[1].tasks
 
 
 HUB = """
