@@ -18,9 +18,11 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
+from swarmrl.agents.config import parse_task_weights
 from swarmrl.core.config import SwarmConfigError, table_at
 from swarmrl.core.rundir import SWARM_FILE
-from swarmrl.swarm import Swarm
+from swarmrl.services.tracker.config import check_installed
+from swarmrl.swarm import Swarm, build, check_bases, load
 
 MODEL = "policy"
 """The model name of the short form (flags only, no --config)."""
@@ -82,30 +84,19 @@ def add_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(name, type=kind, choices=choices, help=help_text)
 
 
-def given(args: argparse.Namespace) -> dict[str, Any]:
-    """The description's flags of parsed `up` arguments that were given, flag -> value."""
-    return {f: v for f in FLAGS if (v := getattr(args, f)) not in (None, [], "")}
-
-
 def resolve(flags: dict[str, Any], resume: Path | None = None) -> Swarm:
     """The swarm `flags` (flag -> value) describe: the run `resume`'s description, else `config`'s
     file, else the short form (one model `policy`, `task` with optional weights), with the flags over
     it; validated, its bases and trackers checked."""
-    from swarmrl.agents.config import parse_task_weights
-    from swarmrl.services.tracker.config import check_installed
-    from swarmrl.swarm import build, check_bases, load
-
     config = flags.get("config")
-    if resume is not None:
+    if resume is not None:  # `--task` and `--config` do not go with it (`up.resume_problem`)
         source, data = str(resume / SWARM_FILE), json.loads((resume / SWARM_FILE).read_text())
     elif config is not None:
         source, data = str(config), load(Path(config))
     else:
-        source, data = "(from flags)", {"models": {MODEL: {}}, "tasks": {}}
-    if source == "(from flags)":
-        weights = parse_task_weights(flags.get("task") or "calculator")
-        data["tasks"] = {name: {"weight": w} for name, w in weights.items()}
-    elif "task" in flags:
+        weights, source = parse_task_weights(flags.get("task") or "calculator"), "(from flags)"
+        data = {"models": {MODEL: {}}, "tasks": {n: {"weight": w} for n, w in weights.items()}}
+    if config is not None and "task" in flags:
         weights, tasks = parse_task_weights(flags["task"]), data.get("tasks", {})
         if unknown := sorted(set(weights) - set(tasks)):
             raise SwarmConfigError(f"--task {unknown} not in {source} (tasks: {sorted(tasks)})")

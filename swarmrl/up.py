@@ -34,7 +34,7 @@ from swarmrl.core.config import password_on_command_line
 from swarmrl.core.rundir import PARTS_FILE, SWARM_FILE
 from swarmrl.infra.credentials import OPERATOR
 from swarmrl.infra.nats_server import NatsServer, role_urls
-from swarmrl.overrides import add_flags, given, resolve
+from swarmrl.overrides import FLAGS, add_flags, resolve
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
 
@@ -94,8 +94,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Swarm]:
         # Its checkpoints and NATS store would silently carry the old run on under new settings.
         p.error(f"--run-dir {args.run_dir} holds a run already; give --resume {args.run_dir} to go on with it, "
                 "or a new --run-dir")  # fmt: skip
+    given = {f: v for f in FLAGS if (v := getattr(args, f)) not in (None, [], "")}  # others: the file's
     try:
-        return args, resolve(given(args), args.resume)
+        return args, resolve(given, args.resume)
     except SwarmConfigError as exc:  # the description's own words, without the usage screen
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

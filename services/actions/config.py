@@ -68,16 +68,12 @@ class ActionsSettings(WorkerLimits):
 
 
 class ActionsConfig(ServiceConfig, ActionsSettings):
-    """`swarmrl serve actions [...]`."""
-
     policy: Literal["static", "fifo", "elastic"] = "elastic"
     """Scheduling: `elastic` (shortest predicted first, pools grow and shrink), `fifo` (a fixed pool,
     first come first served) or `static` (each trajectory holds its own units for its whole life)."""
 
 
 class WorkerConfig(ServiceConfig, WorkerLimits):
-    """`swarmrl serve action-worker --kind python|judge [...]`."""
-
     kind: Literal["python", "judge"] = "python"
     """Which actions this worker runs."""
     units: int = Field(default=2, ge=1)

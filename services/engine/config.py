@@ -49,8 +49,6 @@ class EngineSettings(Settings):
 
 
 class EngineConfig(ServiceConfig, EngineSettings):
-    """`swarmrl serve engine --model NAME --model-path DIR [...]`."""
-
     model: str = "tiny"
     """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
     adapters: list[str] = []

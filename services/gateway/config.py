@@ -88,8 +88,6 @@ class GatewaySettings(Settings):
 
 
 class GatewayConfig(ServiceConfig, GatewaySettings):
-    """`swarmrl serve gateway --engine MODEL=URL [...]`."""
-
     host: str = "127.0.0.1"
     """Interface the OpenAI-compatible HTTP server listens on."""
     port: int = 8000

@@ -60,8 +60,6 @@ class LedgerSettings(Settings):
 
 
 class LedgerConfig(ServiceConfig, LedgerSettings):
-    """`swarmrl serve ledger --run-dir DIR [...]`."""
-
     run_dir: Path = Path("runs/latest")
     """Run directory; Parquet files go to `<run_dir>/ledger/<table>/part-*.parquet` (env SWARMRL_RUN_DIR)."""
     replica: str = ""

@@ -47,7 +47,5 @@ class MergerSettings(Settings):
 
 
 class MergerConfig(ServiceConfig, MergerSettings):
-    """`swarmrl serve merger [...]`."""
-
     replica: str = ""
     """This replica's name in the partition leases (default: host, pid and a random suffix)."""

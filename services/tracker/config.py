@@ -85,8 +85,6 @@ class TrackerSettings(Settings):
 
 
 class TrackerConfig(ServiceConfig, TrackerSettings):
-    """`swarmrl serve tracker --track NAMES --run-dir DIR [...]`."""
-
     run_dir: Path = Path("runs/latest")
     """Run directory; the trackers write under `<run_dir>/track/`: `tensorboard/` (event files),
     `wandb/` (offline runs) and `mlflow.db` (MLflow's local SQLite store), and the exporter's own

@@ -16,7 +16,12 @@ class Recorder:
         self.spawned: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def spawn(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, python: bool = True, role: str = ""
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        python: bool = True,
+        role: str = "",
     ) -> Any:
         self.spawned[name] = (argv, env or {})
 
