@@ -16,8 +16,6 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic.fields import FieldInfo
-
 from swarmrl.agents.config import parse_task_weights
 from swarmrl.core.config import SwarmConfigError, table_at
 from swarmrl.core.rundir import SWARM_FILE
@@ -48,19 +46,15 @@ FLAGS = ["config", "task", "model", *SETTINGS, "trainer_arg"]
 """Every flag that changes the description, in `--help` order."""
 
 
-def setting(path: str) -> FieldInfo:
-    """The declaration of the description's setting at `path` (`models.*.trainer.lr`)."""
-    *table, name = path.split(".")
-    found = table_at(Swarm, table)
-    assert found is not None and name in found.model_fields, path
-    return found.model_fields[name]
-
-
 def spec(flag: str) -> tuple[type, list[str] | None, str]:
-    """What `flag` takes (a type; `list`: repeatable), its choices, and its help."""
+    """What `flag` takes (a type; `list`: repeatable), its choices, and its help: a setting's are
+    those of its declaration."""
     if flag in OWN:
         return OWN[flag][0], None, OWN[flag][1]
-    info = setting(SETTINGS[flag])
+    *where, name = SETTINGS[flag].split(".")
+    table = table_at(Swarm, where)
+    assert table is not None, flag
+    info = table.model_fields[name]
     kind: Any = info.annotation
     choices = None
     if get_origin(kind) in (Union, UnionType):  # `int | None`: the flag takes an int
