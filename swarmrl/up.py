@@ -141,13 +141,14 @@ async def supervise(
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
 
     from swarmrl.agents.evaluate import run_evaluator
+    from swarmrl.agents.tasks import TASKS
     from swarmrl.control import start_control
     from swarmrl.progress import Progress
 
     run = swarm.run
     progress = Progress(service_url, list(swarm.models), run.steps, live=live)
     await progress.start()
-    evaluated = {name: t.roles for name, t in swarm.tasks.items() if t.eval and _builtin(name)}
+    evaluated = {name: t.roles for name, t in swarm.tasks.items() if t.eval and name in TASKS}
     finish = asyncio.Event()
     evaluator = asyncio.create_task(
         run_evaluator(
@@ -275,12 +276,6 @@ def _watch_nats(sup: Supervisor, server: NatsServer) -> None:
 
     assert server.proc is not None
     sup.adopt("nats", server.proc, start, log=server.log_file, role="nats")
-
-
-def _builtin(task: str) -> bool:
-    from swarmrl.agents.tasks import TASKS
-
-    return task in TASKS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ class SwarmConfigError(ValueError):
 class Strict(BaseModel):
     """A table of the swarm description: unknown keys are errors, field docstrings are the help."""
 
-    # A settings dict (a plain model ignores its settings keys): a service's config class extends both.
+    # Typed as a settings dict so that a service's config class may extend this and ServiceConfig both.
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
         extra="forbid", use_attribute_docstrings=True
     )

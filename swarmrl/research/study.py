@@ -15,9 +15,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from swarmrl.core.config import error_lines
+from swarmrl.core.config import Strict, error_lines
 from swarmrl.research.flags import FlagValue, arm_swarm, normalize_flags
 from swarmrl.research.ledger import check_sql
 
@@ -48,11 +48,7 @@ class StudyError(ValueError):
     """The study is invalid; the message lists every bad entry."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class Arm(_Strict):
+class Arm(Strict):
     flags: dict[str, FlagValue] = {}
     """`swarmrl up` flags of this arm (replacing the baseline's of the same name)."""
     note: str = ""
@@ -64,7 +60,7 @@ class Baseline(Arm):
     """Name of the baseline's own arm (the reference every other arm is compared with)."""
 
 
-class Metric(_Strict):
+class Metric(Strict):
     use: str | None = None
     """A named metric (see PRESETS: final_success, best_success, auc_success, final_reward)."""
     sql: str | None = None
@@ -94,7 +90,7 @@ class Metric(_Strict):
         return self.name or self.use or "metric"
 
 
-class Budget(_Strict):
+class Budget(Strict):
     run_minutes: float = Field(gt=0)
     """Wall-clock budget of each run (`up --minutes`)."""
     run_steps: int | None = Field(default=None, ge=1)
@@ -105,7 +101,7 @@ class Budget(_Strict):
     """Tries per run when `up` fails (a crash loop); interruptions (kill, Ctrl-C) do not count."""
 
 
-class EarlyStop(_Strict):
+class EarlyStop(Strict):
     """Successive halving over seeds: at each checkpoint the arms ranked in the lower part stop."""
 
     after_seeds: list[int] = Field(min_length=1)
@@ -116,7 +112,7 @@ class EarlyStop(_Strict):
     """Fewest non-baseline arms kept at a checkpoint."""
 
 
-class Study(_Strict):
+class Study(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     """Short name (directory names)."""
     question: str = Field(min_length=1)
