@@ -75,3 +75,11 @@ def test_a_run_dir_that_holds_a_run_is_resumed_only_when_asked(
     assert f"--run-dir {tmp_path} holds a run already; give --resume {tmp_path}" in capsys.readouterr().err
     assert parse_args(["--resume", str(tmp_path)])[0].run_dir == tmp_path
     assert parse_args(["--run-dir", str(tmp_path / "new")])[0].run_dir == tmp_path / "new"
+
+
+def test_a_resumed_run_keeps_its_own_tasks(tmp_path) -> None:
+    _, swarm = parse_args(["--task", "guess_number", "--clients", "1", "--lr", "3e-4"])
+    (tmp_path / "swarm.json").write_text(swarm.model_dump_json())
+    _, resumed = parse_args(["--resume", str(tmp_path), "--minutes", "2"])
+    assert list(resumed.tasks) == ["guess_number"] and resumed.tasks["guess_number"].clients == 1
+    assert resumed.trainer("policy").lr == 3e-4 and resumed.run.minutes == 2
