@@ -17,6 +17,7 @@ downloaded at run time. This module imports no torch until a conversion runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata as md
@@ -24,7 +25,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,13 +161,10 @@ def write_hf(gguf: Path, out: Path, spec: Shipped | None, say: Callable[[str], N
         model.load_state_dict(loaded.state_dict(), assign=True, strict=True)
         model.tie_weights()
         del loaded
-        eos = (
-            {int(config.eos_token_id)}
-            if isinstance(config.eos_token_id, int)
-            else set(config.eos_token_id or [])
-        )
+        ids = config.eos_token_id
+        eos = {ids} if isinstance(ids, int) else set(ids or [])
         for token in spec.stop_tokens if spec else ():
-            eos.add(int(tokenizer.convert_tokens_to_ids(token)))
+            eos.add(tokenizer.convert_tokens_to_ids(token))
         model.generation_config = GenerationConfig(
             bos_token_id=config.bos_token_id, eos_token_id=sorted(eos), pad_token_id=config.pad_token_id
         )
@@ -225,23 +223,21 @@ def _complete(out: Path) -> bool:
     return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
 
 
-class _assembled:
-    """The one GGUF file of `parts`: the file itself, or the chunks joined into a temporary file."""
-
-    def __init__(self, parts: list[Path], scratch: Path) -> None:
-        self.parts, self.scratch, self.tmp = parts, scratch, None
-
-    def __enter__(self) -> Path:
-        if len(self.parts) == 1:
-            return self.parts[0]
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.scratch / f"assembling-{time.time_ns()}.gguf"
-        with self.tmp.open("wb") as out:
-            for part in self.parts:
+@contextlib.contextmanager
+def _assembled(parts: list[Path], scratch: Path) -> Iterator[Path]:
+    """The one GGUF file of `parts`: the file itself, or the chunks joined into a temporary file
+    (named as the chunks are, without their `.partNN`)."""
+    if len(parts) == 1:
+        yield parts[0]
+        return
+    tmp = scratch / f"assembling-{time.time_ns()}"
+    tmp.mkdir(parents=True)
+    try:
+        whole = tmp / parts[0].name.rsplit(".part", 1)[0]
+        with whole.open("wb") as out:
+            for part in parts:
                 with part.open("rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
-        return self.tmp
-
-    def __exit__(self, *exc: object) -> None:
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
+        yield whole
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -43,20 +43,24 @@ class Merged:
             math.sqrt(config.r) if getattr(config, "use_rslora", False) else config.r
         )
         pairs = _pairs(tensors)
-        modules = {name: self.model.get_submodule(name) for name in pairs}
+        weights: dict[str, torch.Tensor] = {}
         for name, (a, b) in pairs.items():
-            weight = getattr(modules[name], "weight", None)
-            if weight is None or tuple(weight.shape) != (b.shape[0], a.shape[1]) or a.shape[0] != b.shape[1]:
+            weight = getattr(self.model.get_submodule(name), "weight", None)
+            if (
+                not isinstance(weight, torch.Tensor)
+                or weight.shape != (b.shape[0], a.shape[1])
+                or a.shape[0] != b.shape[1]
+            ):
                 raise ValueError(f"adapter tensors for {name} do not fit its weight")
+            weights[name] = weight
         shape = (int(config.r), float(scale), tuple(sorted(pairs)))
         if self.shape is not None and shape[::2] != self.shape[::2]:
             raise ValueError(f"adapter changed shape (rank {self.shape[0]} -> {shape[0]}, or its modules)")
         for name, (a, b) in pairs.items():
-            weight = modules[name].weight
             if name not in self.base:
-                self.base[name] = weight.detach().clone()
+                self.base[name] = weights[name].detach().clone()
             delta = b.to(torch.float32) @ a.to(torch.float32)
-            weight.copy_(torch.add(self.base[name].to(torch.float32), delta, alpha=scale))
+            weights[name].copy_(torch.add(self.base[name].to(torch.float32), delta, alpha=scale))
         self.shape = shape
 
 
