@@ -12,6 +12,7 @@ from pydantic_settings import NoDecode
 
 from swarmrl.core.config import ServiceConfig, Settings
 from swarmrl.services.gateway.mixing import parse_weights
+from swarmrl.services.gateway.prompts import TOOL_PROMPTS
 from swarmrl.services.gateway.replies import REASONING_FORMATS, TOOL_FORMATS
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -34,6 +35,11 @@ class GatewaySettings(Settings):
     """Tool-call syntax per model as MODEL=FORMAT (repeatable): hermes (Qwen2.5/Qwen3), llama3
     (Llama 3.x JSON), mistral (`[TOOL_CALLS]`) or none. A model not named: read off its chat template
     (`services/gateway/replies.py`)."""
+    tool_prompt: list[str] = Field(default_factory=list)
+    """How an agent's `tools` reach each model, as MODEL=FORMAT (repeatable): template (the chat
+    template renders them), hermes (the gateway writes them into the system message in Hermes'
+    `<tool_call>` JSON convention, for templates that drop tools, and parses calls in it) or auto
+    (hermes exactly when the model's template ignores tools). A model not named: auto."""
     reasoning_parser: list[str] = Field(default_factory=list)
     """Reasoning syntax per model as MODEL=FORMAT (repeatable): think (`<think>...</think>` goes to
     `reasoning_content`, out of `content`) or none. A model not named: read off its chat template."""
@@ -76,10 +82,12 @@ class GatewaySettings(Settings):
     """An open episode without a call for this long no longer counts against `agent_max_episodes`
     (its client died without ending it)."""
 
-    @field_validator("tool_parser", "reasoning_parser")
+    @field_validator("tool_parser", "reasoning_parser", "tool_prompt")
     @classmethod
     def _check_formats(cls, value: list[str], info: Any) -> list[str]:
-        known = TOOL_FORMATS if info.field_name == "tool_parser" else REASONING_FORMATS
+        known = {"tool_parser": TOOL_FORMATS, "reasoning_parser": REASONING_FORMATS}.get(
+            info.field_name, TOOL_PROMPTS[1:]
+        )
         for item in value:
             model, sep, fmt = item.partition("=")
             if not sep or not model or fmt not in (*known, "auto"):

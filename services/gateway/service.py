@@ -99,9 +99,11 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
     tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
     reasoning_parsers = _pairs(cfg.reasoning_parser, "reasoning-parser")
+    tool_prompts = _pairs(cfg.tool_prompt, "tool-prompt")
     named_models = (
         ("tool-parser", tool_parsers),
         ("reasoning-parser", reasoning_parsers),
+        ("tool-prompt", tool_prompts),
         ("lora", cfg.lora),
     )
     for what, named in named_models:
@@ -121,11 +123,13 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
             getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length
         )
         handles[name] = handle = ModelHandle(
-            name, tok, pool, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto")
-        )
+            name, tok, pool, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto"),
+            tool_prompts.get(name, "auto"),
+        )  # fmt: skip
         log.info(
-            "model=%s engines=%s tokenizer=%s context=%d tools=%s reasoning=%s",
-            name, urls, path, ctx, handle.fmt.tools, handle.fmt.reasoning,
+            "model=%s engines=%s tokenizer=%s context=%d tools=%s (%s) reasoning=%s",
+            name, urls, path, ctx, handle.fmt.tools,
+            "the gateway's Hermes prompt" if handle.builder.hermes else "the chat template", handle.fmt.reasoning,
         )  # fmt: skip
     return handles
 

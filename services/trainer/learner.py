@@ -379,8 +379,13 @@ def load_trainable(cfg: TrainerConfig, weights: str | Path) -> Any:
     adapter = (Path(weights) / ADAPTER_CONFIG).is_file()
     if adapter and not cfg.lora_rank:
         raise ValueError(f"{weights} holds a LoRA adapter, and this trainer trains all weights (lora_rank 0)")
+    # Under bf16 autocast a LoRA run's frozen base is kept in bf16: autocast would cast it on every
+    # forward, and nothing updates it (the adapter itself stays fp32, peft's default).
+    frozen_bf16 = cfg.lora_rank and resolve_mixed_precision(cfg.mixed_precision, cfg.model_path) == "bf16"
     model = AutoModelForCausalLM.from_pretrained(
-        cfg.model_path if adapter else weights, dtype=torch.float32, attn_implementation=TREE_ATTENTION
+        cfg.model_path if adapter else weights,
+        dtype=torch.bfloat16 if frozen_bf16 else torch.float32,
+        attn_implementation=TREE_ATTENTION,
     )
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
