@@ -126,7 +126,7 @@ class ActionsService:
             ),
         }
         self.scheduler = Scheduler(cfg.policy, pools, mem_budget_mb=cfg.mem_budget_mb, aging_s=cfg.aging_s)
-        self.dead_letters = bus.DeadLetters(js, "actions")
+        self.dead_letters = bus.DeadLetters(nc, "actions")
         self.pending: dict[str, Pending] = {}  # "<episode>.<action>" -> request in flight
         self.by_dispatch: dict[str, str] = {}  # dispatch id of a released part -> pending key
         self.recent: OrderedDict[str, ActionResult] = OrderedDict()  # answered, for retries
