@@ -40,3 +40,37 @@ def test_a_layer_imports_only_what_is_below_it(layer: str) -> None:
     assert files, layer
     wrong = {str(f.relative_to(ROOT)): sorted(bad) for f in files if (bad := imported(f) - ALLOWED[layer])}
     assert not wrong, f"{layer} imports above its layer: {wrong}"
+
+
+def test_tests_import_no_benchmark_and_benchmarks_only_the_tests_support() -> None:
+    """Test support lives in `tests/support`, which the benchmarks may import; a test imports a
+    benchmark only to test it (`tests/unit/bench`)."""
+    benchmarks = {p.stem for p in (ROOT / "bench").rglob("*.py")}
+
+    def top_imports(path: Path) -> set[str]:
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out.add(node.module)
+        return out
+
+    tests = [p for p in (ROOT / "tests").rglob("*.py") if "tests/unit/bench" not in p.as_posix()]
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(bad)
+        for p in tests
+        if (bad := {n.split(".")[0] for n in top_imports(p)} & benchmarks)
+    }
+    assert not wrong, f"tests importing benchmarks (move what they need into tests/support): {wrong}"
+    bench = sorted((ROOT / "bench").rglob("*.py"))
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(bad)
+        for p in bench
+        if (
+            bad := {
+                n for n in top_imports(p) if n.split(".")[0] == "tests" and not n.startswith("tests.support")
+            }
+        )
+    }
+    assert not wrong, f"benchmarks importing tests other than tests.support: {wrong}"
