@@ -16,7 +16,7 @@ ALLOWED = {
     "swarmrl/core": {"core"},
     "infra": {"core", "schemas", "infra"},
     "services": {"core", "schemas", "infra", "services"},
-    # the SDK and the built-in runner (the trainer's declared group size is a default they read)
+    # the SDK and the built-in runner: of the services, only their common pieces (below)
     "agents": {"core", "schemas", "infra", "agents", "services"},
 }
 
@@ -74,3 +74,21 @@ def test_tests_import_no_benchmark_and_benchmarks_only_the_tests_support() -> No
         )
     }
     assert not wrong, f"benchmarks importing tests other than tests.support: {wrong}"
+
+
+def test_the_agents_use_of_the_services_only_their_common_pieces() -> None:
+    """No agent module reads a service's own module (its config, say): the SDK installs without them."""
+    wrong = {}
+    for path in sorted((ROOT / "agents").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad = [
+                n
+                for n in names
+                if n.startswith("swarmrl.services.") and not n.startswith("swarmrl.services.common")
+            ]
+            if bad:
+                wrong.setdefault(str(path.relative_to(ROOT)), []).extend(bad)
+    assert not wrong, f"agents importing a service's own modules: {wrong}"
