@@ -41,6 +41,10 @@ class SandboxError(RuntimeError):
     """The sandbox cannot start or run workers (bad mode, broken isolation, no worker left)."""
 
 
+PROBE_CODE = ("-c", "print('ok')")
+"""What a probe runs under an isolation to see that it works (`probe`)."""
+
+
 @functools.cache
 def probe(argv: tuple[str, ...]) -> bool:
     try:
@@ -113,10 +117,6 @@ def unshare_prefixes(unshare: str) -> list[list[str]]:
     return [[unshare, "--user", "--net", *pid_ns], [unshare, "--user", "--net"]]
 
 
-def probe_code() -> list[str]:
-    return ["-c", "print('ok')"]
-
-
 def launch_prefix(mode: str, python: str) -> list[str]:
     """The command put before the worker's `python`: bwrap's, `unshare`'s, or nothing."""
     if mode == "bwrap":
@@ -126,7 +126,7 @@ def launch_prefix(mode: str, python: str) -> list[str]:
         return bwrap_argv(bwrap, python)
     unshare = shutil.which("unshare")
     for prefix in unshare_prefixes(unshare) if unshare else []:
-        if probe((*prefix, python, *probe_code())):
+        if probe((*prefix, python, *PROBE_CODE)):
             return prefix
     return []
 
@@ -135,7 +135,7 @@ def launch_prefix(mode: str, python: str) -> list[str]:
 def detect_mode(python: str = sys.executable) -> str:
     """`bwrap` when bubblewrap is installed and a probe run inside it works, else `rlimit`."""
     bwrap = shutil.which("bwrap")
-    if bwrap and probe((*bwrap_argv(bwrap, python), python, *probe_code())):
+    if bwrap and probe((*bwrap_argv(bwrap, python), python, *PROBE_CODE)):
         return "bwrap"
     return "rlimit"
 
