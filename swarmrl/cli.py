@@ -106,7 +106,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     if path is None or not path.is_file():
         return argv
     from swarmrl.core.config import write_config_file
-    from swarmrl.swarm import SwarmConfigError, build, load, resolve_base, service_classes, service_config
+    from swarmrl.swarm import CONFIGS, SwarmConfigError, build, load, resolve_base, service_config
 
     if path.suffix != ".toml":  # a JSON description has models; else it is the service's own file
         try:
@@ -115,7 +115,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
             return argv  # `--config` of the service itself says what is wrong with it
         if not isinstance(data, dict) or "models" not in data:
             return argv
-    if service not in service_classes():
+    if service not in CONFIGS:
         raise SystemExit(
             f"swarmrl serve {service}: --config takes its resolved configuration (JSON), not a swarm description"
         )
