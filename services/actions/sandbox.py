@@ -337,7 +337,7 @@ class PythonSandbox:
         self._starting += 1
         try:
             worker = await self._start_worker()
-        except BaseException:
+        except BaseException:  # cancelled too: the count and the waiters are put right, then it propagates
             self.counts["worker_start_failed"] += 1
             self._starting -= 1
             self._fail_waiters_if_empty("sandbox workers fail to start")
@@ -375,7 +375,7 @@ class PythonSandbox:
                 start_new_session=True,
                 limit=16 << 20,
             )
-        except BaseException:
+        except BaseException:  # cancelled too: its uid lock and base dir are freed, then it propagates
             if lock is not None:
                 os.close(lock)
             if base:
@@ -385,7 +385,7 @@ class PythonSandbox:
         worker.reap_tree = self.mode == "rlimit" and "--pid" not in self._prefix
         try:
             await self._wait_ready(worker)
-        except BaseException:
+        except BaseException:  # cancelled too: the half-started worker is killed, then it propagates
             worker.kill()
             await proc.wait()
             self._cleanup(worker)
