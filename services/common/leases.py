@@ -28,7 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyValueError
 from nats.js.kv import KeyValue
 
-from swarmrl.services.common.bus import live_keys
+from swarmrl.services.common.kv_watch import live_keys
 
 log = logging.getLogger("swarmrl.leases")
 

@@ -158,7 +158,7 @@ class Merger:
             await bus.ensure_streams(js)
             stream_max = (await js.stream_info(S.SAMPLES_STREAM)).config.max_msg_size or -1
             self._max_payload = min(nc.max_payload, stream_max) if stream_max > 0 else nc.max_payload
-            self.dlq = bus.DeadLetters(js, SERVICE)
+            self.dlq = bus.DeadLetters(nc, SERVICE)
             kv = await js.key_value(S.LEASES_BUCKET)
             leases = Leases(js, kv, SERVICE, self.replica, S.EPISODE_PARTITIONS)
             log.info("replica %s consuming %s (merge=%s mode=%s)", self.replica, S.EPISODE_PARTS_STREAM,

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from swarmrl.core.config import ServiceConfig, Settings
+from swarmrl.schemas import DEFAULT_GROUP_SIZE
 
 
 class TrainerSettings(Settings):
@@ -43,7 +44,7 @@ class TrainerSettings(Settings):
     names separated by commas (`q_proj,v_proj`)."""
 
     # Groups and batches ------------------------------------------------------------------------
-    num_repeat: int = Field(default=8, ge=2)
+    num_repeat: int = Field(default=DEFAULT_GROUP_SIZE, ge=2)
     """Episodes per GRPO group: a group is ready once it holds this many complete episodes (a group
     whose client declared its size on `begin` has that size)."""
     group_timeout_s: float = Field(default=300.0, gt=0)

@@ -27,6 +27,7 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
@@ -110,9 +111,8 @@ class Trainer:
             return
         log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, weights)
         nc = await bus.connect(self.cfg.nats, f"trainer-{self.cfg.model}")
-        js = nc.jetstream()
         try:
-            await self._serve(js, found[1] if found else self.base)
+            await self._serve(nc, found[1] if found else self.base)
         finally:
             await nak_all(self._handles())
             await nc.flush()  # acks and naks are fire-and-forget publishes: make sure they left
@@ -120,15 +120,15 @@ class Trainer:
             if learner.accelerator.num_processes > 1:
                 await asyncio.to_thread(learner.broadcast, None)
 
-    async def _serve(self, js: JetStreamContext, weights: Path) -> None:
-        cfg, learner = self.cfg, self.learner
+    async def _serve(self, nc: NATS, weights: Path) -> None:
+        cfg, learner, js = self.cfg, self.learner, nc.jetstream()
         assert learner is not None
         self.kv = await bus.models_kv(js)
         await self._put_version(weights)
         subjects = [S.samples_subject(cfg.model), S.lost_subject(cfg.model)]  # one consumer: stream order
         durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
         sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subjects, ack_wait_s=cfg.ack_wait_s)
-        self.dead_letters = bus.DeadLetters(js, "trainer")
+        self.dead_letters = bus.DeadLetters(nc, "trainer")
         intake = SampleIntake(
             cfg.model, self.buffer, self.dead_letters,
             vocab_size=learner.vocab_size, max_tokens=learner.context_len or cfg.max_tokens_per_micro_batch,

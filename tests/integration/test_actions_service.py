@@ -230,9 +230,9 @@ async def test_an_action_lost_with_its_service_is_asked_again_of_the_next(
 ) -> None:
     """The service dies with the request in flight (only it knew of it): the SDK repeats the request
     with the same action id and the restarted service runs it."""
-    from swarmrl.agents import sdk
+    from swarmrl.agents import episode
 
-    monkeypatch.setattr(sdk, "ACT_ASK_S", 1.0)
+    monkeypatch.setattr(episode, "ACT_ASK_S", 1.0)
     first = await start_actions()
     ep = swarm.episode("t")
     call = asyncio.create_task(ep.act("python", {"code": "import time\ntime.sleep(3)\nprint('late')"}))
