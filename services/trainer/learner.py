@@ -269,6 +269,10 @@ class Learner:
         sums["unknown_behaviour"] += float(torch.isnan(mb.behaviour).sum())
         return out.loss.sum()
 
+    def logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """The trained model's logprob of every trained token of `mb` (no gradient), as a step sees it."""
+        return self._logprobs(self.model, mb)
+
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, grad: bool = False) -> torch.Tensor:
         """Logprob of every trained token of `mb` under `model`, [trained_tokens]."""
         dev = self.accelerator.device
