@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import nats.errors
@@ -122,17 +123,18 @@ class Leases:
 
 
 class LeasedWork:
-    """One task per partition `leases` holds, `work(p, stop)`, in step with the leases: each `tick`
+    """One task per partition `leases` holds, `work(p, stop, owned)`, in step with the leases: each `tick`
     renews and rebalances them, then sets `stop` for the work of every partition lost, given back or
     fenced (no renewal round began for the TTL less `margin_s`: another replica may own it by now),
     releases a partition given back once its work has ended, and starts the work of the others held.
     A work that fails unasked raises out of `tick` (the service fails as a crash would), unless its
-    error is one of `survive`: then it starts again at the next round if the partition is still ours."""
+    error is one of `survive`: then it starts again at the next round if the partition is still ours.
+    `owned()` says whether the partition is still ours to work on (held, and not fenced)."""
 
     def __init__(
         self,
         leases: Leases,
-        work: Callable[[int, asyncio.Event], Coroutine[Any, Any, None]],
+        work: Callable[[int, asyncio.Event, Callable[[], bool]], Coroutine[Any, Any, None]],
         margin_s: float,
         survive: tuple[type[BaseException], ...] = (),
     ) -> None:
@@ -147,7 +149,6 @@ class LeasedWork:
         return time.monotonic() - self.renewed > LEASE_TTL_S - self.margin_s
 
     def owned(self, p: int) -> bool:
-        """Whether partition `p` is still ours to work on."""
         return p in self.leases.held and not self.fenced()
 
     async def tick(self) -> None:
@@ -167,13 +168,15 @@ class LeasedWork:
                 if failed is not None and not stop.is_set() and not isinstance(failed, self.survive):
                     raise failed
                 if failed is not None:
-                    log.warning("%s: work on partition %d ended with %r", self.leases.service, p, failed)
+                    log.warning("%s: partition %d stopped: %r", self.leases.service, p, failed)
         for p in sorted(self.releasing - set(self.running)):
             self.releasing.discard(p)
             await self.leases.release(p)
         for p in sorted(keep - set(self.running)):
             stop = asyncio.Event()
-            task = asyncio.create_task(self.work(p, stop), name=f"{self.leases.service}-p{p}")
+            task = asyncio.create_task(
+                self.work(p, stop, partial(self.owned, p)), name=f"{self.leases.service}-p{p}"
+            )
             self.running[p] = (stop, task)
 
     async def stop(self, timeout: float | None = None) -> None:

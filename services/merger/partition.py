@@ -41,7 +41,13 @@ class Partition:
     """One partition's consumer and open episodes: the merger of one slice of the episode space."""
 
     def __init__(
-        self, merger: Merger, partition: int, js: JetStreamContext, dlq: bus.DeadLetters, stop: asyncio.Event
+        self,
+        merger: Merger,
+        partition: int,
+        js: JetStreamContext,
+        dlq: bus.DeadLetters,
+        stop: asyncio.Event,
+        owned: Callable[[], bool],
     ) -> None:
         self.merger = merger
         self.cfg = cfg = merger.cfg
@@ -57,6 +63,8 @@ class Partition:
         """Closings (publish, then ack) of episodes that ended in the current batch."""
         self._stop = stop
         """Set when the partition is no longer ours (lost, given back, fenced) or the merger stops."""
+        self.owned = owned
+        """Were the leases renewed recently enough that no other replica can have taken this one?"""
         self.replay_upto = 0
         """The partition's last stream sequence when we took it: what our consumer replays up to."""
         self.leftovers_upto = 0
@@ -77,7 +85,7 @@ class Partition:
                 for msg in msgs:
                     await self.handle(msg)
                 await self.settle()
-                await self.tick(caught_up and self.merger.leased())
+                await self.tick(caught_up and self.owned())
         except Stopping:
             pass
         finally:

@@ -69,6 +69,7 @@ import secrets
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -124,10 +125,6 @@ class Merger:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def leased(self) -> bool:
-        """Were the leases renewed recently enough that no other replica can have taken ours?"""
-        return self.work is not None and not self.work.fenced()
-
     async def run(self) -> None:
         """Renew the leases and keep one `Partition` at work per partition held, until stopped; then
         hand the unfinished work back (the partitions' next owners replay it) and leave."""
@@ -157,10 +154,10 @@ class Merger:
         finally:
             await self._leave(nc)
 
-    async def _partition(self, p: int, stop: asyncio.Event) -> None:
+    async def _partition(self, p: int, stop: asyncio.Event, owned: Callable[[], bool]) -> None:
         """The work of partition `p` while it is ours (`LeasedWork`)."""
         assert self.js is not None and self.dlq is not None, "run() connects first"
-        part = self.partitions[p] = Partition(self, p, self.js, self.dlq, stop)
+        part = self.partitions[p] = Partition(self, p, self.js, self.dlq, stop, owned)
         try:
             await part.run()
         finally:
