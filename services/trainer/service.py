@@ -4,24 +4,20 @@ Consumes: `swarm.samples.<model>` and `swarm.samples.<model>.lost` (durable pull
 `trainer-samples-<model>`, in stream order).
 Publishes: KV `swarm-models[<model>]` = ModelVersion after every checkpoint (engines reload it),
 `swarm.metrics.train.<model>` TrainStep (msg id `train-<model>-<step>`), `swarm.metrics.drops.<model>`
-SampleDrops, dead letters (bad messages, and the samples of an optimizer update the learner refused
-as non-finite).
+SampleDrops, dead letters (`intake.py`).
 
-`load` builds the learner from the newest checkpoint (or the base model); `Trainer.run` then runs
-two loops over one state:
-- `consume`: fetch -> hold each message (`intake.py`) -> form groups (`grouping.py`), each counted
+`load` builds the learner from the newest checkpoint (or the base model); `Trainer.run` then puts
+that version in KV again and runs two loops over one state:
+- `consume`: fetch -> take each message in (`intake.py`) -> form groups (`grouping.py`), each seen
   by the collapse guard and queued (`ready.py`) -> settle: report drops, keep held messages alive;
 - `train`: pick a batch -> update and checkpoint (in a worker thread, while `consume` goes on) ->
-  publish the version -> publish the TrainStep -> ack the step's messages; between steps, the
-  rollback the collapse guard asked for (`guard.py`: the best recent version's checkpoint is loaded
-  back and served as a new version).
-Every unacked message is held by `Unacked` (`unacked.py`), which alone acks, naks or dead-letters.
-A crash anywhere before a step's ack replays its samples, and the resumed trainer skips those its
-last checkpoint already trained. On start the resumed version is put again (version 0: the base
-model). A step none of whose updates was applied (non-finite loss or gradients) changed nothing:
-its samples are dead-lettered and it gets no checkpoint, version or metrics. Non-finite weights are
-never saved nor served: the trainer stops instead (`step`). Under `accelerate launch` process 0 runs
-the loops and the other processes `follow` its steps.
+  put the version -> publish the TrainStep -> ack the batch. Between steps, the rollback the
+  collapse guard asked for (`guard.py`): the best recent version's checkpoint back, as a new version.
+A crash anywhere before a step's ack replays its samples; the resumed trainer skips those its last
+checkpoint trained. A step none of whose updates was applied (non-finite loss or gradients) changed
+nothing: its samples are dead-lettered, and it gets no checkpoint, version or metrics. Non-finite
+weights are never saved nor served: the trainer stops instead. Under `accelerate launch` process 0
+runs the loops and the other processes `follow` its steps.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from pathlib import Path
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from pydantic import BaseModel
 
 from swarmrl.schemas import ModelVersion, SampleDrops, encode
 from swarmrl.schemas import subjects as S
@@ -50,11 +47,10 @@ from swarmrl.services.trainer.diversity import Diversity
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Stall
 from swarmrl.services.trainer.grpo import generated_versions
 from swarmrl.services.trainer.guard import RewardGuard
-from swarmrl.services.trainer.intake import SampleIntake
+from swarmrl.services.trainer.intake import SampleIntake, Unacked, reasons
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
 from swarmrl.services.trainer.metrics import train_step
 from swarmrl.services.trainer.ready import Batch, ReadyGroups
-from swarmrl.services.trainer.unacked import Unacked, reasons
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -99,16 +95,15 @@ class Trainer:
         sub: JetStreamContext.PullSubscription,
         stopping: asyncio.Event | None = None,
     ) -> None:
-        self.cfg, self.learner, self.nc, self.kv, self.sub = cfg, learner, nc, kv, sub
-        self.js = nc.jetstream()
+        self.cfg, self.learner, self.checkpoint = cfg, learner, checkpoint
+        self.nc, self.js, self.kv, self.sub = nc, nc.jetstream(), kv, sub
         self.root = checkpoint_root(cfg.run_dir, cfg.model).resolve()
         self.base = Path(cfg.model_path).resolve()
-        self.checkpoint = checkpoint
         self.state = TrainerState.read(checkpoint) if checkpoint else TrainerState(cfg.model, 0, 0)
         self.counts: Counter[str] = Counter(self.state.counts)
         self.stopping = stopping or asyncio.Event()
         self.wake = asyncio.Event()
-        """Set by `consume` after each fetch: the groups may have changed."""
+        """Set after each fetch: the queued groups may have changed."""
         self.unacked = Unacked(bus.DeadLetters(self.js, "trainer"), cfg.ack_wait_s, cfg.drop_report_s)
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
         self.ready = ReadyGroups(cfg, self.counts, self.unacked.drop, self.unacked.spend)
@@ -124,9 +119,8 @@ class Trainer:
 
     @classmethod
     async def start(cls, cfg: TrainerConfig, stopping: asyncio.Event | None = None) -> Trainer:
-        """`load` the learner and `connect`: the trainer of a single process."""
-        learner, checkpoint = await load(cfg)
-        return await cls.connect(cfg, learner, checkpoint, stopping)
+        """`load` and `connect`: the trainer of a single process."""
+        return await cls.connect(cfg, *await load(cfg), stopping)
 
     @classmethod
     async def connect(
@@ -160,21 +154,14 @@ class Trainer:
         return self.cfg.max_steps > 0 and self.state.step >= self.cfg.max_steps
 
     async def run(self) -> None:
-        """Serve the resumed version, then `consume` and `train` until stopped; on the way out nak
-        what is held, so the next trainer gets it at once."""
-        log.info(
-            "model=%s starting at step %d from %s",
-            self.cfg.model,
-            self.state.step,
-            self.checkpoint or self.base,
-        )
+        """Serve the resumed version, then `consume` and `train` until stopped or done; on the way out
+        nak what is held, so the next trainer gets it at once."""
+        served = self.checkpoint or self.base
+        log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, served)
         loops: list[asyncio.Task[None]] = []
         try:
-            await self.publish_version(self.checkpoint or self.base)
-            loops = [
-                asyncio.create_task(self.consume(), name="consume"),
-                asyncio.create_task(self.train(), name="train"),
-            ]
+            await self.publish_version(served)
+            loops = [asyncio.create_task(self.consume(), name="consume"), asyncio.create_task(self.train())]
             await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             self.stop()  # done, stopped, or one loop failed: the other ends at its next look
             await asyncio.wait(loops)
@@ -193,13 +180,10 @@ class Trainer:
     # The intake loop ------------------------------------------------------------------------------
 
     async def consume(self) -> None:
-        """fetch -> hold -> group -> settle, until stopped."""
-        cfg = self.cfg
+        """fetch -> take in -> group -> settle, until stopped."""
         try:
-            dead_letters = self.unacked.dead_letters
-            async for msgs in bus.batches(
-                self.sub, self.stopping, cfg.fetch_batch, dead_letters=dead_letters
-            ):
+            dead_letters, fetch = self.unacked.dead_letters, self.cfg.fetch_batch
+            async for msgs in bus.batches(self.sub, self.stopping, fetch, dead_letters=dead_letters):
                 now = time.monotonic()
                 for msg in msgs:
                     await self.intake.handle(msg, self.version, now)
@@ -221,11 +205,17 @@ class Trainer:
             self.ready.add(group, self.version)
 
     async def settle(self, now: float) -> None:
-        """Report the drops that waited `drop_report_s` (held, they count as backlog for admission
-        control, which then holds the very groups the next step needs), or ack the spent lost
-        records; keep every held message alive."""
+        """Report the drops that waited `drop_report_s`, else ack the spent lost records (with drops
+        pending they go with the report); keep every held message alive."""
         if self.unacked.report_due(now):
-            await self.report_drops()
+            dropped, keys = self.unacked.take_report()
+            msg = SampleDrops(model=self.cfg.model, step=self.state.step, dropped=reasons(dropped))
+            digest = hashlib.sha1("\n".join(sorted(msg.dropped)).encode()).hexdigest()[:16]
+            await self.publish(
+                S.drops_metrics_subject(self.cfg.model), msg, f"drops-{self.cfg.model}-{digest}"
+            )
+            await self.unacked.ack(keys)
+            log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(msg.dropped))
         elif not self.unacked.dropped:
             await self.unacked.ack(self.unacked.take_spent())
         await self.unacked.keep_alive(now)
@@ -233,7 +223,7 @@ class Trainer:
     # The training loop ----------------------------------------------------------------------------
 
     async def train(self) -> None:
-        """pick batch -> step -> checkpoint -> publish version -> settle, until stopped or max_steps."""
+        """pick batch -> step -> checkpoint -> publish version -> ack, until stopped or done."""
         while not self.stopping.is_set() and not self.done():
             if self.rollback_to is not None:
                 await self.roll_back(self.rollback_to)
@@ -246,7 +236,7 @@ class Trainer:
 
     async def step(self, batch: Batch) -> None:
         """One policy version: update and checkpoint, put the version in KV, publish the TrainStep,
-        then ack the batch (and the drops the TrainStep reports)."""
+        then ack the batch and the drops the TrainStep reports."""
         started = time.perf_counter()
         version, step, items = self.version, self.state.step + 1, batch.items()
         state = TrainerState(
@@ -266,18 +256,16 @@ class Trainer:
             if (reason := result.skipped.get(held.sample.sample_id)) is not None:
                 await self.unacked.dead_letter(held.handle, reason)
                 self.counts["skipped_nonfinite"] += 1
-        reported: list[int] = []
-        if result.learned:
-            self.state = state
-            await self.publish_version(step_dir(self.root, step))
-            dropped, reported = self.unacked.take_report()
-            trained = [it for it in items if it.sample.sample_id not in result.skipped]
-            await self.publish_step(trained, version, result, time.perf_counter() - started, reasons(dropped))
-        else:
+        if not result.learned:
             log.warning("model=%s step %d skipped: no update applied (non-finite)", self.cfg.model, step)
+            return await self.unacked.ack(batch.handles(result.skipped))  # its lost records
+        self.state = state
+        await self.publish_version(step_dir(self.root, step))
+        dropped, reported = self.unacked.take_report()
+        trained = [it for it in items if it.sample.sample_id not in result.skipped]
+        await self.publish_step(trained, version, result, time.perf_counter() - started, reasons(dropped))
         await self.unacked.ack([*batch.handles(result.skipped), *reported])
-        if result.learned:
-            await asyncio.to_thread(prune, self.root, self.keep_checkpoints(), self.guard.good_version)
+        await asyncio.to_thread(prune, self.root, self.keep_checkpoints(), self.guard.good_version)
         if self.done():
             log.info("model=%s reached max_steps=%d", self.cfg.model, self.cfg.max_steps)
 
@@ -295,10 +283,8 @@ class Trainer:
     def keep_checkpoints(self) -> int:
         """`keep_checkpoints`, and with the collapse guard every version a group can still come from
         (`max_staleness`), so that the version the guard marks good is on disk."""
-        cfg = self.cfg
-        return (
-            max(cfg.keep_checkpoints, cfg.max_staleness + 1) if cfg.rollback_window else cfg.keep_checkpoints
-        )
+        keep = self.cfg.keep_checkpoints
+        return max(keep, self.cfg.max_staleness + 1) if self.cfg.rollback_window else keep
 
     # The collapse guard ---------------------------------------------------------------------------
 
@@ -328,8 +314,7 @@ class Trainer:
         path = step_dir(self.root, target) if target > 0 or self.cfg.lora_rank else self.base
         if not path.is_dir():
             log.error("model=%s cannot roll back: %s is gone; training on", self.cfg.model, path)
-            self.guard.rolled_back(self.version + 1)
-            return
+            return self.guard.rolled_back(self.version + 1)
         step = self.state.step + 1
         self.counts["rollbacks"] += 1
         state = TrainerState(self.cfg.model, step, step, [], dict(self.counts))
@@ -365,14 +350,7 @@ class Trainer:
         msg = train_step(
             self.state, items, version, result.stats, wall_s=wall_s, dropped=dropped, gauges=gauges
         )
-        headers = {"Nats-Msg-Id": f"train-{self.cfg.model}-{msg.step}"}
-        await retry(
-            self.stopping,
-            self.js.publish,
-            S.train_metrics_subject(self.cfg.model),
-            encode(msg),
-            headers=headers,
-        )
+        await self.publish(S.train_metrics_subject(self.cfg.model), msg, f"train-{self.cfg.model}-{msg.step}")
         stats = result.stats
         log.info(
             "model=%s step=%d loss=%.4f reward=%.3f samples=%d tokens=%d update=%.2fs save=%.2fs clip=%.3f",
@@ -380,21 +358,8 @@ class Trainer:
             stats["save_s"], stats["clip_frac"],
         )  # fmt: skip
 
-    async def report_drops(self) -> None:
-        """Report the samples dropped since the last step on `swarm.metrics.drops`, then ack them."""
-        dropped, keys = self.unacked.take_report()
-        msg = SampleDrops(model=self.cfg.model, step=self.state.step, dropped=reasons(dropped))
-        digest = hashlib.sha1("\n".join(sorted(msg.dropped)).encode()).hexdigest()[:16]
-        headers = {"Nats-Msg-Id": f"drops-{self.cfg.model}-{digest}"}
-        await retry(
-            self.stopping,
-            self.js.publish,
-            S.drops_metrics_subject(self.cfg.model),
-            encode(msg),
-            headers=headers,
-        )
-        await self.unacked.ack(keys)
-        log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(msg.dropped))
+    async def publish(self, subject: str, record: BaseModel, msg_id: str) -> None:
+        await retry(self.stopping, self.js.publish, subject, encode(record), headers={"Nats-Msg-Id": msg_id})
 
     def warn_stall(self, stall: Stall) -> None:
         self.counts["stalled_groups"] += 1

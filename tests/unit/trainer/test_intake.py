@@ -10,8 +10,7 @@ from nats.aio.msg import Msg
 
 from swarmrl.schemas import LostEpisode, encode
 from swarmrl.services.trainer.grouping import GroupBuffer
-from swarmrl.services.trainer.intake import SampleIntake
-from swarmrl.services.trainer.unacked import Unacked
+from swarmrl.services.trainer.intake import SampleIntake, Unacked
 from tests.unit.trainer.samples import make_sample
 
 
