@@ -14,12 +14,14 @@ the partition's work first, then `release`s it) what it holds beyond it. A repli
 the others give back; one that dies stops renewing, and its partitions are free `LEASE_TTL_S` later.
 
 `fair_share` and `plan` are the pure core; `Leases` does the KV calls; `LeasedWork` keeps one task
-per leased partition running, in step with the leases (the merger's and the ledger's replicas).
+per leased partition running, in step with the leases, and `take_consumer` gives a partition's new
+owner its own consumer (the merger's and the ledger's replicas).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -31,10 +33,10 @@ from typing import Any
 
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import KeyValueError
+from nats.js.errors import KeyValueError, NotFoundError
 from nats.js.kv import KeyValue
 
-from swarmrl.services.common.bus import LEASE_TTL_S, live_keys
+from swarmrl.services.common.bus import LEASE_TTL_S, durable_pull, live_keys
 
 log = logging.getLogger("swarmrl.leases")
 
@@ -185,3 +187,19 @@ class LeasedWork:
             stop.set()
         if self.running:
             await asyncio.wait([task for _, task in self.running.values()], timeout=timeout)
+
+
+async def take_consumer(
+    js: JetStreamContext, stream: str, prefix: str, name: str, subject: str, **options: Any
+) -> tuple[JetStreamContext.PullSubscription, bool]:
+    """A partition's new owner's consumer `name` on work-queue `stream` (`options`: `durable_pull`'s),
+    after deleting the partition's others (named `prefix...`): a work queue allows one consumer per
+    partition, and an owner that lost its lease unnoticed then reads from a deleted consumer, nothing.
+    Also returns whether an earlier owner's consumer existed."""
+    existed = False
+    for info in await js.consumers_info(stream):
+        if info.name.startswith(prefix):
+            existed = True
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(stream, info.name)
+    return await durable_pull(js, stream, name, subject, **options), existed

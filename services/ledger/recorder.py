@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -26,11 +26,13 @@ from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.ledger.columns import TableBuffer
-from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
 from swarmrl.services.ledger.tables import Row, dead_letter_row
+
+if TYPE_CHECKING:
+    from swarmrl.services.ledger.service import Ledger
 
 log = logging.getLogger("swarmrl.ledger")
 CONSUMER_CHECK_S = 5.0
@@ -46,20 +48,17 @@ class Recorder:
 
     def __init__(
         self,
-        cfg: LedgerConfig,
+        ledger: Ledger,
         sink: StreamSink,
         sub: JetStreamContext.PullSubscription,
         stop: asyncio.Event,
-        *,
         ingest: Ingest,
         writer: PartWriter,
-        dlq: bus.DeadLetters,
-        counts: Counter[str],
-        fetched: Counter[str],
     ) -> None:
-        self.cfg, self.sink, self.sub, self.stop = cfg, sink, sub, stop
+        assert ledger.dlq is not None, "the ledger connects first"
+        self.cfg, self.dlq, self.counts, self.fetched = ledger.cfg, ledger.dlq, ledger.counts, ledger.fetched
+        self.sink, self.sub, self.stop, self.writer = sink, sub, stop, writer
         self.to_row = row_maker(sink.stream, ingest)
-        self.writer, self.dlq, self.counts, self.fetched = writer, dlq, counts, fetched
 
     async def run(self) -> None:
         """fetch -> rows -> flush when due -> ack what is durable, until stopped."""

@@ -47,7 +47,7 @@ from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.leases import LeasedWork, Leases
+from swarmrl.services.common.leases import LeasedWork, Leases, take_consumer
 from swarmrl.services.common.lifecycle import EpisodeTracker
 from swarmrl.services.common.retry import TRANSIENT
 from swarmrl.services.common.tasks import Loops
@@ -161,23 +161,9 @@ class Ledger(Loops):
                 # consumer would be acked by the cumulative ack of a later one, and so lost.
                 pending_bytes_limit=0,
             )
-            recorder = self._recorder(sink, sub, stop, self.ingest, self.writer)
+            recorder = Recorder(self, sink, sub, stop, self.ingest, self.writer)
             tasks.append(asyncio.create_task(recorder.run(), name=f"ledger-{stream}"))
         return tasks
-
-    def _recorder(
-        self,
-        sink: StreamSink,
-        sub: JetStreamContext.PullSubscription,
-        stop: asyncio.Event,
-        ingest: Ingest,
-        writer: PartWriter,
-    ) -> Recorder:
-        assert self.dlq is not None, "start() connects first"
-        return Recorder(
-            self.cfg, sink, sub, stop, ingest=ingest, writer=writer, dlq=self.dlq, counts=self.counts,
-            fetched=self.fetched,
-        )  # fmt: skip
 
     @property
     def _max_ack_pending(self) -> int:
@@ -245,19 +231,15 @@ class Ledger(Loops):
         sink.durable_seq = sink.last_seq = hwm
         # a fresh consumer per takeover, its name new: a stalled earlier run of this partition here
         # (stopping, fenced) must never read from it
-        stream, prefix = S.LEDGER_PARTS_STREAM, f"ledger-p{p}-"
-        name = f"{prefix}{self.cfg.replica}-{next(self._takeovers)}"
-        for info in await js.consumers_info(stream):  # a work queue allows one consumer per partition
-            if info.name.startswith(prefix):
-                with contextlib.suppress(NotFoundError):
-                    await js.delete_consumer(stream, info.name)
-        sub = await bus.durable_pull(
-            js, stream, name, S.partition_filter(p, S.LEDGER_PARTITION_PREFIX),
-            ack_wait_s=self.cfg.ack_wait_s, max_ack_pending=self._max_ack_pending, pending_bytes_limit=0,
+        prefix = f"ledger-p{p}-"
+        sub, _ = await take_consumer(
+            js, S.LEDGER_PARTS_STREAM, prefix, f"{prefix}{self.cfg.replica}-{next(self._takeovers)}",
+            S.partition_filter(p, S.LEDGER_PARTITION_PREFIX), ack_wait_s=self.cfg.ack_wait_s,
+            max_ack_pending=self._max_ack_pending, pending_bytes_limit=0,
         )  # fmt: skip
         log.info("partition %d: resuming after EPISODES seq %d", p, hwm)
         try:
-            await self._recorder(sink, sub, stop, ingest, writer).run()
+            await Recorder(self, sink, sub, stop, ingest, writer).run()
         finally:
             self.partition_ingests.pop(p, None)
             with contextlib.suppress(nats.errors.Error):
@@ -272,35 +254,27 @@ class Ledger(Loops):
             # pull subscriptions' expired fetch requests for its whole timeout.
             try:
                 await self.nc.flush(timeout=5)
-            except (
-                nats.errors.Error,
-                TimeoutError,
-            ) as exc:  # unacked ones come back, skipped on the next start
+            except (nats.errors.Error, TimeoutError) as exc:  # unacked ones come back, skipped at restart
                 log.warning("final ack flush failed: %r", exc)
             await bus.close(self.nc)
+        dead = dict(self.dlq.counts) if self.dlq else {}
         log.info(
-            "ledger stopped: rows %s dead letters %s fetched %s",
-            dict(self.counts),
-            dict(self.dlq.counts) if self.dlq else {},
-            dict(self.fetched),
+            "ledger stopped: rows %s dead letters %s fetched %s", dict(self.counts), dead, dict(self.fetched)
         )
 
     async def _log_stats(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
-            except TimeoutError:
-                pass
             assert self.dlq is not None
+            ingests = [self.ingest, *self.partition_ingests.values()]
             # Vanished clients' episodes: the ordering state stays bounded by the tracker's max_closed.
-            for ingest in [self.ingest, *self.partition_ingests.values()]:
+            for ingest in ingests:
                 forgotten = ingest.tracker.expire(time.time(), self.cfg.open_episode_ttl_s)
                 self.counts["forgotten_open_episodes"] += len(forgotten)
+            opened = sum(len(i.tracker.open) for i in ingests)
             log.info(
-                "rows %s dead letters %s open episodes %d",
-                dict(self.counts),
-                dict(self.dlq.counts),
-                sum(len(i.tracker.open) for i in [self.ingest, *self.partition_ingests.values()]),
+                "rows %s dead letters %s open episodes %d", dict(self.counts), dict(self.dlq.counts), opened
             )
 
 

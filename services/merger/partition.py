@@ -5,6 +5,12 @@ comes, acked or dead-lettered), `settle` the episodes that batch closed (publish
 `tick` (time out silent episodes, dead-letter events whose begin never came, keep held events
 alive). The events it holds are in one `Inflight` (`inflight.py`). See `service.py` for the
 guarantees (ack discipline, takeover, all or none across models).
+
+A begin can come after its episode's later events: a delivery lost in flight with a broker node comes
+back only after the ack wait, behind whatever was delivered since. So an event of an episode whose
+begin has not come is parked (kept unacked and alive, counted `parked`) for two ack waits; if its
+begin comes, the parked events follow it in stream order (`unparked`), else they are dead-lettered
+as `unknown_episode`.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ from typing import TYPE_CHECKING, cast
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import BeginEvent, LlmEvent, MergeStats, RewardEvent, WireError, decode_event, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.leases import take_consumer
 from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject
 from swarmrl.services.common.retry import Stopping, retry
 from swarmrl.services.merger.assembler import assemble, dropped_stats, lost_episodes
@@ -94,20 +100,14 @@ class Partition:
                 await sub.unsubscribe()
 
     async def _fresh_consumer(self) -> JetStreamContext.PullSubscription:
-        """Our own consumer, the partition's others deleted: a work queue allows one consumer per
-        partition, and an owner that lost its lease unnoticed reads from a deleted consumer, nothing."""
         stream, prefix = S.EPISODE_PARTS_STREAM, f"merger-p{self.partition}-"
         self.replay_upto = (await self._js.stream_info(stream)).state.last_seq
-        self.leftovers_upto = 0
-        for info in await self._js.consumers_info(stream):
-            if info.name.startswith(prefix):
-                self.leftovers_upto = self.replay_upto  # an owner before us may have left some
-                with contextlib.suppress(NotFoundError):
-                    await self._js.delete_consumer(stream, info.name)
-        return await bus.durable_pull(
-            self._js, stream, prefix + self.merger.replica, S.partition_filter(self.partition),
+        sub, existed = await take_consumer(
+            self._js, stream, prefix, prefix + self.merger.replica, S.partition_filter(self.partition),
             ack_wait_s=self.cfg.ack_wait_s, max_ack_pending=self.cfg.max_ack_pending,
         )  # fmt: skip
+        self.leftovers_upto = self.replay_upto if existed else 0  # an owner before us may have left some
+        return sub
 
     # -- one message ---------------------------------------------------------------------------
 

@@ -1,9 +1,8 @@
-"""NATS side of the merger: hold each episode's events, merge at `end`, publish, then ack.
+"""The merger: hold each episode's events, merge at `end`, publish, then ack.
 
 Consumes: EPISODE_PARTS (`swarm.epp.<partition>.<owner>.<episode_id>.<kind>`: EPISODES, partitioned by
 episode by JetStream itself, `schemas/subjects.py`), one durable pull consumer
-`merger-p<partition>-<replica>` per partition this replica holds the lease of
-(`services/common/leases.py`).
+`merger-p<partition>-<replica>` per partition this replica holds the lease of (`partition.py`).
 Publishes: `swarm.samples.<model>` (one `Sample` per surviving timeline, Nats-Msg-Id = sample_id),
 `swarm.samples.<model>.lost` (one `LostEpisode` per trainable model a training episode sends no
 sample, Nats-Msg-Id = `lost-<episode_id>-<model>`: its trainer counts it out of its group),
@@ -11,52 +10,37 @@ sample, Nats-Msg-Id = `lost-<episode_id>-<model>`: its trainer counts it out of 
 `swarm.dlq.merger` (bad input with the original bytes and the reason).
 
 Replicas. Any number of mergers (`[replicas] merger = N`, or `swarmrl serve merger` on more machines)
-share the partitions through leases in NATS KV: each takes its fair share, a new one makes the others
-give some back, a dead one's partitions are taken over once its leases expire (`bus.LEASE_TTL_S`).
-Every event of an episode is in one partition, so one merger sees all of it.
+share the partitions through leases in NATS KV (`common/leases.py`): each takes its fair share, a new
+one makes the others give some back, a dead one's partitions are taken over once its leases expire
+(`bus.LEASE_TTL_S`). Every event of an episode is in one partition, so one merger sees all of it.
 
-Taking a partition over, a merger deletes the partition's consumers and creates its own. EPISODE_PARTS is a work
-queue: an acked event is gone from it, so the new consumer delivers, at once and in stream order,
-exactly the events nobody has acked, which are those of every episode still open when the last owner
-stopped or died. No wait for the old owner's ack wait, and no begin arriving after its own episode's
-later events. The one other thing it can deliver is what the old owner left of an episode it closed:
-the owner acks an episode's begin first, so events it died before acking (or whose acks a broker
-node lost) come without their begin; they are acked and counted (`replayed_leftovers`), not
-dead-lettered as `unknown_episode`.
-
-One consumer can deliver an episode's begin after its later events too: a delivery lost in flight
-with a broker node comes back only after the ack wait, behind whatever was delivered since. So an
-event of an episode whose begin has not come is parked (kept unacked and alive, counted `parked`)
-for two ack waits; if its begin comes, the parked events follow it in stream order (`unparked`),
-else they are dead-lettered as `unknown_episode`.
+Taking a partition over, a merger deletes the partition's consumers and creates its own. EPISODE_PARTS
+is a work queue: an acked event is gone from it, so the new consumer delivers, at once and in stream
+order, exactly the events nobody has acked: those of every episode still open when the last owner
+stopped or died. No wait for the old owner's ack wait, and no begin after its own episode's later
+events. The one other thing it can deliver is what the old owner left of an episode it closed: the
+owner acks an episode's begin first, so events it died before acking (or whose acks a broker node
+lost) come without their begin; they are acked and counted (`replayed_leftovers`).
 
 Ack discipline: the events of an open episode stay unacked (kept alive with in-progress acks). At
 `end` the samples and the stats are published, each confirmed by JetStream, and only then are the
 episode's events acked; `abort` or `episode_timeout_s` without events publishes stats and acks. A
-merger killed at any point therefore leaves every unfinished episode unacked, the partition's next
-owner replays it, and republished samples carry the same msg ids, so
-JetStream's duplicate window on SAMPLES (`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min) drops them:
-nothing lost, nothing doubled.
+merger killed at any point leaves every unfinished episode unacked, the partition's next owner
+replays it, and the republished samples carry the same msg ids, which the duplicate window on SAMPLES
+(`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min) drops: nothing lost, nothing doubled.
 
-All or none across models. An episode whose agents call several trainable models has samples on
-several subjects (`swarm.samples.<model>`); JetStream cannot store them atomically, so the guarantee
-is about what the streams end up holding, not about what a trainer may see in between:
-
-- Ended and merged: the samples of every model and the stats are published concurrently, each with a
-  deterministic msg id (`<episode_id>.<agent>.<model>.<index>`, `merge-<episode_id>`) and each
-  confirmed by JetStream, before the first of the episode's events is acked. No path acks an
-  episode that has published a subset: a failure before the first publish (undecodable calls, a
-  merge error, a sample over the size limit) drops the episode whole (stats `aborted`, dead letter,
-  no samples for any model); a failure from the first publish on is never turned into a drop (part
-  of the samples may be stored): it propagates out of `run()` with the episode unacked, like a crash.
-- Aborted or timed out: stats and a `LostEpisode` per model, no sample for any model.
-- A merger that dies (or fails) between two models' publishes leaves the episode unacked. Whoever
-  owns the partition next replays it in stream order, merges the same events into the same
-  samples with the same ids, and publishes every one of them again: the duplicate window drops the
-  copies already stored, the missing ones land. Each model's stream then holds exactly one copy of
-  each of the episode's samples. Between the crash and the replay one model's stream may hold its
-  samples while another's does not yet; if the replay comes later than the duplicate window after
-  the first publish, the copies already stored land a second time.
+All or none across models: an episode's samples for several models (`swarm.samples.<model>`) cannot
+be stored atomically, so the guarantee is about what the streams end up holding. Ended and merged:
+every model's samples and the stats are published concurrently, each confirmed, before the first of
+its events is acked. A failure before the first publish (undecodable calls, a merge error, a sample
+over the size limit) drops the episode whole (stats `aborted`, dead letter, no sample for any model);
+from the first publish on a failure is never turned into a drop: it propagates out of `run()` with
+the episode unacked, like a crash. Aborted or timed out: stats and a `LostEpisode` per model. A
+merger that dies between two models' publishes leaves the episode unacked; the partition's next owner
+merges the same events into the same samples with the same ids and publishes all of them again: the
+duplicate window drops the copies already stored, the missing ones land. (Between the crash and the
+replay one model's stream may hold its samples while another's does not yet; a replay later than the
+duplicate window after the first publish stores the surviving copies a second time.)
 """
 
 from __future__ import annotations
