@@ -50,7 +50,7 @@ class Held:
 
 @dataclass
 class Parked(Held):
-    """An event of an episode whose begin has not come (yet): the merger's `_park`."""
+    """An event of an episode whose begin has not come (yet): `Inflight.park`."""
 
     reason: str
     """What it is dead-lettered with should its begin never come (`unknown_episode: ...`)."""

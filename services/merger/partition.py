@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -96,7 +97,7 @@ class Partition:
             pass
         finally:
             await self.inflight.nak_all()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
     async def _fresh_consumer(self) -> JetStreamContext.PullSubscription:
@@ -231,9 +232,7 @@ class Partition:
             return await self._close(dropped_stats(eid, calls, "aborted", f"merge failed: {exc}", ep.begin))
         try:
             await self._close(stats, out)
-        except Stopping:
-            raise
-        except Exception:  # not survived: logged with its episode, then the merger fails as a crash would
+        except (nats.errors.Error, TimeoutError):  # logged with its episode, then a crash (unacked)
             log.exception("subject=%s episode=%s publish failed; left unacked for a replay", end.subject, eid)
             raise
         self.counts["samples"] += len(out)
