@@ -135,7 +135,7 @@ class SwarmClient:
     def http_client(self) -> Any:
         """The HTTP connection pool every episode's `openai()` client shares (made on first use, in
         this event loop). A fresh `AsyncOpenAI` builds its own pool and TLS context, 59 ms of CPU on
-        this project's 2-core machine against 0.2 ms on a shared pool: per episode, that was a fifth
+        this project's 2-core machine against 0.2 ms on a shared pool: per episode, that is a fifth
         of the machine in `just up` (`bench/results/peers-10min/peers.md`). Shared, the connections to the
         gateway are kept alive and reused. Closing an episode's client leaves it open; `close()`
         closes it."""

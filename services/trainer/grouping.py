@@ -25,7 +25,7 @@ Policy:
   follow within seconds): then it is acked (`spent`) and its credit kept in memory until
   `timeout_s`. Held longer, the records of groups lost whole (every episode of a killed client)
   counted as backlog for admission control, and the gateway held every new group for the group
-  timeout (the chaos run of 2026-11-26: no episode begun for 6 minutes). A lost record
+  timeout (no episode begun for minutes after a client was killed). A lost record
   redelivered for an episode already counted is spent at once.
 - an episode the trainer itself drops on arrival (a stale sample: `discard`) is lost the same way,
   and its other samples go with it: without this its group never completes, its held siblings count

@@ -64,7 +64,8 @@ class ReadyGroups:
         self.groups: deque[Group] = deque()
         self.thrown_away: list[tuple[int, int]] = []
         """(good, served) of each rollback: the versions strictly between were thrown away, and so are
-        the samples they generated (trained on them, a restored policy fell again within seconds).
+        the samples they generated. Such samples carry the collapse the rollback undid: a restored
+        policy trained on them falls again within seconds (bench/results/peers-20min-round10/dense.md).
         Not kept across a restart of the trainer."""
         self.short_since: float | None = None
         """When a free trainer first held `min_batch_groups` groups but fewer than `batch_groups`
