@@ -49,8 +49,7 @@ from swarmrl.services.trainer.grpo import generated_versions
 from swarmrl.services.trainer.guard import RewardGuard
 from swarmrl.services.trainer.intake import SampleIntake, Unacked, reasons
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
-from swarmrl.services.trainer.metrics import train_step
-from swarmrl.services.trainer.ready import Batch, ReadyGroups
+from swarmrl.services.trainer.ready import Batch, ReadyGroups, train_step
 
 log = logging.getLogger("swarmrl.trainer")
 

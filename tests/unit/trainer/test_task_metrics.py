@@ -11,7 +11,7 @@ from swarmrl.services.ledger.columns import to_arrow
 from swarmrl.services.ledger.query import main as query
 from swarmrl.services.ledger.store import PartWriter
 from swarmrl.services.ledger.tables import metric_row, sample_row
-from swarmrl.services.trainer.metrics import task_metrics
+from swarmrl.services.trainer.ready import task_metrics
 from tests.unit.ledger.factories import train_step
 from tests.unit.trainer.samples import make_sample
 
