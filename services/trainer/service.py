@@ -160,7 +160,7 @@ class Trainer:
         loops: list[asyncio.Task[None]] = []
         try:
             await self.publish_version(served)
-            loops = [asyncio.create_task(self.consume(), name="consume"), asyncio.create_task(self.train())]
+            loops = [asyncio.create_task(loop(), name=loop.__name__) for loop in (self.consume, self.train)]
             await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             self.stop()  # done, stopped, or one loop failed: the other ends at its next look
             await asyncio.wait(loops)
