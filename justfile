@@ -32,13 +32,12 @@ vllm-env:
     # text models need neither
     .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 
-# TRL in a virtual environment of its own (the peer of `just bench-peers`), with swarmrl beside it
-# without its dependencies (the peer imports the task's prompts, tool and reward from it).
+# TRL in a virtual environment of its own (the peer of `just bench-peers`), with swarmrl's agent install
+# beside it, without the server (the peer imports the task's prompts, tool and reward from it).
 trl-env:
     python -m venv .venv-trl
     .venv-trl/bin/pip install -q torch==2.13.0
-    .venv-trl/bin/pip install -q "trl==1.16.0" "nats-py[nkeys]" msgpack pydantic-settings tenacity openai
-    .venv-trl/bin/pip install -q --no-deps -e .
+    .venv-trl/bin/pip install -q "trl==1.16.0" -e .
 
 # swarmrl against TRL's GRPOTrainer on the same model, task and machine (two rounds of 10 min each, then
 # the evaluation of every minute's checkpoint: ~65 min); bench/results/peers.{json,md,png}.

@@ -18,7 +18,7 @@ from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.service import Merger
 
 if TYPE_CHECKING:  # bench/ is on pytest's path, not on a subprocess's that imports this file
-    from localstack import Stack
+    from tests.support.localstack import Stack
 
 
 SHOWN_ON_FAILURE = pytest.StashKey[list[Path]]()
@@ -130,7 +130,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def stack(swarm_nats: NatsServer, tiny_model_dir: Path) -> AsyncIterator[Stack]:
     """Engine + gateway (HTTP and NATS) serving the tiny model as `policy`."""
-    from localstack import generation_stack
+    from tests.support.localstack import generation_stack
 
     async with generation_stack(swarm_nats, tiny_model_dir) as s:
         yield s

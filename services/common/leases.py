@@ -36,7 +36,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyValueError, NotFoundError
 from nats.js.kv import KeyValue
 
-from swarmrl.services.common.bus import LEASE_TTL_S, durable_pull, live_keys
+from swarmrl.services.common.bus import LEASE_TTL_S, durable_pull
+from swarmrl.services.common.kv_watch import live_keys
 
 log = logging.getLogger("swarmrl.leases")
 

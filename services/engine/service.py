@@ -66,12 +66,11 @@ class EngineService(Loops):
             from swarmrl.services.engine.weights import WeightWatcher
 
             self._nc = await bus.connect(cfg.nats, f"engine-{cfg.model}")
-            js = self._nc.jetstream()
             if not cfg.adapters:
-                watchers = [WeightWatcher(js, self.client, cfg.model)]
+                watchers = [WeightWatcher(self._nc, self.client, cfg.model)]
             else:  # one per adapter, each with a client of its own that loads it
                 self._adapter_clients = [type(self.client)(self.url, adapter=name) for name in cfg.adapters]
-                watchers = [WeightWatcher(js, c, c.adapter or "") for c in self._adapter_clients]
+                watchers = [WeightWatcher(self._nc, c, c.adapter or "") for c in self._adapter_clients]
             for w in watchers:
                 self._tasks.append(asyncio.create_task(w.run(self._stop), name=f"weight-watcher-{w.model}"))
         else:

@@ -32,6 +32,7 @@ from swarmrl.schemas import LlmEvent, TokenReply, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
+from swarmrl.services.common.tasks import on_signals
 from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.calls import SharedCalls
@@ -260,3 +261,15 @@ class GatewayService:
         await self.admission.groups.stop()
         await self.episodes.stop()
         await self.calls.stop()
+
+
+async def run(cfg: GatewayConfig) -> None:
+    """`swarmrl serve gateway`: the gateway on its own connection, until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    on_signals(stop.set)
+    nc = await bus.connect(cfg.nats, "gateway")
+    service = GatewayService(cfg, nc, await load_models(cfg))
+    try:
+        await service.run(stop)
+    finally:
+        await bus.close(nc, drain=True)

@@ -88,7 +88,7 @@ class Ledger(Loops):
         self.nc = await bus.connect(self.cfg.nats, SERVICE)
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
-        self.dlq = bus.DeadLetters(js, SERVICE)
+        self.dlq = bus.DeadLetters(self.nc, SERVICE)
         try:
             await js.stream_info(S.LEDGER_PARTS_STREAM)
             replicas_here = True

@@ -118,7 +118,7 @@ class Merger:
             await bus.ensure_streams(js)
             stream_max = (await js.stream_info(S.SAMPLES_STREAM)).config.max_msg_size or -1
             self.max_payload = min(nc.max_payload, stream_max) if stream_max > 0 else nc.max_payload
-            self.dlq = bus.DeadLetters(js, SERVICE)
+            self.dlq = bus.DeadLetters(nc, SERVICE)
             leases = Leases(
                 js, await js.key_value(S.LEASES_BUCKET), SERVICE, self.replica, S.EPISODE_PARTITIONS
             )

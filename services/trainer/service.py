@@ -103,7 +103,7 @@ class Trainer:
         self.stopping = stopping or asyncio.Event()
         self.wake = asyncio.Event()
         """Set after each fetch: the queued groups may have changed."""
-        self.unacked = Unacked(bus.DeadLetters(self.js, "trainer"), cfg.ack_wait_s, cfg.drop_report_s)
+        self.unacked = Unacked(bus.DeadLetters(nc, "trainer"), cfg.ack_wait_s, cfg.drop_report_s)
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
         self.ready = ReadyGroups(cfg, self.counts, self.unacked.drop, self.unacked.spend)
         self.intake = SampleIntake(

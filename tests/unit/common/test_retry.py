@@ -1,4 +1,5 @@
-"""`retry`: transient NATS failures are waited out, anything else propagates, a stop ends the wait."""
+"""`retry` and `backoff`: transient failures are waited out, anything else propagates, a stop, the
+tries or the seconds end the wait."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import nats.errors
 import pytest
 
-from swarmrl.services.common.retry import Stopping, retry
+from swarmrl.services.common.retry import Stopping, backoff, retry
 
 
 async def test_transient_failures_are_retried_until_the_action_succeeds() -> None:
@@ -47,3 +48,32 @@ async def test_a_stop_request_turns_the_wait_into_stopping() -> None:
     with pytest.raises(Stopping):
         await retry(stop, down)
     assert calls == [1, 1]
+
+
+async def test_backoff_gives_up_after_its_tries_and_lets_the_last_failure_through() -> None:
+    calls: list[int] = []
+
+    async def refused() -> None:
+        calls.append(1)
+        raise ConnectionError(f"refused {len(calls)}")
+
+    with pytest.raises(ConnectionError, match="refused 3"):
+        await backoff(refused, transient=(ConnectionError,), tries=3, first_s=0.01)
+    assert calls == [1, 1, 1]
+
+
+async def test_backoff_gives_up_after_its_seconds_and_returns_what_the_action_returns() -> None:
+    calls: list[int] = []
+
+    async def down() -> str:
+        calls.append(1)
+        raise nats.errors.TimeoutError
+
+    with pytest.raises(nats.errors.TimeoutError):
+        await backoff(down, seconds=0.2, first_s=0.05, max_s=0.05)
+    assert 2 <= len(calls)  # tried again within the time, then gave up
+
+    async def up() -> str:
+        return "ok"
+
+    assert await backoff(up, tries=1) == "ok"
