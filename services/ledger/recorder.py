@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import nats.errors
@@ -25,6 +26,7 @@ from nats.js.errors import NotFoundError
 from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.retry import backoff
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.ingest import Ingest, Rejected
 from swarmrl.services.ledger.sink import StreamSink
@@ -128,7 +130,7 @@ class Recorder:
                     self.counts["dead_letters_unrecorded"] += 1
                 else:
                     reason = str(exc) if isinstance(exc, WireError | Rejected) else f"internal: {exc!r}"
-                    if not await self._dead_letter(msg, reason):
+                    if not await self.dead_letter(msg, reason):
                         return False
                 if sink.sourced:  # acked on its own: nothing else rides on its ack
                     sink.last_seq = seq
@@ -140,22 +142,17 @@ class Recorder:
             sink.add(table, row, msg, seq)
         return True
 
-    async def _dead_letter(self, msg: Msg, reason: str) -> bool:
-        # Retry until the DLQ takes it: acking without that would drop the message silently, and
-        # processing later messages first would break the restart rule (`service.py`).
-        delay = 0.2
-        while True:
-            try:
-                await self.dlq.send(msg, reason)
-                return True
-            except Exception as exc:  # the loop survives any failure to publish: it retries until stopped
-                if self.stop.is_set():
-                    return False
-                log.error(
-                    "dead-letter publish failed subject=%s: %r; retrying in %.1fs", msg.subject, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    async def dead_letter(self, msg: Msg, reason: str) -> bool:
+        """Retry until the DLQ takes it (False: stopped first): acking without that would drop the
+        message silently, and recording later messages first would break the restart rule."""
+        try:
+            await backoff(
+                partial(self.dlq.send, msg, reason), transient=(Exception,), stop=self.stop, first_s=0.2,
+                max_s=5.0, what=f"dead-letter of subject={msg.subject}",
+            )  # fmt: skip
+            return True
+        except Exception:  # the loop survives any failure to publish: stopped while the DLQ was away
+            return False
 
     async def start_flush(self) -> None:
         """Write what is buffered in the background while the consumer goes on decoding; one write per
@@ -178,19 +175,13 @@ class Recorder:
             await task  # re-raises what is not an OSError: a bug, which stops the service
 
     async def _write(self, buffers: dict[str, TableBuffer], rows: int, top: int, covering: list[Msg]) -> None:
-        sink, delay = self.sink, 0.5
-        while True:
-            try:
-                paths = await asyncio.to_thread(write_files, buffers, self.writer, sink.owned)
-                break
-            except OSError as exc:  # disk full, permissions: keep the messages unacked and retry
-                if self.stop.is_set():
-                    # Raise, don't return: a later write's cumulative ack would cover these rows too.
-                    log.error("flush of %s failed while stopping: %r; JetStream redelivers", sink.stream, exc)
-                    raise
-                log.error("flush of %s failed: %r; retrying in %.1fs", sink.stream, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        sink = self.sink
+        # Disk full, permissions: the messages stay unacked while it retries. Stopped, it raises (a
+        # later write's cumulative ack would cover these rows too) and JetStream redelivers them.
+        paths = await backoff(
+            partial(asyncio.to_thread, write_files, buffers, self.writer, sink.owned), transient=(OSError,),
+            stop=self.stop, first_s=0.5, max_s=10.0, what=f"flush of {sink.stream}",
+        )  # fmt: skip
         sink.durable_seq = max(sink.durable_seq, top)
         for table, buffer in buffers.items():
             self.counts[table] += buffer.rows
