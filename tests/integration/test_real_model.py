@@ -88,12 +88,12 @@ def test_one_lora_step_trains_an_adapter_the_engine_serves(smollm_dir: Path, tmp
         ).exists()
         ok, message = engine.load_lora_adapter("policy", str(checkpoint), "1")
         assert ok, message
-        # the served adapter moved each sample's tokens the way its advantage says
+        # the served adapter moved each sample's tokens the way its advantage says (scored from the
+        # prompt's last token: SGLang's first input logprob is None)
         score = SamplingParams(max_new_tokens=0, temperature=1.0)
         for i, out in enumerate(sampled):
-            now = engine.submit(
-                prompt + out.output_ids, score, logprob_start_len=len(prompt), adapter="policy"
-            ).result()
+            ids, start = prompt + out.output_ids, len(prompt) - 1
+            now = engine.submit(ids, score, logprob_start_len=start, adapter="policy").result()
             assert now.weight_version == "1"
             moved = sum(now.input_logprobs[1:]) - sum(out.output_logprobs)
             assert (moved > 0) == (i % 2 == 1), (i, moved)
