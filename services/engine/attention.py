@@ -43,9 +43,8 @@ def engine_attention(
     (True = attend) or None (causal) -> [B, q, Hq, D]."""
     if dropout:
         raise ValueError(f"{ENGINE_ATTENTION} attention serves models in eval mode (no dropout)")
-    b, hq, q, d = query.shape
-    hkv, length = key.shape[1], key.shape[2]
-    groups = hq // hkv
+    q, d, length = query.shape[2], query.shape[3], key.shape[2]
+    groups = query.shape[1] // key.shape[1]
     scale = d**-0.5 if scaling is None else scaling
     if attention_mask is None and q > 1:  # transformers skipped the mask: plain causal, no padding
         attention_mask = torch.ones(q, length, dtype=torch.bool, device=query.device).tril(length - q)
@@ -54,17 +53,34 @@ def engine_attention(
             query, key, value, attn_mask=attention_mask, scale=scale, enable_gqa=groups > 1
         )
         return out.transpose(1, 2).contiguous(), None
+    return grouped_attention(query, key, value, attention_mask, scale, softcap), None
+
+
+def grouped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention of query [B, Hq, q, D] over key/value [B, Hkv, L, D] with a boolean mask that
+    broadcasts to [B, 1, q, L] (True = attend), each KV head's query heads as one matrix; -> [B, q, Hq, D].
+    Differentiable (the trainer's short rows run through it too)."""
+    b, hq, q, d = query.shape
+    hkv, length = key.shape[1], key.shape[2]
+    groups = hq // hkv
     # query heads h = kv * groups + j share KV head kv (transformers' repeat_kv order)
     grouped = query.reshape(b, hkv, groups * q, d)
     scores = torch.matmul(grouped, key.transpose(-1, -2)).float().mul_(scale)
     if softcap is not None:
         scores = torch.tanh(scores / softcap).mul_(softcap)
-    if attention_mask is not None:  # a finite floor: a fully masked (padding) row stays finite
-        mask = attention_mask.reshape(-1, 1, 1, q, length)
-        scores = scores.view(b, hkv, groups, q, length).masked_fill_(~mask, torch.finfo(scores.dtype).min)
+    if mask is not None:  # a finite floor: a fully masked (padding) row stays finite
+        allowed = mask.reshape(-1, 1, 1, q, length)
+        scores = scores.view(b, hkv, groups, q, length).masked_fill_(~allowed, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores.view(b, hkv, groups * q, length), dim=-1).to(value.dtype)
     out = torch.matmul(probs, value).view(b, hq, q, d)
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ENGINE_ATTENTION, engine_attention)

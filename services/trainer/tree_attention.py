@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from swarmrl.services.engine.attention import grouped_attention
+
 TREE_ATTENTION = "swarmrl_tree"
 
 
@@ -86,8 +88,9 @@ def tree_attention(
         tree = [Segment(0, query.shape[2], torch.zeros(0, dtype=torch.long, device=query.device))]
     if dropout:
         raise ValueError(f"{TREE_ATTENTION} attention has no dropout (RL models train without it)")
-    if isinstance(tree, torch.Tensor):
-        return _dense(query, key, value, tree, scaling), None
+    if isinstance(tree, torch.Tensor):  # one masked attention over the whole row
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return grouped_attention(query, key, value, tree, scale), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each kv head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -112,22 +115,6 @@ def tree_attention(
     if out.shape[2] != query.shape[2]:
         raise ValueError(f"segments cover {out.shape[2]} of the row's {query.shape[2]} positions")
     return out.transpose(1, 2).contiguous(), None
-
-
-def _dense(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scaling: float | None
-) -> torch.Tensor:
-    """One masked attention over the row; each KV head's query heads as one matrix (no KV repeat)."""
-    _, hq, length, d = query.shape
-    hkv = key.shape[1]
-    groups = hq // hkv
-    scale = d**-0.5 if scaling is None else scaling
-    grouped = query.reshape(hkv, groups * length, d)
-    scores = torch.matmul(grouped, key[0].transpose(-1, -2)).float() * scale  # [Hkv, g * L, L]
-    scores = scores.view(hkv, groups, length, length).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(hkv, groups * length, length)
-    out = torch.matmul(probs, value[0]).view(1, hq, length, d)
-    return out.transpose(1, 2).contiguous()
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
