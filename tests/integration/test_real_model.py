@@ -6,7 +6,9 @@ trained one LoRA step whose adapter the engine then serves. Skipped where the wh
 from __future__ import annotations
 
 import json
+import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -60,15 +62,24 @@ def test_served_ids_and_logprobs_equal_a_plain_forward(smollm_dir: Path, dtype: 
     torch.testing.assert_close(torch.tensor(out.output_logprobs), want, atol=ATOL[dtype], rtol=0)
 
 
+def _lora_step(
+    model_dir: Path, run_dir: Path, items: list[Scored], checkpoint: Path
+) -> tuple[str, dict[str, Any]]:
+    """One LoRA step of rank 4, saved to `checkpoint`, in a process of its own: Accelerate's state is
+    process-wide, and this step's precision (bf16 at 135M) may differ from earlier tests' learners."""
+    cfg = TrainerConfig(model_path=str(model_dir), run_dir=str(run_dir), lr=1e-3, lora_rank=4)
+    learner = Learner(cfg, model_dir)
+    stats = learner.train_step(items, version=0).stats
+    learner.save(checkpoint, TrainerState("policy", 1, 1))
+    return str(learner.accelerator.mixed_precision), dict(stats)
+
+
 def test_one_lora_step_trains_an_adapter_the_engine_serves(smollm_dir: Path, tmp_path: Path) -> None:
     prompt = _prompt(AutoTokenizer.from_pretrained(smollm_dir))
     engine = EngineCore(smollm_dir, adapters=["policy"], max_batch=8)  # dtype auto: bf16 at 135M
     try:
         sampled = [engine.submit(prompt, SamplingParams(max_new_tokens=8, seed=i), adapter="policy").result()
                    for i in range(4)]  # fmt: skip
-        cfg = TrainerConfig(model_path=str(smollm_dir), run_dir=str(tmp_path), lr=1e-3, lora_rank=4)
-        learner = Learner(cfg, smollm_dir)
-        assert learner.accelerator.mixed_precision == "bf16"  # auto, from the model's size
         items = []
         for i, out in enumerate(sampled):
             n = len(out.output_ids)
@@ -79,10 +90,11 @@ def test_one_lora_step_trains_an_adapter_the_engine_serves(smollm_dir: Path, tmp
                 reward=float(i % 2),
             )  # fmt: skip
             items.append(Scored(sample, 1.0 if i % 2 else -1.0))
-        stats = learner.train_step(items, version=0).stats
-        assert stats["updates"] == 1 and stats["skipped_updates"] == 0 and stats["trained_tokens"] > 0
         checkpoint = tmp_path / "step-1"
-        learner.save(checkpoint, TrainerState("policy", 1, 1))
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            precision, stats = pool.apply(_lora_step, (smollm_dir, tmp_path, items, checkpoint))
+        assert precision == "bf16"  # auto, from the model's size
+        assert stats["updates"] == 1 and stats["skipped_updates"] == 0 and stats["trained_tokens"] > 0
         assert (checkpoint / "adapter_model.safetensors").is_file() and not (
             checkpoint / "model.safetensors"
         ).exists()
