@@ -95,6 +95,8 @@ class NatsServer:
     default: `<store>/conf`."""
     extra_args: list[str] = field(default_factory=list)
     """More nats-server flags, which override the config file (a cluster node's ports and routes)."""
+    host: str = "127.0.0.1"
+    """Address the client port listens on and URLs name (a host's own address for other hosts to reach)."""
 
     def __post_init__(self) -> None:
         self.store_dir = Path(self.store_dir)
@@ -105,7 +107,7 @@ class NatsServer:
 
     def url(self, role: str = OPERATOR) -> str:
         """The URL of user `role`: the operator (`service`), `sys` or a service role (`gateway`, ...)."""
-        return f"nats://{role}:{self.passwords[role]}@127.0.0.1:{self.port}"
+        return f"nats://{role}:{self.passwords[role]}@{self.host}:{self.port}"
 
     @property
     def role_urls(self) -> dict[str, str]:
@@ -131,7 +133,7 @@ class NatsServer:
     @property
     def plain_url(self) -> str:
         """The server's URL without credentials (what agents' connect files carry)."""
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     @property
     def conf_dir(self) -> Path:
@@ -217,7 +219,7 @@ class NatsServer:
             "-p",
             str(self.port),
             "-a",
-            "127.0.0.1",
+            self.host,
             "-sd",
             str(self.store_dir),
             "-l",

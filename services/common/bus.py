@@ -24,6 +24,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -142,6 +143,7 @@ async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     await _ensure_bucket(js, S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
     await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
     await _ensure_bucket(js, S.GROUPS_BUCKET, history=1, ttl=GROUPS_TTL_S, replicas=replicas)
+    await _ensure_object_store(js, S.WEIGHTS_BUCKET, replicas)
 
 
 KEYS_INACTIVE_S = 5.0
@@ -249,6 +251,14 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> No
         await js.key_value(bucket)
     except NotFoundError:
         await js.create_key_value(bucket=bucket, **config)
+
+
+async def _ensure_object_store(js: JetStreamContext, bucket: str, replicas: int) -> None:
+    """Create object store `bucket` unless it exists (empty until a trainer shares its weights)."""
+    try:
+        await js.object_store(bucket)
+    except NotFoundError:
+        await js.create_object_store(bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas))
 
 
 GROUPS_TTL_S = 3600.0

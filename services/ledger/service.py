@@ -54,6 +54,7 @@ from swarmrl.services.common.tasks import Loops
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
+from swarmrl.services.ledger.remote import QueryService
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES, Row, dead_letter_row
@@ -538,6 +539,8 @@ async def run(cfg: LedgerConfig) -> None:
     log.info("ledger at niceness %s", lower_priority(cfg.nice))  # before the writer threads start
     ledger = Ledger(cfg)
     await ledger.start()
+    assert ledger.nc is not None
+    queries = await QueryService.start(ledger.nc, cfg.run_dir)  # SQL over NATS (`swarmrl query --remote`)
     # What start loaded (pyarrow, duckdb, nats) lives as long as the process: keep it out of the
     # collector's full passes, which otherwise walk it again every few thousand messages.
     gc.freeze()
@@ -554,6 +557,7 @@ async def run(cfg: LedgerConfig) -> None:
     try:
         await ledger.wait()
     finally:
+        await queries.stop()
         await ledger.stop()
         gc.set_threshold(*threshold)
         gc.unfreeze()  # frozen objects are never freed: nanobind (duckdb) would report them as leaks

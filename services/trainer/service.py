@@ -40,6 +40,7 @@ from swarmrl.schemas import (
 )
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.objects import WeightStore
 from swarmrl.services.common.retry import retry
 from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
@@ -82,6 +83,7 @@ class Trainer:
         the samples they generated."""
         self.learner: Learner | None = None
         self.kv: KeyValue | None = None
+        self.weights: WeightStore | None = None
         self.dead_letters: bus.DeadLetters | None = None
 
     @property
@@ -124,6 +126,7 @@ class Trainer:
         cfg, learner = self.cfg, self.learner
         assert learner is not None
         self.kv = await bus.models_kv(js)
+        self.weights = await WeightStore.open(js, cfg.model) if cfg.share_weights else None
         await self._put_version(weights)
         subjects = [S.samples_subject(cfg.model), S.lost_subject(cfg.model)]  # one consumer: stream order
         durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
@@ -406,6 +409,8 @@ class Trainer:
         `save`), so no KV version names non-finite weights."""
         assert self.kv is not None
         mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
+        if self.weights is not None:  # first the files, for engines on other hosts (`share_weights`)
+            await retry(self.stopping, self.weights.put, mv.version, path)
         await retry(self.stopping, self.kv.put, self.cfg.model, encode(mv))
         log.info(
             "model=%s version=%d path=%s put in KV %s", self.cfg.model, mv.version, mv.path, S.MODELS_BUCKET
