@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from load import Probe, Records
+    from load_probe import Probe, Records
 
 # -- a stage's figures and what they say ------------------------------------------------------------
 
@@ -101,6 +101,9 @@ def figures(stage: dict[str, Any], rec: Records, probe: Probe, a: float, b: floa
     errors = sum(not c[3] for c in calls) + sum(e[4] == "error" for e in eps)
     return {
         **stage, "window_s": round(dt, 1),
+        "open_episodes": open_episodes(rec, a, b), "open_episodes_end": open_episodes(rec, b, b),
+        "calls": len(ok_calls), "episodes": sum(e[4] == "ended" for e in eps),
+        "memory_mib": s1.get("memory", {}),
         "episodes_per_s": round(sum(e[4] == "ended" for e in eps) / dt, 2),
         "calls_per_s": round(len(ok_calls) / dt, 2),
         "call_p50_s": pct(lat, 0.5), "call_p99_s": pct(lat, 0.99),
@@ -110,6 +113,18 @@ def figures(stage: dict[str, Any], rec: Records, probe: Probe, a: float, b: floa
         "events_per_s": {k: round(v / span, 1) for k, v in sorted(events.items())},
         "lag": lag, "cpu_cores": cpu, "engines": engines, "nats_per_s": nats,
     }  # fmt: skip
+
+
+def open_episodes(rec: Records, a: float, b: float) -> float:
+    """Agents with an episode open, summed over the load processes: the mean over [a, b] of each
+    second's gauges (a == b: the last gauge of each process at `b`)."""
+    if a == b:
+        return float(sum(next((n for t, n in reversed(g) if t <= b), 0) for g in rec.gauges.values()))
+    per_proc = [
+        {int(t): n for t, n in g if a <= t <= b} for g in rec.gauges.values()
+    ]  # last gauge per second
+    seconds = set.intersection(*(set(d) for d in per_proc)) if per_proc else set()
+    return round(statistics.fmean(sum(d[sec] for d in per_proc) for sec in seconds), 1) if seconds else 0.0
 
 
 def signals(f: dict[str, Any], cores: int) -> list[str]:
@@ -265,9 +280,16 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, torch {m['torch']}, {m['nats_server']}, {m['date']} "
         f"(load average {m['load_average']} at the end). Command: `{r['command']}`.",
         "",
-        f"Agents: {c['procs']} load processes, each one `SwarmClient` with its own NATS identity; an episode = "
-        f"begin (token from the gateway), {c['calls']} chat completions (max_tokens {c['max_tokens']}, the "
-        "embedded CPU engine on the tiny model), reward, end; no think time. No trainer. Stages of "
+        f"Agents: {c['procs']} load processes, each {c['clients_per_proc']} `SwarmClient` connection(s), each "
+        f"with its own NATS identity; an episode = begin (token from the gateway), {c['calls']} chat completions "
+        f"(max_tokens {c['max_tokens']}, the embedded CPU engine on the tiny model), reward, end; "
+        + (
+            f"before each call a think time, lognormal with median {c['think_median_s']:g} s (sigma "
+            f"{c['think_sigma']:g}), new agents beginning over {c['ramp_s']:g} s. "
+            if c["think_median_s"] > 0
+            else "no think time. "
+        )
+        + "No trainer. Stages of "
         f"{c['stage_s']:g} s, figures over their last two thirds. Latency: a call as the agent sees it, through "
         "the gateway (engine included); begin: token request and `begin` published. Events/s: deltas of each "
         "replica's JetStream consumers' delivered counts (the ledger's over every stream it reads). CPU from "
@@ -287,6 +309,11 @@ def write_md(r: dict[str, Any], path: Path) -> None:
                          f"{run['stop_reason']} | {first} |")  # fmt: skip
     for run in r["runs"]:
         lines += run_md(run)
+    if c["think_median_s"] > 0:
+        from load_crowd import crowd_md
+
+        path.write_text("\n".join(lines + crowd_md(r)) + "\n")
+        return
     lines += ["", f"## {c['paper_agents']:,} agents, on paper", "",
               f"From the best stage of {p.get('from', '-')}; an agent assumed to call every "
               f"{c['paper_call_interval_s']:g} s. A service's capacity per process = its measured rate / its measured "
@@ -299,11 +326,15 @@ def write_md(r: dict[str, Any], path: Path) -> None:
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, command: str) -> dict[str, Any]:
     """load.json's content: the command, the machine, every flag, the runs and the paper sizing."""
     from benchutil import machine
+    from load_crowd import memory_figures, paper_crowd
 
+    if args.think_median_s > 0:
+        for run in runs:
+            run["memory"] = memory_figures(run)
     return {
         "benchmark": "load", "command": command,
         "machine": machine(), "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "runs": runs, "paper": paper(runs, args),
+        "runs": runs, "paper": paper_crowd(runs, args) if args.think_median_s > 0 else paper(runs, args),
     }  # fmt: skip
 
 

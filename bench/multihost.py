@@ -163,13 +163,14 @@ class Recipe:
             if p.poll() is not None and n not in self.exit_codes
         }
 
-    def stop(self, grace_s: float = 60.0) -> dict[str, int]:
-        """SIGTERM every process in the recipe's stop order (then any other), each waited for up to
-        `grace_s` (then SIGKILL); returns name -> exit code (-9: killed)."""
+    def stop(self, grace_s: float = 60.0, keep: tuple[str, ...] = ()) -> dict[str, int]:
+        """SIGTERM every process in the recipe's stop order (then any other) but those named in `keep`
+        (e.g. the NATS nodes, to read the streams before they go), each waited for up to `grace_s`
+        (then SIGKILL); returns name -> exit code (-9: killed)."""
         order = [n for b in self.blocks if b.kind == "stop" for n in b.text.split()]
         for name in [*order, *(n for n in self.procs if n not in order)]:
             proc = self.procs.get(name)
-            if proc is None or name in self.exit_codes:
+            if proc is None or name in self.exit_codes or name in keep:
                 continue
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

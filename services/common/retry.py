@@ -17,7 +17,7 @@ import nats.js.errors
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_delay,
     wait_exponential,
 )
@@ -32,6 +32,17 @@ TRANSIENT = (
     nats.js.errors.ServiceUnavailableError,
 )
 """Failures that pass; anything else (a rejected publish, a bug) propagates."""
+DUPLICATE_IN_PROCESS = 10158
+"""JetStream's `duplicate message id is in process` (409): an earlier try of the same publish (same
+`Nats-Msg-Id`) is still being stored, as after a publish whose ack timed out while the stream's leader
+was out of reach (`bench/results/partitions.md`). It passes too: trying again gets that one's ack, or
+stores the message if the earlier try failed."""
+
+
+def passes(exc: BaseException, transient: tuple[type[BaseException], ...] = TRANSIENT) -> bool:
+    """Whether `exc` is a failure worth trying again: one of `transient`, or a publish still in process."""
+    in_process = isinstance(exc, nats.js.errors.APIError) and exc.err_code == DUPLICATE_IN_PROCESS
+    return isinstance(exc, transient) or in_process
 
 
 T = TypeVar("T")
@@ -52,7 +63,7 @@ async def retry(stop: asyncio.Event, action: Callable[..., Awaitable[T]], *args:
 
     try:
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TRANSIENT),
+            retry=retry_if_exception(passes),
             stop=lambda _: stop.is_set(),
             wait=wait_exponential(multiplier=0.1, max=5.0),
             before_sleep=log_retry,
@@ -60,8 +71,10 @@ async def retry(stop: asyncio.Event, action: Callable[..., Awaitable[T]], *args:
         ):
             with attempt:
                 result = await action(*args, **kwargs)
-    except TRANSIENT as exc:  # re-raised by tenacity only once the stop was requested
-        raise Stopping from exc
+    except Exception as exc:
+        if passes(exc):  # re-raised by tenacity only once the stop was requested
+            raise Stopping from exc
+        raise
     return result
 
 
@@ -72,8 +85,8 @@ async def within(
     transient: tuple[type[BaseException], ...] = TRANSIENT,
     **kwargs: Any,
 ) -> T:
-    """Await `action(*args, **kwargs)` through `transient` failures for up to `seconds` (backing off
-    0.1 s doubling to 2 s), then let the last one propagate. For setup that has no stop event yet,
+    """Await `action(*args, **kwargs)` through `transient` failures (and `DUPLICATE_IN_PROCESS`) for up
+    to `seconds` (backing off 0.1 s doubling to 2 s), then let the last one propagate. For setup that has no stop event yet,
     and for the agents' SDK, which gives up after its `retry_s`.
 
     A config reload of nats-server (a study adding a run's account, `up` minting an agent) makes
@@ -81,7 +94,7 @@ async def within(
     stream info and KV gets failed in about 3 of 10 reloads, and a new run's stream setup in 7 of 10
     when the next run's account was added right after (`tests/integration/test_research_accounts.py`)."""
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(transient),
+        retry=retry_if_exception(lambda exc: passes(exc, transient)),
         stop=stop_after_delay(seconds),
         wait=wait_exponential(multiplier=0.1, max=2.0),
         reraise=True,
