@@ -166,8 +166,9 @@ def bound(f: dict[str, Any], prev: dict[str, Any] | None, args: argparse.Namespa
 
 def stage_line(n: int, f: dict[str, Any]) -> str:
     ev = ", ".join(f"{k} {v:g}" for k, v in f["events_per_s"].items())
-    return (f"load: replicas={n} agents={f['agents']}: {f['episodes_per_s']} ep/s, {f['calls_per_s']} calls/s, "
-            f"p50 {f['call_p50_s']} s p99 {f['call_p99_s']} s, errors {f['errors']}; events/s {ev}")  # fmt: skip
+    return (f"load: replicas={n} agents={f['agents']} open={f['open_episodes']:g}: {f['episodes_per_s']} ep/s, "
+            f"{f['calls_per_s']} calls/s, p50 {f['call_p50_s']} s p99 {f['call_p99_s']} s, begin p99 {f['begin_p99_s']} s, "
+            f"errors {f['errors']}; events/s {ev}; MiB {f['memory_mib']}")  # fmt: skip
 
 
 def targets(total: int, procs: list[str], team: int) -> dict[str, int]:
@@ -236,9 +237,10 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
         gateways = [_url(p.config) for p in procs if p.service == "gateway"]
         async with httpx.AsyncClient() as http:
             await wait_ready(js, http, [*engines.values(), *gateways], True, ledger_parts, sup)
+            assert server.proc is not None
             probe = Probe(
                 js, http, {**sup.pids(), "nats": server.proc.pid}, engines, f"http://127.0.0.1:{mon}/varz"
-            )  # type: ignore[union-attr]
+            )
             names = [f"load-{i}" for i in range(args.procs)]
             idle = probe.memory() | {"@nats_connections": await probe.connections()}
             conns = {n: [f"{n}-c{j}" for j in range(args.clients_per_proc)] for n in names}
@@ -259,7 +261,7 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
                     "PYTHONUNBUFFERED": "1",
                 }
                 sup.spawn(name, argv, env)
-            probe.procs = {**sup.pids(), "nats": server.proc.pid, "bench": os.getpid()}  # type: ignore[union-attr]
+            probe.procs = {**sup.pids(), "nats": server.proc.pid, "bench": os.getpid()}
             pids = probe.procs
             rec = Records([recdir / f"{name}.jsonl" for name in names])
             deadline = time.monotonic() + 180

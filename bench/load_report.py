@@ -241,15 +241,19 @@ def run_md(run: dict[str, Any]) -> list[str]:
     stages = run["stages"]
     lines = ["", f"## {run['replicas']} replica(s) of each service", "",
              f"Replicas applied: {run['replicas_applied']}. Ramp stopped: {run['stop_reason']}.", "",
-             "| agents | episodes/s | calls/s | call p50 s | call p99 s | begin p99 s | errors | events/s per replica "
-             "| engine queued / running | NATS msgs/s in+out |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]  # fmt: skip
+             "| agents | open episodes | episodes/s | calls/s | call p50 s | call p99 s | begin p50 s | begin p99 s "
+             "| errors | events/s per replica | engine queued / running | NATS msgs/s in+out | MiB per process |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |"]  # fmt: skip
     for s in stages:
         eng = "; ".join(f"{k} {e['queued_mean']} / {e['running_mean']}" for k, e in s["engines"].items())
         ev = "; ".join(f"{k} {v:g}" for k, v in s["events_per_s"].items())
         nm = s["nats_per_s"].get("in_msgs", 0) + s["nats_per_s"].get("out_msgs", 0)
-        lines.append(f"| {s['agents']} | {s['episodes_per_s']} | {s['calls_per_s']} | {s['call_p50_s']} | "
-                     f"{s['call_p99_s']} | {s['begin_p99_s']} | {s['errors']} | {ev} | {eng} | {nm:g} |")  # fmt: skip
+        mib = ", ".join(
+            f"{k} {v:.0f}" for k, v in s.get("memory_mib", {}).items() if not k.startswith("load-")
+        )
+        lines.append(f"| {s['agents']} | {s.get('open_episodes', '-')} | {s['episodes_per_s']} | {s['calls_per_s']} | "
+                     f"{s['call_p50_s']} | {s['call_p99_s']} | {s['begin_p50_s']} | {s['begin_p99_s']} | {s['errors']} | "
+                     f"{ev} | {eng} | {nm:g} | {mib} |")  # fmt: skip
     if stages:
         cols = sorted(stages[0]["cpu_cores"])
         lines += ["", "CPU in cores per process (`@machine_busy`: the whole machine; `@others`: what processes "

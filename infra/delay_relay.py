@@ -35,19 +35,26 @@ CONNECT_TIMEOUT_S = 10.0
 CHUNK = 64 * 1024
 
 
+def applied_path(config: Path) -> Path:
+    """Where the relay writes the modification time (ns) of the config it applies."""
+    return config.with_name(config.name + ".applied")
+
+
 class Delays:
     """The config file's delays per peer address, re-read when its modification time changes."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.mtime, self.table = path, 0.0, dict[str, tuple[float, float]]()
+        self.path, self.mtime, self.table = path, 0, dict[str, tuple[float, float]]()
 
     def refresh(self) -> None:
+        """Read the file again if it changed, then say which version applies (`applied_path`)."""
         with contextlib.suppress(OSError, ValueError):
-            mtime = self.path.stat().st_mtime
+            mtime = self.path.stat().st_mtime_ns
             if mtime != self.mtime:
                 raw = json.loads(self.path.read_text() or "{}")
                 self.table = {addr: (float(v[0]), float(v[1])) for addr, v in raw.items()}
                 self.mtime = mtime
+                applied_path(self.path).write_text(str(mtime))
 
     def sample_s(self, addr: str) -> float:
         mean, jitter = self.table.get(addr, (0.0, 0.0))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from swarmrl.infra.delay_relay import RELAY_MARK
+from swarmrl.infra.delay_relay import RELAY_MARK, applied_path
 
 RELAY_PORT = 15999
 """Port of a shaped host's relay, on that host's own loopback."""
@@ -264,11 +264,13 @@ class Hosts:
             raise ValueError(f"loss percent must be an integer 0-100, got {percent}")
         for x, y in ((a, b), (b, a)):
             self._loss[(x, y)] = percent
-            rules = [f"flush chain inet {TABLE} loss"] + [
-                f"add rule inet {TABLE} loss iifname eth0 ip saddr {self.hosts[peer].addr} numgen random mod 100 < {int(p)} drop"
-                for (host, peer), p in self._loss.items()
-                if host == x and p > 0
-            ]
+            rules = [f"flush chain inet {TABLE} loss"]
+            for (host, peer), p in self._loss.items():
+                if host == x and p > 0:  # numgen's values are 0-99: a loss of 100% is a plain drop
+                    odds = f"numgen random mod 100 < {int(p)} " if p < 100 else ""
+                    rules.append(
+                        f"add rule inet {TABLE} loss iifname eth0 ip saddr {self.hosts[peer].addr} {odds}drop"
+                    )
             self._nft(x, "\n".join(rules))
 
     def delay(self, a: str, b: str, ms: float, jitter_ms: float = 0.0) -> None:
@@ -281,6 +283,13 @@ class Hosts:
         for x, y in ((a, b), (b, a)):
             self._delays.setdefault(x, {})[self.hosts[y].addr] = [float(ms), float(jitter_ms)]
             self._write_delays(x, self.hosts[x].dir.parent / f".relay-{x}.json")
+        for x in (a, b):  # applied when this returns
+            config = self.hosts[x].dir.parent / f".relay-{x}.json"
+            want, deadline = str(config.stat().st_mtime_ns), time.monotonic() + 10
+            while not (applied_path(config).exists() and applied_path(config).read_text() == want):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the relay of host {x} did not apply {config} within 10 s")
+                time.sleep(0.02)
 
     def _write_delays(self, name: str, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
