@@ -19,7 +19,7 @@ For each replica count (`--replicas 1,2`: one run after the other, side by side 
    `--openai-retries`, so every failed attempt shows), publish a reward, end. Each
    process appends its calls and episodes (wall-clock stamps) to a JSON-lines file the parent reads.
 3. Ramps: stages of increasing total agents (`--stages`, up to `--max-agents`), `--stage-s` each,
-   figures taken over the stage's last two thirds. The ramp stops at a bound: calls/s grew less than
+   figures taken over the stage's last two thirds (last half with thinking agents, below). The ramp stops at a bound: calls/s grew less than
    10% over the previous stage while p99 call latency is above `--p99-bound-s`; errors on more than
    1% of the calls or episodes; a service exited; or the last stage.
 4. Meanwhile it samples, every second: CPU of every process (/proc: services, NATS, load
@@ -30,6 +30,16 @@ For each replica count (`--replicas 1,2`: one run after the other, side by side 
    Events/s per merger and per ledger replica are the deltas of their consumers' delivered counts.
 5. After the last stage the agents finish their episodes, the pipeline drains, the services stop
    (the ledger last) and the ledger's Parquet files are counted against what the agents ended.
+
+Thinking agents (`--think-median-s`, e.g. 60): before each call an agent waits a lognormal time of
+that median (`--think-sigma`), as tools and environments take, so what the services hold is open
+episodes rather than calls in flight; `--clients-per-proc` spreads them over more `SwarmClient`
+connections (each its own NATS identity). Every stage then also records the open episodes and each
+process's resident memory, and the report fits memory per open episode and per connection for every
+service (`load_crowd.py`) and sizes `--paper-agents` (default 100,000) such agents on paper.
+
+    python bench/load.py --think-median-s 60 --calls 4 --procs 8 --clients-per-proc 25 \
+        --stages 500,1000,2000,3000 --stage-s 240
 
 Writes `<out>/load.json` and `<out>/load.md`: per replica count and stage, episodes/s, LLM calls/s,
 p50/p99 latency of a call as the agent sees it (through the gateway, engine included), events/s per
@@ -287,7 +297,9 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
                 await probe.sample()
                 rec.read()
                 stage = {"agents": sum(tg.values()), "think_median_s": args.think_median_s}
-                f = figures(stage, rec, probe, t0 + args.stage_s / 3, time.time())
+                # thinking agents' first calls come a think after their begin: only the stage's last half is steady
+                since = args.stage_s / (2 if args.think_median_s > 0 else 3)
+                f = figures(stage, rec, probe, t0 + since, time.time())
                 f["signals"] = signals(f, cores)
                 f["sockets"] = probe.sockets([n for n in pids if n != "bench"])
                 f["caveat"] = caveat(f, cores)
@@ -316,7 +328,7 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
         server.stop()
     return {
         "replicas": n, "replicas_applied": applied, "pids": pids, "stages": stages,
-        "idle_memory_mib": idle, "connected_memory_mib": connected, "connections": len(files),
+        "idle_memory_mib": idle, "connected_memory_mib": connected, "connections": len(files), "procs": len(names),
         "stop_reason": stop_reason, "first_bottleneck": first_bottleneck(stages),
         "agents_final": _sum(rec.finals), "pipeline_settled": settled, "ledger": ledger_counts(run_dir),
         "work_dir": str(work),

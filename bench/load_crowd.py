@@ -80,13 +80,13 @@ def paper_crowd(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
              f"{agents:,} agents = x{k:.1f} every rate: {per_agent_calls * agents:,.0f} calls/s."]  # fmt: skip
     out: dict[str, Any] = {"from": f"replicas=1, {s['agents']} agents", "scale": round(k, 2)}
 
-    def size(svc: str, rate: float, unit: str, aim: float = 0.7) -> None:
+    def size(svc: str, rate: float, unit: str, aim: float = 0.7, per_episode: bool = True) -> None:
         cpu = sum(v for name, v in s["cpu_cores"].items() if _service(name) == svc)
         if cpu <= 0 or rate <= 0:
             return
         per_core = rate / cpu
         need = math.ceil(rate * k / (aim * per_core))
-        kib = mem["kib_per_open_episode"].get(svc)
+        kib = mem["kib_per_open_episode"].get(svc) if per_episode else None
         held = None if kib is None else max(kib, 0.0) * agents / 1024
         out[svc] = {"per_core": round(per_core, 1), "load": round(rate * k, 1), "processes": need,
                     "episode_mib_total": None if held is None else round(held, 1)}  # fmt: skip
@@ -98,7 +98,7 @@ def paper_crowd(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
     merger_ev = sum(v for name, v in s["events_per_s"].items() if name.startswith("merger/"))
     ledger_ev = sum(v for name, v in s["events_per_s"].items() if name.startswith("ledger/"))
     size("gateway", s["calls_per_s"], "calls")
-    size("engine", s["calls_per_s"], "calls")
+    size("engine", s["calls_per_s"], "calls", per_episode=False)  # weights and KV cache: not per episode
     size("merger", merger_ev, "events")
     size("ledger", ledger_ev, "events")
     msgs = s["nats_per_s"].get("in_msgs", 0) + s["nats_per_s"].get("out_msgs", 0)
@@ -121,9 +121,10 @@ def paper_crowd(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
                      f"msgs/s at half of {args.paper_node_cores}-core nodes -> **{nodes} nodes** (3 at least); "
                      f"{conns:,} client connections ({per_conn:g} agents each) x {conn_kib} KiB + {kib:g} KiB per open "
                      f"episode -> {node_mib:,.0f} MiB a node, the connections spread over the nodes.")  # fmt: skip
-    lines.append(f"Agents' side: {mem['load_process_mib_per_connection']:g} MiB per `SwarmClient` connection in a load "
-                 f"process (its interpreter shared by its connections), "
-                 f"{mem['kib_per_open_episode'].get('load')} KiB per agent with an open episode.")  # fmt: skip
+    lines.append(f"Agents' side: a load process holds {mem['load_process_mib_per_connection'] * run['connections'] / max(run['procs'], 1):.0f} "
+                 f"MiB with its {run['connections'] // max(run['procs'], 1)} `SwarmClient` connections before any agent "
+                 f"(the interpreter and the SDK), then {mem['kib_per_open_episode'].get('load')} KiB per agent with an "
+                 "open episode.")  # fmt: skip
     out["lines"] = lines
     return out
 
@@ -132,8 +133,9 @@ def crowd_md(r: dict[str, Any]) -> list[str]:
     """The memory table of every run and the paper sizing, as md lines."""
     lines = ["", "## Memory per open episode and per connection", "",
              "KiB of resident memory per open episode (least-squares slope over the connected baseline and every "
-             "stage without errors, each service's replicas summed); nats-server per client connection: its growth "
-             "when the load processes connected (before any agent), per connection opened.", "",
+             "stage without errors, each service's replicas summed; the engine's is its weights and KV cache warming "
+             "up, not a cost of episodes); nats-server per client connection: its growth when the load processes "
+             "connected (before any agent), per connection opened.", "",
              "| replicas | " + " | ".join(SERVICES) + " | nats KiB / connection | MiB held at the largest stage |",
              "| ---: |" + " ---: |" * len(SERVICES) + " ---: | --- |"]  # fmt: skip
     for run in r["runs"]:

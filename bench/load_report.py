@@ -294,7 +294,7 @@ def write_md(r: dict[str, Any], path: Path) -> None:
             else "no think time. "
         )
         + "No trainer. Stages of "
-        f"{c['stage_s']:g} s, figures over their last two thirds. Latency: a call as the agent sees it, through "
+        f"{c['stage_s']:g} s, figures over their last {'half' if c['think_median_s'] > 0 else 'two thirds'}. Latency: a call as the agent sees it, through "
         "the gateway (engine included); begin: token request and `begin` published. Events/s: deltas of each "
         "replica's JetStream consumers' delivered counts (the ledger's over every stream it reads). CPU from "
         "/proc, in cores (1.0 = one core busy).",
