@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client as NATS
@@ -74,21 +75,53 @@ ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
 """On a truncated dead letter: the hex SHA-256 of the original payload."""
 
 
+PING_INTERVAL_S = 5.0
+MAX_OUTSTANDING_PINGS = 3
+"""A connection with this many pings unanswered (each `PING_INTERVAL_S` apart) is dead and replaced
+(nats-py's defaults: 2 minutes, 2). A network cut leaves TCP connections open but silent, and once
+it heals their retransmissions back off up to tens of seconds more: with the defaults a service cut
+off for 30 s took 25-30 s after the heal to be heard again (`bench/results/partitions.md`); a
+connection found dead during the cut is made again at once after it."""
+
+
 async def connect(url: str, name: str) -> NATS:
-    """Connect with reconnects forever: a broker restart pauses a service, it never kills it."""
+    """Connect with reconnects forever: a broker restart pauses a service, it never kills it; a
+    connection silent for `MAX_OUTSTANDING_PINGS` pings is replaced. The user and password of `url`
+    go as options, for every server (`split_credentials`)."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
 
+    servers, (user, password) = split_credentials(url)
     nc = NATS()
     await nc.connect(
-        servers=[u.strip() for u in url.split(",")],
+        servers=servers,
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,  # type: ignore[arg-type]  # seconds: nats-py annotates int, sleeps any number
+        ping_interval=PING_INTERVAL_S,  # type: ignore[arg-type]
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         error_cb=on_error,
+        user=user,
+        password=password,
     )
     return nc
+
+
+def split_credentials(url: str) -> tuple[list[str], tuple[str | None, str | None]]:
+    """The servers of `url` (comma-separated) without credentials, and the one user and password they
+    carry, for `nats.connect`'s options (None, None: none, or not the same in all). A cluster's servers tell a client of each other (INFO
+    `connect_urls`), and nats-py adds each to its pool unless one with the same `user:pw@host:port`
+    is there: given in the URLs, the credentials made every node a second, credential-less entry, and
+    a reconnect to one of those failed with `Authorization Violation`. URLs with different users
+    pass as they are."""
+    parts = [urlsplit(u.strip()) for u in url.split(",") if u.strip()]
+    users = {(p.username, p.password) for p in parts}
+    if len(users) != 1 or None in next(iter(users)):
+        return [u.strip() for u in url.split(",") if u.strip()], (None, None)
+    user, password = next(iter(users))
+    bare = [urlunsplit(p._replace(netloc=p.netloc.rsplit("@", 1)[-1])) for p in parts]
+    return bare, (unquote(user or ""), unquote(password or ""))
 
 
 async def close(nc: NATS, drain: bool = False) -> None:
@@ -198,14 +231,21 @@ async def live_keys(js: JetStreamContext, kv: KeyValue, pattern: str = ">") -> l
     keys = []
     entries = watch_kv(js, kv, pattern, meta_only=True, inactive_threshold=KEYS_INACTIVE_S)
     try:
-        async for entry in entries:
-            if entry is None:  # every key stored at the start is delivered
-                break
-            if entry.operation is None:  # a value, not a delete or purge marker
-                keys.append(entry.key)
+        async with asyncio.timeout(LIVE_KEYS_TIMEOUT_S):  # a watch's replay cut off never ends by itself
+            async for entry in entries:
+                if entry is None:  # every key stored at the start is delivered
+                    break
+                if entry.operation is None:  # a value, not a delete or purge marker
+                    keys.append(entry.key)
     finally:
         await entries.aclose()
     return keys
+
+
+LIVE_KEYS_TIMEOUT_S = 10.0
+"""Longest `live_keys` waits for its keys (then TimeoutError): a watch whose replay was cut by a
+network partition delivers nothing more, and the leases' renewal loop waited on one for minutes
+(`bench/results/partitions.md`)."""
 
 
 def written_at(entry: KeyValue.Entry) -> float:

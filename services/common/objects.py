@@ -65,11 +65,7 @@ class WeightsUnavailable(RuntimeError):
 
 def served_files(path: Path) -> list[Path]:
     """The files of checkpoint (or model) directory `path` an engine loads, relative to it."""
-    return sorted(
-        f.relative_to(path)
-        for f in path.rglob("*")
-        if f.is_file() and not SKIP.match(f.name) and ".tmp" not in f.parts
-    )
+    return sorted(f.relative_to(path) for f in path.rglob("*") if f.is_file() and not SKIP.match(f.name))
 
 
 def digest(path: Path) -> str:

@@ -21,6 +21,11 @@ of episodes begun before the restart are still accepted. A flush cut halfway (se
 deleted by `PartWriter.prepare`. A message dead-lettered just before a crash is dead-lettered again
 after it; the DLQ publish carries a Nats-Msg-Id, so JetStream drops that copy within its window.
 
+A reply to a fetch can come late or not at all (a network partition between the ledger and the
+consumer's leader) while the next fetch's messages arrive: a message past a gap in the sequence is
+held (`StreamSink.early`) until the missing ones come, late or redelivered after `ack_wait_s`, so no
+cumulative ack ever covers a message that was not written.
+
 Replicas (`--replica`): the same per partition of LEDGER_PARTS, held by lease (see "Replicas" below).
 """
 
@@ -33,7 +38,7 @@ import itertools
 import logging
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 
 import duckdb
@@ -381,13 +386,22 @@ class Ledger(Loops):
         """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
         not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
         ingest = self._ingester(sink.stream, sink.ingest or self.ingest)
-        for msg in msgs:  # one plain loop: no coroutine per message, awaits only for the rare cases
+        queue = deque(msgs)
+        while queue or sink.last_seq + 1 in sink.early:  # plain: no coroutine per message
+            held = sink.early.pop(sink.last_seq + 1, None)  # next in order, if it came early
+            msg = held if held is not None else queue.popleft()
             # nats-py raises NotJSMessageError for a non-JetStream one
             seq = bus.source_seq(msg) if sink.sourced else msg.metadata.sequence.stream
             if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
                 self.counts["redelivered"] += 1
                 if seq <= sink.durable_seq:
                     await self._ack(msg)
+                continue
+            if not sink.sourced and sink.last_seq and seq > sink.last_seq + 1:
+                # An earlier fetch's reply is late or was lost (a partition): acking past the gap would
+                # ack the missing messages unwritten (cumulative acks). Hold this one until they come.
+                self.counts["held_for_order"] += 1
+                sink.early[seq] = msg
                 continue
             try:
                 table, row = ingest(msg, seq)
