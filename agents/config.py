@@ -154,7 +154,7 @@ class RunConf(Strict):
     """Chaos: per-turn probability that a built-in client fails an episode on purpose."""
     seed: int = Field(default=0, ge=0)
     """Seed of the run: trainers (torch/numpy/random), embedded engines' samplers and the built-in
-    clients' task streams. 0 gives what `swarmrl up` always did; `swarmrl research` sets one per run."""
+    clients' task streams (`swarmrl research` sets one per run)."""
     actions: Literal["elastic", "fifo", "static", "off"] = "elastic"
     """Tools of the tasks that have them (calculator) run as sandboxed python actions through the
     actions service, scheduled with this policy; `off` runs them inside the client processes."""

@@ -19,19 +19,20 @@ while its train reward does not (`Divergence`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from swarmrl.agents.runner import Outcome, play_episode, roles_of
 from swarmrl.agents.sdk import TRANSIENT, SwarmClient
 from swarmrl.agents.tasks import get_task
 from swarmrl.schemas import EvalResult, ModelVersion, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.retry import backoff
 
 log = logging.getLogger("swarmrl.evaluator")
 
@@ -125,23 +126,18 @@ async def evaluate(
     async def one(k: int, instance: Any) -> Outcome | None:
         episode_seed = None if seed is None else seed + SEED_STRIDE * k
         async with gate:
+            play = functools.partial(
+                play_episode, swarm, spec, instance, role_map, eval=True, temperature=temperature,
+                max_tokens=max_tokens, seed=episode_seed,
+            )  # fmt: skip
             try:
-                async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(INFRA), stop=stop_after_attempt(attempts),
-                    wait=wait_exponential(multiplier=1.0, max=20.0), reraise=True,
-                ):  # fmt: skip
-                    with attempt:
-                        return await play_episode(
-                            swarm, spec, instance, role_map, eval=True, temperature=temperature,
-                            max_tokens=max_tokens, seed=episode_seed,
-                        )  # fmt: skip
+                return await backoff(play, transient=INFRA, tries=attempts, first_s=1.0, max_s=20.0)
             except INFRA as exc:
                 unscored.append(exc)
                 return None
             except Exception as exc:  # the episode's own failure counts as a failure, loudly
                 log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
                 return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
-        raise AssertionError("unreachable")
 
     results = [
         r for r in await asyncio.gather(*(one(k, i) for k, i in enumerate(instances))) if r is not None

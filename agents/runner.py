@@ -30,7 +30,7 @@ from swarmrl.agents.sdk import Episode, SwarmClient
 from swarmrl.agents.tasks import TaskSpec, get_task
 from swarmrl.core.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential
-from swarmrl.schemas import ClientState
+from swarmrl.schemas import DEFAULT_GROUP_SIZE, ClientState
 from swarmrl.services.common import loop as aio
 
 log = logging.getLogger("swarmrl.client")
@@ -346,7 +346,6 @@ def _pair(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     from swarmrl.agents.config import RunConf, TaskConf
     from swarmrl.core.config import default_of
-    from swarmrl.services.trainer.config import TrainerConfig
 
     p = argparse.ArgumentParser(
         prog="python -m swarmrl.agents.runner",
@@ -375,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         help="model of each role of a multi-role task (repeatable), e.g. --role caller=alpha",
     )
     # defaults: the declarations `swarmrl up` reads (one default per setting)
-    p.add_argument("--num-repeat", type=int, default=default_of(TrainerConfig, "num_repeat"),
+    p.add_argument("--num-repeat", type=int, default=DEFAULT_GROUP_SIZE,
                    help="episodes per task instance (GRPO group size, declared on `begin`)")  # fmt: skip
     p.add_argument(
         "--concurrency", type=int, default=default_of(TaskConf, "concurrency"), help="groups played at once"

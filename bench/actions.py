@@ -12,7 +12,7 @@ between actions (sleeps: the benchmark measures the external resources, not the 
 action's code sleeps for its trace run time: on a 2-core machine, units (warm sandbox workers), not
 cores, are the resource being scheduled; worker start-up, sandboxing and NATS hops are real.
 
-**Simulation mode**: the same scheduler code in virtual time (`bench/actions_simulate.py`) at
+**Simulation mode**: the same scheduler code in virtual time (`tests/support/actions_simulate.py`) at
 10,000 concurrent trajectories and 1,000 units, plus a sweep of pool sizes: the units each
 baseline needs to reach elastic's mean ACT.
 
@@ -43,22 +43,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actions_simulate import SimResult, floor_reached_at, percentile, simulate, smallest_reaching, split_pools
-from actions_trace import TaskKind, TrajectorySpec, Turn, make_trace
 from benchutil import RESULTS, machine
 
 from swarmrl.machine import describe
 from swarmrl.schemas import ActionRequest, encode
 from swarmrl.schemas import subjects as S
-from swarmrl.services.actions.scheduler import PoolSpec
+from tests.support.actions_simulate import (
+    CPU_START_S,
+    SimResult,
+    floor_reached_at,
+    percentile,
+    pools_for,
+    simulate,
+    smallest_reaching,
+    split_pools,
+)
+from tests.support.actions_trace import TaskKind, TrajectorySpec, Turn, make_trace
 
 REAL_POLICIES = ("static", "fifo", "elastic")
 SIM_POLICIES = ("static", "isolated", "fifo", "elastic", "static-unbounded")
 BASELINES = ("static", "isolated", "fifo")
 """What elastic is compared with at equal units, and swept for the units it needs."""
 MEM_MB = 1 << 20  # memory is not the constraint studied here
-CPU_START_S = 0.05
-"""Warm-up of a new CPU unit (elastic) or bundle (static): a sandbox worker's start."""
 FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0)
 """The pool sizes of the units sweep, as multiples of elastic's units and slots."""
 REACH_TOL = 0.02
@@ -68,19 +74,6 @@ VERSION = 2
 """Of the results' layout: 2 since every policy has the same peak units (issue 25)."""
 PAPER = {"act": 4.3, "step": 1.5, "saved": 0.712}
 """ARL-Tangram's headline numbers (average ACT, RL step time, external resources saved)."""
-
-
-def pools_for(policy: str, units: int, slots: int, trajectories: int, idle_s: float) -> dict[str, PoolSpec]:
-    """The pools of `policy` (`isolated`: the whole, which `split_pools` cuts per task)."""
-    if policy == "static-unbounded":
-        return {"cpu": PoolSpec(0, trajectories), "accel": PoolSpec(0, trajectories)}
-    if policy == "static":
-        return {"cpu": PoolSpec(0, units, start_s=CPU_START_S), "accel": PoolSpec(0, slots)}
-    floor_cpu, floor_accel = (1, 1) if policy == "elastic" else (units, slots)
-    return {
-        "cpu": PoolSpec(floor_cpu, units, idle_s=idle_s, start_s=CPU_START_S),
-        "accel": PoolSpec(floor_accel, slots, idle_s=idle_s, start_s=0.0),
-    }
 
 
 def sim_run(
@@ -194,9 +187,8 @@ TRACES: dict[str, dict[str, Any]] = {"rigid": {}, "suites": {"reward_suite": Tru
 
 
 async def run_real(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    from localstack import embedded_engine
-
     from swarmrl.bootstrap import build_model
+    from tests.support.localstack import embedded_engine
 
     out: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as d:
@@ -444,7 +436,7 @@ def write(out: dict[str, Any], path: Path) -> None:
         f"{describe(out['machine'])}. Command: `{out['command']}`; {out['wall_s']:.0f} s."
         + "".join(f" The {part} sections: `{cmd}`, run before." for part, cmd in out.get("kept", {}).items()),
         "",
-        "RL-shaped traces (`bench/actions_trace.py`, seed "
+        "RL-shaped traces (`tests/support/actions_trace.py`, seed "
         f"{a['seed']}): waves of trajectories at step boundaries, each a few turns of LLM think time "
         "then one action; python actions with lognormal (heavy-tailed) run times, 20% judge calls. "
         "Traces: " + "; ".join(f"*{n}*, {TRACE_TEXT[n]}" for n in a["traces"]) + ". "
@@ -478,7 +470,7 @@ def write(out: dict[str, Any], path: Path) -> None:
                 f"## Simulation, {name} trace ({sa['sim_steps']} steps x {sa['sim_trajectories']} "
                 f"trajectories, {sa['sim_units']} CPU units, {sa['sim_slots']} judge slots)",
                 out["sim"][name], out["sim_ratios"][name],
-                "The same scheduler code in virtual time (`bench/actions_simulate.py`); simulation "
+                "The same scheduler code in virtual time (`tests/support/actions_simulate.py`); simulation "
                 "wall seconds (" + ", ".join(r["policy"] for r in out["sim"][name]) + "): "
                 + ", ".join(f"{r['wall_s']:.1f}" for r in out["sim"][name]) + ".",
                 out["sim_sweep"].get(name),

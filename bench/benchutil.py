@@ -1,4 +1,9 @@
-"""Shared by the benchmark scripts: the machine a result was measured on, and result writing."""
+"""Shared by the benchmark scripts: the machine a result was measured on, and result writing.
+
+Imported before anything of the tests: it puts the repository on the import path, so a benchmark
+imports the tests' support (`tests.support`: the in-process stack, the scheduler's simulator, stream
+reads); the tests never import a benchmark.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,8 @@ __all__ = ["REPO", "RESULTS", "baseline_tree", "machine", "proc_cpu_s", "write_j
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -22,12 +22,12 @@ from typing import Any
 
 from benchutil import RESULTS, machine, write_json
 from engine_throughput import measure_throughput
-from localstack import generation_stack
 
 from swarmrl.agents import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.services.common import bus
 from swarmrl.services.engine.client import EngineClient
+from tests.support.localstack import generation_stack
 
 MODEL = "policy"
 MESSAGES = [

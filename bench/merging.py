@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from benchutil import RESULTS, machine, write_json
-from localstack import generation_stack
 
 from swarmrl.agents import SwarmClient
 from swarmrl.agents.runner import play, reply_message
@@ -35,6 +34,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.merger.assembler import assemble
 from swarmrl.services.merger.timelines import MergeOptions
+from tests.support.localstack import generation_stack
 
 MODEL = "policy"
 

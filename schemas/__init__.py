@@ -10,6 +10,7 @@ from swarmrl.schemas.codec import (
     encode,
 )
 from swarmrl.schemas.events import (
+    DEFAULT_GROUP_SIZE,
     SCHEMA_VERSION,
     AbortEvent,
     ActionRequest,
@@ -36,6 +37,7 @@ from swarmrl.schemas.events import (
 )
 
 __all__ = [
+    "DEFAULT_GROUP_SIZE",
     "MAX_EVENT_BYTES",
     "SCHEMA_VERSION",
     "AbortEvent",

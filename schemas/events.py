@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 
+DEFAULT_GROUP_SIZE = 8
+"""Episodes per GRPO group where nothing sets it: the trainer's `num_repeat` default, and what
+`SwarmClient.group` plays when no size is given."""
+
 # Subject tokens cannot hold dots or spaces; ids and names appear in subjects.
 SubjectToken = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 

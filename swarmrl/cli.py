@@ -19,6 +19,7 @@ swarmrl nats               run the embedded NATS server alone (prints its URL an
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import Any
 
@@ -46,7 +47,33 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    verb, rest = argv[0], argv[1:]
+    from swarmrl.infra.nats_server import NatsServerNotFound
+
+    try:
+        return _run(argv[0], argv[1:])
+    except ModuleNotFoundError as exc:  # `pip install swarmrl` is the agents' install, without the server
+        if not _in_server_extra(exc.name or ""):
+            raise
+        raise SystemExit(
+            f"swarmrl {argv[0]}: needs {exc.name}, which comes with the server: pip install 'swarmrl[server]'"
+        ) from None
+    except NatsServerNotFound as exc:
+        raise SystemExit(f"swarmrl {argv[0]}: {exc}") from None
+
+
+def _in_server_extra(module: str) -> bool:
+    """Whether the distribution of `module` (by its import name) is one of the `server` extra's."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        required = requires("swarmrl") or []
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return False
+    server = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in required if 'extra == "server"' in r}
+    return module.split(".")[0].replace("_", "-").lower() in {name.lower() for name in server}
+
+
+def _run(verb: str, rest: list[str]) -> int:
     if verb == "serve":
         if not rest or rest[0] not in SERVICES:
             print(f"usage: swarmrl serve {{{','.join(SERVICES)}}} [--help]", file=sys.stderr)
@@ -81,7 +108,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     if path is None or not path.is_file():
         return argv
     from swarmrl.core.config import write_config_file
-    from swarmrl.swarm import SwarmConfigError, build, load, resolve_base, service_classes, service_config
+    from swarmrl.swarm import CONFIGS, SwarmConfigError, build, load, resolve_base, service_config
 
     if path.suffix != ".toml":  # a JSON description has models; else it is the service's own file
         try:
@@ -90,7 +117,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
             return argv  # `--config` of the service itself says what is wrong with it
         if not isinstance(data, dict) or "models" not in data:
             return argv
-    if service not in service_classes():
+    if service not in CONFIGS:
         raise SystemExit(
             f"swarmrl serve {service}: --config takes its resolved configuration (JSON), not a swarm description"
         )

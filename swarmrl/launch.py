@@ -89,9 +89,8 @@ class Proc:
 def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> list[Proc]:
     """Every service process of `swarm` on this machine, in start order, each configured by
     `service_config` (the description over the declared defaults) plus where it runs here."""
-    n = (
-        swarm.replicas.ledger
-    )  # more than one: partitions of LEDGER_PARTS by lease (services/ledger/service.py)
+    # more than one ledger: partitions of LEDGER_PARTS by lease (services/ledger/service.py)
+    n = swarm.replicas.ledger
     procs = [
         Proc(name, "ledger", service_config(swarm, "ledger", run_dir=run_dir, replica=name if n > 1 else ""))
         for name in (_replica("ledger", i, n) for i in range(n))
@@ -156,7 +155,8 @@ def spawn_services(
         path = write_config_file(run_dir / "config" / f"{proc.name}.json", proc.service, proc.config)
         launch, launch_env = accelerate_launch(proc.processes) if proc.processes > 1 else ([], {})
         nats = {"SWARMRL_NATS": (role_urls or {}).get(proc.service, service_url)}
-        sup.spawn(proc.name, [*launch, *SERVE, proc.service, "--config", str(path)], env | nats | launch_env)
+        argv = [*launch, *SERVE, proc.service, "--config", str(path)]
+        sup.spawn(proc.name, argv, env | nats | launch_env, role=proc.service)
 
 
 def accelerate_launch(processes: int) -> tuple[list[str], dict[str, str]]:
@@ -187,10 +187,6 @@ def _proc(kind: str, model: str, swarm: Swarm) -> str:
 def _replica(name: str, i: int, n: int) -> str:
     """Process name of replica `i` of `n`: `name` alone, else `name-<i>`."""
     return f"{name}-{i}" if n > 1 else name
-
-
-def trainer_procs(swarm: Swarm) -> list[str]:
-    return [_proc("trainer", m, swarm) for m in swarm.models]
 
 
 def client_argv(swarm: Swarm, task: str) -> list[str]:
@@ -237,10 +233,7 @@ def spawn_clients(
             env["SWARMRL_CODE_VERSION"] = version
         if tasks_file is not None:  # the dataset tasks' rows and reward functions
             env["SWARMRL_TASKS_FILE"] = str(tasks_file)
-        argv = client_argv(swarm, task)
-        if t.command is None:
-            argv += ["--seed", env["SWARMRL_CLIENT_SEED"]]
-            sup.spawn(name, argv, env)
-        else:
-            sup.spawn(name, argv, env, python=False)
+        builtin = t.command is None
+        argv = client_argv(swarm, task) + (["--seed", env["SWARMRL_CLIENT_SEED"]] if builtin else [])
+        sup.spawn(name, argv, env, python=builtin, role="client")
     return names

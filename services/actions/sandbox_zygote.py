@@ -78,7 +78,7 @@ def main(config: dict[str, Any]) -> None:
     try:
         for name in config["preload"]:
             importlib.import_module(name)
-    except Exception as e:  # report it to the manager instead of dying silently
+    except Exception as e:  # any error of any module: reported to the manager instead of dying silently
         ready = {"ready": False, "error": f"preload failed: {e!r}"}
     _send(proto_out, ready)
     if not ready["ready"]:
@@ -341,7 +341,7 @@ def _child(
         sys.modules["__main__"] = main_module
         if config["guard"]:
             sys.addaudithook(_guard(os.path.realpath(workdir), config["guard_net"]))
-    except BaseException as e:
+    except BaseException as e:  # any failure: the child reports it and exits, never returns to the loop
         os.write(info_w, f"setup:{e!r}".encode())
         os._exit(125)
     os._exit(_exec(code, main_module.__dict__))
@@ -429,14 +429,14 @@ def _exec(code: str, namespace: dict[str, Any]) -> int:
         else:
             print(e.code, file=sys.stderr)
             status = 1
-    except BaseException as e:
+    except BaseException as e:  # whatever the untrusted code raises is its result, not the worker's failure
         marker = _marker(e)
         if marker:
             os.write(3, marker)
         tb = e.__traceback__.tb_next if e.__traceback__ else None  # drop our own frame
         try:
             traceback.print_exception(type(e), e, tb)
-        except BaseException:
+        except BaseException:  # printing it may fail any way too (the code broke sys.stderr, no memory)
             os.write(2, f"{type(e).__name__}: {e}\n".encode(errors="replace"))
         status = 1
     for t in threading.enumerate():
@@ -445,7 +445,7 @@ def _exec(code: str, namespace: dict[str, Any]) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BaseException:
+        except BaseException:  # the code's streams may fail to flush any way: the exit status stands
             pass
     return status & 0xFF
 

@@ -39,7 +39,7 @@ from swarmrl.services.actions.model import Action, Demand
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
 from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import Background
+from swarmrl.services.common.tasks import Background, on_signals
 
 log = logging.getLogger("swarmrl.actions")
 
@@ -126,7 +126,7 @@ class ActionsService:
             ),
         }
         self.scheduler = Scheduler(cfg.policy, pools, mem_budget_mb=cfg.mem_budget_mb, aging_s=cfg.aging_s)
-        self.dead_letters = bus.DeadLetters(js, "actions")
+        self.dead_letters = bus.DeadLetters(nc, "actions")
         self.pending: dict[str, Pending] = {}  # "<episode>.<action>" -> request in flight
         self.by_dispatch: dict[str, str] = {}  # dispatch id of a released part -> pending key
         self.recent: OrderedDict[str, ActionResult] = OrderedDict()  # answered, for retries
@@ -422,3 +422,16 @@ class ActionsService:
         # The pools' ceilings count every unit, local and remote: remote units are taken off the
         # local workers (the schedule loop resizes them).
         self._wake.set()
+
+
+async def run(cfg: ActionsConfig) -> None:
+    """`swarmrl serve actions`: the service on its own connection, until SIGTERM or SIGINT."""
+    nc = await bus.connect(cfg.nats, "actions")
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    service = ActionsService(cfg, nc, js)
+    on_signals(service.request_stop)
+    try:
+        await service.run()
+    finally:
+        await bus.close(nc)

@@ -13,19 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections import Counter
 from typing import Any, Protocol
 
+import msgpack
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from swarmrl.schemas import ActionRequest, ActionResult, WireError, decode, encode
 from swarmrl.schemas import subjects as S
-from swarmrl.services.actions.config import WorkerLimits
+from swarmrl.services.actions.config import WorkerConfig, WorkerLimits
 from swarmrl.services.actions.model import Outcome
 from swarmrl.services.common import bus
+from swarmrl.services.common.tasks import on_signals
 
 log = logging.getLogger("swarmrl.actions")
 
@@ -187,3 +191,26 @@ async def _keep_alive(msg: Msg) -> None:
         await asyncio.sleep(ACK_WAIT_S / 3)
         with contextlib.suppress(Exception):
             await msg.in_progress()
+
+
+async def run_worker(cfg: WorkerConfig) -> None:
+    """`swarmrl serve action-worker`: `cfg.units` units of `cfg.kind` on this machine, announced on
+    `swarm.actions.workers` every `heartbeat_s` (0 units once it stops), until SIGTERM or SIGINT."""
+    name = cfg.name or f"{socket.gethostname()}-{os.getpid()}"
+    nc = await bus.connect(cfg.nats, f"action-worker-{name}")
+    worker = WorkerLoop(
+        nc.jetstream(), nc, Runner(cfg.kind, build_manager(cfg.kind, cfg), cfg), cfg.units, name
+    )
+    await worker.start()
+    stop = asyncio.Event()
+    on_signals(stop.set)
+    beat = {"name": name, "kind": cfg.kind, "units": cfg.units, "period_s": cfg.heartbeat_s}
+    try:
+        while not stop.is_set():
+            await nc.publish(S.ACTION_WORKERS_SUBJECT, msgpack.packb(beat))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), cfg.heartbeat_s)
+        await nc.publish(S.ACTION_WORKERS_SUBJECT, msgpack.packb(beat | {"units": 0}))  # gone now
+    finally:
+        await worker.close()
+        await bus.close(nc)

@@ -6,13 +6,12 @@ The stream layout comes from `swarmrl.schemas.subjects`; nothing here invents a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import hashlib
 import logging
 import os
-import time
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -37,7 +36,7 @@ from nats.js.kv import KeyValue
 
 from swarmrl.schemas import MAX_EVENT_BYTES, WireError
 from swarmrl.schemas import subjects as S
-from swarmrl.services.common.retry import within
+from swarmrl.services.common.retry import backoff
 
 log = logging.getLogger("swarmrl.bus")
 
@@ -146,21 +145,22 @@ async def ensure_streams(js: JetStreamContext, *, ledger_parts: bool = False) ->
     Writes only what is missing or differs: a service role may not manage streams (its NATS user's
     permissions, `schemas/subjects.py`), so it finds them as the operator set them up (`swarmrl up`
     does first) and reads their info only. Retried whole through a moment of 503s for up to
-    ENSURE_STREAMS_S (a server's config reload, `retry.within`)."""
-    await within(ENSURE_STREAMS_S, _ensure_streams, js, ledger_parts)
+    ENSURE_STREAMS_S: a config reload of nats-server (a study adding a run's account, `up` minting an
+    agent) makes JetStream API calls of *other* accounts answer 503 for a moment (on nats-server 2.15,
+    stream info and KV gets failed in about 3 of 10 reloads, and a new run's stream setup in 7 of 10
+    when the next run's account was added right after: `tests/integration/test_research_accounts.py`)."""
+    await backoff(functools.partial(_ensure_streams, js, ledger_parts), seconds=ENSURE_STREAMS_S)
 
 
 async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     replicas = stream_replicas()
     for name, subjects in S.STREAM_SUBJECTS.items():
+        episodes = name == S.EPISODES_STREAM
         cfg = StreamConfig(
-            name=name,
-            subjects=subjects,
-            storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S if name == S.EPISODES_STREAM else SERVICE_DUPLICATE_WINDOW_S,
-            num_replicas=replicas,
-            max_msg_size=EPISODE_MSG_BYTES if name == S.EPISODES_STREAM else MAX_MSG_BYTES,
-        )
+            name=name, subjects=subjects, storage=StorageType.FILE, num_replicas=replicas,
+            duplicate_window=DUPLICATE_WINDOW_S if episodes else SERVICE_DUPLICATE_WINDOW_S,
+            max_msg_size=EPISODE_MSG_BYTES if episodes else MAX_MSG_BYTES,
+        )  # fmt: skip
         await _add_or_update(js, cfg)
     for name, subjects in S.WORK_STREAM_SUBJECTS.items():
         cfg = StreamConfig(
@@ -177,112 +177,6 @@ async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
     await _ensure_bucket(js, S.GROUPS_BUCKET, history=1, ttl=GROUPS_TTL_S, replicas=replicas)
     await _ensure_object_store(js, S.WEIGHTS_BUCKET, replicas)
-
-
-KEYS_INACTIVE_S = 5.0
-"""How long the server keeps the consumer that one `live_keys` call read through after it stopped."""
-
-
-async def _stores(js: JetStreamContext, kv: KeyValue, pattern: str) -> bool:
-    """Whether bucket `kv` holds a message under a key matching `pattern` now (a value or a marker)."""
-    bucket = (await kv.status()).bucket  # its stream and subjects by the KV scheme (ADR-8)
-    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.{pattern}")
-    return bool(info.state.subjects)
-
-
-async def watch_kv(
-    js: JetStreamContext, kv: KeyValue, pattern: str, **options: Any
-) -> AsyncGenerator[KeyValue.Entry | None, None]:
-    """`kv.watch(pattern, **options)`'s entries, with one `None` once the keys stored at its start
-    are all delivered, then the later changes, until the caller stops iterating.
-
-    nats-py's own `None` can come too early: it checks whether a new watch has anything to deliver
-    by asking the server, and the server may answer before the entries it already sent arrive, so
-    the marker comes first and the stored keys after it (nats-io/nats.py#842). Here it is believed
-    only if nothing under `pattern` is stored; otherwise the replay ends at the entry the server
-    sent with nothing pending after it (`delta` 0). Every message must reach the caller for that
-    (no `ignore_deletes`: skip deletes yourself)."""
-    if options.get("ignore_deletes"):
-        raise ValueError("watch_kv needs every entry, deletes included: skip them in the caller")
-    watcher = await kv.watch(pattern, **options)
-    replayed = False
-    try:
-        async for entry in watcher:
-            if entry is not None:
-                yield entry
-                if not replayed and not entry.delta:
-                    replayed = True
-                    yield None
-            elif not replayed and not await _stores(js, kv, pattern):
-                replayed = True
-                yield None
-    finally:
-        with contextlib.suppress(Exception):
-            await watcher.stop()
-
-
-async def live_keys(js: JetStreamContext, kv: KeyValue, pattern: str = ">") -> list[str]:
-    """The keys of `kv` matching `pattern` that hold a value now (deleted, purged and expired ones are
-    left out). Like `KeyValue.keys()`, but the consumer it reads through is gone `KEYS_INACTIVE_S`
-    after: `keys()` leaves one behind for 5 minutes, so a replica calling it every few seconds
-    piles up hundreds, and a stream takes no more than 1,000 (the server then refuses every new
-    consumer of the bucket, watches included). Its end of the keys is `watch_kv`'s, not the early
-    one `keys()` may take."""
-    keys = []
-    entries = watch_kv(js, kv, pattern, meta_only=True, inactive_threshold=KEYS_INACTIVE_S)
-    try:
-        async with asyncio.timeout(LIVE_KEYS_TIMEOUT_S):  # a watch's replay cut off never ends by itself
-            async for entry in entries:
-                if entry is None:  # every key stored at the start is delivered
-                    break
-                if entry.operation is None:  # a value, not a delete or purge marker
-                    keys.append(entry.key)
-    finally:
-        await entries.aclose()
-    return keys
-
-
-LIVE_KEYS_TIMEOUT_S = 10.0
-"""Longest `live_keys` waits for its keys (then TimeoutError): a watch whose replay was cut by a
-network partition delivers nothing more, and the leases' renewal loop waited on one for minutes
-(`bench/results/partitions.md`)."""
-
-
-def written_at(entry: KeyValue.Entry) -> float:
-    """When a KV entry was written (the server's stamp), on this process's monotonic clock."""
-    created: Any = entry.created
-    age = time.time() - created.timestamp() if hasattr(created, "timestamp") else 0.0
-    return time.monotonic() - max(age, 0.0)
-
-
-async def follow_kv(
-    js: JetStreamContext,
-    kv: KeyValue,
-    pattern: str,
-    apply: Callable[[KeyValue.Entry], None],
-    ready: asyncio.Event,
-    what: str,
-) -> None:
-    """Apply every change of `kv`'s keys matching `pattern`, first its stored keys (then `ready` is
-    set: `watch_kv` says when), until cancelled. A watch that fails is started again a second
-    later: the stored keys come again, so `apply` must take an entry it has seen before."""
-    while True:
-        entries = watch_kv(js, kv, pattern)
-        try:
-            async for entry in entries:
-                if entry is None:
-                    ready.set()
-                else:
-                    apply(entry)
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.error("%s: watch of %s failed (%r); watching again", what, pattern, exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await entries.aclose()
-        await asyncio.sleep(1.0)
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:
@@ -385,7 +279,7 @@ async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:
 async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
     try:
         return await js.key_value(S.MODELS_BUCKET)
-    except (NotFoundError, Exception) as exc:  # nats.py raises BucketNotFoundError (a NotFoundError)
+    except NotFoundError as exc:  # nats.py raises BucketNotFoundError (a NotFoundError)
         if not create:
             raise RuntimeError(f"KV bucket {S.MODELS_BUCKET!r} missing; is the swarm set up?") from exc
         return await js.create_key_value(bucket=S.MODELS_BUCKET, history=16, replicas=stream_replicas())
@@ -399,7 +293,8 @@ class DeadLetters:
     plus its size and digest (`DEAD_LETTER_MAX_BYTES`).
     """
 
-    js: JetStreamContext
+    nc: NATS
+    """The connection: its JetStream publishes the dead letters, its `max_payload` bounds them."""
     service: str
     counts: Counter[str] = field(default_factory=Counter)
 
@@ -418,13 +313,12 @@ class DeadLetters:
             headers["Nats-Msg-Id"] = f"dlq.{self.service}.{stream}.{seq}"
         payload = self._fit(payload, headers)
         log.warning("dead-letter service=%s subject=%s reason=%s", self.service, subject, reason[:300])
-        await self.js.publish(S.dlq_subject(self.service), payload, headers=headers)
+        await self.nc.jetstream().publish(S.dlq_subject(self.service), payload, headers=headers)
         self.counts[code] += 1  # after the publish: a caller retrying a failed send counts it once
 
     def _fit(self, payload: bytes, headers: dict[str, str]) -> bytes:
         """`payload`, or its prefix (with size and digest added to `headers`) if it would not fit."""
-        # nats.py keeps its connection private; its max_payload is what the server accepts.
-        limit = min(DEAD_LETTER_MAX_BYTES, self.js._nc.max_payload)
+        limit = min(DEAD_LETTER_MAX_BYTES, self.nc.max_payload)  # what the server accepts
         if len(payload) + _headers_size(headers) + 200 <= limit:  # 200: the two headers below
             return payload
         headers[ORIGINAL_SIZE_HEADER] = str(len(payload))
@@ -464,7 +358,10 @@ async def _dead_letter_poison(msg: Msg, dead_letters: DeadLetters, reason: str) 
     try:
         await dead_letters.send(msg, reason)
         await msg.ack()
-    except Exception as exc:  # the broker is unreachable: the message returns after its ack wait
+    except (
+        nats.errors.Error,
+        OSError,
+    ) as exc:  # the broker is unreachable: the message returns after its ack wait
         log.warning("subject=%s could not dead-letter a poison message: %r", msg.subject, exc)
 
 

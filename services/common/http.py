@@ -86,5 +86,5 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise RuntimeError(f"engine cannot listen on {host}:{port}: {exc}") from exc
+        raise RuntimeError(f"cannot listen on {host}:{port}: {exc}") from exc
     return sock

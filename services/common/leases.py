@@ -13,22 +13,31 @@ ceil(partitions / live members): it takes free partitions up to it and gives bac
 the partition's work first, then `release`s it) what it holds beyond it. A replica that joins makes
 the others give back; one that dies stops renewing, and its partitions are free `LEASE_TTL_S` later.
 
-`fair_share` and `plan` are the pure core; `Leases` does the KV calls.
+`fair_share` and `plan` are the pure core; `Leases` does the KV calls; `LeasedWork` keeps one task
+per leased partition running, in step with the leases, and `take_consumer` gives a partition's new
+owner its own consumer (the merger's and the ledger's replicas).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import random
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import KeyValueError
+from nats.js.errors import KeyValueError, NotFoundError
 from nats.js.kv import KeyValue
 
-from swarmrl.services.common.bus import live_keys
+from swarmrl.services.common.bus import LEASE_TTL_S, durable_pull
+from swarmrl.services.common.kv_watch import live_keys
 
 log = logging.getLogger("swarmrl.leases")
 
@@ -114,3 +123,84 @@ class Leases:
             await self.kv.delete(self._member)
         except nats.errors.Error as exc:
             log.warning("%s: membership not removed (%r)", self.service, exc)
+
+
+class LeasedWork:
+    """One task per partition `leases` holds, `work(p, stop, owned)`, in step with the leases: each `tick`
+    renews and rebalances them, then sets `stop` for the work of every partition lost, given back or
+    fenced (no renewal round began for the TTL less `margin_s`: another replica may own it by now),
+    releases a partition given back once its work has ended, and starts the work of the others held.
+    A work that fails unasked raises out of `tick` (the service fails as a crash would), unless its
+    error is one of `survive`: then it starts again at the next round if the partition is still ours.
+    `owned()` says whether the partition is still ours to work on (held, and not fenced)."""
+
+    def __init__(
+        self,
+        leases: Leases,
+        work: Callable[[int, asyncio.Event, Callable[[], bool]], Coroutine[Any, Any, None]],
+        margin_s: float,
+        survive: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.leases, self.work, self.margin_s, self.survive = leases, work, margin_s, survive
+        self.running: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
+        self.releasing: set[int] = set()
+        self.renewed = time.monotonic()
+        """When the last renewal round that succeeded began (a round renews many keys, which takes
+        seconds on a busy machine: its start is what the keys' expiry counts from)."""
+
+    def fenced(self) -> bool:
+        return time.monotonic() - self.renewed > LEASE_TTL_S - self.margin_s
+
+    def owned(self, p: int) -> bool:
+        return p in self.leases.held and not self.fenced()
+
+    async def tick(self) -> None:
+        began = time.monotonic()
+        try:
+            self.releasing.update(await self.leases.tick())
+            self.renewed = began
+        except (nats.errors.Error, TimeoutError) as exc:  # the broker is away: try again next round
+            log.warning("%s: lease renewal failed: %r", self.leases.service, exc)
+        keep = set() if self.fenced() else set(self.leases.held) - self.releasing
+        for p, (stop, task) in list(self.running.items()):
+            if p not in keep:
+                stop.set()
+            if task.done():
+                del self.running[p]
+                failed = None if task.cancelled() else task.exception()
+                if failed is not None and not stop.is_set() and not isinstance(failed, self.survive):
+                    raise failed
+                if failed is not None:
+                    log.warning("%s: partition %d stopped: %r", self.leases.service, p, failed)
+        for p in sorted(self.releasing - set(self.running)):
+            self.releasing.discard(p)
+            await self.leases.release(p)
+        for p in sorted(keep - set(self.running)):
+            stop = asyncio.Event()
+            task = asyncio.create_task(
+                self.work(p, stop, partial(self.owned, p)), name=f"{self.leases.service}-p{p}"
+            )
+            self.running[p] = (stop, task)
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop every work and wait for them to end (up to `timeout`)."""
+        for stop, _ in self.running.values():
+            stop.set()
+        if self.running:
+            await asyncio.wait([task for _, task in self.running.values()], timeout=timeout)
+
+
+async def take_consumer(
+    js: JetStreamContext, stream: str, prefix: str, name: str, subject: str, **options: Any
+) -> tuple[JetStreamContext.PullSubscription, bool]:
+    """A partition's new owner's consumer `name` on work-queue `stream` (`options`: `durable_pull`'s),
+    after deleting the partition's others (named `prefix...`): a work queue allows one consumer per
+    partition, and an owner that lost its lease unnoticed then reads from a deleted consumer, nothing.
+    Also returns whether an earlier owner's consumer existed."""
+    existed = False
+    for info in await js.consumers_info(stream):
+        if info.name.startswith(prefix):
+            existed = True
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(stream, info.name)
+    return await durable_pull(js, stream, name, subject, **options), existed

@@ -3,10 +3,9 @@ uvloop where it is installed (a dependency on Linux and macOS), else asyncio's o
 
 On the 2-core reference machine the swarm of `just up` spends about half its CPU outside the engine
 and the trainer, much of it in event loops (HTTP between clients, gateway and engine, NATS
-publishes). Side by side with the code before (`bench/results/swarm-uvloop.md`, httptools under uvicorn on
-both sides) the swarm spent 0.97x the CPU per LLM call (gateway 0.93x, merger 0.93x, ledger 0.90x)
-and finished 1.01x the episodes a second; against asyncio's loop and uvicorn's pure-Python parser
-both (two exploratory pairs of 3-minute runs), 1.035x.
+publishes). With uvloop the swarm spends 0.97x the CPU per LLM call of asyncio's loop (gateway
+0.93x, merger 0.93x, ledger 0.90x; httptools under uvicorn in both) and finishes 1.01x the episodes
+a second (bench/results/swarm-uvloop.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 log = logging.getLogger("swarmrl.tasks")
@@ -75,18 +75,23 @@ class Service(Protocol):
     def request_stop(self) -> None: ...
 
 
+def on_signals(handler: Callable[[], object]) -> None:
+    """Call `handler()` on SIGINT or SIGTERM (in the running event loop): a service's stop request."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handler)
+
+
 async def serve_until_signalled(service: Service) -> None:
     """Start `service` and run it until SIGINT or SIGTERM (or until one of its loops dies), then stop it.
     A signal during `start()` cancels the start (it may be waiting on a NATS server that is gone)."""
-    loop = asyncio.get_running_loop()
     signalled = asyncio.Event()
 
     def on_signal() -> None:
         signalled.set()
         service.request_stop()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_signals(on_signal)
     try:
         starting = asyncio.create_task(service.start(), name="start")
         waiter = asyncio.create_task(signalled.wait())

@@ -3,7 +3,7 @@
 Consumes HTTP responses of `/generate` (plain, and SSE with `stream: true`),
 `/update_weights_from_disk`, `/health`, `/health_generate`, `/get_model_info`, `/flush_cache` (field
 names: see `server.py`). Publishes nothing; returns `GenerateResult`s. Connection failures are
-retried (tenacity, exponential backoff); a stream only until its answer begins. An answer the server
+retried (exponential backoff, `services/common/retry.py`); a stream only until its answer begins. An answer the server
 gave (4xx/5xx, or an `{"error": ...}` event in a stream) is raised at once as `EngineError` with the
 server's own message.
 """
@@ -13,19 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryError,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
+
+from swarmrl.services.common.retry import backoff
 
 # Failures where the request may never have reached the engine; generation has no side effects,
 # so resending is safe.
@@ -364,28 +358,22 @@ class EngineClient:
                 raise TimeoutError(f"engine at {self.base_url} not healthy after {timeout}s")
             await asyncio.sleep(interval)
 
-    def _retrying(self) -> AsyncRetrying:
-        """Connection failures are retried with backoff: `retries` attempts in all, or for `retry_s`."""
-        stop = stop_after_attempt(self.retries) if self.retry_s is None else stop_after_delay(self.retry_s)
-        return AsyncRetrying(
-            retry=retry_if_exception_type(_RETRYABLE),
-            stop=stop,
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-        )
-
-    def _unreachable(self, exc: RetryError) -> EngineError:
-        cause = exc.last_attempt.exception()
-        tried = f"{self.retries} attempts" if self.retry_s is None else f"{self.retry_s:g} s"
-        return EngineError(0, f"engine at {self.base_url} unreachable for {tried}: {cause!r}")
+    async def _retrying(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        """`send()`, its connection failures retried with backoff: `retries` attempts in all, or for
+        `retry_s`; then `EngineError` naming the engine and the last failure."""
+        tries, seconds = (self.retries, None) if self.retry_s is None else (None, self.retry_s)
+        try:
+            return await backoff(send, transient=_RETRYABLE, tries=tries, seconds=seconds, first_s=0.2)
+        except _RETRYABLE as exc:
+            tried = f"{self.retries} attempts" if self.retry_s is None else f"{self.retry_s:g} s"
+            raise EngineError(0, f"engine at {self.base_url} unreachable for {tried}: {exc!r}") from exc
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    async with self._slot():
-                        resp = await self._http.request(method, path, json=body)
-        except RetryError as exc:
-            raise self._unreachable(exc) from exc.last_attempt.exception()
+        async def send() -> httpx.Response:
+            async with self._slot():
+                return await self._http.request(method, path, json=body)
+
+        resp = await self._retrying(send)
         if resp.status_code >= 400:
             raise EngineError(resp.status_code, _error_message(resp))
         if "json" not in resp.headers.get("content-type", ""):
@@ -395,14 +383,9 @@ class EngineClient:
     async def _open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """POST and return the response once its headers arrived (retried until then); the caller
         reads the body and closes it."""
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    request = self._http.build_request("POST", path, json=body)
-                    resp = await self._http.send(request, stream=True)
-        except RetryError as exc:
-            raise self._unreachable(exc) from exc.last_attempt.exception()
-        return resp
+        return await self._retrying(
+            lambda: self._http.send(self._http.build_request("POST", path, json=body), stream=True)
+        )
 
 
 async def open_engine(

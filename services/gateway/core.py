@@ -96,15 +96,19 @@ class ModelHandle:
     """Tool-call syntax (`replies.TOOL_FORMATS`); auto: read off the tokenizer's chat template."""
     reasoning_parser: str = "auto"
     """Reasoning syntax (`replies.REASONING_FORMATS`); auto: read off the chat template."""
+    tool_prompt: str = "auto"
+    """How tools reach the model (`prompts.TOOL_PROMPTS`): auto, template or hermes."""
     builder: PromptBuilder = field(init=False)
     fmt: ReplyFormat = field(init=False)
     stops: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.builder = PromptBuilder(self.tokenizer)
+        self.builder = PromptBuilder(self.tokenizer, self.tool_prompt)
         self.stops = stop_token_ids(self.tokenizer)
         template = getattr(self.tokenizer, "chat_template", None)
-        self.fmt = ReplyFormat.for_template(template, self.tool_parser, self.reasoning_parser)
+        # tools the gateway wrote in Hermes' convention are called in it
+        tools = "hermes" if self.builder.hermes and self.tool_parser == "auto" else self.tool_parser
+        self.fmt = ReplyFormat.for_template(template, tools, self.reasoning_parser)
 
     def opens_reasoning(self, prompt_ids: list[int]) -> bool:
         """Whether the prompt ends inside an open `<think>` block (the template opened it)."""

@@ -33,6 +33,7 @@ from nats.js.kv import KeyValue
 
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.kv_watch import follow_kv, written_at
 from swarmrl.services.common.tasks import Background
 from swarmrl.services.gateway.limits import AgentLimits, OpenEpisode
 
@@ -70,7 +71,7 @@ class SharedEpisodes:
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
         self._tasks = [
-            asyncio.create_task(bus.follow_kv(self.js, self.kv, "e.>", self._apply, self.ready, "episodes")),
+            asyncio.create_task(follow_kv(self.js, self.kv, "e.>", self._apply, self.ready, "episodes")),
             asyncio.create_task(self._sweep()),
         ]
         await self.ready.wait()
@@ -130,7 +131,7 @@ class SharedEpisodes:
                 log.warning("episodes: slot %d of %s not read (%r)", slot, identity, exc)
                 continue
             if entry.value and json.loads(entry.value).get("episode") == episode_id:
-                return OpenEpisode(identity, episode_id, slot, entry.revision or 0, bus.written_at(entry))
+                return OpenEpisode(identity, episode_id, slot, entry.revision or 0, written_at(entry))
         return None
 
     def _apply(self, entry: KeyValue.Entry) -> None:
@@ -149,7 +150,7 @@ class SharedEpisodes:
             log.warning("episodes: ignored %s (%s)", entry.key, exc)
             return
         self._keys[entry.key] = (identity, episode_id)
-        self._hold(OpenEpisode(identity, episode_id, slot, entry.revision or 0, bus.written_at(entry)))
+        self._hold(OpenEpisode(identity, episode_id, slot, entry.revision or 0, written_at(entry)))
 
     def _hold(self, episode: OpenEpisode) -> None:
         """Record that `episode` holds its slot (taken here, or seen written). An episode that two

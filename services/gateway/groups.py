@@ -32,7 +32,7 @@ from nats.js.errors import KeyNotFoundError, KeyValueError
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import subjects as S
-from swarmrl.services.common import bus
+from swarmrl.services.common.kv_watch import follow_kv, written_at
 from swarmrl.services.gateway.mixing import TaskMixer
 
 log = logging.getLogger("swarmrl.gateway")
@@ -68,9 +68,7 @@ class GroupBook:
 
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
-        self._watch = asyncio.create_task(
-            bus.follow_kv(self.js, self.kv, ">", self._apply, self.ready, "groups")
-        )
+        self._watch = asyncio.create_task(follow_kv(self.js, self.kv, ">", self._apply, self.ready, "groups"))
         await self.ready.wait()
 
     async def stop(self) -> None:
@@ -138,6 +136,6 @@ class GroupBook:
                 self._remember_key(key)
                 self._charge(key, json.loads(value)["task"])
             elif key.startswith("a.") and self.mixer is not None and value.decode() != self.gateway:
-                self.mixer.seen(key.removeprefix("a."), bus.written_at(entry))  # when it asked
+                self.mixer.seen(key.removeprefix("a."), written_at(entry))  # when it asked
         except (ValueError, KeyError) as exc:  # a task this gateway does not mix, or a bad value
             log.warning("groups: ignored %s (%s)", key, exc)

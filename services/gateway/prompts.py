@@ -5,6 +5,13 @@ template. A later call whose messages start with an earlier call's messages foll
 own reply reuses the earlier call's exact `prompt_ids + output_ids`, and only the new tail is
 tokenized, so the new prompt extends the old one token for token (no re-tokenization drift). That is
 what lets the merger fold the earlier call into the later one.
+
+Tools for templates without them (`tool_prompt`): many small chat models' templates drop `tools`
+(SmolLM2's ChatML among them), so an agent's tools would never reach the model. With `hermes` the
+gateway writes them into the system message itself, in Hermes' `<tool_call>` JSON convention,
+renders the assistant's earlier tool calls as `<tool_call>` blocks and tool results as
+`<tool_response>` user turns, then applies the template to those plain messages. `auto` does so
+exactly when the template ignores tools (`renders_tools`). The ids captured are the rendered ones.
 """
 
 from __future__ import annotations
@@ -92,21 +99,73 @@ class CallRecord:
         self.norm = [normalize_message(m) for m in self.messages]
 
 
+TOOL_PROMPTS = ("auto", "template", "hermes")
+"""How tools reach the model: its chat template, or the gateway's Hermes system prompt (see above)."""
+
+_PROBE_TOOL = "swarmrl_probe_tool_5c1e"
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template puts a request's `tools` into the prompt."""
+    probe = [{"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {"type": "object"}}}]
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=probe, tokenize=False)
+    except Exception:  # a template that cannot render tools at all ignores them too
+        return False
+    return _PROBE_TOOL in text
+
+
+def hermes_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """Plain chat messages that carry `tools`, earlier tool calls and tool results as Hermes text."""
+    out = []
+    for m in map(template_message, messages):
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [
+                f"<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n</tool_call>"
+                for c in m["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": "\n".join(filter(None, [m["content"], *calls]))})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    if tools:
+        listed = "\n".join(json.dumps(t.get("function", t)) for t in tools)
+        prompt = (
+            "You can call functions to help with the request. They are listed here as JSON:\n"
+            f"<tools>\n{listed}\n</tools>\n"
+            "To call one, reply with its name and arguments as a JSON object inside <tool_call></tool_call> "
+            'tags:\n<tool_call>\n{"name": "<function name>", "arguments": {<arguments as JSON>}}\n</tool_call>'
+        )
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
 class PromptBuilder:
     """Turns OpenAI messages into engine input ids for one model's tokenizer."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_prompt: str = "auto") -> None:
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"tool_prompt {tool_prompt!r} is not one of {', '.join(TOOL_PROMPTS)}")
         self.tok = tokenizer
         self.stop_texts = {tid: tokenizer.convert_ids_to_tokens(tid) for tid in stop_token_ids(tokenizer)}
+        self.hermes = tool_prompt == "hermes" or (tool_prompt == "auto" and not renders_tools(tokenizer))
+        """The gateway writes tools into the prompt itself (`hermes_messages`)."""
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen_prompt: bool
     ) -> str:
+        if self.hermes:
+            plain, tools = hermes_messages(messages, tools), None
+        else:
+            plain = [template_message(m) for m in messages]
         return self.tok.apply_chat_template(
-            [template_message(m) for m in messages],
-            tools=tools or None,
-            add_generation_prompt=gen_prompt,
-            tokenize=False,
+            plain, tools=tools or None, add_generation_prompt=gen_prompt, tokenize=False
         )
 
     def encode(self, text: str) -> list[int]:

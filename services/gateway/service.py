@@ -32,7 +32,8 @@ from swarmrl.schemas import LlmEvent, TokenReply, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
-from swarmrl.services.common.retry import within
+from swarmrl.services.common.retry import backoff
+from swarmrl.services.common.tasks import on_signals
 from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.calls import SharedCalls
@@ -100,9 +101,11 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
     tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
     reasoning_parsers = _pairs(cfg.reasoning_parser, "reasoning-parser")
+    tool_prompts = _pairs(cfg.tool_prompt, "tool-prompt")
     named_models = (
         ("tool-parser", tool_parsers),
         ("reasoning-parser", reasoning_parsers),
+        ("tool-prompt", tool_prompts),
         ("lora", cfg.lora),
     )
     for what, named in named_models:
@@ -122,11 +125,13 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
             getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length
         )
         handles[name] = handle = ModelHandle(
-            name, tok, pool, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto")
-        )
+            name, tok, pool, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto"),
+            tool_prompts.get(name, "auto"),
+        )  # fmt: skip
         log.info(
-            "model=%s engines=%s tokenizer=%s context=%d tools=%s reasoning=%s",
-            name, urls, path, ctx, handle.fmt.tools, handle.fmt.reasoning,
+            "model=%s engines=%s tokenizer=%s context=%d tools=%s (%s) reasoning=%s",
+            name, urls, path, ctx, handle.fmt.tools,
+            "the gateway's Hermes prompt" if handle.builder.hermes else "the chat template", handle.fmt.reasoning,
         )  # fmt: skip
     return handles
 
@@ -172,7 +177,8 @@ class GatewayService:
         """Publish a call's llm event durably, retried through NATS failures for `LLM_PUBLISH_S` (the
         call waits): a node cut off from the stream's leader fails a publish until the network heals."""
         subject, headers = S.episode_subject(event.episode_id, "llm"), {"Nats-Msg-Id": event.msg_id}
-        await within(LLM_PUBLISH_S, self.js.publish, subject, encode(event), headers=headers)
+        payload = encode(event)
+        await backoff(lambda: self.js.publish(subject, payload, headers=headers), seconds=LLM_PUBLISH_S)
 
     async def on_token(self, msg: Msg) -> None:
         try:
@@ -268,3 +274,15 @@ class GatewayService:
         await self.admission.groups.stop()
         await self.episodes.stop()
         await self.calls.stop()
+
+
+async def run(cfg: GatewayConfig) -> None:
+    """`swarmrl serve gateway`: the gateway on its own connection, until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    on_signals(stop.set)
+    nc = await bus.connect(cfg.nats, "gateway")
+    service = GatewayService(cfg, nc, await load_models(cfg))
+    try:
+        await service.run(stop)
+    finally:
+        await bus.close(nc, drain=True)

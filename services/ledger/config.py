@@ -1,4 +1,6 @@
-"""Configuration of the ledger service (`swarmrl serve ledger --help` prints every field)."""
+"""Configuration of the ledger service: `LedgerSettings`, what a swarm description's `[ledger]` may
+set, and `LedgerConfig`, the process's whole configuration (`swarmrl serve ledger --help` prints
+every field), which adds the run directory and replica name `swarmrl up` gives it."""
 
 from __future__ import annotations
 
@@ -6,13 +8,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from swarmrl.core.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig, Settings
 from swarmrl.schemas import MAX_EVENT_BYTES
 
 
-class LedgerConfig(ServiceConfig):
-    run_dir: Path = Path("runs/latest")
-    """Run directory; Parquet files go to `<run_dir>/ledger/<table>/part-*.parquet` (env SWARMRL_RUN_DIR)."""
+class LedgerSettings(Settings):
+    """How the streams are written to Parquet and read."""
+
     flush_rows: int = 5000
     """Write a stream's buffered rows as soon as this many are waiting (messages are acked after the write)."""
     flush_bytes: int = 64 * 1024 * 1024
@@ -47,10 +49,6 @@ class LedgerConfig(ServiceConfig):
     engines and trainers, it records in their gaps instead of taking the CPU from them. Where the
     machine is busy for a long time, the ledger lags (in stream messages, not lost ones) and catches up
     once it is not (`bench/results/pipeline.md` measures it beside `--nice 0`)."""
-    replica: str = ""
-    """Set: this ledger is one of several replicas (`[replicas] ledger = N`), which share the 16
-    episode partitions of LEDGER_PARTS and the other streams (one more lease) by lease, each writing
-    its partitions' Parquet files under `<table>/p<partition>/` (`service.py`). Empty: the one ledger."""
     lease_interval_s: float = Field(default=2.0, gt=0, le=3.0)
     """Replicas: how often the leases are renewed and rebalanced (at most half of `bus.LEASE_TTL_S`)."""
     stats_interval_s: float = 30.0
@@ -59,3 +57,12 @@ class LedgerConfig(ServiceConfig):
     """An episode with no event for this long stops being tracked as open: its rows stay (the
     `episodes` view shows it `open`), a later event of it is dead-lettered as `after_end`. Bounds the
     ordering state the ledger keeps for clients that vanished without an `abort`."""
+
+
+class LedgerConfig(ServiceConfig, LedgerSettings):
+    run_dir: Path = Path("runs/latest")
+    """Run directory; Parquet files go to `<run_dir>/ledger/<table>/part-*.parquet` (env SWARMRL_RUN_DIR)."""
+    replica: str = ""
+    """Set: this ledger is one of several replicas (`[replicas] ledger = N`), which share the 16
+    episode partitions of LEDGER_PARTS and the other streams (one more lease) by lease, each writing
+    its partitions' Parquet files under `<table>/p<partition>/` (`service.py`). Empty: the one ledger."""

@@ -26,7 +26,8 @@ consumer's leader) while the next fetch's messages arrive: a message past a gap 
 held (`StreamSink.early`) until the missing ones come, late or redelivered after `ack_wait_s`, so no
 cumulative ack ever covers a message that was not written.
 
-Replicas (`--replica`): the same per partition of LEDGER_PARTS, held by lease (see "Replicas" below).
+Each consumer is one `Recorder` (`recorder.py`): fetch -> rows -> flush when due -> ack what is
+durable. Replicas (`--replica`): the same per partition of LEDGER_PARTS, held by lease (`_own`).
 """
 
 from __future__ import annotations
@@ -38,43 +39,36 @@ import itertools
 import logging
 import os
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 import duckdb
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy
 from nats.js.errors import NotFoundError
 
-from swarmrl.schemas import WireError
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.leases import Leases
+from swarmrl.services.common.leases import LeasedWork, Leases, take_consumer
 from swarmrl.services.common.lifecycle import EpisodeTracker
 from swarmrl.services.common.retry import TRANSIENT
 from swarmrl.services.common.tasks import Loops
-from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.ingest import Ingest, Rejected
+from swarmrl.services.ledger.ingest import Ingest
+from swarmrl.services.ledger.recorder import Recorder
 from swarmrl.services.ledger.remote import QueryService
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
-from swarmrl.services.ledger.tables import STREAM_TABLES, Row, dead_letter_row
+from swarmrl.services.ledger.tables import STREAM_TABLES
 from swarmrl.services.ledger.views import high_water_marks, register_views, restore_tracker
 
 log = logging.getLogger("swarmrl.ledger")
 SERVICE = "ledger"
-CONSUMER_CHECK_S = 5.0
-"""Replicas: how often an idle partition checks that its consumer still exists."""
 GC_THRESHOLD = 100_000
 """The collector's first threshold while the ledger runs (Python's default is 700); see `run`."""
-
-
-class LeaseLost(Fenced):
-    """A replica's partition lease may have passed to another replica: its work stops at once."""
 
 
 class Ledger(Loops):
@@ -100,7 +94,7 @@ class Ledger(Loops):
         self.nc = await bus.connect(self.cfg.nats, SERVICE)
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
-        self.dlq = bus.DeadLetters(js, SERVICE)
+        self.dlq = bus.DeadLetters(self.nc, SERVICE)
         try:
             await js.stream_info(S.LEDGER_PARTS_STREAM)
             replicas_here = True
@@ -173,7 +167,8 @@ class Ledger(Loops):
                 # consumer would be acked by the cumulative ack of a later one, and so lost.
                 pending_bytes_limit=0,
             )
-            tasks.append(asyncio.create_task(self._consume(sink, sub, stop), name=f"ledger-{stream}"))
+            recorder = Recorder(self, sink, sub, stop, self.ingest, self.writer)
+            tasks.append(asyncio.create_task(recorder.run(), name=f"ledger-{stream}"))
         return tasks
 
     @property
@@ -203,51 +198,19 @@ class Ledger(Loops):
         log.info(
             "replica %s consuming %s and the other streams by lease", self.cfg.replica, S.LEDGER_PARTS_STREAM
         )
-        work: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
-        renewed = time.monotonic()
-
-        def owned(p: int) -> Callable[[], bool]:
-            # fenced once no renewal round began for the TTL less a second: the key may expire then
-            # (a round renews 17 keys, seconds on a busy machine: the round's start is what counts)
-            return lambda: p in leases.held and time.monotonic() - renewed < bus.LEASE_TTL_S - 1.0
-
-        while True:
-            give_back: list[int] = []
-            try:
-                began = time.monotonic()
-                give_back = await leases.tick()
-                renewed = began
-            except Exception as exc:  # the broker is away: try again next round
-                log.warning("lease renewal failed: %r", exc)
-            for p, (stop, task) in list(work.items()):
-                if p not in leases.held or p in give_back or not owned(p)():
-                    stop.set()
-                if task.done():
-                    del work[p]
-                    if not task.cancelled() and (failed := task.exception()) is not None:
-                        # Fenced, or a NATS call that timed out (a stall makes every request then in
-                        # flight time out): the partition's next round starts afresh, if it is still
-                        # ours. Anything else is a bug or a fatal state: fail as a crash would.
-                        if not isinstance(failed, (Fenced, *TRANSIENT)):
-                            raise failed
-                        log.warning("partition %d stopped: %r", p, failed)
-            for p in give_back:  # its work has stopped (or never ran): free it for the others
-                if p not in work:
-                    await leases.release(p)
-            if self._stop.is_set():
-                break
-            for p in set(leases.held) - set(give_back) - set(work):
-                if not owned(p)():  # renewals failing: our view of the leases may be stale
-                    continue
-                stop = asyncio.Event()
-                work[p] = (stop, asyncio.create_task(self._own(js, p, stop, owned(p)), name=f"ledger-p{p}"))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.lease_interval_s)
-        for stop, _ in work.values():
-            stop.set()
-        await asyncio.gather(*(task for _, task in work.values()), return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(leases.leave(), timeout=10)
+        # Fenced, or a NATS call that timed out (a stall makes every request then in flight time out):
+        # the partition's next round starts afresh, if it is still ours. Anything else is a bug or a
+        # fatal state: fail as a crash would.
+        work = LeasedWork(leases, partial(self._own, js), margin_s=1.0, survive=(Fenced, *TRANSIENT))
+        try:
+            while not self._stop.is_set():
+                await work.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.lease_interval_s)
+        finally:
+            await work.stop()
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await asyncio.wait_for(leases.leave(), timeout=10)
 
     async def _own(
         self, js: JetStreamContext, p: int, stop: asyncio.Event, owned: Callable[[], bool]
@@ -270,26 +233,22 @@ class Ledger(Loops):
         # unwritten must not count as seen when the partition's unacked messages come again.
         ingest = self.partition_ingests[p] = Ingest(max_event_bytes=self.cfg.max_event_bytes)
         hwm = (await asyncio.to_thread(self._recover, ingest.tracker, writer.sub)).get(S.EPISODES_STREAM, 0)
-        sink = StreamSink(S.EPISODES_STREAM, writer=writer, sourced=True, owned=owned, ingest=ingest)
+        sink = StreamSink(S.EPISODES_STREAM, sourced=True, owned=owned)
         sink.durable_seq = sink.last_seq = hwm
         # a fresh consumer per takeover, its name new: a stalled earlier run of this partition here
         # (stopping, fenced) must never read from it
-        stream, prefix = S.LEDGER_PARTS_STREAM, f"ledger-p{p}-"
-        name = f"{prefix}{self.cfg.replica}-{next(self._takeovers)}"
-        for info in await js.consumers_info(stream):  # a work queue allows one consumer per partition
-            if info.name.startswith(prefix):
-                with contextlib.suppress(NotFoundError):
-                    await js.delete_consumer(stream, info.name)
-        sub = await bus.durable_pull(
-            js, stream, name, S.partition_filter(p, S.LEDGER_PARTITION_PREFIX),
-            ack_wait_s=self.cfg.ack_wait_s, max_ack_pending=self._max_ack_pending, pending_bytes_limit=0,
+        prefix = f"ledger-p{p}-"
+        sub, _ = await take_consumer(
+            js, S.LEDGER_PARTS_STREAM, prefix, f"{prefix}{self.cfg.replica}-{next(self._takeovers)}",
+            S.partition_filter(p, S.LEDGER_PARTITION_PREFIX), ack_wait_s=self.cfg.ack_wait_s,
+            max_ack_pending=self._max_ack_pending, pending_bytes_limit=0,
         )  # fmt: skip
         log.info("partition %d: resuming after EPISODES seq %d", p, hwm)
         try:
-            await self._consume(sink, sub, stop)
+            await Recorder(self, sink, sub, stop, ingest, writer).run()
         finally:
             self.partition_ingests.pop(p, None)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
     async def stop(self) -> None:
@@ -301,236 +260,27 @@ class Ledger(Loops):
             # pull subscriptions' expired fetch requests for its whole timeout.
             try:
                 await self.nc.flush(timeout=5)
-            except Exception as exc:  # unacked messages are redelivered and skipped on the next start
+            except (nats.errors.Error, TimeoutError) as exc:  # unacked ones come back, skipped at restart
                 log.warning("final ack flush failed: %r", exc)
             await bus.close(self.nc)
+        dead = dict(self.dlq.counts) if self.dlq else {}
         log.info(
-            "ledger stopped: rows %s dead letters %s fetched %s",
-            dict(self.counts),
-            dict(self.dlq.counts) if self.dlq else {},
-            dict(self.fetched),
+            "ledger stopped: rows %s dead letters %s fetched %s", dict(self.counts), dead, dict(self.fetched)
         )
-
-    async def _consume(
-        self, sink: StreamSink, sub: JetStreamContext.PullSubscription, stop: asyncio.Event
-    ) -> None:
-        cfg = self.cfg
-        # No poison check (one ack acks every earlier message); after a stop, what the stream held
-        # is still recorded (`stop_drain_s`).
-        batches = bus.batches(
-            sub, stop, cfg.fetch_batch, cfg.poll_interval_s, dead_letters=None, drain_s=cfg.stop_drain_s
-        )
-        checked = time.monotonic()
-        try:
-            async for msgs in batches:
-                if sink.owned is not None and not sink.owned():
-                    raise LeaseLost(f"lease on {sink.stream} lost: {sink.rows} rows left to its next owner")
-                if sink.sourced and not msgs and time.monotonic() - checked > CONSUMER_CHECK_S:
-                    checked = time.monotonic()
-                    await self._still_ours(sub)
-                self.fetched[sink.stream] += len(msgs)
-                complete = await self._handle(sink, msgs)
-                if sink.due(self.cfg, idle=not msgs):
-                    await self._start_flush(sink)
-                elif sink.writing is not None and sink.writing.done():
-                    await self._finish_flush(sink)
-                await self._ack_settled(sink)
-                if not complete:
-                    break  # stopping while the DLQ is unreachable: the rest is redelivered later
-            await self._start_flush(sink)
-        except Fenced:  # a replica's partition: the write begun while it was ours ends first
-            with contextlib.suppress(Fenced):
-                await self._finish_flush(sink)
-            raise
-        await self._finish_flush(sink)
-        await self._ack_settled(sink)
-
-    @staticmethod
-    async def _still_ours(sub: JetStreamContext.PullSubscription) -> None:
-        """A partition's consumer deleted means another replica took the partition: stop (a fetch
-        from a deleted consumer would only time out, and the partition would stall)."""
-        try:
-            await sub.consumer_info()
-        except NotFoundError as exc:
-            raise LeaseLost("the partition's consumer was deleted: another replica owns it") from exc
-        except (nats.errors.Error, TimeoutError) as exc:  # the broker is away: look again later
-            log.debug("consumer check failed: %r", exc)
-
-    def _ingester(self, stream: str, ingest: Ingest) -> Callable[[Msg, int], tuple[str, Row]]:
-        """The function that turns one message of `stream` into its (table, row), or raises why not."""
-        if stream == S.EPISODES_STREAM:  # from LEDGER_PARTS too, under its partition's subject
-            return lambda msg, seq: ingest.episode(
-                S.unpartitioned(msg.subject), msg.data, stream, seq, time.time()
-            )
-        if stream == S.SAMPLES_STREAM:
-            return lambda msg, seq: ingest.sample(msg.subject, msg.data, stream, seq)
-        if stream == S.METRICS_STREAM:
-            return lambda msg, seq: ingest.metric(msg.subject, msg.data, stream, seq)
-        return lambda msg, seq: self._dead_letter_row(stream, msg, seq)
-
-    @staticmethod
-    def _dead_letter_row(stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
-        h = msg.headers or {}
-        return "dead_letters", dead_letter_row(
-            subject=msg.subject,
-            data=msg.data,
-            service=h.get(bus.SERVICE_HEADER) or msg.subject.split(".")[-1],
-            original_subject=h.get(bus.SUBJECT_HEADER, ""),
-            reason=h.get(bus.REASON_HEADER, ""),
-            ts=msg.metadata.timestamp.timestamp(),
-            stream=stream,
-            seq=seq,
-        )
-
-    async def _handle(self, sink: StreamSink, msgs: list[Msg]) -> bool:
-        """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
-        not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
-        ingest = self._ingester(sink.stream, sink.ingest or self.ingest)
-        queue = deque(msgs)
-        while queue or sink.last_seq + 1 in sink.early:  # plain: no coroutine per message
-            held = sink.early.pop(sink.last_seq + 1, None)  # next in order, if it came early
-            msg = held if held is not None else queue.popleft()
-            # nats-py raises NotJSMessageError for a non-JetStream one
-            seq = bus.source_seq(msg) if sink.sourced else msg.metadata.sequence.stream
-            if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
-                self.counts["redelivered"] += 1
-                if seq <= sink.durable_seq:
-                    await self._ack(msg)
-                continue
-            if not sink.sourced and sink.last_seq and seq > sink.last_seq + 1:
-                # An earlier fetch's reply is late or was lost (a partition): acking past the gap would
-                # ack the missing messages unwritten (cumulative acks). Hold this one until they come.
-                self.counts["held_for_order"] += 1
-                sink.early[seq] = msg
-                continue
-            try:
-                table, row = ingest(msg, seq)
-            except Exception as exc:  # the one place that decides: any failure to make a row dead-letters it
-                if sink.stream == S.DLQ_STREAM:  # never dead-letter a dead letter (it would loop)
-                    log.error("unrecordable dead letter subject=%s seq=%d: %r", msg.subject, seq, exc)
-                    self.counts["dead_letters_unrecorded"] += 1
-                else:
-                    reason = str(exc) if isinstance(exc, WireError | Rejected) else f"internal: {exc!r}"
-                    if not await self._dead_letter(msg, reason):
-                        return False
-                if sink.sourced:  # acked on its own: nothing else rides on its ack
-                    sink.last_seq = seq
-                    await self._ack(msg)
-                    continue
-                sink.last, sink.last_seq = msg, seq
-                await self._ack_settled(sink)
-                continue
-            sink.add(table, row, msg, seq)
-        return True
-
-    async def _dead_letter(self, msg: Msg, reason: str) -> bool:
-        # Retry until the DLQ takes it: acking without that would drop the message silently, and
-        # processing later messages first would break the restart rule above.
-        assert self.dlq is not None
-        delay = 0.2
-        while True:
-            try:
-                await self.dlq.send(msg, reason)
-                return True
-            except Exception as exc:
-                if self._stop.is_set():
-                    return False
-                log.error(
-                    "dead-letter publish failed subject=%s: %r; retrying in %.1fs", msg.subject, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _start_flush(self, sink: StreamSink) -> None:
-        """Write what is buffered in the background while the consumer goes on decoding.
-
-        One write per stream at a time, in order: a later file never lands before an earlier one,
-        so the highest sequence on disk always means everything below it is there too.
-        """
-        await self._finish_flush(sink)
-        if not sink.rows:
-            return
-        buffers, rows = sink.take(self.cfg)
-        covering = sink.take_acks()  # this write owns the ack of everything up to it
-        if sink.owned is not None and not sink.owned():
-            # Write nothing more and stop reading: the partition's next owner (maybe this replica
-            # again, with a fresh consumer) replays these from the files' end, in order.
-            raise LeaseLost(f"partition lease lost: {rows} rows of {sink.stream} left to its next owner")
-        sink.writing = asyncio.create_task(self._write(sink, buffers, rows, sink.last_seq, covering))
-
-    async def _finish_flush(self, sink: StreamSink) -> None:
-        if sink.writing is not None:
-            task, sink.writing = sink.writing, None
-            await task  # re-raises what is not an OSError: a bug, which stops the service
-
-    async def _write(
-        self,
-        sink: StreamSink,
-        buffers: dict[str, TableBuffer],
-        rows: int,
-        top: int,
-        covering: list[Msg],
-    ) -> None:
-        delay = 0.5
-        while True:
-            try:
-                paths = await asyncio.to_thread(
-                    self._write_files, buffers, sink.writer or self.writer, sink.owned
-                )
-                break
-            except OSError as exc:  # disk full, permissions: keep the messages unacked and retry
-                if self._stop.is_set():
-                    # Raise, don't return: a later write's cumulative ack would cover these rows too.
-                    log.error("flush of %s failed while stopping: %r; JetStream redelivers", sink.stream, exc)
-                    raise
-                log.error("flush of %s failed: %r; retrying in %.1fs", sink.stream, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
-        sink.durable_seq = max(sink.durable_seq, top)
-        for table, buffer in buffers.items():
-            self.counts[table] += buffer.rows
-        log.debug("flushed stream=%s rows=%d files=%d up to seq %d", sink.stream, rows, len(paths), top)
-        for msg in covering:
-            await self._ack(msg)
-
-    @staticmethod
-    def _write_files(
-        buffers: dict[str, TableBuffer], writer: PartWriter, owned: Callable[[], bool] | None
-    ) -> list:
-        # In a worker thread: Arrow conversion, compression and fsync mostly release the GIL. A
-        # replica's partition is checked once more before its files take their place: a write begun
-        # while it was ours lands only if it still is (a stalled process wakes up fenced).
-        return writer.write_group({table: buffer.to_arrow() for table, buffer in buffers.items()}, owned)
-
-    async def _ack_settled(self, sink: StreamSink) -> None:
-        """Ack the latest handled message if nothing below it waits for a write (dead letters only)."""
-        if sink.last is not None and not sink.rows and sink.writing is None:
-            sink.durable_seq = sink.last_seq
-            msg, sink.last = sink.last, None
-            await self._ack(msg)
-
-    async def _ack(self, msg: Msg) -> None:
-        try:
-            await msg.ack()
-        except Exception as exc:  # a lost ack only means a redelivery, which durable_seq skips
-            log.debug("ack failed subject=%s: %r", msg.subject, exc)
 
     async def _log_stats(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
-            except TimeoutError:
-                pass
             assert self.dlq is not None
+            ingests = [self.ingest, *self.partition_ingests.values()]
             # Vanished clients' episodes: the ordering state stays bounded by the tracker's max_closed.
-            for ingest in [self.ingest, *self.partition_ingests.values()]:
+            for ingest in ingests:
                 forgotten = ingest.tracker.expire(time.time(), self.cfg.open_episode_ttl_s)
                 self.counts["forgotten_open_episodes"] += len(forgotten)
+            opened = sum(len(i.tracker.open) for i in ingests)
             log.info(
-                "rows %s dead letters %s open episodes %d",
-                dict(self.counts),
-                dict(self.dlq.counts),
-                sum(len(i.tracker.open) for i in [self.ingest, *self.partition_ingests.values()]),
+                "rows %s dead letters %s open episodes %d", dict(self.counts), dict(self.dlq.counts), opened
             )
 
 

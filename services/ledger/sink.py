@@ -1,6 +1,6 @@
 """What one stream's consumer holds between flushes: buffered rows and the position they cover.
 
-Pure logic (no I/O); `service.py` decides when to add, flush and ack.
+Pure logic (no I/O); its `Recorder` (`recorder.py`) decides when to add, flush and ack.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from nats.aio.msg import Msg
 
 from swarmrl.services.ledger.columns import TableBuffer
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.ingest import Ingest
-from swarmrl.services.ledger.store import PartWriter
 from swarmrl.services.ledger.tables import Row
 
 
@@ -28,15 +26,11 @@ class StreamSink:
     """
 
     stream: str
-    writer: PartWriter | None = None
-    """Where its files go; None: the ledger's own writer (the tables' folders)."""
     sourced: bool = False
     """A partition of LEDGER_PARTS (ledger replicas): sequences are EPISODES' (`bus.source_seq`), and
     each message is acked once its row is durable (a work queue takes no cumulative acks)."""
     owned: Callable[[], bool] | None = None
     """Replicas: whether the partition's lease is still ours (a flush is dropped unwritten if not)."""
-    ingest: Ingest | None = None
-    """Replicas: the partition's own ingest (ordering state); None: the ledger's."""
     covered: list[Msg] = field(default_factory=list)
     """Sourced: the buffered messages, acked after their flush."""
     durable_seq: int = 0

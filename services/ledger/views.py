@@ -3,7 +3,9 @@
 Pure logic (no NATS). Each table is a view over `read_parquet('<ledger>/<table>/**/*.parquet',
 union_by_name=true)` (ledger replicas' partition folders included), so new part files show up in the next query and older files missing a newer
 column read it as NULL. A table without any file yet is a typed empty SELECT, so a query never fails
-on a fresh run. `episodes` is derived from `events` and `llm_calls`.
+on a fresh run. `episodes` is derived from `events` and `llm_calls`; its `task` is the task name the
+`begin` event's `task` map carries (`task.name` when it is a string, else ""), as the merger puts it
+on the episode's samples (`Sample.task`), so episodes and samples group by the same name.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from swarmrl.services.ledger.tables import TABLES, duckdb_type
 EPISODES_VIEW = """
 CREATE OR REPLACE VIEW episodes AS
 WITH begins AS (
-    SELECT episode_id, task_id, coalesce(nullif(group_key, ''), task_id) AS group_key, client_id,
+    SELECT episode_id, task_id,
+           CASE WHEN json_type(task, '$.name') = 'VARCHAR' THEN task->>'$.name' ELSE '' END AS task,
+           coalesce(nullif(group_key, ''), task_id) AS group_key, client_id,
            client_version, models, agents, eval, ts AS begin_ts
     FROM events WHERE kind = 'begin'
 ), per_episode AS (
@@ -38,7 +42,7 @@ WITH begins AS (
            sum(n_output) AS output_tokens, max(ts) AS last_llm_ts
     FROM llm_calls GROUP BY episode_id
 )
-SELECT b.episode_id, b.task_id, b.group_key, b.client_id, b.client_version, b.models, b.agents, b.eval,
+SELECT b.episode_id, b.task_id, b.task, b.group_key, b.client_id, b.client_version, b.models, b.agents, b.eval,
        b.begin_ts, p.end_ts,
        CASE WHEN p.ended THEN 'ok' WHEN p.aborted THEN 'aborted' ELSE 'open' END AS status,
        p.reward,

@@ -1,14 +1,18 @@
-"""Configuration of the merger service (`swarmrl serve merger --help` prints every field)."""
+"""Configuration of the merger service: `MergerSettings`, what a swarm description's `[merger]` may
+set, and `MergerConfig`, the process's whole configuration (`swarmrl serve merger --help` prints
+every field), which adds the replica name `swarmrl up` gives it."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.core.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig, Settings
 from swarmrl.services.merger.timelines import MergeMode, MergeOptions
 
 
-class MergerConfig(ServiceConfig):
+class MergerSettings(Settings):
+    """How episodes are merged into samples, and how the partition consumers run."""
+
     episode_timeout_s: float = Field(default=300.0, gt=0)
     """An open episode with no event (heartbeats count) for this long, by receive time, is dropped."""
     merge: bool = True
@@ -26,8 +30,6 @@ class MergerConfig(ServiceConfig):
     starts a fresh consumer, which delivers every unacked event at once (`service.py`). Keep it well
     under the SAMPLES duplicate window (`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min): a crash between
     publishing an episode's samples and acking its events is then healed by de-duplication on replay."""
-    replica: str = ""
-    """This replica's name in the partition leases (default: host, pid and a random suffix)."""
     lease_interval_s: float = Field(default=2.0, gt=0, le=3.0)
     """How often the partition leases are renewed and rebalanced: at most half of `bus.LEASE_TTL_S`
     (6 s), after which a dead replica's partitions are free to take; a replica whose renewals have
@@ -42,3 +44,8 @@ class MergerConfig(ServiceConfig):
 
     def options(self) -> MergeOptions:
         return MergeOptions(merge=self.merge, mode=self.merge_mode, ignore_tools=self.ignore_tools)
+
+
+class MergerConfig(ServiceConfig, MergerSettings):
+    replica: str = ""
+    """This replica's name in the partition leases (default: host, pid and a random suffix)."""

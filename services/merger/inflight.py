@@ -1,23 +1,29 @@
-"""What the merger holds between delivery and ack (bookkeeping only; the handlers do the NATS calls).
+"""What a merger partition holds between delivery and ack.
 
 - `OpenEpisode`: the events of an episode that has begun and not yet ended, aborted or timed out.
 - `Held`: a delivered message we owe an ack, with the last time we told the server it is in work.
 - `RecentAcks`: stream sequences we acked lately. JetStream acks are fire-and-forget; one lost on a
   connection blip comes back as a redelivery, which must be acked again, not dead-lettered as an
   event of a closed episode (nor, for a message we never saw, acked without a trace).
+- `Inflight`: every unacked event of a partition, held or parked; the only code that acks, naks or
+  keeps them alive.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Hashable
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from swarmrl.schemas import BeginEvent, RewardEvent
 
+log = logging.getLogger("swarmrl.merger")
 K = TypeVar("K", bound=Hashable)
 
 
@@ -44,7 +50,7 @@ class Held:
 
 @dataclass
 class Parked(Held):
-    """An event of an episode whose begin has not come (yet): the merger's `_park`."""
+    """An event of an episode whose begin has not come (yet): `Inflight.park`."""
 
     reason: str
     """What it is dead-lettered with should its begin never come (`unknown_episode: ...`)."""
@@ -70,3 +76,81 @@ class RecentAcks(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._seqs)
+
+
+class Inflight:
+    """Every unacked event of one partition, by stream sequence: `held` (of open episodes) and
+    `parked` (of episodes whose begin has not come). Held ones get an in-progress ack once untouched
+    for half the ack wait; on a stop all are nak'ed, so the partition's next owner replays them."""
+
+    def __init__(self, ack_wait_s: float, counts: Counter[str]) -> None:
+        self.ack_wait_s = ack_wait_s
+        self.counts = counts
+        self.held: dict[int, Held] = {}
+        self.parked: dict[int, Parked] = {}
+        self.park_until: dict[str, float] = {}
+        """Episode id -> when its parked events are dead-lettered if its begin has not come."""
+        self.acked: RecentAcks[int] = RecentAcks(keep_s=2 * ack_wait_s)
+        self.kept_alive = time.monotonic()
+
+    def refresh(self, seq: int, msg: Msg) -> bool:
+        """A redelivery of an event we hold (its ack wait ran out): keep the newest. False: not held."""
+        held = self.held.get(seq) or self.parked.get(seq)
+        if held is None:
+            return False
+        held.msg, held.touched = msg, time.monotonic()
+        self.counts["redelivered"] += 1
+        return True
+
+    def hold(self, seq: int, msg: Msg, episode_id: str) -> None:
+        self.held[seq] = Held(msg, time.monotonic(), episode_id)
+
+    def park(self, seq: int, msg: Msg, episode_id: str, reason: str) -> None:
+        """Hold an event whose begin has not come, for two ack waits; `reason` (`unknown_episode: ...`)
+        is what it is dead-lettered with then."""
+        self.park_until.setdefault(episode_id, time.monotonic() + 2 * self.ack_wait_s)
+        self.parked[seq] = Parked(msg, time.monotonic(), episode_id, reason)
+        self.counts["parked"] += 1
+
+    def unpark(self, episode_id: str) -> list[tuple[int, Parked]]:
+        """Take episode `episode_id`'s parked events out, in stream order."""
+        del self.park_until[episode_id]
+        mine = sorted(seq for seq, parked in self.parked.items() if parked.episode_id == episode_id)
+        return [(seq, self.parked.pop(seq)) for seq in mine]
+
+    def expired(self, now: float) -> list[Parked]:
+        """The parked events whose begin did not come in time, taken out."""
+        due = [eid for eid, until in self.park_until.items() if now >= until]
+        return [parked for eid in due for _, parked in self.unpark(eid)]
+
+    async def ack(self, msg: Msg, seq: int) -> None:
+        if not msg.is_acked:
+            await msg.ack()
+        self.acked.add(seq, time.monotonic())
+
+    async def ack_held(self, seqs: Iterable[int]) -> None:
+        """Ack the held events `seqs` (an episode's, begin first) and let them go."""
+        for seq in seqs:
+            if (held := self.held.pop(seq, None)) is not None:
+                await self.ack(held.msg, seq)
+
+    async def keep_alive(self, now: float) -> bool:
+        """An in-progress ack for every event untouched for half the ack wait, every quarter of it
+        (True: this was such a round)."""
+        if now - self.kept_alive <= self.ack_wait_s / 4:
+            return False
+        self.kept_alive = now
+        for held in [*self.held.values(), *self.parked.values()]:
+            if now - held.touched > self.ack_wait_s / 2:
+                await held.msg.in_progress()
+                held.touched = now
+                self.counts["keepalive"] += 1
+        return True
+
+    async def nak_all(self) -> None:
+        msgs = [h.msg for h in (*self.held.values(), *self.parked.values())]
+        try:
+            for msg in msgs:
+                await msg.nak()
+        except nats.errors.Error as exc:  # connection gone: the ack wait returns them instead
+            log.warning("could not hand back %d messages: %s", len(msgs), exc)

@@ -1,4 +1,6 @@
-"""Configuration of the tracker service (`swarmrl serve tracker --help` prints every field)."""
+"""Configuration of the tracker service: `TrackerSettings`, what a swarm description's `[tracker]`
+may set, and `TrackerConfig`, the process's whole configuration (`swarmrl serve tracker --help`
+prints every field), which adds the run directory."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from swarmrl.core.config import ServiceConfig, SwarmConfigError
+from swarmrl.core.config import ServiceConfig, Settings, SwarmConfigError
 
 TRACKERS: dict[str, tuple[str, ...]] = {
     "tensorboard": ("tensorboard",),
@@ -42,11 +44,9 @@ def check_installed(names: list[str]) -> None:
             )
 
 
-class TrackerConfig(ServiceConfig):
-    run_dir: Path = Path("runs/latest")
-    """Run directory; the trackers write under `<run_dir>/track/`: `tensorboard/` (event files),
-    `wandb/` (offline runs) and `mlflow.db` (MLflow's local SQLite store), and the exporter's own
-    position in `state.json` (env SWARMRL_RUN_DIR)."""
+class TrackerSettings(Settings):
+    """Which trackers get the metrics, under which names, and how the stream is read."""
+
     track: Annotated[list[str], NoDecode] = []  # SWARMRL_TRACK=tensorboard,wandb: split below
     """Trackers that get every metric of the swarm: any of tensorboard, wandb, mlflow (a list, or
     comma-separated: `--track tensorboard,wandb`). Empty: `swarmrl up` starts no tracker. They need
@@ -82,6 +82,13 @@ class TrackerConfig(ServiceConfig):
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
         return check_names(v)
+
+
+class TrackerConfig(ServiceConfig, TrackerSettings):
+    run_dir: Path = Path("runs/latest")
+    """Run directory; the trackers write under `<run_dir>/track/`: `tensorboard/` (event files),
+    `wandb/` (offline runs) and `mlflow.db` (MLflow's local SQLite store), and the exporter's own
+    position in `state.json` (env SWARMRL_RUN_DIR)."""
 
     def track_dir(self) -> Path:
         return self.run_dir / "track"

@@ -61,7 +61,7 @@ class Tracker(Loops):
         self.nc = await bus.connect(self.cfg.nats, SERVICE)
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
-        self.dlq = bus.DeadLetters(js, SERVICE)
+        self.dlq = bus.DeadLetters(self.nc, SERVICE)
         last = (await js.stream_info(S.METRICS_STREAM)).state.last_seq
         if self.state.seq > last:  # the position is from another life of the stream
             raise RuntimeError(

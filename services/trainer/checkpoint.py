@@ -4,7 +4,9 @@
         config.json, model.safetensors ...   written by `save_pretrained` (what engines load), or with
                                              LoRA adapter_config.json, adapter_model.safetensors
         tokenizer files                      copied from the base model directory
-        optimizer-rank<R>.pt                 optimizer state of each training process
+        optimizer-rank<R>.pt                 optimizer state of each training process (every
+                                             `optimizer_state_every` steps: for full weights it is
+                                             twice their size)
         trainer_state.json                   TrainerState: step, version, last step's sample ids
 
 A checkpoint is written to `step-<N>.tmp` and renamed when complete, so `latest` never sees a
@@ -72,11 +74,28 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def has_optimizer(checkpoint: Path) -> bool:
+    return any(checkpoint.glob("optimizer-rank*.pt"))
+
+
+def optimizer_source(checkpoint: Path) -> Path | None:
+    """The checkpoint whose optimizer state a resume from `checkpoint` loads: itself, else the newest
+    older one that has it (optimizer state is saved every `optimizer_state_every` steps)."""
+    m = _STEP_RE.match(checkpoint.name)
+    step = int(m.group(1)) if m else None
+    for s, p in reversed(list_checkpoints(checkpoint.parent)):
+        if (step is None or s <= step) and has_optimizer(p):
+            return p
+    return None
+
+
 def prune(root: Path, keep: int, pinned: int | None = None) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (and `.tmp` leftovers), and the step `pinned`
-    (a rollback target, `guard.py`); return what was deleted."""
+    """Delete all but the newest `keep` checkpoints (and `.tmp` leftovers), the step `pinned` (a
+    rollback target, `guard.py`), and the newest one holding optimizer state; return what was deleted."""
     found = list_checkpoints(root)
-    doomed = [p for step, p in found[: max(0, len(found) - keep)] if step != pinned]
+    with_state = [step for step, p in found if has_optimizer(p)]
+    kept = {pinned, with_state[-1] if with_state else None}
+    doomed = [p for step, p in found[: max(0, len(found) - keep)] if step not in kept]
     doomed += list(root.glob("step-*.tmp"))  # a crash mid-save; only this process writes here
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)

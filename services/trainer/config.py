@@ -1,4 +1,6 @@
-"""Configuration of the trainer service (one process per trainable model)."""
+"""Configuration of the trainer service (one process per trainable model): `TrainerSettings`, what
+a swarm description's `[models.<name>.trainer]` may set, and `TrainerConfig`, the process's whole
+configuration (`swarmrl serve trainer --help`), which adds what `swarmrl up` places."""
 
 from __future__ import annotations
 
@@ -6,21 +8,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from swarmrl.core.config import ServiceConfig
+from swarmrl.core.config import ServiceConfig, Settings
+from swarmrl.schemas import DEFAULT_GROUP_SIZE
 
 
-class TrainerConfig(ServiceConfig):
-    """`swarmrl serve trainer --model NAME --model-path DIR [...]`."""
-
-    # What to train -----------------------------------------------------------------------------
-    model: str = "tiny"
-    """Name of the trainable model: reads `swarm.samples.<model>`, writes KV `swarm-models[<model>]`."""
-    model_path: str
-    """Initial HF model directory (weights, config, tokenizer); version 0 points at it."""
-    run_dir: str = "runs/default"
-    """Run directory; checkpoints go to `<run_dir>/checkpoints/<model>/step-<N>/`."""
-    seed: int = 0
-    """Seed for torch/numpy/random (set before the model is loaded)."""
+class TrainerSettings(Settings):
+    """How one model trains: optimiser, groups and batches, loss, compute."""
 
     # Optimiser ---------------------------------------------------------------------------------
     lr: float = Field(default=1e-4, gt=0)
@@ -31,10 +24,10 @@ class TrainerConfig(ServiceConfig):
     of linear warmup from 0; `linear` and `cosine` decay to 0 at `max_steps`."""
     warmup_steps: int = Field(default=0, ge=0)
     """Trainer steps of linear learning-rate warmup (0: none)."""
-    mixed_precision: Literal["no", "bf16"] | None = None
+    mixed_precision: Literal["auto", "no", "bf16"] | None = "auto"
     """`bf16`: forward and backward under bf16 autocast (CPU and GPU, through Accelerate); the
-    weights and the optimizer state stay fp32. None: what `accelerate launch`'s config says (fp32
-    when the trainer runs alone)."""
+    weights and the optimizer state stay fp32. `auto`: bf16 for a model of at least 100M parameters,
+    `no` below (`swarmrl.core.precision`). None: what `accelerate launch`'s config says."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -51,7 +44,7 @@ class TrainerConfig(ServiceConfig):
     names separated by commas (`q_proj,v_proj`)."""
 
     # Groups and batches ------------------------------------------------------------------------
-    num_repeat: int = Field(default=8, ge=2)
+    num_repeat: int = Field(default=DEFAULT_GROUP_SIZE, ge=2)
     """Episodes per GRPO group: a group is ready once it holds this many complete episodes (a group
     whose client declared its size on `begin` has that size)."""
     group_timeout_s: float = Field(default=300.0, gt=0)
@@ -76,29 +69,26 @@ class TrainerConfig(ServiceConfig):
     `batch_groups`. 0: `batch_groups` (every step the same size). 1: the trainer steps whenever a
     group is ready, so a step takes the groups that arrived during the previous one. Late in a run,
     when most groups have equal rewards and are dropped, steps of a fixed `batch_groups` wait for
-    many groups to be played and grow rare (12-16 a minute at 48 episodes a second late in a 20-minute
-    peers run); with 1 they stayed at 35-60 a minute and passed TRL's best held-out success
-    (bench/results/peers-20min-round7/). Not the default: steps of one group are noisier, and a
-    `just up` run with 1 collapsed from 90.6% to 5.9% held-out success within a minute
-    (bench/results/up/calculator-min-batch-groups-1.md), as did round 9 of the peers race at 2 min
-    (its tool calls broke; bench/results/peers-20min-round9/). `rollback_window` brings such a fall
-    back (bench/results/peers-20min-round10/)."""
+    many groups to be played and grow rare, while steps of the groups ready stay frequent
+    (bench/results/peers-probe-min-batch-groups.md). Not the default: steps of one group are
+    noisier, and can collapse held-out success within a minute
+    (bench/results/up/calculator-min-batch-groups-1.md); `rollback_window` brings such a fall back."""
     batch_wait_s: float = Field(default=0.0, ge=0)
     """With `min_batch_groups`: how long a free trainer that holds at least `min_batch_groups`
     trainable groups, and fewer than `batch_groups`, waits for more before it steps with those
     (0: it steps at once). Early in a run groups with unequal rewards come fast and steps stay full;
-    late, when they are rare, the wait runs out and steps of fewer groups keep the trainer busy. In
-    the peers race 1 s cost steps late (25-32 a minute against 24-72) and time to 98.8% held-out success
-    (19.9 min against 11.0), and did not remove an early dip (bench/results/peers-probe-batch-wait.md)."""
+    late, when they are rare, the wait runs out and steps of fewer groups keep the trainer busy. 0 by
+    default: a wait of 1 s made late steps rarer and the best held-out success later
+    (bench/results/peers-probe-batch-wait.md)."""
 
     rollback_window: int = Field(default=0, ge=0)
     """Groups the collapse guard averages the train reward over (`guard.py`); 0: no guard. When a
     window of groups made by newer versions has a mean reward `rollback_drop` below the best window's,
     the trainer loads the checkpoint of the best window's newest version back (weights and optimizer
     state, kept on disk for this) and serves it as a new version. For runs whose steps are small
-    (`min_batch_groups`): round 9 of the peers race went from 90.6% to 0-6% held-out success in seven
-    versions of one-group steps and never came back (bench/results/peers-20min-round9/). One
-    training process only (a trainer under `accelerate launch` refuses it)."""
+    (`min_batch_groups`), whose held-out success can fall in a few versions and not come back
+    (bench/results/guard-replay.md replays recorded runs through it). One training process only (a
+    trainer under `accelerate launch` refuses it)."""
     rollback_drop: float = Field(default=0.5, gt=0)
     """How far (in reward units) a window's mean reward must fall below the best window's for the
     collapse guard (`rollback_window`) to roll back."""
@@ -142,8 +132,13 @@ class TrainerConfig(ServiceConfig):
     that cannot read `run_dir`: such an engine fetches the version from there into its own
     `$SWARMRL_HOME/weights/` (`services/common/objects.py`; `infra/multihost.md`). Off, every engine
     must see the checkpoint paths this trainer puts in KV."""
-    max_steps: int = Field(default=0, ge=0)
-    """Stop after this many steps in total (counting resumed ones); 0 runs forever."""
+    optimizer_state_every: int = Field(default=0, ge=0)
+    """Steps between saves of the optimizer state beside a checkpoint's weights (step 0 included).
+    0: every step while the trained weights are under 100M parameters (an adapter, a tiny model),
+    every 10 steps above: for a model trained in full the state is twice the weights (1 GB at 135M
+    parameters) and writing it every step doubled a step's time (`bench/results/real-model.md`). A
+    resumed (or rolled back) trainer takes its checkpoint's weights, which are exact, and the newest
+    optimizer state at or before it."""
 
     # NATS --------------------------------------------------------------------------------------
     fetch_batch: int = Field(default=256, ge=1)
@@ -155,11 +150,11 @@ class TrainerConfig(ServiceConfig):
     """Samples dropped untrained (stale, zero advantage, ...) are reported on `swarm.metrics.drops`
     and acked this long after the first of them, if no step reported them sooner. Until acked they
     count as backlog for the gateway's admission control: late in a run, when most groups have zero
-    advantage, 5 s held about 110 of them, over `just up`'s bound of 64, and new groups waited
-    (0.5 s: 1.34x the episodes a second in minutes 3.5-5 of a 5-minute run; README, "Side by side with TRL")."""
+    advantage, a long delay holds more of them than the backlog bound and new groups wait
+    (bench/results/swarm-drops.md: 5 s against 0.5 s)."""
 
     @model_validator(mode="after")
-    def _check(self) -> TrainerConfig:
+    def _check(self) -> TrainerSettings:
         if self.min_group_size > self.num_repeat:
             raise ValueError(f"min_group_size {self.min_group_size} > num_repeat {self.num_repeat}")
         if self.min_batch_groups > self.batch_groups:
@@ -167,6 +162,25 @@ class TrainerConfig(ServiceConfig):
                 f"min_batch_groups {self.min_batch_groups} > batch_groups {self.batch_groups}: a step "
                 "never takes more than batch_groups groups"
             )
+        return self
+
+
+class TrainerConfig(ServiceConfig, TrainerSettings):
+    """`swarmrl serve trainer --model NAME --model-path DIR [...]`."""
+
+    model: str = "tiny"
+    """Name of the trainable model: reads `swarm.samples.<model>`, writes KV `swarm-models[<model>]`."""
+    model_path: str
+    """Initial HF model directory (weights, config, tokenizer); version 0 points at it."""
+    run_dir: str = "runs/default"
+    """Run directory; checkpoints go to `<run_dir>/checkpoints/<model>/step-<N>/`."""
+    seed: int = 0
+    """Seed for torch/numpy/random (set before the model is loaded)."""
+    max_steps: int = Field(default=0, ge=0)
+    """Stop after this many steps in total (counting resumed ones); 0 runs forever."""
+
+    @model_validator(mode="after")
+    def _check_steps(self) -> TrainerConfig:
         if self.lr_scheduler != "constant" and self.max_steps <= 0:
             raise ValueError(
                 f"lr_scheduler {self.lr_scheduler!r} decays to 0 at max_steps: give max_steps > 0"

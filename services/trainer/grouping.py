@@ -25,13 +25,14 @@ Policy:
   follow within seconds): then it is acked (`spent`) and its credit kept in memory until
   `timeout_s`. Held longer, the records of groups lost whole (every episode of a killed client)
   counted as backlog for admission control, and the gateway held every new group for the group
-  timeout (the chaos run of 2026-11-26: no episode begun for 6 minutes). A lost record
+  timeout (no episode begun for minutes after a client was killed). A lost record
   redelivered for an episode already counted is spent at once.
 - an episode the trainer itself drops on arrival (a stale sample: `discard`) is lost the same way,
   and its other samples go with it: without this its group never completes, its held siblings count
   as backlog for admission control, and the swarm idles until the group timeout.
 
-Every sample is held with an opaque `handle` (the NATS message) so the caller can ack it later.
+Every sample is held with an opaque `handle` (the key its message is held under, `unacked.py`) so
+the caller can ack it later; a handle this buffer lets go of is returned, or left in `spent`.
 """
 
 from __future__ import annotations
@@ -132,21 +133,23 @@ class GroupBuffer:
         """Handles of lost records no group will use (see the module docstring), and the caller's of
         groups it dropped: the caller acks them with its next drop report or step."""
 
-    def note_lost(self, group_key: str, episode_id: str, handle: Any = None, now: float = 0.0) -> None:
-        """Episode `episode_id` of `group_key` will never deliver samples; `handle` acks its record."""
-        if (credit := self.credits.get(episode_id)) is not None:  # redelivered while held
-            credit.handle = handle
-            return
+    def note_lost(self, group_key: str, episode_id: str, handle: Any = None, now: float = 0.0) -> list[Any]:
+        """Episode `episode_id` of `group_key` will never deliver samples; `handle` acks its record.
+        Returns the handle of an earlier copy of the record it replaces (the caller acks it)."""
+        if (credit := self.credits.get(episode_id)) is not None:  # a copy held: keep the newest
+            replaced, credit.handle = credit.handle, handle
+            return [replaced] if replaced is not None and replaced != handle else []
         if episode_id in self.gone:  # counted before (and used, or discarded here): nothing to add
             if handle is not None:
                 self.spent.append(handle)
-            return
+            return []
         self.gone[episode_id] = None
         while len(self.gone) > self.max_gone:
             self.gone.popitem(last=False)
         self.credits[episode_id] = credit = Credit(episode_id, handle, now)
         self.lost.setdefault(group_key, []).append(credit)
         self.counts["lost_episodes"] += 1
+        return []
 
     def discard(self, sample: Sample, now: float = 0.0) -> list[Held]:
         """`sample` will not be trained (the caller drops it): its whole episode is lost to its group.
@@ -163,7 +166,7 @@ class GroupBuffer:
         return sample.episode_id in self.gone
 
     def lost_handles(self) -> list[Any]:
-        """Handles of the lost records held as credits (for in-progress heartbeats)."""
+        """Handles of the lost records held as credits."""
         return [c.handle for credits in self.lost.values() for c in credits if c.handle is not None]
 
     def size(self, sample: Sample) -> int:
@@ -184,13 +187,15 @@ class GroupBuffer:
         """Samples held (not yet emitted or dropped)."""
         return len(self.held)
 
-    def add(self, sample: Sample, handle: Any, now: float) -> None:
+    def add(self, sample: Sample, handle: Any, now: float) -> list[Any]:
+        """Hold `sample`; returns the handle of an earlier copy of it that this one replaces."""
         slot = (sample.episode_id, sample.agent, sample.index)
         key = self.held.get(slot)
-        if key is not None:  # redelivery: keep the newest handle, the sample is the same
+        if key is not None:  # a copy held: keep the newest handle, the sample is the same
             self.counts["duplicate_samples"] += 1
-            self.pending[key][sample.episode_id].agents[sample.agent][sample.index].handle = handle
-            return
+            held = self.pending[key][sample.episode_id].agents[sample.agent][sample.index]
+            replaced, held.handle = held.handle, handle
+            return [replaced] if replaced != handle else []
         episodes = self.pending.setdefault(sample.group_key, {})
         self.sizes.setdefault(sample.group_key, self.size(sample))
         if sample.episode_id not in episodes:
@@ -199,6 +204,7 @@ class GroupBuffer:
             sample, handle, now
         )
         self.held[slot] = sample.group_key
+        return []
 
     def pop_ready(self, now: float) -> tuple[list[Group], list[Held]]:
         """Groups ready to train, and samples that will never be trained (the caller acks them)."""
@@ -289,6 +295,7 @@ class GroupBuffer:
                 out.append(h)
         return out
 
-    def all_held(self) -> list[Held]:
-        """Every held sample (for in-progress heartbeats)."""
-        return [h for eps in self.pending.values() for ep in eps.values() for h in ep.items()]
+    def take_spent(self) -> list[Any]:
+        """The handles in `spent`, handed over for acking."""
+        spent, self.spent = self.spent, []
+        return spent

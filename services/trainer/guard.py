@@ -1,10 +1,10 @@
 """When to roll the policy back (pure logic, no NATS, no torch): the train reward collapsed.
 
-An RL run can fall off a cliff in a few steps: in round 9 of the peers race the calculator policy
-went from 90.6% held-out success to 0-6% within seven versions (its tool calls broke), every group
-then had eight equal rewards, nothing was trainable, and it never came back
-(bench/results/peers-20min-round9/). The reward of the groups the trainer receives shows such a
-fall a second or two after it happens, whatever the groups' advantages, so the guard watches it:
+An RL run can fall off a cliff in a few steps: a policy whose tool calls break drops from high
+held-out success to almost none within a few versions, every group then has equal rewards, nothing
+is trainable, and it never comes back (one such collapse: bench/results/peers-20min-round9/). The
+reward of the groups the trainer receives shows such a fall a second or two after it happens,
+whatever the groups' advantages, so the guard watches it:
 
 - every formed group counts once, with its mean reward and the oldest and newest policy versions
   that generated its tokens (a multi-turn episode can span versions); the guard keeps the last

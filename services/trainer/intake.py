@@ -1,30 +1,40 @@
-"""NATS handlers of the trainer: the one place that decides what happens to a sample message.
+"""Every sample message from its delivery to its settlement: what it becomes (`SampleIntake`), and the
+one book of the messages not yet settled (`Unacked`), the only code that acks, naks, dead-letters or
+keeps a message alive.
 
 Consumes: `swarm.samples.<model>` and `swarm.samples.<model>.lost` (stream SAMPLES, in stream order)
 through the trainer's durable pull consumer.
 Publishes: bad messages to `swarm.dlq.trainer` (original bytes + reason), then acks them.
 
 A sample is either
-- held (unacked) in the `GroupBuffer` until the step that trains it is checkpointed (`ack_all`),
+- held in the `GroupBuffer` until the step that trains it is checkpointed, its version put and its
+  TrainStep published (then acked),
 - dropped with a reason and counted: stale on arrival (its episode then leaves its group, siblings
   and all), or later when its group is dropped (timeout, zero advantage, too small after
-  staleness); acked once a TrainStep reports it (`drop` callback),
+  staleness); acked once a TrainStep or a SampleDrops report names it (`Unacked.take_report`),
 - acked at once when its last checkpointed step already trained it (a redelivery),
 - dead-lettered (malformed, wrong model, untrainable) and acked; so are, after their step, the
   samples of an optimizer update the learner did not apply for a non-finite loss or gradient.
-On a graceful stop every held sample is nak'ed so the next trainer gets it at once (`nak_all`).
-
 A lost-episode record (`LostEpisode`: an episode that sends this model no sample) is held as a
-credit of its group (`GroupBuffer.note_lost`) and acked with the group's samples; a malformed one
-is dead-lettered like a bad sample.
+credit of its group (`GroupBuffer.note_lost`) and acked with the group's samples, or with the next
+report when no group will use it (`Unacked.spend`); a malformed one is dead-lettered. Nothing is
+terminated: what the trainer will not train leaves a trace in the DLQ or in a report.
+
+Messages are held by stream sequence (the pure cores hold these keys, never a message); a
+redelivery of one still held only refreshes its handle. Every held message gets an in-progress
+signal every third of the ack wait; on a stop all are nak'ed, so the next trainer gets them at once.
+One that could not be settled is forgotten: JetStream redelivers it after the ack wait.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from swarmrl.schemas import LostEpisode, Sample, WireError, decode, decode_sample
@@ -37,34 +47,142 @@ from swarmrl.services.trainer.grpo import check_sample, staleness
 log = logging.getLogger("swarmrl.trainer.intake")
 
 
+@dataclass
+class Dropped:
+    """A sample that will not be trained, and why: acked once a report names it."""
+
+    sample: Sample
+    reason: str
+
+
+def reasons(dropped: Iterable[Dropped]) -> dict[str, str]:
+    """Sample id -> why it was dropped: what a report names."""
+    return {d.sample.sample_id: d.reason for d in dropped}
+
+
+class Unacked:
+    def __init__(self, dead_letters: DeadLetters, ack_wait_s: float, report_s: float) -> None:
+        self.dead_letters = dead_letters
+        self.msgs: dict[int, Msg] = {}
+        """Every held message by stream sequence: its newest delivery (whose ack acks the sequence)."""
+        self.dropped: dict[int, Dropped] = {}
+        """Held samples to name in the next report."""
+        self.spent: list[int] = []
+        """Held lost-episode records no group will use: acked with the next report, or alone."""
+        self.report_s, self.dropped_since = report_s, 0.0
+        self.keep_alive_s, self.kept_alive = ack_wait_s / 3, time.monotonic()
+
+    def take(self, msg: Msg) -> int | None:
+        """Hold `msg`; its key, or None when it is a redelivery of a message held already."""
+        key = msg.metadata.sequence.stream
+        held = key in self.msgs
+        self.msgs[key] = msg
+        return None if held else key
+
+    def drop(self, held: Iterable[Held], reason: str) -> None:
+        for h in held:
+            if not self.dropped:
+                self.dropped_since = time.monotonic()
+            self.dropped[h.handle] = Dropped(h.sample, reason)
+
+    def spend(self, keys: Iterable[int]) -> None:
+        self.spent.extend(keys)
+
+    def report_due(self, now: float) -> bool:
+        """Drops wait `report_s` for a step to report them; held longer, they count as backlog for
+        admission control, which then holds the very groups the next step needs."""
+        return bool(self.dropped) and now - self.dropped_since > self.report_s
+
+    def take_report(self) -> tuple[list[Dropped], list[int]]:
+        """The drops to report, and the keys to ack once the report is out: theirs and the spent ones."""
+        dropped, self.dropped = self.dropped, {}
+        return list(dropped.values()), [*dropped, *self.take_spent()]
+
+    def take_spent(self) -> list[int]:
+        spent, self.spent = self.spent, []
+        return spent
+
+    async def ack(self, keys: Iterable[int]) -> None:
+        """Ack held messages whose effects are durable; a failure propagates (the rest stay held)."""
+        for key in keys:
+            if (msg := self.msgs.pop(key, None)) is not None:
+                await msg.ack()
+
+    async def dead_letter(self, key: int, reason: str) -> None:
+        msg = self.msgs.pop(key)
+        await self.dead_letters.send(msg, reason)
+        await msg.ack()
+
+    async def keep_alive(self, now: float) -> None:
+        if now - self.kept_alive > self.keep_alive_s:
+            self.kept_alive = now
+            for msg in self.msgs.values():
+                await msg.in_progress()
+
+    async def nak_all(self) -> None:
+        msgs, self.msgs = list(self.msgs.values()), {}
+        try:
+            for msg in msgs:
+                await msg.nak()
+        except (nats.errors.Error, OSError) as exc:  # connection gone: they come back after ack_wait
+            log.warning(
+                "could not nak %d held samples (%s); they are redelivered after ack_wait", len(msgs), exc
+            )
+
+
 class SampleIntake:
     def __init__(
         self,
         model: str,
         buffer: GroupBuffer,
-        dead_letters: DeadLetters,
+        unacked: Unacked,
         *,
         vocab_size: int,
         max_tokens: int,
         max_staleness: int,
         counts: Counter[str],
-        drop: Callable[[list[Held], str], None],
         already_trained: Iterable[str] = (),
     ) -> None:
-        self.model = model
-        self.lost_subject = S.lost_subject(model)
-        self.buffer = buffer
-        self.dead_letters = dead_letters
-        self.vocab_size = vocab_size
-        self.max_tokens = max_tokens
-        self.max_staleness = max_staleness
-        self.counts = counts
-        self.drop = drop
-        """Takes samples that will not be trained, with the reason (the trainer acks them once reported)."""
+        self.model, self.lost_subject = model, S.lost_subject(model)
+        self.buffer, self.unacked, self.counts = buffer, unacked, counts
+        self.vocab_size, self.max_tokens, self.max_staleness = vocab_size, max_tokens, max_staleness
         # Sample ids of the last checkpointed step: redelivered if we died between saving and acking.
         self.already_trained = set(already_trained)
 
-    def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | LostEpisode | str | None]:
+    async def handle(self, msg: Msg, version: int, now: float) -> None:
+        """Hold, drop or dead-letter one sample message; never raises."""
+        if (key := self.unacked.take(msg)) is None:  # redelivered while held: the newest handle is kept
+            self.counts["redelivered"] += 1
+            return
+        try:
+            action, detail = self._classify(msg, version)
+        except WireError as exc:
+            action, detail = "dead", str(exc)
+        except Exception as exc:  # the intake survives a bug on one message: it is dead-lettered
+            log.exception("subject=%s unexpected error handling a sample", msg.subject)
+            action, detail = "dead", f"internal: {type(exc).__name__}: {exc}"
+        try:
+            match action, detail:
+                case "hold", Sample():
+                    await self.unacked.ack(self.buffer.add(detail, key, now))  # a copy it replaced
+                case "lost", LostEpisode():
+                    await self.unacked.ack(
+                        self.buffer.note_lost(detail.group_key, detail.episode_id, key, now)
+                    )
+                case "stale", Sample():
+                    siblings = self.buffer.discard(detail, now)  # its episode leaves its group
+                    self.counts["dropped_stale"] += 1 + len(siblings)
+                    self.unacked.drop([Held(detail, key, now), *siblings], "stale")
+                case "drop", str():
+                    self.counts[detail] += 1
+                    await self.unacked.ack([key])
+                case _:
+                    self.counts["dead_letters"] += 1
+                    await self.unacked.dead_letter(key, str(detail))
+        except Exception:  # the intake survives any failure to settle a message: NATS redelivers it
+            log.warning("subject=%s could not %s a sample; it will be redelivered", msg.subject, action)
+
+    def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | LostEpisode | str]:
         """("hold"|"stale", sample) | ("lost", record) | ("drop", counter) | ("dead", reason). Raises
         WireError on bad bytes."""
         if msg.subject == self.lost_subject:
@@ -73,9 +191,7 @@ class SampleIntake:
                 return "dead", f"subject: lost episode of model {lost.model} on {msg.subject!r}"
             return "lost", lost
         sample = decode_sample(msg.data)
-        reason = check_sample(sample, self.model, self.vocab_size)
-        if reason is None:
-            reason = self.buffer.mismatch(sample)
+        reason = check_sample(sample, self.model, self.vocab_size) or self.buffer.mismatch(sample)
         if reason is not None:
             return "dead", reason
         if sample.sample_id in self.already_trained:
@@ -86,67 +202,3 @@ class SampleIntake:
             self.counts["truncated"] += 1
             sample = truncate(sample, self.max_tokens)
         return "hold", sample
-
-    async def handle(self, msg: Msg, version: int, now: float) -> None:
-        """Hold, drop or dead-letter one sample message; never raises."""
-        action: str
-        detail: Sample | LostEpisode | str | None
-        try:
-            action, detail = self._classify(msg, version)
-        except WireError as exc:
-            action, detail = "dead", str(exc)
-        except Exception as exc:  # a trainer bug must not kill the service nor lose the message
-            log.exception("subject=%s unexpected error handling a sample", msg.subject)
-            action, detail = "dead", f"internal: {type(exc).__name__}: {exc}"
-        try:
-            if action == "hold":
-                assert isinstance(detail, Sample)
-                self.buffer.add(detail, msg, now)
-                log.debug(
-                    "subject=%s episode=%s held sample %s", msg.subject, detail.episode_id, detail.sample_id
-                )
-            elif action == "lost":
-                assert isinstance(detail, LostEpisode)
-                self.buffer.note_lost(detail.group_key, detail.episode_id, msg, now)
-            elif action == "stale":
-                assert isinstance(detail, Sample)
-                siblings = self.buffer.discard(detail, now)  # its episode leaves its group
-                self.counts["dropped_stale"] += 1 + len(siblings)
-                self.drop([Held(detail, msg, now), *siblings], "stale")
-            elif action == "drop":
-                self.counts[str(detail)] += 1
-                await msg.ack()
-            else:
-                self.counts["dead_letters"] += 1
-                await self.dead_letters.send(msg, str(detail))
-                await msg.ack()
-        except Exception:  # NATS unavailable: leave it unacked, JetStream redelivers it after ack_wait
-            log.warning("subject=%s could not %s a sample; it will be redelivered", msg.subject, action)
-
-
-async def ack_all(handles: Iterable[Msg]) -> None:
-    for handle in handles:
-        await handle.ack()
-
-
-async def dead_letter_all(held: Iterable[Held], dead_letters: DeadLetters, reasons: dict[str, str]) -> None:
-    """Dead-letter held samples, each with its reason (by sample id), acking each once its dead letter
-    is out; a failure propagates and leaves the rest unacked for redelivery."""
-    for h in held:
-        await dead_letters.send(h.handle, reasons[h.sample.sample_id])
-        await h.handle.ack()
-
-
-async def nak_all(handles: Iterable[Msg]) -> None:
-    """Hand held messages back for immediate redelivery (on stop); best effort, ack_wait covers failures."""
-    try:
-        for handle in handles:
-            await handle.nak()
-    except Exception as exc:  # connection already gone: JetStream redelivers after ack_wait anyway
-        log.warning("could not nak held samples (%s); they are redelivered after ack_wait", exc)
-
-
-async def keep_alive(handles: Iterable[Msg]) -> None:
-    """Reset the ack timer of messages still waiting for their group or their step."""
-    for handle in handles:
-        await handle.in_progress()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import logging
 import math
 import shutil
 import time
@@ -31,11 +32,20 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from transformers import AutoModelForCausalLM, get_scheduler
 
+from swarmrl.core.precision import BF16_MIN_PARAMETERS, resolve_mixed_precision
 from swarmrl.services.trainer.batching import MicroBatch, Scored, empty_micro_batch, pack, pack_shared, shard
-from swarmrl.services.trainer.checkpoint import ADAPTER_CONFIG, TrainerState, copy_tokenizer_files
+from swarmrl.services.trainer.checkpoint import (
+    ADAPTER_CONFIG,
+    STATE_FILE,
+    TrainerState,
+    copy_tokenizer_files,
+    optimizer_source,
+)
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.grpo import token_loss
-from swarmrl.services.trainer.tree_attention import TREE_ATTENTION
+from swarmrl.services.trainer.tree_attention import TREE_ATTENTION, tree_for
+
+log = logging.getLogger("swarmrl.trainer.learner")
 
 # Per-step sums reduced over processes in one collective: names of the slots of the stats vector.
 _SUMS = (
@@ -76,7 +86,9 @@ class Learner:
         self, cfg: TrainerConfig, weights: str | Path, accelerator: Accelerator | None = None
     ) -> None:
         self.cfg = cfg
-        self.accelerator = accelerator or Accelerator(mixed_precision=cfg.mixed_precision)
+        self.accelerator = accelerator or Accelerator(
+            mixed_precision=resolve_mixed_precision(cfg.mixed_precision, cfg.model_path)
+        )
         set_seed(cfg.seed)
         model = load_trainable(cfg, weights)
         self.vocab_size = cast(
@@ -88,7 +100,10 @@ class Learner:
         plain = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
         self._keep_logits = "logits_to_keep" in inspect.signature(plain.forward).parameters
         trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's
-        optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        big = sum(p.numel() for p in trainable) >= BF16_MIN_PARAMETERS
+        self._optimizer_every = cfg.optimizer_state_every or (10 if big else 1)
+        # fused: one kernel over all tensors (CPU and CUDA) instead of several ops per tensor
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())
         """The optimizer's state before any update: what a rollback to the base model restores."""
@@ -254,6 +269,10 @@ class Learner:
         sums["unknown_behaviour"] += float(torch.isnan(mb.behaviour).sum())
         return out.loss.sum()
 
+    def logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """The trained model's logprob of every trained token of `mb` (no gradient), as a step sees it."""
+        return self._logprobs(self.model, mb)
+
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, grad: bool = False) -> torch.Tensor:
         """Logprob of every trained token of `mb` under `model`, [trained_tokens]."""
         dev = self.accelerator.device
@@ -264,7 +283,7 @@ class Learner:
             out = model(
                 input_ids=mb.input_ids.to(dev),
                 position_ids=mb.position_ids.to(dev),
-                tree=[seg.to(dev) for seg in mb.segments],  # what each token attends to (tree_attention.py)
+                tree=tree_for(mb.segments, mb.tokens, dev),  # what each token attends to (tree_attention.py)
                 use_cache=False,
                 **kwargs,
             )
@@ -304,7 +323,8 @@ class Learner:
         state_dict = acc.get_state_dict(self.model)  # collective under FSDP: gathers a full state dict
         # A LoRA model (peft) saves its adapter only: adapter_config.json + adapter_model.safetensors.
         acc.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict, is_main_process=self.is_main)
-        torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{acc.process_index}.pt")
+        if state.step % self._optimizer_every == 0:
+            torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{acc.process_index}.pt")
         torch.save(self.scheduler.state_dict(), tmp / f"scheduler-rank{acc.process_index}.pt")
         acc.wait_for_everyone()
         if self.is_main:
@@ -314,14 +334,21 @@ class Learner:
         acc.wait_for_everyone()
 
     def load_optimizer(self, checkpoint: Path) -> None:
-        """Restore this process's optimizer state (the world size must match the one that saved it)."""
-        path = checkpoint / f"optimizer-rank{self.accelerator.process_index}.pt"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} missing: was {checkpoint} saved by a different number of processes?"
-            )
-        # Our own file; under FSDP2 the state holds DTensors, which the weights-only unpickler rejects.
-        self.optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        """Restore this process's optimizer state, from `checkpoint` or the newest older checkpoint
+        that holds one (`optimizer_source`), and the schedule's from `checkpoint` (the world size must
+        match the one that saved them). With none on disk the optimizer starts fresh."""
+        source = optimizer_source(checkpoint)
+        if source is None:
+            log.warning("no optimizer state at or before %s: AdamW starts fresh", checkpoint)
+            self.optimizer.load_state_dict(copy.deepcopy(self._fresh_optimizer))
+        else:
+            path = source / f"optimizer-rank{self.accelerator.process_index}.pt"
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} missing: was {source} saved by a different number of processes?"
+                )
+            # Our own file; under FSDP2 the state holds DTensors, which the weights-only unpickler rejects.
+            self.optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
         sched = checkpoint / f"scheduler-rank{self.accelerator.process_index}.pt"
         if sched.is_file():  # checkpoints from before schedules start the schedule over
             self.scheduler.load_state_dict(torch.load(sched, map_location="cpu", weights_only=False))
@@ -342,7 +369,7 @@ class Learner:
         else:
             loaded = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
             model.load_state_dict(loaded.state_dict())
-        if (Path(weights) / f"optimizer-rank{self.accelerator.process_index}.pt").is_file():
+        if (Path(weights) / STATE_FILE).is_file():  # a checkpoint, not the base model
             self.load_optimizer(Path(weights))
         else:
             self.optimizer.load_state_dict(copy.deepcopy(self._fresh_optimizer))
@@ -356,8 +383,13 @@ def load_trainable(cfg: TrainerConfig, weights: str | Path) -> Any:
     adapter = (Path(weights) / ADAPTER_CONFIG).is_file()
     if adapter and not cfg.lora_rank:
         raise ValueError(f"{weights} holds a LoRA adapter, and this trainer trains all weights (lora_rank 0)")
+    # Under bf16 autocast a LoRA run's frozen base is kept in bf16: autocast would cast it on every
+    # forward, and nothing updates it (the adapter itself stays fp32, peft's default).
+    frozen_bf16 = cfg.lora_rank and resolve_mixed_precision(cfg.mixed_precision, cfg.model_path) == "bf16"
     model = AutoModelForCausalLM.from_pretrained(
-        cfg.model_path if adapter else weights, dtype=torch.float32, attn_implementation=TREE_ATTENTION
+        cfg.model_path if adapter else weights,
+        dtype=torch.bfloat16 if frozen_bf16 else torch.float32,
+        attn_implementation=TREE_ATTENTION,
     )
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()

@@ -17,14 +17,17 @@ from swarmrl.services.trainer.config import TrainerConfig
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TrainerConfig, argv, prog="swarmrl serve trainer")
     setup_logging("trainer", cfg.log_level)
-    from swarmrl.services.trainer.service import Trainer  # torch/transformers: only once the flags parse
+    from swarmrl.services.trainer import service  # torch/transformers: only once the flags parse
 
     async def run() -> None:
-        trainer = Trainer(cfg)
-        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):  # finish the current step, nak held samples, exit
-            loop.add_signal_handler(sig, trainer.stop)
-        await trainer.run()
+            asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
+        learner, checkpoint = await service.load(cfg)
+        if learner.is_main:
+            await (await service.Trainer.connect(cfg, learner, checkpoint, stopping)).run()
+        else:  # processes 1..N-1 of `accelerate launch` train what process 0 sends
+            await asyncio.to_thread(service.follow, cfg, learner)
 
     aio.run(run())
     return 0

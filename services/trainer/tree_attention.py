@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from swarmrl.services.engine.attention import grouped_attention
+
 TREE_ATTENTION = "swarmrl_tree"
 
 
@@ -50,6 +52,22 @@ def dense_mask(segments: list[Segment], length: int) -> torch.Tensor:
     return allowed
 
 
+DENSE_MAX_TOKENS = 1024
+"""Rows up to this long are attended in one masked attention over the whole row (`tree_for`): on the
+CPU, one score matrix per head costs less than a kernel call per segment, which at a GRPO group's
+short answers is mostly call overhead (`bench/results/real-model.md`); its memory, heads x L x L, is
+what bounds it."""
+
+
+def tree_for(
+    segments: list[Segment], length: int, device: torch.device | str
+) -> list[Segment] | torch.Tensor:
+    """The `tree=` argument for a row: its dense [L, L] mask when the row is short, else its segments."""
+    if length <= DENSE_MAX_TOKENS:
+        return dense_mask(segments, length).to(device)
+    return [seg.to(device) for seg in segments]
+
+
 def tree_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -58,17 +76,21 @@ def tree_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    tree: list[Segment] | None = None,
+    tree: list[Segment] | torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [1, Hq, L, D], key/value [1, Hkv, L, D] -> [1, L, Hq, D].
 
-    Without `tree` each row is one sequence, attended causally (a model the trainer loaded, called as a
-    plain causal LM; it applies no padding mask, since this attention has transformers build none)."""
+    `tree` is the row's segments, or their dense [L, L] mask (`tree_for`). Without it each row is one
+    sequence, attended causally (a model the trainer loaded, called as a plain causal LM; it applies
+    no padding mask, since this attention has transformers build none)."""
     if tree is None:
         tree = [Segment(0, query.shape[2], torch.zeros(0, dtype=torch.long, device=query.device))]
     if dropout:
         raise ValueError(f"{TREE_ATTENTION} attention has no dropout (RL models train without it)")
+    if isinstance(tree, torch.Tensor):  # one masked attention over the whole row
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return grouped_attention(query, key, value, tree, scale), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each kv head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)

@@ -1,19 +1,26 @@
-"""Config base for every service and command: a pydantic-settings class whose field docstrings are the
-`--help` text. Values come from the command line (`--kebab-case`), then the process's resolved
-configuration file (`--config`, as `swarmrl up` writes one per process), then `SWARMRL_<FIELD>`
-env vars, then the field's one declared default."""
+"""Config bases for every service and command.
+
+A service declares the settings a swarm description may set as a `Settings` model (plain pydantic:
+validating a description reads nothing but the description), and its process configuration as a
+`ServiceConfig` that extends them with placement (ports, directories, engine URLs, what the run
+derives). That one is a pydantic-settings class whose field docstrings are the `--help` text; its
+values come from the command line (`--kebab-case`), then the process's resolved configuration file
+(`--config`, as `swarmrl up` writes one per process), then `SWARMRL_<FIELD>` env vars, then the
+field's one declared default."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
 C = TypeVar("C", bound=BaseSettings)
@@ -26,10 +33,22 @@ class SwarmConfigError(ValueError):
 class Strict(BaseModel):
     """A table of the swarm description: unknown keys are errors, field docstrings are the help."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # Typed as a settings dict so that a service's config class may extend this and ServiceConfig both.
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
+        extra="forbid", use_attribute_docstrings=True
+    )
+
+
+class Settings(Strict):
+    """The settings of a service that a swarm description may set (its `[<service>]` table)."""
+
+    log_level: str = "INFO"
+    """Logging level (DEBUG, INFO, WARNING)."""
 
 
 class ServiceConfig(BaseSettings):
+    """A service process's whole configuration; each service's class extends its `Settings` too."""
+
     model_config = SettingsConfigDict(
         use_attribute_docstrings=True,
         cli_kebab_case=True,
@@ -40,8 +59,6 @@ class ServiceConfig(BaseSettings):
 
     nats: str = "nats://127.0.0.1:4222"
     """NATS URL(s), comma-separated, with service credentials (nats://service:PASSWORD@host:port)."""
-    log_level: str = "INFO"
-    """Logging level (DEBUG, INFO, WARNING)."""
     config: Path | None = None
     """Configuration file: this process's resolved configuration (JSON, as `swarmrl up` writes it to
     `<run dir>/config/<process>.json`), or a swarm description (TOML; with `--model NAME` for a
@@ -121,3 +138,39 @@ def parse_config(cls: type[C], argv: Sequence[str] | None, prog: str) -> C:
 def default_of(cls: type[BaseModel], field: str) -> Any:
     """The one declared default of `cls.field` (for a command line that does not parse `cls`)."""
     return cls.model_fields[field].get_default(call_default_factory=True)
+
+
+def table_at(kind: Any, loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The table (a model class) at `loc` inside model `kind`, through dicts, lists and optionals
+    (`models.policy.trainer` of `Swarm`: the trainer's settings), or None where `loc` is no table."""
+    for part in [*loc, None]:
+        while get_origin(kind) in (Union, UnionType):  # `X | None`: X
+            kind = next(a for a in get_args(kind) if a is not type(None))
+        if part is None:
+            break
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            field = kind.model_fields.get(str(part))
+            kind = None if field is None else field.annotation
+        else:  # a dict's value, a list's item
+            kind = get_args(kind)[-1] if get_args(kind) else None
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def error_lines(exc: ValidationError, model: type[BaseModel]) -> list[str]:
+    """The errors of validating `model`, one `where: what` each. An unknown key also says what it may
+    have meant (the near misses among its table's keys), or that placement sets it."""
+    out = []
+    for e in exc.errors():
+        where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
+        table = table_at(model, e["loc"][:-1]) if e["type"] == "extra_forbidden" else None
+        if table is not None:
+            key, keys = str(e["loc"][-1]), list(table.model_fields)
+            near = difflib.get_close_matches(key, keys, n=3)
+            if issubclass(table, Settings) and any(key in sub.model_fields for sub in table.__subclasses__()):
+                msg = "set by `swarmrl up` where it places the process, not by a description"
+            elif near:
+                msg += f"; did you mean {' or '.join(map(repr, near))}?"
+            else:
+                msg += f"; known: {', '.join(keys)}"
+        out.append(f"{where}: {msg}" if where else msg)
+    return out

@@ -11,7 +11,7 @@ Where runs live and how the tools find them again, from any directory:
       under `./runs/` (the default), and repointed when it already exists as a symlink, so in a
       project directory it names the last run started from there, also with `--run-dir elsewhere`.
       A `runs/latest` that is not a symlink is never touched, and nothing is created beside a
-      `--run-dir` outside `./runs/` (it used to be: a stray `latest` next to the run).
+      `--run-dir` outside `./runs/` (a `latest` there would be a stray file next to the run).
 - `latest_run_dir()` is what readers (`swarmrl query`, `swarmrl down`) use: `./runs/latest` when
   it exists (the local project's view wins), else the run named by `$SWARMRL_HOME/latest-run` when
   that directory still exists, else None.

@@ -1,21 +1,26 @@
-"""A study's `swarmrl up` flags: checked against up's own parser, and turned back into its argv.
+"""A study's `swarmrl up` flags: checked against the flags that change a swarm description, resolved
+into each arm's swarm, and written as the command line of each run.
 
 The baseline and the arms of a study are up flags without the dashes (`lr = 3e-4`, `eval-limit = 8`,
-`trainer-arg = [...]`). Each is checked here against `swarmrl.up.build_parser()` (its name, type
-and choices), a `config` path is made absolute against the study file's folder, and `up_argv` writes
-the exact command line of one run. Flags that research sets per run itself are refused (RESERVED).
+`trainer-arg = [...]`): those of `swarmrl.overrides.FLAGS`, each checked by what it takes (the setting
+it overrides declares its type and choices), a `config` path made absolute against the study file's
+folder. An arm is its flags over the baseline's; `arm_swarm` resolves it as `up` resolves its own
+flags, and `up_argv` writes the command line of one run. Flags that research sets per run itself are
+refused (RESERVED).
 """
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import math
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarmrl.overrides import FLAGS, resolve, spec
+
 if TYPE_CHECKING:
     from swarmrl.research.study import Study
+    from swarmrl.swarm import Swarm
 
 FlagValue = bool | int | float | str | list[str]
 RESERVED = {
@@ -29,90 +34,70 @@ RESERVED = {
     "help": "not a knob",
 }
 """`swarmrl up` flags a study may not set, and why."""
+KNOBS = [f for f in FLAGS if f not in RESERVED]
+"""The flags a study may set."""
 
 
-@cache
-def up_parser() -> argparse.ArgumentParser:
-    from swarmrl.up import build_parser
-
-    return build_parser()
-
-
-def up_actions() -> dict[str, argparse.Action]:
-    """`swarmrl up`'s flags by name (dest, with underscores) that a study may set."""
-    return {a.dest: a for a in up_parser()._actions if a.option_strings and a.dest not in RESERVED}
-
-
-def _convert(action: argparse.Action, value: FlagValue) -> FlagValue:
-    if action.nargs == 0:  # store_true
-        if not isinstance(value, bool):
-            raise ValueError(f"is an on/off flag: true or false, got {value!r}")
-        return value
-    if isinstance(action.default, list):  # append
-        items = value if isinstance(value, list) else [value]
-        return [str(v) for v in items]
+def _convert(flag: str, value: FlagValue) -> FlagValue:
+    kind, choices, _ = spec(flag)
+    if kind is list:  # repeatable
+        return [str(v) for v in (value if isinstance(value, list) else [value])]
     if isinstance(value, (list, bool)):
         raise ValueError(f"takes one value, got {value!r}")
     try:
-        converted = action.type(str(value)) if callable(action.type) else str(value)  # type: ignore[misc]
+        converted = kind(str(value))
     except (TypeError, ValueError):
-        raise ValueError(f"expected {getattr(action.type, '__name__', 'a value')}, got {value!r}") from None
+        raise ValueError(f"expected {kind.__name__}, got {value!r}") from None
     if isinstance(converted, float) and not math.isfinite(converted):
         raise ValueError(f"must be finite, got {value!r}")
-    if action.choices is not None and converted not in action.choices:
-        raise ValueError(f"must be one of {list(action.choices)}, got {value!r}")
-    if isinstance(converted, (bool, int, float, str)):
-        return converted
-    return str(converted)  # a Path
+    if choices is not None and converted not in choices:
+        raise ValueError(f"must be one of {choices}, got {value!r}")
+    return converted if isinstance(converted, (int, float, str)) else str(converted)  # a Path
 
 
 def normalize_flags(
     flags: dict[str, FlagValue], root: Path, where: str
 ) -> tuple[dict[str, FlagValue], list[str]]:
     """Flags with `up`'s names and types (a `config` path made absolute against `root`), and errors."""
-    actions, out, errors = up_actions(), {}, []
+    out, errors = {}, []
     for key, value in flags.items():
-        dest = key.replace("-", "_")
-        if dest in RESERVED:
-            errors.append(f"{where}.flags.{key}: set by research ({RESERVED[dest]})")
+        flag = key.replace("-", "_")
+        if flag in RESERVED:
+            errors.append(f"{where}.flags.{key}: set by research ({RESERVED[flag]})")
             continue
-        if dest not in actions:
-            errors.append(
-                f"{where}.flags.{key}: unknown swarmrl up flag; known: {', '.join(sorted(a.replace('_', '-') for a in actions))}"
-            )
+        if flag not in KNOBS:
+            near = difflib.get_close_matches(flag, KNOBS, n=1)
+            hint = f"did you mean {near[0].replace('_', '-')}? " if near else ""
+            known = ", ".join(sorted(f.replace("_", "-") for f in KNOBS))
+            errors.append(f"{where}.flags.{key}: unknown swarmrl up flag; {hint}known: {known}")
             continue
         try:
-            converted = _convert(actions[dest], value)
+            converted = _convert(flag, value)
         except (ValueError, TypeError) as exc:
             errors.append(f"{where}.flags.{key}: {exc}")
             continue
-        if dest == "config":
+        if flag == "config":
             path = (root / str(converted)).resolve()
             if not path.is_file():
                 errors.append(f"{where}.flags.config: {path} does not exist")
             converted = str(path)
-        out[dest] = converted
+        out[flag] = converted
     return out, errors
 
 
-def arm_namespace(study: Study, arm: str, seed: int) -> argparse.Namespace:
-    """The parsed `up` arguments of one run (defaults, then the arm's flags, then the budget)."""
-    ns = up_parser().parse_args([])
-    ns.nats, ns.nats_conf = "", None
-    for dest, value in study.flags(arm).items():
-        setattr(ns, dest, Path(str(value)) if dest == "config" else value)
-    ns.seed, ns.minutes, ns.steps = seed, study.budget.run_minutes, study.budget.run_steps
-    return ns
+def arm_swarm(study: Study, arm: str, seed: int) -> Swarm:
+    """The swarm one run of `arm` trains: its flags, the seed and the budget over the description,
+    resolved as `swarmrl up` resolves its own."""
+    steps = {"steps": study.budget.run_steps} if study.budget.run_steps is not None else {}
+    return resolve(study.flags(arm) | {"minutes": study.budget.run_minutes, "seed": seed} | steps)
 
 
 def up_argv(study: Study, arm: str, seed: int, run_dir: Path) -> list[str]:
     """The `swarmrl up` arguments of one run (what the report prints to reproduce it)."""
-    actions, argv = up_actions(), []
-    for dest, value in study.flags(arm).items():
-        opt = max(actions[dest].option_strings, key=len)
-        if isinstance(value, bool):
-            argv += [opt] if value else []
-        elif isinstance(value, list):
+    argv: list[str] = []
+    for flag, value in study.flags(arm).items():
+        opt = f"--{flag.replace('_', '-')}"
+        if isinstance(value, list):
             argv += [f"{opt}={v}" for v in value]
         else:
             argv += [opt, repr(value) if isinstance(value, float) else str(value)]

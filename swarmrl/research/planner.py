@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from swarmrl.research.flags import RESERVED, up_actions
+from swarmrl.overrides import spec
+from swarmrl.research.flags import KNOBS, RESERVED
 from swarmrl.research.study import PRESETS, Study, StudyError, load_study_text
 from swarmrl.research.template import TEMPLATE
 
@@ -30,11 +31,7 @@ class PlannerError(RuntimeError):
 
 def knobs() -> str:
     """The `swarmrl up` flags a study may set, one line each, with their help."""
-    lines = []
-    for dest, action in sorted(up_actions().items()):
-        help_text = " ".join((action.help or "").split())
-        lines.append(f"- {dest.replace('_', '-')}: {help_text}")
-    return "\n".join(lines)
+    return "\n".join(f"- {flag.replace('_', '-')}: {spec(flag)[2]}" for flag in sorted(KNOBS))
 
 
 def system_prompt() -> str:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from swarmrl.supervisor import _die_with_parent
+from swarmrl.supervisor import die_with_parent
 
 log = logging.getLogger("swarmrl.research")
 DEFAULT_UP = [sys.executable, "-m", "swarmrl.cli", "up"]
@@ -34,7 +34,7 @@ def spawn(argv: list[str], env: dict[str, str], run_dir: Path) -> subprocess.Pop
     with open(run_dir / OUT, "ab") as out:  # the child keeps its own descriptor
         return subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from swarmrl.research import processes, schedule
 from swarmrl.research.accounts import RunAccounts, plain_servers, wait_usable
-from swarmrl.research.flags import arm_namespace, up_argv
+from swarmrl.research.flags import arm_swarm, up_argv
 from swarmrl.research.ledger import MetricError, metric_value
 from swarmrl.research.state import Attempt, RunState, StudyState, save
 
@@ -231,11 +231,10 @@ class Runner:
 
     def build_models(self) -> None:
         from swarmrl.swarm import resolve_base
-        from swarmrl.up import swarm_from_args
 
         study, seen = self.state.study, set()
         for arm in study.arm_names:
-            swarm = swarm_from_args(arm_namespace(study, arm, study.seeds[0]))
+            swarm = arm_swarm(study, arm, study.seeds[0])
             for model in swarm.models.values():
                 if (model.base, str(model.warm_start), model.warm_start_steps) not in seen:
                     seen.add((model.base, str(model.warm_start), model.warm_start_steps))

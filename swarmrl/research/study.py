@@ -4,9 +4,9 @@ A study is a TOML file (`swarmrl research --template` prints a commented one). T
 arm are `swarmrl up` flags (without the dashes: `lr = 3e-4`, `config = "../examples/cocktail.toml"`,
 `trainer-arg = ["--kl-coef=0.01"]`); an arm's flags replace the baseline's of the same name, and the
 baseline itself runs as the first arm (`baseline.name`). `load_study` validates everything before a
-single run starts: the schema (pydantic), every flag against `swarmrl up`'s own parser, every arm's
-resulting swarm description (`swarmrl.swarm`), and the metric SQL on an empty ledger; the errors
-name the entry (`arms.fast.flags.lrr: unknown swarmrl up flag`).
+single run starts: the schema (pydantic), every flag against the flags of `swarmrl up` that change a
+description (`swarmrl.overrides`), every arm's resulting swarm, and the metric SQL on an empty
+ledger; the errors name the entry (`arms.fast.flags.lrr: unknown swarmrl up flag`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from swarmrl.research.flags import FlagValue, arm_namespace, normalize_flags
+from swarmrl.core.config import Strict, error_lines
+from swarmrl.research.flags import FlagValue, arm_swarm, normalize_flags
 from swarmrl.research.ledger import check_sql
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$"
@@ -47,11 +48,7 @@ class StudyError(ValueError):
     """The study is invalid; the message lists every bad entry."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class Arm(_Strict):
+class Arm(Strict):
     flags: dict[str, FlagValue] = {}
     """`swarmrl up` flags of this arm (replacing the baseline's of the same name)."""
     note: str = ""
@@ -63,7 +60,7 @@ class Baseline(Arm):
     """Name of the baseline's own arm (the reference every other arm is compared with)."""
 
 
-class Metric(_Strict):
+class Metric(Strict):
     use: str | None = None
     """A named metric (see PRESETS: final_success, best_success, auc_success, final_reward)."""
     sql: str | None = None
@@ -93,7 +90,7 @@ class Metric(_Strict):
         return self.name or self.use or "metric"
 
 
-class Budget(_Strict):
+class Budget(Strict):
     run_minutes: float = Field(gt=0)
     """Wall-clock budget of each run (`up --minutes`)."""
     run_steps: int | None = Field(default=None, ge=1)
@@ -104,7 +101,7 @@ class Budget(_Strict):
     """Tries per run when `up` fails (a crash loop); interruptions (kill, Ctrl-C) do not count."""
 
 
-class EarlyStop(_Strict):
+class EarlyStop(Strict):
     """Successive halving over seeds: at each checkpoint the arms ranked in the lower part stop."""
 
     after_seeds: list[int] = Field(min_length=1)
@@ -115,7 +112,7 @@ class EarlyStop(_Strict):
     """Fewest non-baseline arms kept at a checkpoint."""
 
 
-class Study(_Strict):
+class Study(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     """Short name (directory names)."""
     question: str = Field(min_length=1)
@@ -171,15 +168,6 @@ class Study(_Strict):
         return [(arm, seed) for seed in self.seeds for arm in self.arm_names]
 
 
-def _pydantic_errors(exc: ValidationError) -> list[str]:
-    out = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        out.append(f"{where}: {msg}" if where else msg)
-    return out
-
-
 def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Study:
     """Validate a parsed study (TOML as a dict); `root` resolves relative paths in flags.
 
@@ -187,12 +175,11 @@ def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Stud
         StudyError: every problem found, one per line, each naming its entry.
     """
     from swarmrl.swarm import SwarmConfigError
-    from swarmrl.up import swarm_from_args
 
     try:
         study = Study.model_validate(data)
     except ValidationError as exc:
-        raise StudyError(f"invalid study {source}:\n  " + "\n  ".join(_pydantic_errors(exc))) from None
+        raise StudyError(f"invalid study {source}:\n  " + "\n  ".join(error_lines(exc, Study))) from None
     errors = []
     study.baseline.flags, errs = normalize_flags(study.baseline.flags, root, "baseline")
     errors += errs
@@ -204,7 +191,7 @@ def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Stud
         for arm in study.arm_names:
             where = "baseline" if arm == study.baseline.name else f"arms.{arm}"
             try:
-                swarm_from_args(arm_namespace(study, arm, study.seeds[0]))
+                arm_swarm(study, arm, study.seeds[0])
             except SwarmConfigError as exc:
                 if str(exc) not in seen:
                     errors.append(f"{where}: " + str(exc).replace("\n", "\n    "))

@@ -82,7 +82,7 @@ async def test_a_step_on_the_gpu_reaches_the_gpu_engine(
     js = nc.jetstream()
     await publish(js, samples)
 
-    trainer = Trainer(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1))
+    trainer = await Trainer.start(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1))
     await asyncio.wait_for(trainer.run(), timeout=150)  # returns at max_steps
     assert trainer.learner is not None and trainer.learner.accelerator.device.type == DEVICE_TYPE
 

@@ -15,7 +15,7 @@ from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import ActionRequest, ActionResult, decode, encode
 from swarmrl.schemas import subjects as S
-from swarmrl.services.actions.config import ActionsConfig, WorkerLimits
+from swarmrl.services.actions.config import ActionsConfig, WorkerConfig
 from swarmrl.services.actions.service import ActionsService
 from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
 from swarmrl.services.common import bus
@@ -209,7 +209,7 @@ async def test_a_remote_worker_runs_actions_for_a_service_without_local_units(
 ) -> None:
     service = await start_actions(local_workers=False)
     nc = await bus.connect(swarm_nats.service_url, "worker")
-    limits = WorkerLimits(nats=swarm_nats.service_url)
+    limits = WorkerConfig(nats=swarm_nats.service_url)
     worker = WorkerLoop(
         nc.jetstream(), nc, Runner("python", build_manager("python", limits), limits), 2, "far-1"
     )
@@ -230,9 +230,9 @@ async def test_an_action_lost_with_its_service_is_asked_again_of_the_next(
 ) -> None:
     """The service dies with the request in flight (only it knew of it): the SDK repeats the request
     with the same action id and the restarted service runs it."""
-    from swarmrl.agents import sdk
+    from swarmrl.agents import episode
 
-    monkeypatch.setattr(sdk, "ACT_ASK_S", 1.0)
+    monkeypatch.setattr(episode, "ACT_ASK_S", 1.0)
     first = await start_actions()
     ep = swarm.episode("t")
     call = asyncio.create_task(ep.act("python", {"code": "import time\ntime.sleep(3)\nprint('late')"}))

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from localstack import generation_stack, llm_events
 
 from swarmrl.agents import SwarmClient
 from swarmrl.agents.runner import play_episode
@@ -18,6 +17,7 @@ from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.query import connect
 from swarmrl.services.ledger.service import Ledger
 from tests.conftest import wait_for
+from tests.support.localstack import generation_stack, llm_events
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ async def test_a_dead_letter_too_large_for_the_server_is_truncated_with_a_digest
 ) -> None:
     nc = await bus.connect(swarm_nats.service_url, "test-service")
     js = nc.jetstream()
-    dlq = bus.DeadLetters(js, "tester")
+    dlq = bus.DeadLetters(nc, "tester")
     original = bytes(range(256)) * (nc.max_payload // 256)
     original = original[:-50]  # fits the server's max_payload alone, not with the dead letter's headers
     await dlq.send(None, "schema: too big", data=original, subject="swarm.samples.m")
@@ -92,7 +92,7 @@ async def _consume(url: str, handled: list[str], stop: asyncio.Event) -> None:
     js = nc.jetstream()
     try:
         sub = await bus.durable_pull(js, S.EPISODES_STREAM, "poison-test", ack_wait_s=0.5)
-        async for msgs in bus.batches(sub, stop, 16, 0.2, dead_letters=bus.DeadLetters(js, "tester")):
+        async for msgs in bus.batches(sub, stop, 16, 0.2, dead_letters=bus.DeadLetters(nc, "tester")):
             for msg in msgs:
                 if msg.data == b"poison":
                     raise RuntimeError("handler bug")

@@ -1,19 +1,14 @@
-"""The chaos benchmark's accounting reads (`bench/chaos_accounting.py`) against a real nats-server: a
+"""The chaos benchmark's stream reads (`tests/support/streams.py`) against a real nats-server: a
 read of a stream comes back whole, and the episodes whose events no merger took are found where they
 wait, in their partition of EPISODE_PARTS."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from nats.js import JetStreamContext
 
 from swarmrl.schemas import subjects as S
 from tests.conftest import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from chaos_accounting import queued_events, read_stream  # noqa: E402
+from tests.support.streams import queued_events, read_stream
 
 
 async def test_read_stream_is_whole_and_queued_events_name_their_episodes(js: JetStreamContext) -> None:

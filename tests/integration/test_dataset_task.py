@@ -12,7 +12,6 @@ from typing import Any
 
 import nats
 import pytest
-from localstack import Stack
 
 from swarmrl.agents.config import TaskConf
 from swarmrl.agents.evaluate import evaluate
@@ -22,6 +21,7 @@ from swarmrl.agents.tasks import TASKS, TaskSpec, register
 from swarmrl.agents.tasks.dataset import RewardError, data_task
 from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
 from swarmrl.schemas import subjects as S
+from tests.support.localstack import Stack
 
 REWARD = """
 def picky(prompts, completions, answer, **kwargs):

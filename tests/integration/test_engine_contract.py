@@ -216,7 +216,7 @@ async def test_a_lora_adapter_loads_in_place_and_answers_as_merged(
     blue = train_adapter(llama_dir, tmp_path / "blue", 1, lr=3e-2, vocab=400)
     own = None
     if backend == "embedded":  # an engine with adapters serves no full-weight reloads: one of its own
-        core = EngineCore(llama_dir, adapters=["red"])
+        core = EngineCore(llama_dir, adapters=["red"], merge_lora=False)  # peft: the base beside it
         own = core, BackgroundServer(create_app(core)).start()
         url = own[1].url
     client, base = await open_engine(url, timeout_s=30, adapter="red"), await open_engine(url, timeout_s=30)

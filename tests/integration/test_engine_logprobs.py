@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from localstack import embedded_engine
 from transformers import AutoModelForCausalLM
 
 from swarmrl.services.engine.client import EngineClient
 from swarmrl.services.engine.engine_core import EngineCore
+from tests.support.localstack import embedded_engine
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 SCORE = {"max_new_tokens": 0, "temperature": 0}

@@ -7,10 +7,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from localstack import generation_stack, llm_events
 
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
+from tests.support.localstack import generation_stack, llm_events
 
 ASK = {"model": "policy", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 2}
 

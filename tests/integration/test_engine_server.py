@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from localstack import embedded_engine
 
 from swarmrl.infra.nats_server import NatsServer, free_port
 from swarmrl.schemas import ModelVersion, encode
@@ -28,6 +27,7 @@ from swarmrl.services.engine.server import create_app
 from swarmrl.services.engine.service import EngineService
 from swarmrl.services.engine.weights import WeightWatcher
 from tests.conftest import wait_for
+from tests.support.localstack import embedded_engine
 from tests.unit.engine.helpers import save_perturbed
 
 MODEL = "tiny"
@@ -168,7 +168,7 @@ async def test_weight_watcher_follows_the_kv_bucket(
     await kv.put(MODEL, encode(ModelVersion(version=3, path=str(perturbed_dir))))  # there before the watcher
     stop = asyncio.Event()
     async with EngineClient(fresh) as client:
-        watcher = WeightWatcher(js, client, MODEL, retry_s=0.1)
+        watcher = WeightWatcher(nc, client, MODEL, retry_s=0.1)
         task = asyncio.create_task(watcher.run(stop))
         try:
             await wait_for(lambda: watcher.applied == 3, what="the initial KV version applied")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from localstack import embedded_engine
 
 from swarmrl.services.engine.client import EngineClient, EngineError
 from swarmrl.services.engine.engine_core import EngineCore
 from tests.conftest import wait_for
+from tests.support.localstack import embedded_engine
 
 PROMPT = [5, 6, 7]
 

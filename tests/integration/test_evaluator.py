@@ -8,12 +8,12 @@ import logging
 from collections import Counter
 
 import pytest
-from localstack import Stack, llm_events
 
 from swarmrl.agents.evaluate import evaluate
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.server import create_app
+from tests.support.localstack import Stack, llm_events
 
 
 async def _down(stack: Stack) -> int:

@@ -9,11 +9,11 @@ import time
 import nats
 import openai
 import pytest
-from localstack import llm_events
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.tokens import Claims, mint
+from tests.support.localstack import llm_events
 
 MSGS = [
     {"role": "system", "content": "Play."},

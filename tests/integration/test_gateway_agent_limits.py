@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from localstack import generation_stack
 
 from swarmrl.agents.sdk import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 from tests.conftest import wait_for
+from tests.support.localstack import generation_stack
 
 
 async def agent(server: NatsServer, name: str) -> SwarmClient:

@@ -15,12 +15,12 @@ import httpx
 import nats
 import openai
 import pytest
-from localstack import llm_events
 
 from swarmrl.agents import SwarmError
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import subjects as S
 from swarmrl.services.gateway.tokens import TokenError, verify
+from tests.support.localstack import llm_events
 
 MSGS = [{"role": "user", "content": "Guess a number between 1 and 64."}]
 

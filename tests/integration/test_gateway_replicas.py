@@ -18,7 +18,7 @@ import pytest
 from swarmrl.agents import SwarmClient
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import subjects as S
-from swarmrl.services.common import bus
+from swarmrl.services.common.kv_watch import live_keys
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.service import GatewayService
 from tests.conftest import wait_for
@@ -237,7 +237,7 @@ async def test_an_episode_given_a_slot_by_two_gateways_at_once_keeps_one(swarm_n
         return (await started[0][0].js.stream_info(stream)).state.last_seq
 
     async def live_slots() -> list[int]:
-        return sorted(int(k.rsplit(".", 1)[1]) for k in await bus.live_keys(a.js, a.kv, "e.>"))
+        return sorted(int(k.rsplit(".", 1)[1]) for k in await live_keys(a.js, a.kv, "e.>"))
 
     async def settled() -> bool:
         views = [s.limits.find("alice", "alice_e1") for s in (a, b)]

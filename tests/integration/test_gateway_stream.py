@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from localstack import generation_stack, llm_events
 
 from swarmrl.services.gateway.replies import ReplyFormat
 from tests.conftest import wait_for
+from tests.support.localstack import generation_stack, llm_events
 
 MSGS = [
     {"role": "system", "content": "Play."},

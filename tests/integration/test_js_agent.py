@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localstack import generation_stack
 from nats.js import JetStreamContext
 
 from swarmrl.agents.tasks.calculator import TOOLS, Calculator, CalculatorEnv, eval_tasks, train_tasks
@@ -28,6 +27,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
 from tests.integration.merger_support import read_stream, samples, stream_count
+from tests.support.localstack import generation_stack
 
 JS_DIR = Path(__file__).resolve().parents[2] / "agents" / "examples" / "js"
 

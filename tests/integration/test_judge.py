@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from localstack import embedded_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarmrl.infra.nats_server import free_port
@@ -18,6 +17,7 @@ from swarmrl.services.actions.judge import JudgeManager
 from swarmrl.services.common.http import BackgroundServer
 from swarmrl.services.engine.engine_core import EngineCore
 from swarmrl.services.engine.server import create_app
+from tests.support.localstack import embedded_engine
 
 PROMPT = "Question: what is 3 plus 4?\nAnswer:"
 PAYLOADS = [

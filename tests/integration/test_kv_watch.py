@@ -1,4 +1,4 @@
-"""A KV watch's replay ends after the keys stored at its start, on a real nats-server: `bus.watch_kv`,
+"""A KV watch's replay ends after the keys stored at its start, on a real nats-server: `watch_kv`,
 which `follow_kv` (the gateways' views of groups and episodes) and `live_keys` (leases) read through.
 
 nats-py can send its end-of-replay marker (`None`) before the stored keys (nats-io/nats.py#842: the
@@ -15,7 +15,7 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from swarmrl.services.common import bus
+from swarmrl.services.common.kv_watch import follow_kv, live_keys, watch_kv
 
 
 class EarlyMarker:
@@ -64,7 +64,7 @@ async def follow(js: JetStreamContext, kv: Any, pattern: str) -> tuple[dict[str,
         else:
             seen.pop(entry.key, None)
 
-    task = asyncio.create_task(bus.follow_kv(js, kv, pattern, apply, ready, "test"))
+    task = asyncio.create_task(follow_kv(js, kv, pattern, apply, ready, "test"))
     await asyncio.wait_for(ready.wait(), timeout=10)
     return seen, task
 
@@ -83,7 +83,7 @@ async def test_a_watch_is_ready_only_once_every_stored_key_is_applied(
     at_ready = dict(seen)
     try:
         assert at_ready == {f"g.{i}": str(i).encode() for i in range(60) if i != 7}
-        assert sorted(await bus.live_keys(js, watched, "g.>")) == sorted(at_ready)  # type: ignore[arg-type]
+        assert sorted(await live_keys(js, watched, "g.>")) == sorted(at_ready)  # type: ignore[arg-type]
     finally:
         task.cancel()
 
@@ -97,7 +97,7 @@ async def test_nothing_stored_under_the_pattern_is_ready_at_once_and_later_keys_
     seen, task = await follow(js, watched, "g.>")
     try:
         assert seen == {}
-        assert await bus.live_keys(js, watched, "g.>") == []  # type: ignore[arg-type]
+        assert await live_keys(js, watched, "g.>") == []  # type: ignore[arg-type]
         await kv.put("g.late", b"1")
         for _ in range(100):
             if seen:
@@ -113,11 +113,11 @@ async def test_live_keys_ends_when_the_last_stored_message_is_a_delete(js: JetSt
     await kv.put("m.a", b"1")
     await kv.put("m.b", b"1")
     await kv.delete("m.b")
-    keys = await asyncio.wait_for(bus.live_keys(js, EarlyMarker(kv), "m.>"), timeout=10)  # type: ignore[arg-type]
+    keys = await asyncio.wait_for(live_keys(js, EarlyMarker(kv), "m.>"), timeout=10)  # type: ignore[arg-type]
     assert keys == ["m.a"]
 
 
 async def test_watch_kv_refuses_to_drop_deletes(js: JetStreamContext, kv: KeyValue):
     with pytest.raises(ValueError, match="deletes"):
-        async for _ in bus.watch_kv(js, kv, ">", ignore_deletes=True):
+        async for _ in watch_kv(js, kv, ">", ignore_deletes=True):
             pass

@@ -114,6 +114,39 @@ def test_one_engine_serves_several_adapters_in_one_batch(
         engine.close()
 
 
+def test_an_engine_of_one_adapter_merges_each_version_from_the_base(
+    tiny_model_dir: Path, adapters: dict[str, Path]
+) -> None:
+    engine = EngineCore(tiny_model_dir, adapters=["red"], max_batch=8)  # merge_lora: the default
+    try:
+        base = engine.model.state_dict()
+        base = {k: v.clone() for k, v in base.items()}
+        for version, name in ((3, "red"), (4, "blue"), (5, "red")):  # blue's weights under red's name
+            ok, message = engine.load_lora_adapter("red", str(adapters[name]), str(version))
+            assert ok, message
+            assert engine.model is engine.base, "merged: no peft wrapper, the base model's own forward"
+            out = engine.submit(PROMPT, GREEDY, adapter="red").result()
+            assert out.weight_version == str(version)
+            want = _reference(tiny_model_dir, adapters[name], PROMPT, out.output_ids)
+            torch.testing.assert_close(out.output_logprobs, want, atol=2e-4, rtol=0)
+        ok, _ = engine.load_lora_adapter("red", str(adapters["red"]), "6")
+        again = engine.submit(PROMPT, GREEDY, adapter="red").result()
+        assert again.output_ids == engine.submit(PROMPT, GREEDY, adapter="red").result().output_ids
+        # merged from the base each time: red after blue is red, to the last bit
+        red_only = EngineCore(tiny_model_dir, adapters=["red"], max_batch=8)
+        try:
+            assert red_only.load_lora_adapter("red", str(adapters["red"]), "6")[0]
+            for key, tensor in red_only.model.state_dict().items():
+                assert torch.equal(tensor, engine.model.state_dict()[key]), key
+        finally:
+            red_only.close()
+        assert any(not torch.equal(base[k], v) for k, v in engine.model.state_dict().items())
+        with pytest.raises(ValueError, match="merged into its weights"):
+            engine.submit(PROMPT, GREEDY)  # the base is gone: requests must name the adapter
+    finally:
+        engine.close()
+
+
 async def test_engine_service_loads_each_adapter_from_kv(
     swarm_nats: NatsServer, tiny_model_dir: Path, adapters: dict[str, Path]
 ) -> None:

@@ -56,13 +56,13 @@ class DiesBetweenModels(Merger):
         self.kill = kill
         self.alpha_confirmed = asyncio.Event()
 
-    async def _publish(self, subject: str, data: bytes, msg_id: str) -> None:
+    async def publish(self, subject: str, data: bytes, msg_id: str) -> None:
         if subject == S.samples_subject("beta"):
             await self.alpha_confirmed.wait()
             if self.kill:
                 os._exit(KILLED)
             raise Crash(f"injected before publishing {msg_id}")
-        await super()._publish(subject, data, msg_id)  # returns once JetStream confirmed it
+        await super().publish(subject, data, msg_id)  # returns once JetStream confirmed it
         if subject == S.samples_subject("alpha"):
             self.alpha_confirmed.set()
 

@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import Event
 from swarmrl.schemas import subjects as S
-from swarmrl.services.common import bus
+from swarmrl.services.common.kv_watch import live_keys
 from tests.conftest import wait_for
 from tests.integration.merger_support import (
     awaited_equals,
@@ -65,7 +65,7 @@ async def leases(js: JetStreamContext, service: str = "merger") -> dict[str, int
     """Partitions held per `service` replica (KV swarm-leases)."""
     kv = await js.key_value(S.LEASES_BUCKET)
     held: dict[str, int] = {}
-    for key in await bus.live_keys(js, kv, f"{service}.lease.>"):
+    for key in await live_keys(js, kv, f"{service}.lease.>"):
         try:
             entry = await kv.get(key)
         except NotFoundError:  # expired since it was listed

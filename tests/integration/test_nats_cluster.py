@@ -87,7 +87,7 @@ async def test_a_consumer_outlives_its_leader_node(
         await asyncio.wait_for(retry(never, js.publish, S.MERGE_METRICS_SUBJECT, b"x", headers=headers), 30)
     stop = asyncio.Event()
     got: list[bytes] = []
-    dead_letters = bus.DeadLetters(js, "test")
+    dead_letters = bus.DeadLetters(nc, "test")
 
     async def consume() -> None:
         async for msgs in bus.batches(sub, stop, 10, timeout=0.5, dead_letters=dead_letters):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.services.actions import sandbox
+from swarmrl.services.actions import sandbox, sandbox_host
 from swarmrl.services.actions.sandbox import PythonSandbox, SandboxLimits, detect_mode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ async def make(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Builds started sandboxes in the test's mode; closes them all afterwards."""
     mode = request.param
     if mode == "rlimit-bare":
-        monkeypatch.setattr(sandbox, "_launch_prefix", lambda mode, python: [])
+        monkeypatch.setattr(sandbox, "launch_prefix", lambda mode, python: [])
     made: list[PythonSandbox] = []
 
     async def build(units: int = 1, **kwargs: object) -> PythonSandbox:
@@ -318,7 +318,9 @@ async def test_bwrap_root_is_read_only_and_home_hidden() -> None:
             # A 0700 /root is an empty tmpfs inside, but for the interpreter's paths bound back.
             out = await sb.run("import json, os\nprint(json.dumps(os.listdir('/root')))")
             kept = {
-                p.split("/")[2] for p in sandbox._interpreter_paths(sys.executable) if p.startswith("/root/")
+                p.split("/")[2]
+                for p in sandbox_host.interpreter_paths(sys.executable)
+                if p.startswith("/root/")
             }
             assert set(json.loads(out.result["stdout"])) == kept
         assert sb.isolation["network"] == "network namespace" and sb.isolation["pid_namespace"]

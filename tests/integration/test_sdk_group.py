@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from localstack import Stack
 
 from swarmrl.agents.sdk import Episode, SwarmClient
 from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent
 from tests.integration.test_dataset_task import episode_events
+from tests.support.localstack import Stack
 
 
 @pytest.mark.timeout(120)

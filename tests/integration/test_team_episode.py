@@ -12,7 +12,6 @@ from pathlib import Path
 
 import nats
 import pytest
-from localstack import generation_stack, llm_events
 
 from swarmrl.agents import SwarmClient
 from swarmrl.agents.runner import play_episode
@@ -22,6 +21,7 @@ from swarmrl.schemas import Sample, decode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
+from tests.support.localstack import generation_stack, llm_events
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ async def fetch_all(js: nats.js.JetStreamContext, subject: str, stream: str) -> 
     sub = await js.pull_subscribe(subject, stream=stream)
     try:
         return await sub.fetch(100, timeout=1.0)
-    except nats.errors.TimeoutError:
+    except TimeoutError:  # nats.errors.TimeoutError, or the plain one nats.py raises as a fetch expires
         return []
 
 
@@ -69,13 +69,14 @@ async def test_trainer_steps_publishes_versions_and_resumes(
 ) -> None:
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
-    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, max_steps=2)
+    # drops wait for a step to report them (no SampleDrops between steps, however slow a step is)
+    cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, max_steps=2, drop_report_s=60.0)
     await publish(js, group("g0") + group("g1"))
     await publish(js, [make_sample(f"same-ep{i}", 1.0, group="same", vocab=VOCAB) for i in range(4)])
     await js.publish(S.samples_subject(MODEL), b"\xc1 not msgpack")
     await publish(js, group("g2") + group("g3"))
 
-    await asyncio.wait_for(Trainer(cfg).run(), timeout=45)  # returns at max_steps
+    await asyncio.wait_for((await Trainer.start(cfg)).run(), timeout=45)  # returns at max_steps
 
     kv = await bus.models_kv(js)
     history = await versions(kv)
@@ -113,7 +114,7 @@ async def test_trainer_steps_publishes_versions_and_resumes(
     replay = group("g3")[0]
     await js.publish(S.samples_subject(MODEL), encode(replay), headers={"Nats-Msg-Id": "replayed"})
     await publish(js, [make_sample("old-ep0", 1.0, group="g6", vocab=VOCAB, version=0)])
-    resumed = Trainer(cfg.model_copy(update={"max_steps": 3, "max_staleness": 1}))
+    resumed = await Trainer.start(cfg.model_copy(update={"max_steps": 3, "max_staleness": 1}))
     await asyncio.wait_for(resumed.run(), timeout=45)
     history = await versions(kv)
     assert [v.version for v in history] == [0, 1, 2, 2, 3]
@@ -158,7 +159,7 @@ async def test_a_group_with_a_dropped_episode_is_trained_without_waiting_for_the
         swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1,
         group_timeout_s=3600,  # only the merger's word can release the group in time
     )  # fmt: skip
-    trainer = Trainer(cfg)
+    trainer = await Trainer.start(cfg)
     await asyncio.wait_for(trainer.run(), timeout=45)
     (step,) = [
         decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
@@ -187,13 +188,15 @@ async def test_a_restarted_trainer_gets_the_lost_records_of_the_groups_it_had_no
         swarm_nats, tiny_model_dir, tmp_path, batch_groups=2, min_batch_groups=0, max_steps=1,
         group_timeout_s=3600,
     )  # fmt: skip
-    first = Trainer(cfg)  # waits for a second group that never comes (every step takes 2)
+    first = await Trainer.start(cfg)  # waits for a second group that never comes (every step takes 2)
     run = asyncio.create_task(first.run())
     await wait_for(lambda: len(first.ready) == 1 or run.done(), what="the first trainer formed the group")
     first.stop()
     await asyncio.wait_for(run, timeout=30)
     assert first.state.step == 0
-    await asyncio.wait_for(Trainer(cfg.model_copy(update={"batch_groups": 1})).run(), timeout=45)
+    await asyncio.wait_for(
+        (await Trainer.start(cfg.model_copy(update={"batch_groups": 1}))).run(), timeout=45
+    )
     (step,) = [
         decode(m.data, TrainStep) for m in await fetch_all(js, S.train_metrics_subject(MODEL), "METRICS")
     ]
@@ -213,7 +216,9 @@ async def test_dropped_samples_are_reported_and_acked_without_waiting_for_a_step
     await bus.ensure_streams(js)
     same = [make_sample(f"flat-ep{i}", 1.0, group="flat", vocab=VOCAB, model=MODEL) for i in range(4)]
     await publish(js, same)
-    trainer = Trainer(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, drop_report_s=0.5))
+    trainer = await Trainer.start(
+        config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, drop_report_s=0.5)
+    )
     run = asyncio.create_task(trainer.run())
     durable = S.durable_name("trainer", S.SAMPLES_STREAM, MODEL)
 
@@ -247,7 +252,7 @@ async def test_min_batch_groups_steps_on_the_groups_that_are_ready(
     await bus.ensure_streams(js)
     await publish(js, group("a") + group("b") + group("c"))
     cfg = config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=4, min_batch_groups=1, max_steps=2)
-    run = asyncio.create_task(Trainer(cfg).run())
+    run = asyncio.create_task((await Trainer.start(cfg)).run())
 
     async def steps() -> list[TrainStep]:
         return [
@@ -282,7 +287,7 @@ async def test_batch_wait_s_fills_a_step_that_is_short_then_steps_with_fewer(
         swarm_nats, tiny_model_dir, tmp_path, batch_groups=4, min_batch_groups=1, batch_wait_s=6.0,
         max_steps=2,
     )  # fmt: skip
-    trainer = Trainer(cfg)
+    trainer = await Trainer.start(cfg)
     run = asyncio.create_task(trainer.run())
     await wait_for(lambda: len(trainer.ready) == 2 or run.done(), what="the trainer to hold two groups")
     await publish(js, group("c") + group("d"))
@@ -317,7 +322,7 @@ async def test_a_collapsed_train_reward_rolls_the_policy_back_to_the_best_window
         swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, keep_checkpoints=1, max_staleness=1,
         rollback_window=2, rollback_drop=0.3,
     )  # fmt: skip
-    trainer = Trainer(cfg)
+    trainer = await Trainer.start(cfg)
     run = asyncio.create_task(trainer.run())
 
     async def step(n: int) -> None:
@@ -371,7 +376,7 @@ async def test_nonfinite_values_are_dead_lettered_and_training_goes_on(
 ) -> None:
     nc = await bus.connect(swarm_nats.service_url, "test")
     js = nc.jetstream()
-    trainer = Trainer(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1))
+    trainer = await Trainer.start(config(swarm_nats, tiny_model_dir, tmp_path, batch_groups=1, max_steps=1))
     run = asyncio.create_task(trainer.run())
     # At the edge: a NaN logprob, as a merger in another language could send it.
     nan_logprob = msgpack.unpackb(encode(group("edge")[0]))
@@ -421,7 +426,9 @@ async def test_nonfinite_weights_are_never_saved_nor_served_and_a_restart_recove
     await publish(js, group("g0"))
     # Finite loss and gradients, but one AdamW step takes the weights to ±inf: the trainer stops.
     with pytest.raises(NonFiniteWeights, match="for step-1"):
-        await asyncio.wait_for(Trainer(cfg.model_copy(update=OVERFLOWING_ADAMW)).run(), timeout=45)
+        await asyncio.wait_for(
+            (await Trainer.start(cfg.model_copy(update=OVERFLOWING_ADAMW))).run(), timeout=45
+        )
     kv = await bus.models_kv(js)
     assert [(v.version, v.step) for v in await versions(kv)] == [(0, 0)]
     assert not (tmp_path / "run" / "checkpoints" / MODEL).exists()  # not even a .tmp directory
@@ -429,7 +436,7 @@ async def test_nonfinite_weights_are_never_saved_nor_served_and_a_restart_recove
 
     # Its samples were handed back: the restarted trainer resumes from the last good state (here the
     # base model) and trains them.
-    await asyncio.wait_for(Trainer(cfg).run(), timeout=45)
+    await asyncio.wait_for((await Trainer.start(cfg)).run(), timeout=45)
     history = await versions(kv)
     assert [(v.version, v.step) for v in history] == [(0, 0), (0, 0), (1, 1)]
     assert_finite_checkpoint(history[-1].path)

@@ -8,6 +8,7 @@ trees, `batching.shard`) and DDP sums the gradients, whose scale is set by the t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,7 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from swarmrl.infra.nats_server import free_port
+from swarmrl.infra.nats_server import NatsServer, free_port
+from swarmrl.launch import accelerate_launch
+from swarmrl.schemas import ModelVersion, decode
+from swarmrl.services.common import bus
+from tests.integration.test_trainer import MODEL, group, publish
 
 ROOT = Path(__file__).resolve().parents[2]
 LR = 1e-3
@@ -84,3 +89,40 @@ def test_two_processes_train_the_same_lora_adapter_as_one(tiny_model_dir: Path, 
         )
     moved = sum(int(w1[n].abs().max() > LR / 2) for n in lora)  # B starts at 0
     assert moved > len(lora) // 2, "the adapter barely moved: the comparison would prove nothing"
+
+
+@pytest.mark.timeout(600)
+def test_the_trainer_service_under_two_processes_steps_and_serves_the_version(
+    swarm_nats: NatsServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`swarmrl serve trainer` under `accelerate launch`: process 0 takes the samples in and publishes,
+    process 1 follows its steps (`service.follow`); both save the step's checkpoint and stop at
+    `max_steps`, and the version engines are pointed at is the step's."""
+
+    async def publish_group() -> None:
+        nc = await bus.connect(swarm_nats.service_url, "test")
+        await publish(nc.jetstream(), group("g0"))
+        await nc.close()
+
+    async def served() -> list[ModelVersion]:
+        nc = await bus.connect(swarm_nats.service_url, "test")
+        kv = await bus.models_kv(nc.jetstream())
+        history = [decode(e.value, ModelVersion) for e in await kv.history(MODEL)]
+        await nc.close()
+        return history
+
+    asyncio.run(publish_group())
+    launch, env = accelerate_launch(2)
+    cmd = [sys.executable, *launch, "-m", "swarmrl.cli", "serve", "trainer", "--model", MODEL,
+           "--model-path", str(tiny_model_dir), "--run-dir", str(tmp_path / "run"), "--num-repeat", "4",
+           "--batch-groups", "1", "--max-steps", "1", "--lr", "1e-3"]  # fmt: skip
+    env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "SWARMRL_NATS": swarm_nats.service_url}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "reached max_steps=1" in proc.stderr, proc.stderr[-3000:]
+    assert [(v.version, Path(v.path).name) for v in asyncio.run(served())][-1] == (1, "step-1")
+    step = tmp_path / "run" / "checkpoints" / MODEL / "step-1"
+    assert sorted(p.name for p in step.glob("optimizer-rank*.pt")) == [
+        "optimizer-rank0.pt",
+        "optimizer-rank1.pt",
+    ]

@@ -13,7 +13,7 @@ import pytest
 
 from swarmrl.core.config import UNFILED
 from swarmrl.launch import plan_services, spawn_services
-from swarmrl.swarm import PLACED, build, load, resolve_base, service_classes
+from swarmrl.swarm import CONFIGS, build, load, resolve_base
 from swarmrl.up import parse_args
 
 SWARM = """
@@ -51,7 +51,7 @@ class Recorder:
     def __init__(self) -> None:
         self.argv: dict[str, list[str]] = {}
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, role: str = "") -> None:
         self.argv[name] = argv
 
 
@@ -67,8 +67,8 @@ def _printed(argv: list[str]) -> dict[str, Any]:
 def test_up_and_serve_resolve_every_service_field_by_field(tmp_path: Path) -> None:
     desc = tmp_path / "swarm.toml"
     desc.write_text(SWARM)
-    args = parse_args(["--config", str(desc), "--batch-groups", "2", "--trainer-arg=--max-staleness=2"])
-    swarm, run_dir = args.swarm, tmp_path / "run"
+    _, swarm = parse_args(["--config", str(desc), "--batch-groups", "2", "--trainer-arg=--max-staleness=2"])
+    run_dir = tmp_path / "run"
     model_dir = resolve_base(swarm.models["policy"], build=False)
     procs = plan_services(swarm, {"policy": model_dir}, run_dir)
     sup = Recorder()
@@ -87,16 +87,12 @@ def test_up_and_serve_resolve_every_service_field_by_field(tmp_path: Path) -> No
         assert argv[-2] == "--config" and Path(argv[-1]) == run_dir / "config" / f"{proc.name}.json"
         as_started = _printed(argv)
         # 2. what `serve NAME --config swarm.toml` resolves on another machine, given its placement
-        where = {
-            f: v
-            for f, v in as_started.items()
-            if f in PLACED[proc.service] and f in ("port", "run_dir", "engine", "host")
-        }
+        where = {f: v for f, v in as_started.items() if f in ("port", "run_dir", "engine", "host")}
         flags = [arg for f, v in where.items() for arg in _flag(f, v)]
         alone = _printed(["-m", "swarmrl.cli", "serve", proc.service, "--config", str(up_desc), *flags])
         assert as_started == alone, proc.name
         # 3. and both are the object up resolved, every field of the service's class
-        fields = set(service_classes()[proc.service].model_fields) - UNFILED
+        fields = set(CONFIGS[proc.service].model_fields) - UNFILED
         assert set(as_started) == fields and as_started == json.loads(
             proc.config.model_dump_json(include=fields)
         )
@@ -133,6 +129,6 @@ def test_the_defaults_up_used_to_redeclare_are_the_services_own(
     """Once `up` said lr 1e-4 and the trainer alone 1e-5 (group size 8 vs 4, micro-batch 512 vs
     4096, backlog -1 vs 0): a trainer started by hand trained differently. Now `up`'s flag help
     and the service read the one declaration."""
-    assert service_classes()[service].model_fields[field].default == declared
+    assert CONFIGS[service].model_fields[field].default == declared
     help_text = " ".join(parse_args.__globals__["build_parser"]().format_help().split())
     assert f"(default {declared})" in help_text

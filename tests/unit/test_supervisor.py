@@ -155,3 +155,18 @@ def test_a_real_child_is_restarted_with_backoff_then_given_up_on(tmp_path: Path)
     for exit_, restart, backoff in zip(exits, restarts, (0.2, 0.4), strict=False):
         assert restart["ts"] - exit_["ts"] >= backoff - 0.01
     sup.stop(timeout=1)
+
+
+def test_children_are_found_by_role_whatever_their_names(tmp_path: Path) -> None:
+    """`up` stops its processes in order by role (clients, services, ledger and tracker last); a
+    restarted child keeps its role, and a name says nothing about it."""
+    sup = Supervisor(tmp_path / "logs", policy=POLICY)
+    for name, role in (("nats", "nats"), ("ledger-0", "ledger"), ("engine-policy", "engine"),
+                       ("ledger-watch", "client"), ("client-calculator-0", "client")):  # fmt: skip
+        start = cast(Any, FakeProc)
+        sup.adopt(name, start(), start, role=role)
+    assert sup.having({"client"}) == ["ledger-watch", "client-calculator-0"]
+    assert sup.having({"ledger", "tracker"}) == ["ledger-0"]
+    sup.procs["ledger-0"].returncode = 1  # type: ignore[attr-defined]
+    assert sup.heal(now=0.0) is None and sup.heal(now=5.0) is None  # restarted after its backoff
+    assert sup.restarts["ledger-0"] == 1 and sup.having({"ledger"}) == ["ledger-0"]

@@ -70,6 +70,33 @@ def test_a_bad_description_is_refused_with_the_offending_entry_named(data: dict,
     assert named in str(err.value)
 
 
+def test_a_mistyped_key_says_what_it_may_have_meant_and_the_environment_plays_no_part(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SWARMRL_LR", "not a number")  # read by a process's config, never by a description
+    monkeypatch.setenv("SWARMRL_NUM_REPEAT", "1")
+    bad = {"models": {"a": {"trainer": {"lrr": 1}}}, "tasks": {"calculator": {"promt": "x"}}}
+    with pytest.raises(SwarmConfigError) as err:
+        build(bad, "t")
+    assert "models.a.trainer.lrr: Extra inputs are not permitted; did you mean 'lr'?" in str(err.value)
+    assert "tasks.calculator.promt: Extra inputs are not permitted; did you mean 'prompt'?" in str(err.value)
+    # a learning-rate schedule decays to `[run] steps`, which `up` places as the trainer's max_steps
+    swarm = build(
+        {"models": {"a": {"trainer": {"lr_scheduler": "cosine"}}}, "tasks": {"calculator": {}}}, "t"
+    )
+    assert (swarm.trainer("a").lr, swarm.trainer("a").num_repeat, swarm.trainer("a").lr_scheduler) == (
+        1e-4,
+        8,
+        "cosine",
+    )
+    desc = tmp_path / "s.toml"
+    desc.write_text("[models.policy.trainer]\nlrr = 1\n[tasks.calculator]\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(desc)])
+    err_text = capsys.readouterr().err
+    assert "did you mean 'lr'?" in err_text and "usage:" not in err_text  # the error alone, no usage screen
+
+
 def test_duplicate_tables_and_missing_files_are_named(tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
     f.write_text("[models.a]\nbase = 'tiny'\n[models.a]\nbase = 'tiny'\n")
@@ -91,10 +118,9 @@ def test_task_weights() -> None:
 def test_flags_override_the_file_and_a_missing_base_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = parse_args(
+    _, swarm = parse_args(
         ["--config", str(EXAMPLES / "team.toml"), "--minutes", "3", "--lr", "5e-5", "--clients", "0"]
     )
-    swarm = args.swarm
     assert (
         swarm.run.minutes == 3 and swarm.trainer("reporter").lr == 5e-5 and swarm.trainer("caller").lr == 5e-5
     )
@@ -105,7 +131,7 @@ def test_flags_override_the_file_and_a_missing_base_is_refused(
 
 
 def test_the_short_form_is_one_model_policy_with_weighted_tasks() -> None:
-    swarm = parse_args(["--task", "calculator=0.7,guess_number=0.3", "--clients", "1"]).swarm
+    _, swarm = parse_args(["--task", "calculator=0.7,guess_number=0.3", "--clients", "1"])
     assert list(swarm.models) == ["policy"]
     assert {n: t.roles for n, t in swarm.tasks.items()} == {
         "calculator": {"agent": "policy"},
@@ -116,7 +142,7 @@ def test_the_short_form_is_one_model_policy_with_weighted_tasks() -> None:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.toml")))
 def test_every_shipped_example_is_valid(name: str) -> None:
-    assert parse_args(["--config", str(EXAMPLES / name)]).swarm.tasks
+    assert parse_args(["--config", str(EXAMPLES / name)])[1].tasks
 
 
 HUB = """

@@ -8,7 +8,7 @@ from swarmrl.up import parse_args
 
 
 def test_defaults_parse() -> None:
-    swarm = parse_args([]).swarm
+    _, swarm = parse_args([])
     assert list(swarm.tasks) == ["calculator"] and swarm.run.minutes == 15.0 and swarm.run.eval_samples >= 1
 
 
@@ -69,9 +69,17 @@ def test_services_and_clients_refuse_a_password_on_the_command_line_too(
 def test_a_run_dir_that_holds_a_run_is_resumed_only_when_asked(
     tmp_path, capsys: pytest.CaptureFixture
 ) -> None:
-    (tmp_path / "swarm.json").write_text(parse_args([]).swarm.model_dump_json())
+    (tmp_path / "swarm.json").write_text(parse_args([])[1].model_dump_json())
     with pytest.raises(SystemExit):
         parse_args(["--run-dir", str(tmp_path)])
     assert f"--run-dir {tmp_path} holds a run already; give --resume {tmp_path}" in capsys.readouterr().err
-    assert parse_args(["--resume", str(tmp_path)]).run_dir == tmp_path
-    assert parse_args(["--run-dir", str(tmp_path / "new")]).run_dir == tmp_path / "new"
+    assert parse_args(["--resume", str(tmp_path)])[0].run_dir == tmp_path
+    assert parse_args(["--run-dir", str(tmp_path / "new")])[0].run_dir == tmp_path / "new"
+
+
+def test_a_resumed_run_keeps_its_own_tasks(tmp_path) -> None:
+    _, swarm = parse_args(["--task", "guess_number", "--clients", "1", "--lr", "3e-4"])
+    (tmp_path / "swarm.json").write_text(swarm.model_dump_json())
+    _, resumed = parse_args(["--resume", str(tmp_path), "--minutes", "2"])
+    assert list(resumed.tasks) == ["guess_number"] and resumed.tasks["guess_number"].clients == 1
+    assert resumed.trainer("policy").lr == 3e-4 and resumed.run.minutes == 2

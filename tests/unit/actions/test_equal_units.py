@@ -4,12 +4,11 @@
 import math
 
 import pytest
-from actions import pools_for
-from actions_simulate import simulate, smallest_reaching, split_pools, split_units
-from actions_trace import TaskKind, TrajectorySpec, Turn, make_trace
 
 from swarmrl.services.actions.model import Demand
 from swarmrl.services.actions.scheduler import PoolSpec
+from tests.support.actions_simulate import pools_for, simulate, smallest_reaching, split_pools, split_units
+from tests.support.actions_trace import TaskKind, TrajectorySpec, Turn, make_trace
 
 MEM = 64_000
 CPU1 = Demand(cpu=1, mem_mb=128)

@@ -1,10 +1,10 @@
 """The trace generator and the virtual-time simulator, driving the real scheduler."""
 
 import pytest
-from actions_simulate import percentile, simulate
-from actions_trace import make_trace
 
 from swarmrl.services.actions.scheduler import PoolSpec
+from tests.support.actions_simulate import percentile, simulate
+from tests.support.actions_trace import make_trace
 
 MEM = 64_000
 

@@ -1,13 +1,15 @@
-"""`retry`: transient NATS failures are waited out, anything else propagates, a stop ends the wait."""
+"""`retry` and `backoff`: transient failures are waited out, anything else propagates, a stop, the
+tries or the seconds end the wait."""
 
 from __future__ import annotations
 
 import asyncio
 
 import nats.errors
+import nats.js.errors
 import pytest
 
-from swarmrl.services.common.retry import Stopping, retry
+from swarmrl.services.common.retry import DUPLICATE_IN_PROCESS, Stopping, backoff, retry
 
 
 async def test_transient_failures_are_retried_until_the_action_succeeds() -> None:
@@ -49,11 +51,36 @@ async def test_a_stop_request_turns_the_wait_into_stopping() -> None:
     assert calls == [1, 1]
 
 
+async def test_backoff_gives_up_after_its_tries_and_lets_the_last_failure_through() -> None:
+    calls: list[int] = []
+
+    async def refused() -> None:
+        calls.append(1)
+        raise ConnectionError(f"refused {len(calls)}")
+
+    with pytest.raises(ConnectionError, match="refused 3"):
+        await backoff(refused, transient=(ConnectionError,), tries=3, first_s=0.01)
+    assert calls == [1, 1, 1]
+
+
+async def test_backoff_gives_up_after_its_seconds_and_returns_what_the_action_returns() -> None:
+    calls: list[int] = []
+
+    async def down() -> str:
+        calls.append(1)
+        raise nats.errors.TimeoutError
+
+    with pytest.raises(nats.errors.TimeoutError):
+        await backoff(down, seconds=0.2, first_s=0.05, max_s=0.05)
+    assert 2 <= len(calls)  # tried again within the time, then gave up
+
+    async def up() -> str:
+        return "ok"
+
+    assert await backoff(up, tries=1) == "ok"
+
+
 async def test_a_publish_still_in_process_is_tried_again_and_other_api_errors_are_not() -> None:
-    import nats.js.errors
-
-    from swarmrl.services.common.retry import DUPLICATE_IN_PROCESS, within
-
     calls: list[int] = []
 
     async def publish() -> str:
@@ -64,11 +91,11 @@ async def test_a_publish_still_in_process_is_tried_again_and_other_api_errors_ar
             )
         return "ack"
 
-    assert await within(10, publish) == "ack" and len(calls) == 3
+    assert await backoff(publish, seconds=10) == "ack" and len(calls) == 3
     assert await retry(asyncio.Event(), publish) == "ack"
 
     async def refused() -> None:
         raise nats.js.errors.APIError(code=400, err_code=10060, description="stream not found")
 
     with pytest.raises(nats.js.errors.APIError):
-        await within(10, refused)
+        await backoff(refused, seconds=10)

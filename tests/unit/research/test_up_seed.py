@@ -16,7 +16,12 @@ class Recorder:
         self.spawned: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def spawn(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, python: bool = True
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        python: bool = True,
+        role: str = "",
     ) -> Any:
         self.spawned[name] = (argv, env or {})
 
@@ -30,7 +35,7 @@ class Ids:
 
 def launched(argv: list[str]) -> tuple[Recorder, dict[str, Any]]:
     """The clients `up` would start, and the resolved configuration of each service process."""
-    swarm = parse_args(argv).swarm
+    _, swarm = parse_args(argv)
     sup = Recorder()
     spawn_clients(sup, swarm, "calculator", Ids())  # type: ignore[arg-type]
     return sup, {p.name: p.config for p in plan_services(swarm, {"policy": Path("/m")}, Path("/r"))}
@@ -47,7 +52,7 @@ def test_the_seed_reaches_every_process() -> None:
 
 def test_seed_0_is_what_up_always_did() -> None:
     sup, configs = launched([])
-    assert parse_args([]).swarm.run.seed == 0 and configs["trainer"].seed == 0
+    assert parse_args([])[1].run.seed == 0 and configs["trainer"].seed == 0
     assert [sup.spawned[f"client-calculator-{i}"][1]["SWARMRL_CLIENT_SEED"] for i in (0, 1)] == [
         "1000",
         "1001",

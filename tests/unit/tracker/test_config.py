@@ -45,7 +45,7 @@ def test_only_where_the_tracker_runs_are_its_packages_needed(monkeypatch: pytest
     """A trainer's machine reads the same description without any tracker package."""
     monkeypatch.setitem(tracker_config.TRACKERS, "wandb", ("swarmrl_no_such_module",))
     swarm = build({"models": {"policy": {}}, "tasks": {"calculator": {}}, "tracker": {"track": "wandb"}}, "t")
-    assert swarm.tracker == {"track": ["wandb"]}
+    assert swarm.tracker.track == ["wandb"]
     with pytest.raises(SwarmConfigError, match="unknown tracker 'wand'"):
         build({"models": {"policy": {}}, "tasks": {"calculator": {}}, "tracker": {"track": "wand"}}, "t")
 
@@ -58,7 +58,7 @@ def test_up_refuses_a_tracker_it_cannot_start(monkeypatch: pytest.MonkeyPatch) -
 
 def test_up_starts_a_tracker_only_when_one_is_named(installed: None, tmp_path: Path) -> None:
     def services(swarm_args: list[str]) -> dict[str, object]:
-        swarm = parse_args(swarm_args).swarm
+        _, swarm = parse_args(swarm_args)
         return {p.name: p.config for p in plan_services(swarm, {"policy": tmp_path}, tmp_path / "run")}
 
     assert "tracker" not in services([])
@@ -70,5 +70,5 @@ def test_up_starts_a_tracker_only_when_one_is_named(installed: None, tmp_path: P
 def test_the_description_names_them_and_the_flag_overrides_it(installed: None, tmp_path: Path) -> None:
     desc = tmp_path / "swarm.toml"
     desc.write_text('[models.policy]\n[tasks.calculator]\n[tracker]\ntrack = ["wandb"]\nproject = "calc"\n')
-    args = parse_args(["--config", str(desc), "--track", "tensorboard"])
-    assert args.swarm.tracker == {"track": ["tensorboard"], "project": "calc"}
+    _, swarm = parse_args(["--config", str(desc), "--track", "tensorboard"])
+    assert (swarm.tracker.track, swarm.tracker.project) == (["tensorboard"], "calc")

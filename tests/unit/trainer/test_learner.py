@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swarmrl.services.trainer.batching import Scored, pack
-from swarmrl.services.trainer.checkpoint import TrainerState, latest, prune, step_dir
+from swarmrl.services.trainer.checkpoint import TrainerState, latest, optimizer_source, prune, step_dir
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.learner import Learner
 from tests.unit.trainer.samples import make_sample
@@ -101,6 +101,32 @@ def test_checkpoint_round_trip(cfg: TrainerConfig, tmp_path: Path) -> None:
     resumed.load_optimizer(path)
     assert resumed.optimizer.state_dict()["state"]  # Adam moments came back
     assert prune(root, keep=1) == [step_dir(root, 1)] and latest(root) == (2, path)
+
+
+def test_optimizer_state_every_n_steps_resumes_from_the_newest_one_at_or_before(
+    cfg: TrainerConfig, tmp_path: Path
+) -> None:
+    """Weights every step, AdamW state every `optimizer_state_every` steps: a resume loads the
+    checkpoint's weights and the newest optimizer state at or before it, and pruning keeps that one."""
+    cfg = cfg.model_copy(update={"optimizer_state_every": 3})
+    learner = Learner(cfg, cfg.model_path)
+    root = tmp_path / "checkpoints" / "tiny"
+    moments = {}
+    for step in range(1, 6):
+        learner.train_step(_items(2), version=step - 1)
+        learner.save(step_dir(root, step), TrainerState("tiny", step, step))
+        moments[step] = copy.deepcopy(learner.optimizer.state_dict()["state"])
+    with_state = [s for s in range(1, 6) if list(step_dir(root, s).glob("optimizer-rank*.pt"))]
+    assert with_state == [3]
+    assert optimizer_source(step_dir(root, 5)) == step_dir(root, 3)
+    resumed = Learner(cfg, step_dir(root, 5))
+    resumed.load_optimizer(step_dir(root, 5))
+    got = resumed.optimizer.state_dict()["state"]
+    for key, slot in moments[3].items():
+        torch.testing.assert_close(got[key]["exp_avg"], slot["exp_avg"])
+    assert not torch.equal(got[0]["exp_avg"], moments[5][0]["exp_avg"])
+    prune(root, keep=1)  # step 5 is the newest, step 3 holds the newest optimizer state
+    assert [p.name for p in sorted(root.iterdir())] == ["step-3", "step-5"]
 
 
 def test_kl_to_reference_starts_at_zero_and_grows(cfg: TrainerConfig) -> None:

@@ -11,7 +11,7 @@ from swarmrl.services.ledger.columns import to_arrow
 from swarmrl.services.ledger.query import main as query
 from swarmrl.services.ledger.store import PartWriter
 from swarmrl.services.ledger.tables import metric_row, sample_row
-from swarmrl.services.trainer.service import Trainer
+from swarmrl.services.trainer.ready import task_metrics
 from tests.unit.ledger.factories import train_step
 from tests.unit.trainer.samples import make_sample
 
@@ -23,20 +23,20 @@ def test_reward_mean_and_count_per_named_task() -> None:
         make_sample("e3", 0.5, task="gsm8k"),
         make_sample("e4", 9.0),  # no task name: only in the overall reward_mean
     ]
-    assert Trainer.task_metrics(samples) == {
+    assert task_metrics(samples) == {
         "reward_mean.countdown": 0.5,
         "samples.countdown": 2.0,
         "reward_mean.gsm8k": 0.5,
         "samples.gsm8k": 1.0,
     }
-    assert Trainer.task_metrics([make_sample("e5", 1.0)]) == {}
+    assert task_metrics([make_sample("e5", 1.0)]) == {}
 
 
 def test_swarmrl_query_reads_per_task_reward_means(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     samples = [make_sample("e1", 1.0, task="countdown"), make_sample("e2", 0.25, task="gsm8k")]
-    step = train_step(reward_mean=0.625, extra={"clip_frac": 0.1, **Trainer.task_metrics(samples)})
+    step = train_step(reward_mean=0.625, extra={"clip_frac": 0.1, **task_metrics(samples)})
     writer = PartWriter(tmp_path, fsync=False)
     writer.prepare()
     writer.write_group({"train_steps": to_arrow("train_steps", [metric_row(step, "METRICS", 1)[1]])})

@@ -11,7 +11,14 @@ from transformers import AutoModelForCausalLM
 
 from swarmrl.schemas import Sample
 from swarmrl.services.trainer.batching import Scored, pack_shared
-from swarmrl.services.trainer.tree_attention import TREE_ATTENTION, Segment, dense_mask, tree_attention
+from swarmrl.services.trainer.tree_attention import (
+    DENSE_MAX_TOKENS,
+    TREE_ATTENTION,
+    Segment,
+    dense_mask,
+    tree_attention,
+    tree_for,
+)
 
 
 def _tree() -> list[Segment]:
@@ -40,6 +47,25 @@ def test_segments_attend_exactly_as_the_dense_mask_forward_and_backward() -> Non
     # the mask: a branch sees its ancestors and itself, never a sibling
     assert mask[12].nonzero().squeeze(-1).tolist() == [0, 1, 2, 3, 4, 5, 10, 11, 12]
     assert mask[16].nonzero().squeeze(-1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 15, 16]
+
+
+def test_a_short_rows_dense_mask_attends_as_its_segments_forward_and_backward() -> None:
+    """`tree_for` hands a short row's attention its dense mask: one masked attention, the same
+    outputs and gradients as segment by segment."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 6, 20, 8, generator=gen, requires_grad=True)
+    k = torch.randn(1, 2, 20, 8, generator=gen, requires_grad=True)  # 3 query heads per kv head
+    v = torch.randn(1, 2, 20, 8, generator=gen, requires_grad=True)
+    dense = tree_for(_tree(), 20, "cpu")
+    assert isinstance(dense, torch.Tensor) and dense.shape == (20, 20)
+    assert isinstance(tree_for(_tree(), DENSE_MAX_TOKENS + 1, "cpu"), list)  # long rows: segments
+    out, _ = tree_attention(torch.nn.Module(), q, k, v, None, scaling=0.3, tree=dense)
+    ref, _ = tree_attention(torch.nn.Module(), q, k, v, None, scaling=0.3, tree=_tree())
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad((out * torch.arange(8.0)).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * torch.arange(8.0)).sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
 
 
 def test_segments_must_cover_the_row() -> None:

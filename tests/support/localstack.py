@@ -1,7 +1,7 @@
 """A real generation stack in one process: embedded engine (HTTP) + gateway (HTTP + NATS responders).
 
-For tests and benchmarks (`pytest` puts `bench/` on the import path), which need the real components
-without the process supervision of `up`. Not part of the package.
+For tests and benchmarks (which import it from here), which need the real components without the
+process supervision of `up`. Not part of the package.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Discrete-event simulator: the real `Scheduler` driven through a trace in virtual time (pure).
+The scheduler's tests run it (`tests/unit/actions`), and `bench/actions.py` at scale.
 
 Consumes a trace (`trace.make_trace`) and a policy; returns a `SimResult`. Steps run as waves: step
 k starts when every trajectory of step k-1 has ended. A trajectory thinks, submits its action,
@@ -22,12 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actions_trace import TrajectorySpec
-
 from swarmrl.services.actions.model import RESOURCES, Action, Demand
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
+from tests.support.actions_trace import TrajectorySpec
 
 THINK_DONE, RUN_DONE, WAKE = 0, 1, 2
+CPU_START_S = 0.05
+"""Warm-up of a new CPU unit (elastic) or bundle (static): a sandbox worker's start."""
 
 
 @dataclass
@@ -312,3 +314,16 @@ def floor_reached_at(tried: dict[float, float], rel: float) -> float:
     stop helping."""
     best = min(tried.values())
     return min(f for f, a in tried.items() if a <= best * (1 + rel))
+
+
+def pools_for(policy: str, units: int, slots: int, trajectories: int, idle_s: float) -> dict[str, PoolSpec]:
+    """The pools of `policy` (`isolated`: the whole, which `split_pools` cuts per task)."""
+    if policy == "static-unbounded":
+        return {"cpu": PoolSpec(0, trajectories), "accel": PoolSpec(0, trajectories)}
+    if policy == "static":
+        return {"cpu": PoolSpec(0, units, start_s=CPU_START_S), "accel": PoolSpec(0, slots)}
+    floor_cpu, floor_accel = (1, 1) if policy == "elastic" else (units, slots)
+    return {
+        "cpu": PoolSpec(floor_cpu, units, idle_s=idle_s, start_s=CPU_START_S),
+        "accel": PoolSpec(floor_accel, slots, idle_s=idle_s, start_s=0.0),
+    }

