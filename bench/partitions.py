@@ -4,7 +4,7 @@
 
 1. Three hosts as network namespaces of this machine (`infra/netns.py`), the pair `--pair` shaped (its
    TCP connections through the delaying relay from the start, delay 0), and the multi-host recipe
-   (`infra/multihost.md`) run on them as written (`bench/multihost.py`): NATS node, trainer on A;
+   (`infra/multihost.md`) run on them as written (`tests/support/multihost.py`): NATS node, trainer on A;
    node, engine, gateway on B; node, merger, ledger, agents on C.
 2. From `--warmup-s` after the first train step, one fault at a time, each followed by `--gap-s` to
    recover: every host of `--cut-hosts` cut off from the others for `--cut-s` (nftables drops every
@@ -39,10 +39,10 @@ from typing import Any
 
 from benchutil import RESULTS, machine, write_json
 from chaos_accounting import account_ledger, account_streams, read_streams
-from multihost import RECIPE, Recipe, operator_url, secrets_env
 from partitions_report import activity, log_digest, recovery, write_md
 
 from swarmrl.infra.netns import Hosts, unavailable
+from tests.support.multihost import RECIPE, Recipe, operator_url, secrets_env
 
 QUICK = {
     "cut_s": 10.0,

@@ -1,5 +1,5 @@
 """The multi-host recipe, `infra/multihost.md`, run as written on three hosts that are network namespaces
-of this machine (`infra/netns.py`, `bench/multihost.py`), each with its own address and its own
+of this machine (`infra/netns.py`, `tests/support/multihost.py`), each with its own address and its own
 directory, the other hosts' directories hidden from its processes: the trainer on A trains, the
 engine on B serves the versions A trained (fetched through NATS's object store: A's checkpoint
 paths do not exist on B), and a query asked on A is answered by the ledger on C from C's files.
@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from multihost import RECIPE, Recipe, listeners, operator_url, secrets_env
 
 from swarmrl.infra.netns import Hosts, unavailable
 from swarmrl.schemas import ModelVersion, decode
 from swarmrl.services.common import bus
+from tests.support.multihost import RECIPE, Recipe, listeners, operator_url, secrets_env
 
 STEPS = 2
 """Versions the trainer must have made before the engine is checked for one of them."""

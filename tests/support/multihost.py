@@ -31,7 +31,7 @@ from pathlib import Path
 
 from swarmrl.infra.netns import Hosts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "infra" / "multihost.md"
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.M | re.S)
 HOSTS = ("A", "B", "C")
