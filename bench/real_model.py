@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import resource
@@ -80,7 +81,7 @@ def part_generate(spec: dict[str, Any]) -> dict[str, Any]:
             gen = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, **kw)
             seconds = time.perf_counter() - t
         out[str(rows)] = (gen.shape[1] - ids.shape[1]) * rows / seconds
-    return out
+    return {"tokens_per_s": out, "memory_mib": _self_hwm()}
 
 
 def part_engine(spec: dict[str, Any]) -> dict[str, Any]:
@@ -281,8 +282,16 @@ def _self_hwm() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_part(name: str, spec: dict[str, Any], threads: int) -> dict[str, Any]:
-    """Run one part in a fresh process on `threads` torch threads; its JSON result."""
+def run_part(name: str, spec: dict[str, Any], threads: int, cache: Path) -> dict[str, Any]:
+    """Run one part in a fresh process on `threads` torch threads; its JSON result.
+
+    Each result is kept in `cache` (keyed by the part and its spec), so a rerun after a failure
+    measures only what is missing."""
+    key = hashlib.sha256(json.dumps([name, spec, threads], sort_keys=True).encode()).hexdigest()[:12]
+    kept = cache / f"{name}-{key}.json"
+    if kept.exists():
+        print(f"  {name} {spec.get('label', '')} (kept)", flush=True)
+        return dict(json.loads(kept.read_text()))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, __file__, "--part", name, "--spec", json.dumps(spec)]
     print(f"  {name} {spec.get('label', '')}", flush=True)
@@ -290,9 +299,8 @@ def run_part(name: str, spec: dict[str, Any], threads: int) -> dict[str, Any]:
     if out.returncode:
         raise RuntimeError(f"part {name} {spec} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    if "memory_mib" not in result:
-        result["memory_mib"] = None
-    return result
+    kept.write_text(json.dumps(result))
+    return dict(result)
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -303,27 +311,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from swarmrl.models import is_real, model_dir
     from swarmrl.services.engine.vllm_backend import find_vllm_python
 
+    args.parts.mkdir(parents=True, exist_ok=True)
+
+    def part(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return run_part(name, spec, args.threads, args.parts)
+
     model = str(model_dir(args.model) if is_real(args.model) else Path(args.model).resolve())
     params = parameter_count(model)
     from transformers import AutoConfig
 
     vocab = int(AutoConfig.from_pretrained(model).get_text_config().vocab_size)
     base = {"model": model, "vocab": vocab, "threads": args.threads}
-    log = Path(tempfile.mkdtemp()) / "engine.log"
+    log = args.parts / "engine.log"
     print(f"model {model}: {params / 1e6:.1f}M parameters, vocabulary {vocab}", flush=True)
-    gemm = run_part("gemm", base, args.threads)
-    best = max(gemm.values())
+    gemm = part("gemm", base)
+    best = max(gemm["fp32"], gemm["bf16"])
     engines: list[dict[str, Any]] = []
     vllm = "" if args.skip_vllm else (find_vllm_python() or "")
     default_dtype = resolve_dtype("auto", model)
     for dtype in ("float32", "bfloat16"):
-        g = run_part("generate", {**base, "dtype": dtype, "label": dtype}, args.threads)
+        g = part("generate", {**base, "dtype": dtype, "label": dtype})
         engines += [{"engine": "transformers.generate", "dtype": dtype, "rows": int(r), "tokens_per_s": v,
-                     "memory_mib": None, "default": False} for r, v in g.items()]  # fmt: skip
+                     "memory_mib": g["memory_mib"], "default": False} for r, v in g["tokens_per_s"].items()]  # fmt: skip
         for backend in ("embedded", *(["vllm"] if vllm else [])):
-            spec = {**base, "backend": backend, "dtype": dtype, "log": str(log), "vllm_python": vllm,
+            spec = {**base, "backend": backend, "dtype": dtype, "log": str(log), "vllm_python": vllm if backend == "vllm" else "",
                     "label": f"{backend} {dtype}"}  # fmt: skip
-            e = run_part("engine", spec, args.threads)
+            e = part("engine", spec)
             engines += [{"engine": backend, "dtype": dtype, "rows": int(r), "tokens_per_s": v, "memory_mib": e["memory_mib"],
                          "default": backend == "embedded" and dtype == default_dtype} for r, v in e["tokens_per_s"].items()]  # fmt: skip
     floor = {
@@ -340,7 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for dtype in ("fp32", "bf16"):
                 spec = {**base, "mode": mode, "layout": layout, "dtype": dtype, "label": f"{mode} {layout} {dtype}",
                         "profile": (mode, layout, dtype) == ("full", "shared", "bf16")}  # fmt: skip
-                t = run_part("trainer", spec, args.threads)
+                t = part("trainer", spec)
                 flops = (6 if mode == "full" else 4) * params
                 trainer.append({"mode": mode, "layout": layout, "dtype": dtype, "tokens_per_s": t["tokens_per_s"],
                                 "step_s": t["step_s"], "computed_tokens": t["computed_tokens"],
@@ -359,12 +372,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             {
                 "engine_dtype": engine_dtype,
                 "trainer_dtype": trainer_dtype,
-                **run_part("logprobs", spec, args.threads),
+                **part("logprobs", spec),
             }
         )
-    decode = run_part(
-        "decode_profile", {**base, "dtype": default_dtype, "label": default_dtype}, args.threads
-    )
+    decode = part("decode_profile", {**base, "dtype": default_dtype, "label": default_dtype})
     return {"machine": machine(), "model": args.model, "parameters": params, "vocab": vocab, "threads": args.threads,
             "gemm_flops": best, "gemm_flops_fp32": gemm["fp32"], "gemm_flops_bf16": gemm["bf16"],
             "engines": engines, "trainer": trainer, "logprobs": logprobs,
@@ -449,6 +460,12 @@ def main() -> None:
         "--skip-vllm", action="store_true", help="leave vLLM out (else it runs where `just vllm-env` put it)"
     )
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--parts",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "swarmrl-real-model-parts",
+        help="where each part's result is kept; a rerun measures only the parts missing there",
+    )
     p.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -8,7 +8,8 @@ only shapes the reply the agent reads.
 Tool-call formats (the names follow vLLM's and SGLang's `--tool-call-parser`):
 
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of them, text
-  around them is content (Qwen2.5, Qwen3, Hermes, the project's bootstrap models).
+  around them is content (Qwen2.5, Qwen3, Hermes, the project's bootstrap models); a JSON list of
+  such calls inside one block is several calls (SmolLM2's function-calling convention).
 - `llama3`: the whole reply is one JSON call `{"name": ..., "parameters": {...}}`, or several
   separated by `;`, optionally after `<|python_tag|>` (Llama 3.1 / 3.2 / 3.3 JSON tool calling).
 - `mistral`: content, then `[TOOL_CALLS]` and a JSON array of `{"name", "arguments"}` (tokenizers
@@ -186,13 +187,17 @@ def _hermes(text: str) -> tuple[str, list[dict[str, Any]]]:
         call = None
         try:
             obj = json.loads(raw)
-            if isinstance(obj, dict):
-                call = _call(obj.get("name"), obj.get("arguments", {}))
+            objs = obj if isinstance(obj, list) else [obj]
+            parsed = [
+                c for o in objs if isinstance(o, dict) and (c := _call(o.get("name"), o.get("arguments", {})))
+            ]
+            if objs and len(parsed) == len(objs):  # every element a call, else the block is content
+                call = parsed
         except json.JSONDecodeError:
             pass
         kept.append(text[at:start] if call else text[at : end + len(HERMES_CLOSE)])
         if call:
-            calls.append(call)
+            calls.extend(call)
         at = end + len(HERMES_CLOSE)
     kept.append(text[at:])
     return "".join(kept), calls

@@ -115,6 +115,8 @@ def test_mistral_ids_fit_its_template_and_a_moved_system_prompt_is_not_spliced(t
         ("hermes", 'Sure. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "Sure.", [("f", {"a": 1})]),
         ("hermes", "<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
         ("hermes", '<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>', "", [("f", {}), ("g", {})]),
+        ("hermes", '<tool_call>[{"name": "f", "arguments": {"a": 1}}, {"name": "g"}]</tool_call>', "", [("f", {"a": 1}), ("g", {})]),
+        ("hermes", '<tool_call>[{"name": "f"}, 3]</tool_call>', '<tool_call>[{"name": "f"}, 3]</tool_call>', []),
         ("llama3", '{"name": "f", "parameters": {"a": 1}}', "", [("f", {"a": 1})]),
         ("llama3", '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}', "", [("f", {"a": 1}), ("g", {})]),
         ("llama3", 'The answer is {"a": 1}', 'The answer is {"a": 1}', []),
