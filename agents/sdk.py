@@ -38,6 +38,7 @@ from swarmrl.agents.episode import TRANSIENT, Episode, SwarmError, retried
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import DEFAULT_GROUP_SIZE, MAX_EVENT_BYTES, ClientState, EventBase, decode, encode
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.bus import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S
 
 __all__ = ["TRANSIENT", "Episode", "SwarmClient", "SwarmError", "default_code_version"]
 
@@ -150,6 +151,8 @@ class SwarmClient:
             name="swarmrl-agent",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            ping_interval=PING_INTERVAL_S,  # a link gone silent is replaced in seconds (bus.PING_INTERVAL_S)
+            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             error_cb=_log_nats_error,  # one line per error: nats-py's default prints a traceback
         )
         return cls(nc, client_id, code_version or default_code_version(), retry_s, owner)

@@ -19,7 +19,7 @@ For each replica count (`--replicas 1,2`: one run after the other, side by side 
    `--openai-retries`, so every failed attempt shows), publish a reward, end. Each
    process appends its calls and episodes (wall-clock stamps) to a JSON-lines file the parent reads.
 3. Ramps: stages of increasing total agents (`--stages`, up to `--max-agents`), `--stage-s` each,
-   figures taken over the stage's last two thirds. The ramp stops at a bound: calls/s grew less than
+   figures taken over the stage's last two thirds (last half with thinking agents, below). The ramp stops at a bound: calls/s grew less than
    10% over the previous stage while p99 call latency is above `--p99-bound-s`; errors on more than
    1% of the calls or episodes; a service exited; or the last stage.
 4. Meanwhile it samples, every second: CPU of every process (/proc: services, NATS, load
@@ -30,6 +30,16 @@ For each replica count (`--replicas 1,2`: one run after the other, side by side 
    Events/s per merger and per ledger replica are the deltas of their consumers' delivered counts.
 5. After the last stage the agents finish their episodes, the pipeline drains, the services stop
    (the ledger last) and the ledger's Parquet files are counted against what the agents ended.
+
+Thinking agents (`--think-median-s`, e.g. 60): before each call an agent waits a lognormal time of
+that median (`--think-sigma`), as tools and environments take, so what the services hold is open
+episodes rather than calls in flight; `--clients-per-proc` spreads them over more `SwarmClient`
+connections (each its own NATS identity). Every stage then also records the open episodes and each
+process's resident memory, and the report fits memory per open episode and per connection for every
+service (`load_crowd.py`) and sizes `--paper-agents` (default 100,000) such agents on paper.
+
+    python bench/load.py --think-median-s 60 --calls 4 --procs 8 --clients-per-proc 25 \
+        --stages 500,1000,2000,3000 --stage-s 240
 
 Writes `<out>/load.json` and `<out>/load.md`: per replica count and stage, episodes/s, LLM calls/s,
 p50/p99 latency of a call as the agent sees it (through the gateway, engine included), events/s per
@@ -52,15 +62,14 @@ from pathlib import Path
 from typing import Any
 
 # The load processes' code is in load_agents.py; the stage figures and the results are in load_report.py.
-from benchutil import proc_cpu_s
 from load_agents import MODEL, TASK, agent_proc
+from load_probe import Probe, Records
 from load_report import caveat, figures, first_bottleneck, report, signals, write_report
 
 SERVICES = ("gateway", "engine", "merger", "ledger")
 QUICK = {"stages": "8,32", "stage_s": 15.0, "procs": 2, "drain_s": 30.0}
 """What `--quick` changes: a tiny ramp."""
 SCRIPT = Path(__file__).resolve()
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,6 +85,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--stage-s", type=float, default=45.0, help="seconds per stage (figures over its last two thirds)")
     add("--procs", type=int, default=8, help="load processes (each one SwarmClient, many agents)")
     add("--calls", type=int, default=2, help="chat completions per episode")
+    add("--think-median-s", type=float, default=0.0,
+        help="thinking agents: before each call a lognormal wait of this median (0: none, calls back to back)")  # fmt: skip
+    add("--think-sigma", type=float, default=0.5, help="the think time's lognormal sigma")
+    add(
+        "--ramp-s",
+        type=float,
+        default=30.0,
+        help="thinking agents: a stage's new agents begin over this long",
+    )
+    add("--clients-per-proc", type=int, default=1,
+        help="SwarmClient connections per load process, each its own NATS identity (a team shares one)")  # fmt: skip
     add("--max-tokens", type=int, default=4, help="max_tokens of every call")
     add(
         "--gateway",
@@ -94,7 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--work-dir", type=Path, default=None, help="NATS store, run dirs, logs (default runs/load-<time>)")
     add("--out", type=Path, default=RESULTS, help="where load.json and load.md go")
     add("--name", default="load", help="results file name")
-    add("--paper-agents", type=int, default=10_000, help="agents of the swarm sized on paper")
+    add("--paper-agents", type=int, default=0,
+        help="agents of the swarm sized on paper (default 10,000; with thinking agents 100,000)")  # fmt: skip
     add("--paper-call-interval-s", type=float, default=5.0,
         help="on paper: seconds between an agent's LLM calls (a real agent thinks and generates more)")  # fmt: skip
     add("--paper-node-cores", type=int, default=8, help="on paper: cores of one NATS node")
@@ -107,7 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--num-repeat", type=int, default=8, help=argparse.SUPPRESS)
     if p.parse_args(argv).quick:
         p.set_defaults(**QUICK)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.paper_agents = args.paper_agents or (100_000 if args.think_median_s > 0 else 10_000)
+    return args
 
 
 # -- the parent: services, ramp, probes -------------------------------------------------------------
@@ -142,101 +165,6 @@ def build_swarm(n: int, model: Path, args: argparse.Namespace) -> tuple[Any, dic
     return build(data, "bench/load.py"), applied
 
 
-class Probe:
-    """Samples CPU per process, the machine's CPU, engine stats, JetStream consumers and NATS /varz."""
-
-    def __init__(self, js: Any, http: Any, pids: dict[str, int], engines: dict[str, str], varz: str) -> None:
-        self.js, self.http, self.engines, self.varz = js, http, engines, varz
-        self.procs = pids
-        self.samples: list[dict[str, Any]] = []
-
-    def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of each process (from /proc: Linux, as swarmrl), and the machine's busy ones."""
-        out = {}
-        for name, pid in self.procs.items():
-            with contextlib.suppress(OSError, ValueError, IndexError):  # exited
-                out[name] = proc_cpu_s(pid)
-        cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        out["@machine_busy"] = (sum(cpu[:8]) - cpu[3] - cpu[4]) / CLK_TCK  # all but idle and iowait
-        return out
-
-    def sockets(self, names: list[str]) -> dict[str, int]:
-        """Open sockets of each of `names` at the end of a stage: a load process's are NATS plus its HTTP
-        pool to the gateways, a gateway's the agents' connections plus its pool to the engines."""
-        out = {}
-        for name in names:
-            with contextlib.suppress(OSError):
-                fds = Path(f"/proc/{self.procs[name]}/fd").iterdir()
-                out[name] = sum(os.readlink(fd).startswith("socket:") for fd in fds)
-        return out
-
-    async def consumers(self) -> dict[str, dict[str, int | str]]:
-        from nats.js.errors import NotFoundError
-
-        from swarmrl.schemas import subjects as S
-
-        out: dict[str, dict[str, int | str]] = {}
-        streams = [S.EPISODE_PARTS_STREAM, S.LEDGER_PARTS_STREAM, *S.STREAM_SUBJECTS]
-        for stream in streams:
-            with contextlib.suppress(NotFoundError):
-                for c in await self.js.consumers_info(stream):
-                    out[f"{stream}/{c.name}"] = {
-                        "delivered": c.delivered.consumer_seq if c.delivered else 0,
-                        "pending": int(c.num_pending or 0), "ack_pending": int(c.num_ack_pending or 0),
-                    }  # fmt: skip
-        kv = await self.js.key_value(S.LEASES_BUCKET)
-        with contextlib.suppress(Exception):  # which ledger replica holds the non-partitioned streams
-            out["@ledger_lease16"] = {
-                "holder": (await kv.get(f"ledger.lease.{S.EPISODE_PARTITIONS}")).value.decode()
-            }
-        return out
-
-    async def sample(self) -> None:
-        s: dict[str, Any] = {"t": time.time(), "cpu": self.cpu(), "engines": {}, "varz": {}}
-        for name, url in self.engines.items():
-            with contextlib.suppress(Exception):
-                s["engines"][name] = (await self.http.get(f"{url}/engine_stats", timeout=5)).json()
-        with contextlib.suppress(Exception):
-            v = (await self.http.get(self.varz, timeout=5)).json()
-            s["varz"] = {k: v.get(k) for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes", "cpu")}
-        with contextlib.suppress(Exception):
-            s["consumers"] = await self.consumers()
-        self.samples.append(s)
-
-    def at(self, t: float) -> dict[str, Any]:
-        return min(self.samples, key=lambda s: abs(s["t"] - t))
-
-    def between(self, a: float, b: float) -> list[dict[str, Any]]:
-        return [s for s in self.samples if a <= s["t"] <= b]
-
-
-class Records:
-    """The load processes' JSON-lines files, read as they grow."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.offsets = dict.fromkeys(paths, 0)
-        self.calls: list[list[Any]] = []
-        self.episodes: list[list[Any]] = []
-        self.finals: list[dict[str, int]] = []
-        self.ready = 0
-
-    def read(self) -> None:
-        for path, off in self.offsets.items():
-            if not path.exists():
-                continue
-            with path.open() as f:
-                f.seek(off)
-                data = f.read()
-            end = data.rfind("\n") + 1  # only whole lines
-            self.offsets[path] = off + len(data[:end].encode())
-            for line in data[:end].splitlines():
-                rec = json.loads(line)
-                {"c": self.calls, "e": self.episodes}.get(rec[0], []).append(rec)
-                if rec[0] == "final":
-                    self.finals.append(rec[1])
-                self.ready += rec[0] == "ready"
-
-
 def bound(f: dict[str, Any], prev: dict[str, Any] | None, args: argparse.Namespace) -> str:
     if f["error_rate"] > 0.01:
         return f"errors on {100 * f['error_rate']:.1f}% of calls and episodes ({f['error_examples']})"
@@ -248,8 +176,9 @@ def bound(f: dict[str, Any], prev: dict[str, Any] | None, args: argparse.Namespa
 
 def stage_line(n: int, f: dict[str, Any]) -> str:
     ev = ", ".join(f"{k} {v:g}" for k, v in f["events_per_s"].items())
-    return (f"load: replicas={n} agents={f['agents']}: {f['episodes_per_s']} ep/s, {f['calls_per_s']} calls/s, "
-            f"p50 {f['call_p50_s']} s p99 {f['call_p99_s']} s, errors {f['errors']}; events/s {ev}")  # fmt: skip
+    return (f"load: replicas={n} agents={f['agents']} open={f['open_episodes']:g}: {f['episodes_per_s']} ep/s, "
+            f"{f['calls_per_s']} calls/s, p50 {f['call_p50_s']} s p99 {f['call_p99_s']} s, begin p99 {f['begin_p99_s']} s, "
+            f"errors {f['errors']}; events/s {ev}; MiB {f['memory_mib']}")  # fmt: skip
 
 
 def targets(total: int, procs: list[str], team: int) -> dict[str, int]:
@@ -318,8 +247,15 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
         gateways = [_url(p.config) for p in procs if p.service == "gateway"]
         async with httpx.AsyncClient() as http:
             await wait_ready(js, http, [*engines.values(), *gateways], True, ledger_parts, sup)
+            assert server.proc is not None
+            probe = Probe(
+                js, http, {**sup.pids(), "nats": server.proc.pid}, engines, f"http://127.0.0.1:{mon}/varz"
+            )
             names = [f"load-{i}" for i in range(args.procs)]
-            files = AgentIds(AgentRegistry(server.conf_dir), server.service_url, swarm, run_dir).mint(names)
+            idle = probe.memory() | {"@nats_connections": await probe.connections()}
+            conns = {n: [f"{n}-c{j}" for j in range(args.clients_per_proc)] for n in names}
+            ids = AgentIds(AgentRegistry(server.conf_dir), server.service_url, swarm, run_dir)
+            files = ids.mint([c for cs in conns.values() for c in cs])
             control, recdir = work / "control.json", work / "records"
             recdir.mkdir(exist_ok=True)
             team = swarm.num_repeat(TASK)
@@ -328,10 +264,15 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
                         "--records", str(recdir / f"{name}.jsonl"), "--num-repeat", str(team),
                         "--calls", str(args.calls), "--max-tokens", str(args.max_tokens),
                         "--call-timeout-s", str(args.call_timeout_s), "--drain-s", str(args.drain_s),
-                        "--openai-retries", str(args.openai_retries)]  # fmt: skip
-                sup.spawn(name, argv, {"SWARMRL_CONNECT_FILE": str(files[name]), "PYTHONUNBUFFERED": "1"})
-            pids = {**sup.pids(), "nats": server.proc.pid, "bench": os.getpid()}  # type: ignore[union-attr]
-            probe = Probe(js, http, pids, engines, f"http://127.0.0.1:{mon}/varz")
+                        "--openai-retries", str(args.openai_retries), "--think-median-s", str(args.think_median_s),
+                        "--think-sigma", str(args.think_sigma), "--ramp-s", str(args.ramp_s)]  # fmt: skip
+                env = {
+                    "SWARMRL_CONNECT_FILES": json.dumps([str(files[c]) for c in conns[name]]),
+                    "PYTHONUNBUFFERED": "1",
+                }
+                sup.spawn(name, argv, env)
+            probe.procs = {**sup.pids(), "nats": server.proc.pid, "bench": os.getpid()}
+            pids = probe.procs
             rec = Records([recdir / f"{name}.jsonl" for name in names])
             deadline = time.monotonic() + 180
             while rec.ready < len(names):  # a load process takes seconds to import and connect
@@ -339,6 +280,8 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
                     raise RuntimeError(f"load processes not ready after 180 s or exited (logs in {logs})")
                 await asyncio.sleep(0.5)
                 rec.read()
+            await asyncio.sleep(5.0)  # the new connections settle
+            connected = probe.memory() | {"@nats_connections": await probe.connections()}
             stages: list[dict[str, Any]] = []
             stop_reason = "last stage"
             plan = [int(x) for x in args.stages.split(",") if int(x) <= args.max_agents]
@@ -353,7 +296,10 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
                     await asyncio.sleep(max(0.0, 1.0 - (time.time() % 1.0)))
                 await probe.sample()
                 rec.read()
-                f = figures({"agents": sum(tg.values())}, rec, probe, t0 + args.stage_s / 3, time.time())
+                stage = {"agents": sum(tg.values()), "think_median_s": args.think_median_s}
+                # thinking agents' first calls come a think after their begin: only the stage's last half is steady
+                since = args.stage_s / (2 if args.think_median_s > 0 else 3)
+                f = figures(stage, rec, probe, t0 + since, time.time())
                 f["signals"] = signals(f, cores)
                 f["sockets"] = probe.sockets([n for n in pids if n != "bench"])
                 f["caveat"] = caveat(f, cores)
@@ -382,6 +328,7 @@ async def run_one(n: int, args: argparse.Namespace, model: Path, work: Path) -> 
         server.stop()
     return {
         "replicas": n, "replicas_applied": applied, "pids": pids, "stages": stages,
+        "idle_memory_mib": idle, "connected_memory_mib": connected, "connections": len(files), "procs": len(names),
         "stop_reason": stop_reason, "first_bottleneck": first_bottleneck(stages),
         "agents_final": _sum(rec.finals), "pipeline_settled": settled, "ledger": ledger_counts(run_dir),
         "work_dir": str(work),

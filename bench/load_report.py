@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from load import Probe, Records
+    from load_probe import Probe, Records
 
 # -- a stage's figures and what they say ------------------------------------------------------------
 
@@ -101,6 +101,9 @@ def figures(stage: dict[str, Any], rec: Records, probe: Probe, a: float, b: floa
     errors = sum(not c[3] for c in calls) + sum(e[4] == "error" for e in eps)
     return {
         **stage, "window_s": round(dt, 1),
+        "open_episodes": open_episodes(rec, a, b), "open_episodes_end": open_episodes(rec, b, b),
+        "calls": len(ok_calls), "episodes": sum(e[4] == "ended" for e in eps),
+        "memory_mib": s1.get("memory", {}),
         "episodes_per_s": round(sum(e[4] == "ended" for e in eps) / dt, 2),
         "calls_per_s": round(len(ok_calls) / dt, 2),
         "call_p50_s": pct(lat, 0.5), "call_p99_s": pct(lat, 0.99),
@@ -110,6 +113,18 @@ def figures(stage: dict[str, Any], rec: Records, probe: Probe, a: float, b: floa
         "events_per_s": {k: round(v / span, 1) for k, v in sorted(events.items())},
         "lag": lag, "cpu_cores": cpu, "engines": engines, "nats_per_s": nats,
     }  # fmt: skip
+
+
+def open_episodes(rec: Records, a: float, b: float) -> float:
+    """Agents with an episode open, summed over the load processes: the mean over [a, b] of each
+    second's gauges (a == b: the last gauge of each process at `b`)."""
+    if a == b:
+        return float(sum(next((n for t, n in reversed(g) if t <= b), 0) for g in rec.gauges.values()))
+    per_proc = [
+        {int(t): n for t, n in g if a <= t <= b} for g in rec.gauges.values()
+    ]  # last gauge per second
+    seconds = set.intersection(*(set(d) for d in per_proc)) if per_proc else set()
+    return round(statistics.fmean(sum(d[sec] for d in per_proc) for sec in seconds), 1) if seconds else 0.0
 
 
 def signals(f: dict[str, Any], cores: int) -> list[str]:
@@ -226,15 +241,19 @@ def run_md(run: dict[str, Any]) -> list[str]:
     stages = run["stages"]
     lines = ["", f"## {run['replicas']} replica(s) of each service", "",
              f"Replicas applied: {run['replicas_applied']}. Ramp stopped: {run['stop_reason']}.", "",
-             "| agents | episodes/s | calls/s | call p50 s | call p99 s | begin p99 s | errors | events/s per replica "
-             "| engine queued / running | NATS msgs/s in+out |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]  # fmt: skip
+             "| agents | open episodes | episodes/s | calls/s | call p50 s | call p99 s | begin p50 s | begin p99 s "
+             "| errors | events/s per replica | engine queued / running | NATS msgs/s in+out | MiB per process |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |"]  # fmt: skip
     for s in stages:
         eng = "; ".join(f"{k} {e['queued_mean']} / {e['running_mean']}" for k, e in s["engines"].items())
         ev = "; ".join(f"{k} {v:g}" for k, v in s["events_per_s"].items())
         nm = s["nats_per_s"].get("in_msgs", 0) + s["nats_per_s"].get("out_msgs", 0)
-        lines.append(f"| {s['agents']} | {s['episodes_per_s']} | {s['calls_per_s']} | {s['call_p50_s']} | "
-                     f"{s['call_p99_s']} | {s['begin_p99_s']} | {s['errors']} | {ev} | {eng} | {nm:g} |")  # fmt: skip
+        mib = ", ".join(
+            f"{k} {v:.0f}" for k, v in s.get("memory_mib", {}).items() if not k.startswith("load-")
+        )
+        lines.append(f"| {s['agents']} | {s.get('open_episodes', '-')} | {s['episodes_per_s']} | {s['calls_per_s']} | "
+                     f"{s['call_p50_s']} | {s['call_p99_s']} | {s['begin_p50_s']} | {s['begin_p99_s']} | {s['errors']} | "
+                     f"{ev} | {eng} | {nm:g} | {mib} |")  # fmt: skip
     if stages:
         cols = sorted(stages[0]["cpu_cores"])
         lines += ["", "CPU in cores per process (`@machine_busy`: the whole machine; `@others`: what processes "
@@ -265,10 +284,17 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, torch {m['torch']}, {m['nats_server']}, {m['date']} "
         f"(load average {m['load_average']} at the end). Command: `{r['command']}`.",
         "",
-        f"Agents: {c['procs']} load processes, each one `SwarmClient` with its own NATS identity; an episode = "
-        f"begin (token from the gateway), {c['calls']} chat completions (max_tokens {c['max_tokens']}, the "
-        "embedded CPU engine on the tiny model), reward, end; no think time. No trainer. Stages of "
-        f"{c['stage_s']:g} s, figures over their last two thirds. Latency: a call as the agent sees it, through "
+        f"Agents: {c['procs']} load processes, each {c['clients_per_proc']} `SwarmClient` connection(s), each "
+        f"with its own NATS identity; an episode = begin (token from the gateway), {c['calls']} chat completions "
+        f"(max_tokens {c['max_tokens']}, the embedded CPU engine on the tiny model), reward, end; "
+        + (
+            f"before each call a think time, lognormal with median {c['think_median_s']:g} s (sigma "
+            f"{c['think_sigma']:g}), new agents beginning over {c['ramp_s']:g} s. "
+            if c["think_median_s"] > 0
+            else "no think time. "
+        )
+        + "No trainer. Stages of "
+        f"{c['stage_s']:g} s, figures over their last {'half' if c['think_median_s'] > 0 else 'two thirds'}. Latency: a call as the agent sees it, through "
         "the gateway (engine included); begin: token request and `begin` published. Events/s: deltas of each "
         "replica's JetStream consumers' delivered counts (the ledger's over every stream it reads). CPU from "
         "/proc, in cores (1.0 = one core busy).",
@@ -287,6 +313,11 @@ def write_md(r: dict[str, Any], path: Path) -> None:
                          f"{run['stop_reason']} | {first} |")  # fmt: skip
     for run in r["runs"]:
         lines += run_md(run)
+    if c["think_median_s"] > 0:
+        from load_crowd import crowd_md
+
+        path.write_text("\n".join(lines + crowd_md(r)) + "\n")
+        return
     lines += ["", f"## {c['paper_agents']:,} agents, on paper", "",
               f"From the best stage of {p.get('from', '-')}; an agent assumed to call every "
               f"{c['paper_call_interval_s']:g} s. A service's capacity per process = its measured rate / its measured "
@@ -299,11 +330,15 @@ def write_md(r: dict[str, Any], path: Path) -> None:
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, command: str) -> dict[str, Any]:
     """load.json's content: the command, the machine, every flag, the runs and the paper sizing."""
     from benchutil import machine
+    from load_crowd import memory_figures, paper_crowd
 
+    if args.think_median_s > 0:
+        for run in runs:
+            run["memory"] = memory_figures(run)
     return {
         "benchmark": "load", "command": command,
         "machine": machine(), "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "runs": runs, "paper": paper(runs, args),
+        "runs": runs, "paper": paper_crowd(runs, args) if args.think_median_s > 0 else paper(runs, args),
     }  # fmt: skip
 
 

@@ -112,6 +112,8 @@ class NatsServer:
     default: `<store>/conf`."""
     extra_args: list[str] = field(default_factory=list)
     """More nats-server flags, which override the config file (a cluster node's ports and routes)."""
+    host: str = "127.0.0.1"
+    """Address the client port listens on and URLs name (a host's own address for other hosts to reach)."""
 
     def __post_init__(self) -> None:
         self.store_dir = Path(self.store_dir)
@@ -122,7 +124,7 @@ class NatsServer:
 
     def url(self, role: str = OPERATOR) -> str:
         """The URL of user `role`: the operator (`service`), `sys` or a service role (`gateway`, ...)."""
-        return f"nats://{role}:{self.passwords[role]}@127.0.0.1:{self.port}"
+        return f"nats://{role}:{self.passwords[role]}@{self.host}:{self.port}"
 
     @property
     def role_urls(self) -> dict[str, str]:
@@ -148,7 +150,7 @@ class NatsServer:
     @property
     def plain_url(self) -> str:
         """The server's URL without credentials (what agents' connect files carry)."""
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     @property
     def conf_dir(self) -> Path:
@@ -227,7 +229,7 @@ class NatsServer:
         conf = self._write_conf()
         cmd = [
             nats_server_binary(), "-c", str(conf), "-P", str(self.pid_file), "-p", str(self.port),
-            "-a", "127.0.0.1", "-sd", str(self.store_dir), "-l", str(log), *self.extra_args,
+            "-a", self.host, "-sd", str(self.store_dir), "-l", str(log), *self.extra_args,
         ]  # fmt: skip
         offset = log.stat().st_size if log.exists() else 0
         with open(self.store_dir / "nats-server.stderr", "ab") as err:

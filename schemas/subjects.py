@@ -77,6 +77,8 @@ TOKEN_PREFIX = "swarm.auth.token"  # swarm.auth.token.<owner>: the gateway mints
 TOKEN_REQUESTS = f"{TOKEN_PREFIX}.*"
 LLM_PREFIX = "swarm.llm"  # swarm.llm.<model>: chat completion over NATS request/reply
 CONTROL_PREFIX = "swarm.ctl"  # swarm.ctl.<verb>: operator control; never open to agents
+LEDGER_QUERY = f"{CONTROL_PREFIX}.query"  # SQL to a ledger, answered from its files (ledger/remote.py)
+MICRO_PREFIX = "$SRV"  # nats.micro's discovery and stats subjects (PING, INFO, STATS) of every service
 ACT_PREFIX = "swarm.act"  # swarm.act.<owner>: an agent's actions (ActionRequest -> ActionResult)
 ACT_REQUESTS = f"{ACT_PREFIX}.*"
 GATEWAY_CALLS = "swarm.gw.calls"  # the gateways' tallies of the calls each served (services/gateway/calls.py)
@@ -98,6 +100,8 @@ LEASES_BUCKET = "swarm-leases"
 GROUPS_BUCKET = "swarm-groups"  # the gateways' admitted groups and task activity (services/gateway/groups.py)
 """Replicas' partition leases and presence (`services/common/leases.py`): `<service>.lease.<p>` and
 `<service>.member.<replica>`, each expiring unless its holder renews it (the bucket's TTL)."""
+WEIGHTS_BUCKET = "swarm-weights"
+"""Object store: each version's served files, for engines on other hosts (`services/common/objects.py`)."""
 CLIENTS_BUCKET = "swarm-clients"  # key: a client's owner name, value: ClientState (msgpack)
 """Where each client keeps its place (e.g. its position in its task stream) across restarts. An agent
 reaches only its own key, through NATS's own KV subjects (`client_state_subjects`): the services
@@ -280,12 +284,22 @@ def _kv_read(bucket: str) -> list[str]:
             f"{JS_API}.STREAM.MSG.GET.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}", *_consumer_api(stream, "*")]  # fmt: skip
 
 
+def _obj_read(bucket: str) -> list[str]:
+    """Read the objects of object store `bucket`: their metadata (a stream get of the last message per
+    subject) and their chunks (an ordered push consumer, with flow control; nats-py finds its stream
+    by subject, `STREAM.NAMES`)."""
+    stream = f"OBJ_{bucket}"
+    return [f"{JS_API}.STREAM.NAMES", f"{JS_API}.STREAM.MSG.GET.{stream}", f"{JS_API}.DIRECT.GET.{stream}",
+            f"{JS_API}.DIRECT.GET.{stream}.>", f"{JS_API}.CONSUMER.CREATE.{stream}", *_consumer_api(stream, "*")]  # fmt: skip
+
+
 def service_permissions(role: str) -> dict[str, object]:
     """NATS permissions of service role `role`: the subjects it publishes and reads and the JetStream
     calls it makes on its own consumers, nothing else. No role may create, change or delete a stream
     (the operator's `service` user sets them up), read another role's consumer, or write where it
     does not: only the merger writes samples, only the gateway writes `llm` events, only trainers
-    write model versions, the ledger and the tracker publish nothing but their own dead letters."""
+    write model versions, the ledger and the tracker publish nothing but their own dead letters (and the
+    ledger its answers to `LEDGER_QUERY`)."""
     if role not in SERVICE_ROLES:
         raise ValueError(f"unknown service role {role!r}; expected one of {SERVICE_ROLES}")
     pub = [f"{JS_API}.INFO", f"{JS_API}.STREAM.INFO.*", dlq_subject(role)]
@@ -301,7 +315,7 @@ def service_permissions(role: str) -> dict[str, object]:
         sub += [GATEWAY_CALLS]
         responds = True
     elif role == "engine":
-        pub += _kv_read(MODELS_BUCKET)
+        pub += [*_kv_read(MODELS_BUCKET), *_obj_read(WEIGHTS_BUCKET)]
     elif role == "merger":
         pub += [f"{SAMPLES_PREFIX}.>", MERGE_METRICS_SUBJECT, f"$KV.{LEASES_BUCKET}.merger.>"]
         pub += [*_consumer_api(EPISODE_PARTS_STREAM, "*"), *_kv_read(LEASES_BUCKET)]
@@ -309,12 +323,20 @@ def service_permissions(role: str) -> dict[str, object]:
     elif role == "trainer":
         pub += [f"{METRICS_PREFIX}.train.*", f"{METRICS_PREFIX}.drops.*", f"$KV.{MODELS_BUCKET}.*"]
         pub += [*_kv_read(MODELS_BUCKET), *_consumer_api(SAMPLES_STREAM, "*")]
+        # a version's files into the object store (chunks, then metadata), and old versions purged
+        pub += [
+            f"$O.{WEIGHTS_BUCKET}.>",
+            *_obj_read(WEIGHTS_BUCKET),
+            f"{JS_API}.STREAM.PURGE.OBJ_{WEIGHTS_BUCKET}",
+        ]
     elif role == "ledger":
         for stream in STREAM_SUBJECTS:
             pub += _consumer_api(stream, durable_name("ledger", stream))
         # replicas: partitions of LEDGER_PARTS by lease
         pub += [*_consumer_api(LEDGER_PARTS_STREAM, "*"), f"{JS_API}.CONSUMER.LIST.{LEDGER_PARTS_STREAM}"]
         pub += [f"$KV.{LEASES_BUCKET}.ledger.>", *_kv_read(LEASES_BUCKET)]
+        sub += [LEDGER_QUERY, f"{MICRO_PREFIX}.>"]  # SQL over NATS, as a nats.micro service
+        responds = True
     elif role == "tracker":
         pub += _consumer_api(METRICS_STREAM, durable_name("tracker", METRICS_STREAM))
     elif role == "actions":

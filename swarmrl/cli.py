@@ -8,7 +8,8 @@ swarmrl clients restart TASK   replace a task's client processes in a running sw
 swarmrl credentials mint NAME  give an agent client its own NATS identity (revoke, list: also live)
 swarmrl serve NAME         run one service alone (gateway, engine, merger, trainer, ledger, tracker,
                            actions, action-worker); `--config swarm.toml [--model M]` configures it as `up` would
-swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run)
+swarmrl setup              create the streams and buckets on NATS servers you run yourself (`up` does it itself)
+swarmrl query "SQL"        query a run's ledger with DuckDB (default: the latest run; --remote: over NATS)
 swarmrl export RUN --model M --to DIR   a run's trained model as an HF model directory
 swarmrl research STUDY.toml    run a study (arms x seeds of swarm runs), resumable; statistics and a report
 swarmrl bootstrap-model    build the tiny offline model used on CPU
@@ -32,6 +33,7 @@ VERBS = {
     "clients": ("swarmrl.clients", "main"),
     "status": ("swarmrl.clients", "status"),
     "credentials": ("swarmrl.credentials", "main"),
+    "setup": ("swarmrl.setup", "main"),
     "query": ("swarmrl.services.ledger.query", "main"),
     "research": ("swarmrl.research.cli", "main"),
     "export": ("swarmrl.export", "main"),

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client as NATS
@@ -23,6 +24,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -72,21 +74,53 @@ ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
 """On a truncated dead letter: the hex SHA-256 of the original payload."""
 
 
+PING_INTERVAL_S = 5.0
+MAX_OUTSTANDING_PINGS = 3
+"""A connection with this many pings unanswered (each `PING_INTERVAL_S` apart) is dead and replaced
+(nats-py's defaults: 2 minutes, 2). A network cut leaves TCP connections open but silent, and once
+it heals their retransmissions back off up to tens of seconds more: with the defaults a service cut
+off for 30 s took 25-30 s after the heal to be heard again (`bench/results/partitions.md`); a
+connection found dead during the cut is made again at once after it."""
+
+
 async def connect(url: str, name: str) -> NATS:
-    """Connect with reconnects forever: a broker restart pauses a service, it never kills it."""
+    """Connect with reconnects forever: a broker restart pauses a service, it never kills it; a
+    connection silent for `MAX_OUTSTANDING_PINGS` pings is replaced. The user and password of `url`
+    go as options, for every server (`split_credentials`)."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
 
+    servers, (user, password) = split_credentials(url)
     nc = NATS()
     await nc.connect(
-        servers=[u.strip() for u in url.split(",")],
+        servers=servers,
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,  # type: ignore[arg-type]  # seconds: nats-py annotates int, sleeps any number
+        ping_interval=PING_INTERVAL_S,  # type: ignore[arg-type]
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         error_cb=on_error,
+        user=user,
+        password=password,
     )
     return nc
+
+
+def split_credentials(url: str) -> tuple[list[str], tuple[str | None, str | None]]:
+    """The servers of `url` (comma-separated) without credentials, and the one user and password they
+    carry, for `nats.connect`'s options (None, None: none, or not the same in all). A cluster's servers tell a client of each other (INFO
+    `connect_urls`), and nats-py adds each to its pool unless one with the same `user:pw@host:port`
+    is there: given in the URLs, the credentials made every node a second, credential-less entry, and
+    a reconnect to one of those failed with `Authorization Violation`. URLs with different users
+    pass as they are."""
+    parts = [urlsplit(u.strip()) for u in url.split(",") if u.strip()]
+    users = {(p.username, p.password) for p in parts}
+    if len(users) != 1 or None in next(iter(users)):
+        return [u.strip() for u in url.split(",") if u.strip()], (None, None)
+    user, password = next(iter(users))
+    bare = [urlunsplit(p._replace(netloc=p.netloc.rsplit("@", 1)[-1])) for p in parts]
+    return bare, (unquote(user or ""), unquote(password or ""))
 
 
 async def close(nc: NATS, drain: bool = False) -> None:
@@ -142,6 +176,7 @@ async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     await _ensure_bucket(js, S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
     await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
     await _ensure_bucket(js, S.GROUPS_BUCKET, history=1, ttl=GROUPS_TTL_S, replicas=replicas)
+    await _ensure_object_store(js, S.WEIGHTS_BUCKET, replicas)
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:
@@ -150,6 +185,14 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> No
         await js.key_value(bucket)
     except NotFoundError:
         await js.create_key_value(bucket=bucket, **config)
+
+
+async def _ensure_object_store(js: JetStreamContext, bucket: str, replicas: int) -> None:
+    """Create object store `bucket` unless it exists (empty until a trainer shares its weights)."""
+    try:
+        await js.object_store(bucket)
+    except NotFoundError:
+        await js.create_object_store(bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas))
 
 
 GROUPS_TTL_S = 3600.0

@@ -19,7 +19,7 @@ import nats.js.errors
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
     stop_any,
@@ -38,6 +38,17 @@ TRANSIENT = (
     nats.js.errors.ServiceUnavailableError,
 )
 """NATS failures that pass; anything else (a rejected publish, a bug) propagates."""
+DUPLICATE_IN_PROCESS = 10158
+"""JetStream's `duplicate message id is in process` (409): an earlier try of the same publish (same
+`Nats-Msg-Id`) is still being stored, as after a publish whose ack timed out while the stream's leader
+was out of reach (`bench/results/partitions.md`). It passes too: trying again gets that one's ack, or
+stores the message if the earlier try failed."""
+
+
+def passes(exc: BaseException, transient: tuple[type[BaseException], ...] = TRANSIENT) -> bool:
+    """Whether `exc` is a failure worth trying again: one of `transient`, or a publish still in process."""
+    in_process = isinstance(exc, nats.js.errors.APIError) and exc.err_code == DUPLICATE_IN_PROCESS
+    return isinstance(exc, transient) or in_process
 
 
 T = TypeVar("T")
@@ -58,10 +69,10 @@ async def backoff(
     max_s: float = 2.0,
     what: str = "",
 ) -> T:
-    """Await `action()` and return what it returns; on a `transient` failure wait (`first_s`,
-    doubling up to `max_s`) and try again, until `seconds` have passed, `tries` attempts were made or
-    `stop` is set (none of them: forever). Then the last failure propagates. `what`: each retry is
-    logged as a warning naming it."""
+    """Await `action()` and return what it returns; on a `transient` failure (or a publish still in
+    process, `DUPLICATE_IN_PROCESS`) wait (`first_s`, doubling up to `max_s`) and try again, until
+    `seconds` have passed, `tries` attempts were made or `stop` is set (none of them: forever). Then
+    the last failure propagates. `what`: each retry is logged as a warning naming it."""
     ends: list[stop_base] = [stop_after_delay(seconds)] if seconds is not None else []
     ends += [stop_after_attempt(tries)] if tries is not None else []
     ends += [stop_when_event_set(stop)] if stop is not None else []  # type: ignore[arg-type]  # is_set() alike
@@ -72,7 +83,7 @@ async def backoff(
         log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
 
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(transient),
+        retry=retry_if_exception(lambda exc: passes(exc, transient)),
         stop=stop_any(*ends),
         wait=wait_exponential(multiplier=first_s, max=max_s),
         before_sleep=log_retry if what else None,
@@ -89,5 +100,7 @@ async def retry(stop: asyncio.Event, action: Callable[..., Awaitable[T]], *args:
     call = functools.partial(action, *args, **kwargs)
     try:
         return await backoff(call, stop=stop, max_s=5.0, what=getattr(action, "__name__", repr(action)))
-    except TRANSIENT as exc:  # re-raised only once the stop was requested
-        raise Stopping from exc
+    except Exception as exc:
+        if passes(exc):  # re-raised only once the stop was requested
+            raise Stopping from exc
+        raise

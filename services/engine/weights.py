@@ -25,6 +25,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from swarmrl.schemas import ModelVersion, WireError, decode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.objects import WeightsUnavailable, local_weights
 from swarmrl.services.engine.client import EngineClient, EngineError, parse_weight_version
 
 log = logging.getLogger("swarmrl.engine.weights")
@@ -80,9 +81,10 @@ class WeightWatcher:
 
     async def _reload(self, target: ModelVersion) -> None:
         """One reload attempt; on failure, schedule the next one (or give up on a refused version)."""
-        try:
-            await self.engine.update_weights_from_disk(target.path, target.version)
-        except EngineError as exc:
+        try:  # a version trained on another host: fetched from the object store first
+            path = await local_weights(self.js, self.model, target)
+            await self.engine.update_weights_from_disk(path, target.version)
+        except (EngineError, WeightsUnavailable) as exc:
             self.counts["reload_error"] += 1
             self._failures += 1
             self._refusals += int(400 <= exc.status < 500)
@@ -105,7 +107,7 @@ class WeightWatcher:
             return
         self.applied, self._pending = target.version, None
         self.counts["reloaded"] += 1
-        log.info("engine reloaded %s v%d from %s", self.model, target.version, target.path)
+        log.info("engine reloaded %s v%d from %s", self.model, target.version, path)
 
     async def _consider(self, entry: KeyValue.Entry) -> None:
         """Decode one KV entry; keep it as the pending target if it is newer than anything seen."""

@@ -32,6 +32,7 @@ from swarmrl.schemas import LlmEvent, TokenReply, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
+from swarmrl.services.common.retry import backoff
 from swarmrl.services.common.tasks import on_signals
 from swarmrl.services.gateway.admission import Admission
 from swarmrl.services.gateway.app import create_app
@@ -135,6 +136,12 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     return handles
 
 
+LLM_PUBLISH_S = 60.0
+"""How long a completion retries its llm event's publish before the call fails: long enough to ride
+out a partition of tens of seconds (`bench/results/partitions.md`), well inside the EPISODES duplicate
+window (`bus.DUPLICATE_WINDOW_S`, 120 s), so a retried publish is never stored twice."""
+
+
 class GatewayService:
     def __init__(self, cfg: GatewayConfig, nc: NATS, models: dict[str, ModelHandle]) -> None:
         self.cfg, self.nc, self.js = cfg, nc, nc.jetstream()
@@ -167,9 +174,11 @@ class GatewayService:
         self.calls = SharedCalls(nc, self.limits, self.admission.groups.gateway)
 
     async def publish_llm(self, event: LlmEvent) -> None:
-        await self.js.publish(
-            S.episode_subject(event.episode_id, "llm"), encode(event), headers={"Nats-Msg-Id": event.msg_id}
-        )
+        """Publish a call's llm event durably, retried through NATS failures for `LLM_PUBLISH_S` (the
+        call waits): a node cut off from the stream's leader fails a publish until the network heals."""
+        subject, headers = S.episode_subject(event.episode_id, "llm"), {"Nats-Msg-Id": event.msg_id}
+        payload = encode(event)
+        await backoff(lambda: self.js.publish(subject, payload, headers=headers), seconds=LLM_PUBLISH_S)
 
     async def on_token(self, msg: Msg) -> None:
         try:

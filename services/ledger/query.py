@@ -1,7 +1,8 @@
 """`swarmrl query "SQL"`: run SQL with DuckDB over a run's ledger and print the result.
 
 Reads the Parquet files the ledger wrote under `<run_dir>/ledger/`; needs no NATS and no running
-service. `connect(run_dir)` gives the same views to Python code (report writer, tests, notebooks).
+service. `--remote` asks a running ledger over NATS instead, which answers from its own files (a
+ledger on another host: `services/ledger/remote.py`). `connect(run_dir)` gives the same views to Python code (report writer, tests, notebooks).
 Without a run dir it reads `$SWARMRL_RUN_DIR`, else the latest run (`swarmrl.core.rundir.latest_run_dir`:
 `./runs/latest`, else the run recorded in `$SWARMRL_HOME/latest-run`), so it works from any directory.
 
@@ -171,7 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--width", type=int, default=0, help="table format: cut cells to this many characters (0 = never)"
     )
+    parser.add_argument(
+        "--remote",
+        action="store_true",
+        help="ask the swarm's ledger over NATS ($SWARMRL_NATS, the operator's URL) instead of reading a run "
+        "directory on this machine: for a ledger on another host (services/ledger/remote.py)",
+    )
     args = parser.parse_args(argv)
+    if args.remote:
+        return _remote(args)
     try:
         run_dir = args.run_dir if args.run_dir is not None else default_run_dir()
         con = connect(run_dir)
@@ -190,6 +199,28 @@ def main(argv: list[str] | None = None) -> int:
     with _quiet_broken_pipe():
         # name the run in the caption when it was found rather than given: which "latest" it was
         _print(columns, rows, args.format, args.width, "" if args.run_dir is not None else str(run_dir))
+        sys.stdout.flush()
+    return 0
+
+
+def _remote(args: argparse.Namespace) -> int:
+    """`--remote`: the query answered by the ledger over NATS, printed as a local one."""
+    import asyncio
+
+    from swarmrl.services.ledger.remote import ask
+
+    url = os.environ.get("SWARMRL_NATS", "")
+    if not url:
+        print("swarmrl query --remote: no $SWARMRL_NATS (the operator's URL, nats://service:PASSWORD@host:4222)",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    reply = asyncio.run(ask(url, args.sql))
+    if not reply.get("ok"):
+        print(f"swarmrl query --remote: {reply.get('error')}", file=sys.stderr)
+        return 1
+    with _quiet_broken_pipe():
+        rows = [tuple(r) for r in reply["rows"]]
+        _print(list(reply["columns"]), rows, args.format, args.width, f"{reply.get('run_dir', '')} (remote)")
         sys.stdout.flush()
     return 0
 

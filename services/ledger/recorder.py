@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -114,13 +115,22 @@ class Recorder:
         """Buffer, skip or dead-letter each message, in order. False: stopped at a message that could
         not be dead-lettered while stopping (it and the rest are left unacked, for redelivery)."""
         sink = self.sink
-        for msg in msgs:  # one plain loop: no coroutine per message, awaits only for the rare cases
+        queue = deque(msgs)
+        while queue or sink.last_seq + 1 in sink.early:  # plain: no coroutine per message
+            held = sink.early.pop(sink.last_seq + 1, None)  # next in order, if it came early
+            msg = held if held is not None else queue.popleft()
             # nats-py raises NotJSMessageError for a non-JetStream one
             seq = bus.source_seq(msg) if sink.sourced else msg.metadata.sequence.stream
             if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
                 self.counts["redelivered"] += 1
                 if seq <= sink.durable_seq:
                     await self._ack(msg)
+                continue
+            if not sink.sourced and sink.last_seq and seq > sink.last_seq + 1:
+                # An earlier fetch's reply is late or was lost (a partition): acking past the gap would
+                # ack the missing messages unwritten (cumulative acks). Hold this one until they come.
+                self.counts["held_for_order"] += 1
+                sink.early[seq] = msg
                 continue
             try:
                 table, row = self.to_row(msg, seq)

@@ -21,6 +21,11 @@ of episodes begun before the restart are still accepted. A flush cut halfway (se
 deleted by `PartWriter.prepare`. A message dead-lettered just before a crash is dead-lettered again
 after it; the DLQ publish carries a Nats-Msg-Id, so JetStream drops that copy within its window.
 
+A reply to a fetch can come late or not at all (a network partition between the ledger and the
+consumer's leader) while the next fetch's messages arrive: a message past a gap in the sequence is
+held (`StreamSink.early`) until the missing ones come, late or redelivered after `ack_wait_s`, so no
+cumulative ack ever covers a message that was not written.
+
 Each consumer is one `Recorder` (`recorder.py`): fetch -> rows -> flush when due -> ack what is
 durable. Replicas (`--replica`): the same per partition of LEDGER_PARTS, held by lease (`_own`).
 """
@@ -54,6 +59,7 @@ from swarmrl.services.common.tasks import Loops
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest
 from swarmrl.services.ledger.recorder import Recorder
+from swarmrl.services.ledger.remote import QueryService
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES
@@ -297,6 +303,8 @@ async def run(cfg: LedgerConfig) -> None:
     log.info("ledger at niceness %s", lower_priority(cfg.nice))  # before the writer threads start
     ledger = Ledger(cfg)
     await ledger.start()
+    assert ledger.nc is not None
+    queries = await QueryService.start(ledger.nc, cfg.run_dir)  # SQL over NATS (`swarmrl query --remote`)
     # What start loaded (pyarrow, duckdb, nats) lives as long as the process: keep it out of the
     # collector's full passes, which otherwise walk it again every few thousand messages.
     gc.freeze()
@@ -313,6 +321,7 @@ async def run(cfg: LedgerConfig) -> None:
     try:
         await ledger.wait()
     finally:
+        await queries.stop()
         await ledger.stop()
         gc.set_threshold(*threshold)
         gc.unfreeze()  # frozen objects are never freed: nanobind (duckdb) would report them as leaks

@@ -39,6 +39,9 @@ class StreamSink:
     """Every message up to this sequence is handled: buffered, on disk or dead-lettered."""
     last: Msg | None = None
     """The message at `last_seq` if not yet acked (its ack acks everything before it)."""
+    early: dict[int, Msg] = field(default_factory=dict)
+    """Not sourced: messages that came before one they follow (a fetch's reply late or lost in the
+    network), held by sequence until the gap is filled (by the late reply, or its redelivery)."""
     writing: asyncio.Task[None] | None = None
     """The write of the previous buffers, while in progress."""
     buffers: dict[str, TableBuffer] = field(default_factory=dict)

@@ -126,6 +126,12 @@ class TrainerSettings(Settings):
     More than 1 learns more from each sample, at that many times the trainer's compute per step."""
     keep_checkpoints: int = Field(default=3, ge=1)
     """Checkpoints kept on disk (older ones are deleted; engines get time to load the newest)."""
+    share_weights: bool = False
+    """Also put every version's served files (weights, config, tokenizer) into NATS's object store
+    (bucket `swarm-weights`, the newest 3 versions kept) before naming it in KV, for engines on hosts
+    that cannot read `run_dir`: such an engine fetches the version from there into its own
+    `$SWARMRL_HOME/weights/` (`services/common/objects.py`; `infra/multihost.md`). Off, every engine
+    must see the checkpoint paths this trainer puts in KV."""
     optimizer_state_every: int = Field(default=0, ge=0)
     """Steps between saves of the optimizer state beside a checkpoint's weights (step 0 included).
     0: every step while the trained weights are under 100M parameters (an adapter, a tiny model),

@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from swarmrl.schemas import ModelVersion, SampleDrops, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.objects import WeightStore
 from swarmrl.services.common.retry import retry
 from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
@@ -93,8 +94,9 @@ class Trainer:
         kv: KeyValue,
         sub: JetStreamContext.PullSubscription,
         stopping: asyncio.Event | None = None,
+        weights: WeightStore | None = None,
     ) -> None:
-        self.cfg, self.learner, self.checkpoint = cfg, learner, checkpoint
+        self.cfg, self.learner, self.checkpoint, self.weights = cfg, learner, checkpoint, weights
         self.nc, self.js, self.kv, self.sub = nc, nc.jetstream(), kv, sub
         self.root = checkpoint_root(cfg.run_dir, cfg.model).resolve()
         self.base = Path(cfg.model_path).resolve()
@@ -136,7 +138,8 @@ class Trainer:
             subjects = [S.samples_subject(cfg.model), S.lost_subject(cfg.model)]  # one consumer: stream order
             durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
             sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subjects, ack_wait_s=cfg.ack_wait_s)
-            return cls(cfg, learner, checkpoint, nc, await bus.models_kv(js), sub, stopping)
+            weights = await WeightStore.open(js, cfg.model) if cfg.share_weights else None
+            return cls(cfg, learner, checkpoint, nc, await bus.models_kv(js), sub, stopping, weights)
         except BaseException:
             await bus.close(nc)
             raise
@@ -335,6 +338,8 @@ class Trainer:
         """Point engines at `path`: only ever weights `Learner.check_weights` passed (on load or in
         `save`), so no KV version names non-finite weights."""
         mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
+        if self.weights is not None:  # first the files, for engines on other hosts (`share_weights`)
+            await retry(self.stopping, self.weights.put, mv.version, path)
         await retry(self.stopping, self.kv.put, self.cfg.model, encode(mv))
         log.info(
             "model=%s version=%d path=%s put in KV %s", self.cfg.model, mv.version, mv.path, S.MODELS_BUCKET

@@ -44,6 +44,11 @@ PUBLISH = [
     ("ledger", S.dlq_subject("merger"), False),
     ("tracker", S.train_metrics_subject("policy"), False),
     ("trainer", S.train_metrics_subject("policy"), True),
+    # Only trainers put weights into the object store; engines read them.
+    ("trainer", f"$O.{S.WEIGHTS_BUCKET}.C.x", True),
+    ("engine", f"$O.{S.WEIGHTS_BUCKET}.C.x", False),
+    ("gateway", f"$O.{S.WEIGHTS_BUCKET}.M.x", False),
+    ("engine", f"$JS.API.STREAM.PURGE.OBJ_{S.WEIGHTS_BUCKET}", False),
     ("merger", S.MERGE_METRICS_SUBJECT, True),
     # Actions: the scheduler releases work, workers only report it done.
     ("actions", S.action_run_subject("python"), True),

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import nats.errors
+import nats.js.errors
 import pytest
 
-from swarmrl.services.common.retry import Stopping, backoff, retry
+from swarmrl.services.common.retry import DUPLICATE_IN_PROCESS, Stopping, backoff, retry
 
 
 async def test_transient_failures_are_retried_until_the_action_succeeds() -> None:
@@ -77,3 +78,24 @@ async def test_backoff_gives_up_after_its_seconds_and_returns_what_the_action_re
         return "ok"
 
     assert await backoff(up, tries=1) == "ok"
+
+
+async def test_a_publish_still_in_process_is_tried_again_and_other_api_errors_are_not() -> None:
+    calls: list[int] = []
+
+    async def publish() -> str:
+        calls.append(1)
+        if len(calls) < 3:  # the earlier try's ack timed out; it is still being stored
+            raise nats.js.errors.APIError(
+                code=409, err_code=DUPLICATE_IN_PROCESS, description="duplicate message id is in process"
+            )
+        return "ack"
+
+    assert await backoff(publish, seconds=10) == "ack" and len(calls) == 3
+    assert await retry(asyncio.Event(), publish) == "ack"
+
+    async def refused() -> None:
+        raise nats.js.errors.APIError(code=400, err_code=10060, description="stream not found")
+
+    with pytest.raises(nats.js.errors.APIError):
+        await backoff(refused, seconds=10)

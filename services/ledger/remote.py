@@ -1,0 +1,149 @@
+"""SQL over NATS: a ledger answers queries from its own Parquet files, so no other host needs them.
+
+Served by every ledger process as the `nats.micro` service `swarmrl-ledger` on `swarm.ctl.query`
+(`S.LEDGER_QUERY`; a control subject: the operator's credentials only, agents never reach it), in
+the queue group of the ledger replicas: one of them answers. `swarmrl query --remote "SQL"` is the
+client (`ask`).
+
+    request  {"sql": "SELECT status, count(*) FROM episodes GROUP BY status"}
+    reply    {"ok": true, "columns": ["status", "count_star()"], "rows": [["ok", 12]], "run_dir": "..."}
+             {"ok": false, "error": "..."}
+
+A query runs in a thread on its own DuckDB connection (`views.register_views`) that may read nothing
+but the run's ledger directory (`enable_external_access` off, `allowed_directories`, locked), and
+only one statement of a reading kind (`SELECT`, `DESCRIBE`, `SHOW`, `EXPLAIN`...: no `COPY`, no
+`ATTACH`, no `INSTALL`). It is interrupted after `QUERY_TIMEOUT_S`; a reply larger than
+`MAX_REPLY_BYTES` is refused (with its size: add a LIMIT). Bytes travel as base64, other values as
+JSON or their text. Ledger replicas on different hosts each hold only their partitions' files:
+this answers from the replica that takes the request, so keep a swarm's ledgers on one host (as
+`infra/multihost.md` does) to query them whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from swarmrl.schemas import subjects as S
+from swarmrl.services.ledger.store import ledger_dir
+from swarmrl.services.ledger.views import register_views
+
+log = logging.getLogger("swarmrl.ledger")
+
+SERVICE_NAME = "swarmrl-ledger"
+QUERY_TIMEOUT_S = 60.0
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+"""Half the largest NATS message the bundled servers take (8 MB)."""
+READING = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return str(value)
+
+
+def run_query(run_dir: Path, sql: str, timeout_s: float = QUERY_TIMEOUT_S) -> dict[str, Any]:
+    """The reply to `sql` over `run_dir`'s ledger (the module docstring): pure DuckDB, no NATS."""
+    con = duckdb.connect()
+    try:
+        register_views(con, run_dir)
+        roots = {str(ledger_dir(run_dir)), str(ledger_dir(run_dir).resolve())}  # as the views name it
+        quoted = ", ".join("'" + r.replace("'", "''") + "'" for r in sorted(roots))
+        con.execute(f"SET allowed_directories = [{quoted}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        statements = con.extract_statements(sql)
+        kinds = [s.type for s in statements]
+        if len(statements) != 1 or kinds[0] not in READING:
+            return {
+                "ok": False,
+                "error": f"one reading statement (SELECT, DESCRIBE, SHOW, EXPLAIN) per query, not {[k.name for k in kinds]}",
+            }
+        timer = threading.Timer(timeout_s, con.interrupt)
+        timer.start()
+        try:
+            result = con.execute(sql)
+            columns = [d[0] for d in result.description] if result.description else []
+            rows = result.fetchall() if columns else []
+        finally:
+            timer.cancel()
+    except duckdb.Error as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        con.close()
+    return {"ok": True, "columns": columns, "rows": [list(r) for r in rows], "run_dir": str(run_dir)}
+
+
+def encode_reply(reply: dict[str, Any]) -> bytes:
+    data = json.dumps(reply, default=_jsonable).encode()
+    if len(data) > MAX_REPLY_BYTES:
+        rows = len(reply.get("rows", []))
+        return json.dumps({"ok": False, "error": f"result of {rows} rows is {len(data)} bytes, more than "
+                           f"{MAX_REPLY_BYTES}: add a LIMIT or select fewer columns"}).encode()  # fmt: skip
+    return data
+
+
+class QueryService:
+    """The `nats.micro` service of one ledger process: `await QueryService.start(nc, run_dir)`, `stop()`."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    @classmethod
+    async def start(cls, nc: Any, run_dir: Path) -> QueryService:
+        from nats import micro
+
+        service = await micro.add_service(
+            nc, name=SERVICE_NAME, version="1.0.0", description="SQL over the ledger's Parquet files",
+            metadata={"run_dir": str(run_dir)},
+        )  # fmt: skip
+
+        async def handle(req: Any) -> None:
+            try:
+                sql = str(json.loads(req.data or b"{}")["sql"])
+            except (ValueError, KeyError, TypeError) as exc:
+                await req.respond(
+                    json.dumps({"ok": False, "error": f'request must be {{"sql": ...}}: {exc!r}'}).encode()
+                )
+                return
+            reply = await asyncio.to_thread(run_query, run_dir, sql)
+            log.info("subject=%s query answered ok=%s: %.200s", S.LEDGER_QUERY, reply["ok"], sql)
+            await req.respond(encode_reply(reply))
+
+        await service.add_endpoint(name="query", subject=S.LEDGER_QUERY, handler=handle)
+        return cls(service)
+
+    async def stop(self) -> None:
+        try:
+            await self.service.stop()
+        except Exception as exc:  # the connection may be gone already: the ledger's stop goes on
+            log.warning("query service stopped with an error: %r", exc)
+
+
+async def ask(url: str, sql: str, timeout_s: float = QUERY_TIMEOUT_S + 10) -> dict[str, Any]:
+    """Send `sql` to the swarm's ledger at NATS `url` (operator credentials) and return its reply."""
+    import nats.errors
+
+    from swarmrl.services.common import bus
+
+    nc = await bus.connect(url, "query")
+    try:
+        msg = await nc.request(S.LEDGER_QUERY, json.dumps({"sql": sql}).encode(), timeout=timeout_s)
+    except nats.errors.NoRespondersError:
+        return {
+            "ok": False,
+            "error": f"no ledger answers on {S.LEDGER_QUERY} (is one running on this swarm?)",
+        }
+    except nats.errors.TimeoutError:
+        return {"ok": False, "error": f"no answer on {S.LEDGER_QUERY} within {timeout_s:g} s"}
+    finally:
+        await bus.close(nc)
+    return dict(json.loads(msg.data))
