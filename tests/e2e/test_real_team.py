@@ -17,8 +17,8 @@ from swarmrl.services.ledger.query import connect
 
 SWARM = """
 [run]
-minutes = 12
-steps = 2
+minutes = 7
+steps = 100000                  # a run ends when its first trainer reaches `steps`: time ends this one
 eval_every = 1000
 
 [models.caller]
