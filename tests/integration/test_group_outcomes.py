@@ -77,24 +77,34 @@ async def test_an_agent_learns_that_its_equal_reward_groups_are_dropped_and_why(
         assert (outcome.outcome, outcome.reason, outcome.task, outcome.client_id) == (
             "dropped", "zero_adv", "mine", "byo",
         )  # fmt: skip
-        assert outcome.reward_std == 0.0 and outcome.episodes == 2 and "rewards were equal" in describe(outcome)
+        assert (
+            outcome.reward_std == 0.0 and outcome.episodes == 2 and "rewards were equal" in describe(outcome)
+        )
         print("agent sees:", describe(outcome))
 
-        spread = await swarm.group("spread", player([1.0, 0.0]), size=2, models=["policy"], task={"name": "mine"})
+        spread = await swarm.group(
+            "spread", player([1.0, 0.0]), size=2, models=["policy"], task={"name": "mine"}
+        )
         trained = await swarm.outcome(spread.group_key, model="policy", timeout=90)
         assert (trained.outcome, trained.step, trained.reward_std) == ("trained", 1, 0.5)
         print("agent sees:", describe(trained))
 
         for i in range(WARN_AFTER_GROUPS - 2):  # most of this client's groups are dropped: one warning
-            await swarm.outcome((await swarm.group(f"s{i}", player([0.0, 0.0]), size=2, models=["policy"])).group_key)
+            await swarm.outcome(
+                (await swarm.group(f"s{i}", player([0.0, 0.0]), size=2, models=["policy"])).group_key
+            )
         warnings = [r.getMessage() for r in caplog.records if "dropped untrained" in r.getMessage()]
         assert len(warnings) == 1 and "client 'byo'" in warnings[0] and "zero_adv" in warnings[0], warnings
         print("trainer log:", warnings[0])
 
         def groups() -> list[tuple]:
-            return connect(tmp_path / "run").execute(
-                "SELECT group_key, task, client_id, model, outcome, reason, step FROM groups ORDER BY ts"
-            ).fetchall()
+            return (
+                connect(tmp_path / "run")
+                .execute(
+                    "SELECT group_key, task, client_id, model, outcome, reason, step FROM groups ORDER BY ts"
+                )
+                .fetchall()
+            )
 
         rows = await wait_for(lambda: len(groups()) == WARN_AFTER_GROUPS and groups(), what="the groups view")
         assert rows[0] == (same.group_key, "mine", "byo", "policy", "dropped", "zero_adv", 0)

@@ -35,13 +35,13 @@ async def exact_async(prompts, completions, answer, **kwargs):
 
 def chat(prompts, completions, **kwargs):
     assert isinstance(prompts[0], list) and completions[0][0]["role"] == "assistant"
-    return [float(len(completions[0][0]["content"]))]
+    return [float(len(c[0]["content"])) for c in completions]
 
 def boom(prompts, completions, **kwargs):
     raise ZeroDivisionError("the user's bug")
 
 def nan(prompts, completions, **kwargs):
-    return [math.nan]
+    return [math.nan] * len(completions)
 
 def two(prompts, completions, **kwargs):
     return [1.0, 0.0]
