@@ -186,6 +186,9 @@ async def supervise(
                 break
             # The first trainer to finish ends the run: in a team its partner could not go on alone
             # (the finished model's samples would pile up and admission control would hold the team).
+            if failing := progress.failing():  # a mistake in the task's code: nothing will train
+                reason = failing
+                break
             if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
                 reason, ended = f"a trainer finished: {progress.steps_line()}", True
                 break
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = write_report(run_dir, reason=reason)
     print(f"swarmrl up: stopped ({reason}). Report: {report}", flush=True)
-    return 0 if "unexpectedly" not in reason else 1
+    return 0 if "unexpectedly" not in reason else 1  # a crash loop, or every first episode aborted
 
 
 async def _bootstrap_streams(url: str, ledger_parts: bool = False) -> None:
