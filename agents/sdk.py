@@ -279,7 +279,9 @@ class SwarmClient:
 
         await self.outcomes.watch(self.nc)
         results = await asyncio.gather(*(one() for _ in range(size)), return_exceptions=True)
-        if all(isinstance(r, BaseException) for r in results):  # no trainer hears of this group
+        if all(isinstance(r, BaseException) for r in results) and not episode.get(
+            "eval"
+        ):  # no trainer hears of this group
             models = episode.get("models") or [
                 m for ms in (episode.get("agent_models") or {}).values() for m in ms
             ]

@@ -14,6 +14,7 @@ import pytest
 
 from swarmrl.agents.sdk import Episode, SwarmClient, describe
 from swarmrl.infra.nats_server import NatsServer
+from swarmrl.report import write_report
 from swarmrl.schemas import subjects as S
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.query import connect
@@ -111,6 +112,31 @@ async def test_an_agent_learns_that_its_equal_reward_groups_are_dropped_and_why(
         assert rows[1] == (spread.group_key, "mine", "byo", "policy", "trained", "", 1)
         await asyncio.sleep(0.5)
         assert seen_by_spy == []
+
+        # its own task, its own held-out evaluations: recorded against the serving version, never trained
+        evals = await swarm.evaluate(
+            "held-1", player([1.0, 0.0, 1.0]), samples=3, models=["policy"], task={"name": "mine"}
+        )
+        assert evals == [1.0, 0.0, 1.0]
+
+        def own_evals() -> list[tuple]:
+            return (
+                connect(tmp_path / "run")
+                .execute("SELECT count(*) FROM episodes WHERE eval AND status = 'ok' AND task = 'mine'")
+                .fetchall()
+            )
+
+        await wait_for(lambda: own_evals() == [(3,)], what="the eval episodes in the ledger")
+        report = write_report(tmp_path / "run").read_text()
+        own = [line for line in report.splitlines() if line.startswith("| mine @byo | policy | agent |")]
+        assert len(own) == 1 and "| 66.7% | 3 |" in own[0], report
+        assert "| byo | mine | 2 | 50% | zero_adv (1) |" in report, report
+        print(
+            "report.md:",
+            *own,
+            *[line for line in report.splitlines() if line.startswith("| byo |")],
+            sep="\n",
+        )
     finally:
         await swarm.close()
         await spy_nc.close()
