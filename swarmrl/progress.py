@@ -41,6 +41,8 @@ class Progress:
         """client id -> its groups' outcomes (`trained`, `dropped`), from the trainers' GroupOutcomes."""
         self.task_of: dict[str, str] = {}
         """Training episode id -> task, for the first episodes of each task."""
+        self.early: dict[str, str] = {}
+        """Episode id -> `end` or `abort`, for those whose begin is not in yet."""
         self.first: dict[str, Counter[str]] = {}
         """task -> how its first `FIRST_EPISODES` finished episodes ended (`ok`, `aborted`)."""
         self.reasons: Counter[str] = Counter()
@@ -79,25 +81,33 @@ class Progress:
             return
 
     async def _on_episode(self, msg: Any) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
+        """A begin, end or abort event. Each kind has its own subscription, whose callbacks run apart:
+        an episode's end can come before its begin (`early`)."""
+        kind, episode_id = msg.subject.rsplit(".", 1)[-1], msg.subject.split(".")[3]
         try:
-            if kind == "begin":
-                begin = decode(msg.data, BeginEvent)
-                task = begin.task.get("name") if isinstance(begin.task.get("name"), str) else begin.task_id
-                if not begin.eval and sum(self.first.get(task, Counter()).values()) < FIRST_EPISODES:
-                    self.task_of[begin.episode_id] = task
-                return
+            begin = decode(msg.data, BeginEvent) if kind == "begin" else None
             reason = decode(msg.data, AbortEvent).reason if kind == "abort" else ""
         except Exception:  # as above
             return
         if kind == "abort":
             self.reasons[reason_kind(reason)] += 1
             self.example[reason_kind(reason)] = reason
-        task = self.task_of.pop(msg.subject.split(".")[3], None)
-        if (
-            task is not None
-            and sum((first := self.first.setdefault(task, Counter())).values()) < FIRST_EPISODES
-        ):
+        if begin is not None:
+            name = begin.task.get("name")
+            task = name if isinstance(name, str) and name else begin.task_id
+            ended = self.early.pop(episode_id, None)
+            if begin.eval or sum(self.first.get(task, Counter()).values()) >= FIRST_EPISODES:
+                return
+            if ended is None:
+                self.task_of[episode_id] = task
+                return
+            kind = ended
+        elif (task := self.task_of.pop(episode_id, None)) is None:
+            self.early[episode_id] = kind  # or an episode not followed: the oldest are forgotten
+            if len(self.early) > 10_000:
+                del self.early[next(iter(self.early))]
+            return
+        if sum((first := self.first.setdefault(task, Counter())).values()) < FIRST_EPISODES:
             first["aborted" if kind == "abort" else "ok"] += 1
 
     def common_reason(self) -> tuple[str, int]:

@@ -78,21 +78,22 @@ async def test_a_reward_is_called_once_per_group_and_fails_only_what_it_must(
     await asyncio.wait_for(client, timeout=30)  # the client never died of its reward
     assert set(calls(judged)) == {4}  # every call scored a whole group of 4
     events = await episode_events(stack)
-    answer = {
-        e.episode_id: int(e.task_id.rsplit("-", 1)[1])
-        for e in events
-        if isinstance(e, BeginEvent) and not e.eval
-    }
-    aborts = {e.episode_id: e.reason for e in events if isinstance(e, AbortEvent) and e.episode_id in answer}
-    rewarded = {e.episode_id for e in events if isinstance(e, RewardEvent) and e.episode_id in answer}
-    by_row: dict[int, list[str]] = {}
-    for ep, row in answer.items():
-        by_row.setdefault(row, []).append(
-            "aborted" if ep in aborts else "rewarded" if ep in rewarded else "open"
-        )
-    assert set(by_row[0]) == {"rewarded"}
-    assert set(by_row[1]) == {"aborted"} and set(by_row[2]) == {"aborted"}  # the whole group
-    assert by_row[3].count("aborted") * 4 == len(by_row[3])  # one episode of each group of 4
+    begins = {e.episode_id: e for e in events if isinstance(e, BeginEvent) and not e.eval}
+    aborts = {e.episode_id: e.reason for e in events if isinstance(e, AbortEvent) and e.episode_id in begins}
+    rewarded = {e.episode_id for e in events if isinstance(e, RewardEvent) and e.episode_id in begins}
+    groups: dict[str, list[str]] = {}
+    for ep, begin in begins.items():
+        groups.setdefault(begin.group_key, []).append(ep)
+    by_row: dict[int, list[int]] = {}  # row -> per scored group, how many of its 4 episodes aborted
+    for eps in groups.values():
+        if len(eps) == 4 and all(ep in rewarded or "RewardError" in aborts.get(ep, "") for ep in eps):
+            row = int(begins[eps[0]].task_id.rsplit("-", 1)[1])
+            by_row.setdefault(row, []).append(sum(ep in aborts for ep in eps))
+    assert set(by_row) == {0, 1, 2, 3}, by_row  # every row scored at least once (two passes)
+    assert (
+        set(by_row[0]) == {0} and set(by_row[1]) == {4} and set(by_row[2]) == {4}
+    )  # a raise, a bad length: all
+    assert set(by_row[3]) == {1}  # one non-finite value: that episode only
     reasons = list(aborts.values())
     print("abort reasons:", *sorted(set(r.split(": ", 1)[-1] for r in reasons))[:3], sep="\n  ")
     assert any("raised RuntimeError: the judge is down" in r for r in reasons)
