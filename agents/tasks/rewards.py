@@ -119,18 +119,20 @@ async def call_reward(
         if inspect.isawaitable(out):
             out = await out
     except Exception as exc:
-        return [RewardError(f"{where} raised {type(exc).__name__}: {exc}")] * len(entries)
+        return [RewardError(f"{where} raised {type(exc).__name__}: {exc}") for _ in entries]
     values = list(out) if isinstance(out, list | tuple) else None
     if values is None or len(values) != len(entries):
-        return [RewardError(f"{where} returned {out!r} for {len(entries)} completions: {SHAPE}")] * len(
-            entries
-        )
+        return [RewardError(f"{where} returned {out!r} for {_n(len(entries))}: {SHAPE}") for _ in entries]
     return [
         float(v)
         if not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
         else RewardError(f"{where} returned {v!r} for {nth(i, len(values))}: need a finite number")
         for i, v in enumerate(values)
     ]
+
+
+def _n(n: int) -> str:
+    return f"{n} completion{'' if n == 1 else 's'}"
 
 
 def nth(i: int, n: int) -> str:
