@@ -370,12 +370,12 @@ class Trainer:
         )  # fmt: skip
 
     async def publish_outcomes(self) -> None:
-        """Each group decided since the last call, to its owner (`outcomes.py`); then the warning of a
-        client most of whose groups are dropped."""
+        """The warning of a client most of whose groups are dropped; then each group decided since the
+        last call, to its owner (`outcomes.py`)."""
+        for warning in self.outcomes.warnings():  # first: an agent that hears the outcome finds it logged
+            log.warning("model=%s %s", self.cfg.model, warning)
         for subject, record, msg_id in self.outcomes.take():
             await self.publish(subject, record, msg_id)
-        for warning in self.outcomes.warnings():
-            log.warning("model=%s %s", self.cfg.model, warning)
 
     async def publish(self, subject: str, record: BaseModel, msg_id: str) -> None:
         await retry(self.stopping, self.js.publish, subject, encode(record), headers={"Nats-Msg-Id": msg_id})

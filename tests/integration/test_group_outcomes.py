@@ -117,7 +117,7 @@ async def test_an_agent_learns_that_its_equal_reward_groups_are_dropped_and_why(
         evals = await swarm.evaluate(
             "held-1", player([1.0, 0.0, 1.0]), samples=3, models=["policy"], task={"name": "mine"}
         )
-        assert evals == [1.0, 0.0, 1.0]
+        assert sorted(evals) == [0.0, 1.0, 1.0]  # which try got which reward: as they came
 
         def own_evals() -> list[tuple]:
             return (
