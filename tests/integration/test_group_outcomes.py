@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from swarmrl.agents.sdk import Episode, SwarmClient, describe
 from swarmrl.infra.nats_server import NatsServer
@@ -69,7 +70,11 @@ async def test_an_agent_learns_that_its_equal_reward_groups_are_dropped_and_why(
     spy = swarm_nats.mint_agent("spy")  # another identity: must never see the agent's outcomes
     spy_nc = await nats.connect(**spy.nats_options())
     seen_by_spy: list[bytes] = []
-    await spy_nc.subscribe(f"{S.OUTCOME_PREFIX}.agent.*", cb=lambda m: seen_by_spy.append(m.data))  # type: ignore[arg-type,misc]
+
+    async def spy_cb(msg: Msg) -> None:
+        seen_by_spy.append(msg.data)
+
+    await spy_nc.subscribe(f"{S.OUTCOME_PREFIX}.agent.*", cb=spy_cb)
     swarm = await SwarmClient.connect(swarm_nats.agent, client_id="byo", code_version="t")
     caplog.set_level(logging.WARNING, logger="swarmrl.trainer")
     try:
