@@ -301,6 +301,14 @@ class SwarmClient:
                 )
         return GroupResults(results, key)
 
+    async def evaluate(
+        self, task_id: str, play: Callable[[Episode], Awaitable[T]], *, samples: int = 1, **episode: Any
+    ) -> GroupResults:
+        """Play `samples` held-out evaluation episodes of `task_id` at once (`group` with `eval=True`):
+        recorded with the policy versions that served them, never trained. The report plots each
+        task's rate per version (`end(success=...)`, else reward > 0) beside the built-in evaluations."""
+        return await self.group(task_id, play, size=samples, eval=True, **episode)
+
     async def outcome(
         self, group_key: str, *, model: str | None = None, timeout: float = 120.0
     ) -> GroupOutcome:

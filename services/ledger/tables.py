@@ -339,7 +339,9 @@ METRIC_TABLES: dict[type, str] = {
 
 
 def metric_row(
-    record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult | GroupOutcome, stream: str, seq: int
+    record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult | GroupOutcome,
+    stream: str,
+    seq: int,
 ) -> tuple[str, Row]:
     table = METRIC_TABLES[type(record)]
     return table, check_ints(table, _record_row(table, record, stream, seq))
