@@ -54,6 +54,7 @@ class RewardBatch:
         self.call = call
         _SLOT.get({})["scored"] = True
         await self._maybe_fire()
+        assert entry.result is not None, "a scored entry carries its future"
         return await entry.result
 
     async def leave(self) -> None:
@@ -146,11 +147,12 @@ class Scorer:
         self.fn, self.name, self.prompt_column = fn, name, prompt_column
 
     async def score(self, columns: Mapping[str, Any], task_id: str, completion: Any) -> float:
-        entry = Entry(columns, task_id, completion, asyncio.get_running_loop().create_future())
+        result: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        entry = Entry(columns, task_id, completion, result)
         batch = _GROUP.get()
         if batch is None:
             await self._call([entry])
-            return await entry.result
+            return await result
         return await batch.score(entry, self._call)
 
     async def _call(self, entries: list[Entry]) -> None:
