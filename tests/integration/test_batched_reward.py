@@ -55,7 +55,7 @@ def calls(spec: TaskSpec) -> list[int]:
     return env.task.reward_fn.__globals__["CALLS"]  # type: ignore[no-any-return]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 async def test_a_reward_is_called_once_per_group_and_fails_only_what_it_must(
     stack: Stack, judged: TaskSpec
 ) -> None:
@@ -63,20 +63,20 @@ async def test_a_reward_is_called_once_per_group_and_fails_only_what_it_must(
     calls(judged).clear()
     swarm = await SwarmClient.connect(stack.nats.service_url, client_id="evaluator", code_version="t")
     try:
-        held = await evaluate(swarm, "judged", "policy", samples=3, max_tokens=2)
+        held = await evaluate(swarm, "judged", "policy", samples=2, max_tokens=2)
     finally:
         await swarm.close()
-    assert sorted(calls(judged)) == [3, 3, 3, 3] and held.episodes == 12  # one call per question
+    assert sorted(calls(judged)) == [2, 2, 2, 2] and held.episodes == 8  # one call per question
     calls(judged).clear()
     stop = asyncio.Event()
     client = asyncio.create_task(
-        run_client(stack.nats.service_url, "judged", "policy", num_repeat=4, concurrency=1, seed=0, stop=stop,
+        run_client(stack.nats.service_url, "judged", "policy", num_repeat=2, concurrency=1, seed=0, stop=stop,
                    max_tokens=2, drain_s=5.0)
     )  # fmt: skip
-    await wait_for(lambda: len(calls(judged)) >= 8, timeout=120, what="8 groups")  # two passes over the rows
+    await wait_for(lambda: len(calls(judged)) >= 8, timeout=300, what="8 groups")  # two passes over the rows
     stop.set()
     await asyncio.wait_for(client, timeout=30)  # the client never died of its reward
-    assert set(calls(judged)) == {4}  # every call scored a whole group of 4
+    assert set(calls(judged)) == {2}  # every call scored a whole group of 2
     events = await episode_events(stack)
     begins = {e.episode_id: e for e in events if isinstance(e, BeginEvent) and not e.eval}
     aborts = {e.episode_id: e.reason for e in events if isinstance(e, AbortEvent) and e.episode_id in begins}
@@ -84,20 +84,20 @@ async def test_a_reward_is_called_once_per_group_and_fails_only_what_it_must(
     groups: dict[str, list[str]] = {}
     for ep, begin in begins.items():
         groups.setdefault(begin.group_key, []).append(ep)
-    by_row: dict[int, list[int]] = {}  # row -> per scored group, how many of its 4 episodes aborted
+    by_row: dict[int, list[int]] = {}  # row -> per scored group, how many of its 2 episodes aborted
     for eps in groups.values():
-        if len(eps) == 4 and all(ep in rewarded or "RewardError" in aborts.get(ep, "") for ep in eps):
+        if len(eps) == 2 and all(ep in rewarded or "RewardError" in aborts.get(ep, "") for ep in eps):
             row = int(begins[eps[0]].task_id.rsplit("-", 1)[1])
             by_row.setdefault(row, []).append(sum(ep in aborts for ep in eps))
     assert set(by_row) == {0, 1, 2, 3}, by_row  # every row scored at least once (two passes)
     assert (
-        set(by_row[0]) == {0} and set(by_row[1]) == {4} and set(by_row[2]) == {4}
+        set(by_row[0]) == {0} and set(by_row[1]) == {2} and set(by_row[2]) == {2}
     )  # a raise, a bad length: all
     assert set(by_row[3]) == {1}  # one non-finite value: that episode only
     reasons = list(aborts.values())
     print("abort reasons:", *sorted(set(r.split(": ", 1)[-1] for r in reasons))[:3], sep="\n  ")
     assert any("raised RuntimeError: the judge is down" in r for r in reasons)
     assert any(
-        "returned [0.5] for 4 completions: need a list with one float per completion" in r for r in reasons
+        "returned [0.5] for 2 completions: need a list with one float per completion" in r for r in reasons
     )
-    assert any("returned nan for completion 0 of 4: need a finite number" in r for r in reasons)
+    assert any("returned nan for completion 0 of 2: need a finite number" in r for r in reasons)
