@@ -1,6 +1,6 @@
 """Client SDK (episode lifecycle, publishing, OpenAI client factory, heartbeats) and default tasks."""
 
-from swarmrl.agents.sdk import Episode, SwarmClient, SwarmError, default_code_version
+from swarmrl.agents.sdk import Episode, SwarmClient, SwarmError, default_code_version, describe
 from swarmrl.agents.sync import SyncEpisode, SyncSwarmClient
 from swarmrl.infra.credentials import AgentCredential
 
@@ -12,4 +12,5 @@ __all__ = [
     "SyncEpisode",
     "SyncSwarmClient",
     "default_code_version",
+    "describe",
 ]

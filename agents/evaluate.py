@@ -29,7 +29,7 @@ import openai
 
 from swarmrl.agents.runner import Outcome, play_episode, roles_of
 from swarmrl.agents.sdk import TRANSIENT, SwarmClient
-from swarmrl.agents.tasks import get_task
+from swarmrl.agents.tasks import get_task, rewards
 from swarmrl.schemas import EvalResult, ModelVersion, TrainStep, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common.retry import backoff
@@ -119,17 +119,17 @@ async def evaluate(
     spec = get_task(task)
     role_map = roles_of(spec, {}, roles) if isinstance(roles, str) else roles_of(spec, roles, "")
     instances = spec.eval_tasks()
-    instances = (instances[:limit] if limit else instances) * samples
-    gate = asyncio.Semaphore(parallel)
+    instances = instances[:limit] if limit else instances
+    gate = asyncio.Semaphore(max(1, parallel // samples))  # questions at once, each with its samples
     unscored: list[BaseException] = []
 
     async def one(k: int, instance: Any) -> Outcome | None:
         episode_seed = None if seed is None else seed + SEED_STRIDE * k
-        async with gate:
-            play = functools.partial(
-                play_episode, swarm, spec, instance, role_map, eval=True, temperature=temperature,
-                max_tokens=max_tokens, seed=episode_seed,
-            )  # fmt: skip
+        play = functools.partial(
+            play_episode, swarm, spec, instance, role_map, eval=True, temperature=temperature,
+            max_tokens=max_tokens, seed=episode_seed,
+        )  # fmt: skip
+        async with rewards.episode():
             try:
                 return await backoff(play, transient=INFRA, tries=attempts, first_s=1.0, max_s=20.0)
             except INFRA as exc:
@@ -139,9 +139,17 @@ async def evaluate(
                 log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
                 return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
 
-    results = [
-        r for r in await asyncio.gather(*(one(k, i) for k, i in enumerate(instances))) if r is not None
-    ]
+    async def question(i: int, instance: Any) -> list[Outcome | None]:
+        """A question's `samples` episodes at once: a dataset task's reward scores them in one call.
+        The k-th episode of `instances * samples` keeps its seed."""
+        async with gate:
+            with rewards.group(samples):
+                plays = (one(s * len(instances) + i, instance) for s in range(samples))
+                return list(await asyncio.gather(*plays))
+
+    per_question = await asyncio.gather(*(question(i, inst) for i, inst in enumerate(instances)))
+    results = [r for outs in per_question for r in outs if r is not None]
+    instances = instances * samples  # every episode, for the counts below
     if unscored:
         log.warning(
             "task %s: %d of %d eval episodes left out, failed by the swarm %d times each (last: %r)",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarmrl.agents.sdk import Episode, SwarmClient
-from swarmrl.agents.tasks import TaskSpec, get_task
+from swarmrl.agents.tasks import TaskSpec, get_task, rewards
 from swarmrl.core.config import password_on_command_line
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.schemas import DEFAULT_GROUP_SIZE, ClientState
@@ -296,24 +296,28 @@ async def run_client(
             spec, instance, round_ = await cursor.next(weights)
             # One GRPO group per round: a unique key keeps groups of different clients apart.
             key = f"{instance.task_id}@{swarm.client_id}-{life}-{round_}"
-            results = await asyncio.gather(
-                *(
-                    play_episode(
-                        swarm,
-                        spec,
-                        instance,
-                        role_maps[spec.name],
-                        temperature=temperature,
-                        max_tokens=max_tokens,
-                        group_key=key,
-                        group_size=num_repeat,
-                        abort_rate=abort_rate,
-                        tool_actions=tool_actions,
-                    )
-                    for _ in range(num_repeat)
-                ),
-                return_exceptions=True,
-            )
+
+            with rewards.group(num_repeat):  # a dataset task's reward: one call for the group
+                results = await asyncio.gather(
+                    *(
+                        rewards.member(
+                            play_episode(
+                                swarm,
+                                spec,
+                                instance,
+                                role_maps[spec.name],
+                                temperature=temperature,
+                                max_tokens=max_tokens,
+                                group_key=key,
+                                group_size=num_repeat,
+                                abort_rate=abort_rate,
+                                tool_actions=tool_actions,
+                            )  # fmt: skip
+                        )
+                        for _ in range(num_repeat)
+                    ),
+                    return_exceptions=True,
+                )
             for r in results:
                 if isinstance(r, ChaosAbort):
                     log.info("episode aborted on purpose: %s", r)

@@ -35,12 +35,30 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from openai import DefaultAsyncHttpxClient, DefaultHttpxClient
 
 from swarmrl.agents.episode import TRANSIENT, Episode, SwarmError, retried
+from swarmrl.agents.outcomes import OutcomeBook, describe
 from swarmrl.infra.credentials import AgentCredential
-from swarmrl.schemas import DEFAULT_GROUP_SIZE, MAX_EVENT_BYTES, ClientState, EventBase, decode, encode
+from swarmrl.schemas import (
+    DEFAULT_GROUP_SIZE,
+    MAX_EVENT_BYTES,
+    ClientState,
+    EventBase,
+    GroupOutcome,
+    decode,
+    encode,
+)
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common.bus import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S
 
-__all__ = ["TRANSIENT", "Episode", "SwarmClient", "SwarmError", "default_code_version"]
+__all__ = [
+    "TRANSIENT",
+    "Episode",
+    "GroupOutcome",
+    "GroupResults",
+    "SwarmClient",
+    "SwarmError",
+    "default_code_version",
+    "describe",
+]
 
 T = TypeVar("T")
 
@@ -82,6 +100,15 @@ class _SharedSyncHttpClient(DefaultHttpxClient):
         super().close()
 
 
+class GroupResults(list[Any]):
+    """What `SwarmClient.group` returns: per episode, what `play` returned or the exception that
+    aborted it; `group_key` names the group for `SwarmClient.outcome`."""
+
+    def __init__(self, results: list[Any], group_key: str) -> None:
+        super().__init__(results)
+        self.group_key = group_key
+
+
 class SwarmClient:
     """One agent process's connection to the swarm (NATS, agent credentials)."""
 
@@ -96,6 +123,8 @@ class SwarmClient:
         connection, whose explicit episode ids may name any owner."""
         self.code_version = code_version
         self.retry_s = retry_s
+        self.outcomes = OutcomeBook(self.state_key)
+        """The outcomes of this client's groups its trainers sent (`outcome()`)."""
         self._http: _SharedHttpClient | None = None
         self._http_sync: _SharedSyncHttpClient | None = None
 
@@ -155,7 +184,9 @@ class SwarmClient:
             max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             error_cb=_log_nats_error,  # one line per error: nats-py's default prints a traceback
         )
-        return cls(nc, client_id, code_version or default_code_version(), retry_s, owner)
+        client = cls(nc, client_id, code_version or default_code_version(), retry_s, owner)
+        await client.outcomes.watch(nc)  # before any group: an outcome decided early is kept
+        return client
 
     def episode(
         self,
@@ -221,7 +252,7 @@ class SwarmClient:
         size: int | None = None,
         group_key: str = "",
         **episode: Any,
-    ) -> list[T | BaseException]:
+    ) -> GroupResults:
         """Play one GRPO group: `size` episodes of `task_id` at once, each opened around `play(ep)`.
 
         A trainer learns from a group only: the spread of rewards over several tries at the same task
@@ -237,7 +268,8 @@ class SwarmClient:
             **episode: Passed to `episode()` (`models`, `task`, `agent_models`, ...).
 
         Returns:
-            Per episode, what `play` returned, or the exception that aborted it.
+            Per episode, what `play` returned, or the exception that aborted it (a list); its
+            `group_key` names the group for `outcome()`.
         """
         size = DEFAULT_GROUP_SIZE if size is None else size
         if size < 1:
@@ -248,7 +280,48 @@ class SwarmClient:
             async with self.episode(task_id, group_key=key, group_size=size, **episode) as ep:
                 return await play(ep)
 
-        return list(await asyncio.gather(*(one() for _ in range(size)), return_exceptions=True))
+        await self.outcomes.watch(self.nc)
+        results = await asyncio.gather(*(one() for _ in range(size)), return_exceptions=True)
+        if all(isinstance(r, BaseException) for r in results) and not episode.get(
+            "eval"
+        ):  # no trainer hears of this group
+            models = episode.get("models") or [
+                m for ms in (episode.get("agent_models") or {}).values() for m in ms
+            ]
+            for model in dict.fromkeys(models):
+                self.outcomes.add(
+                    GroupOutcome(
+                        model=model,
+                        owner=self.state_key,
+                        group_key=key,
+                        task=str((episode.get("task") or {}).get("name", "")),
+                        client_id=self.client_id,
+                        outcome="dropped",
+                        reason="failed_episodes",
+                        step=-1,
+                        episodes=size,
+                    )
+                )
+        return GroupResults(results, key)
+
+    async def evaluate(
+        self, task_id: str, play: Callable[[Episode], Awaitable[T]], *, samples: int = 1, **episode: Any
+    ) -> GroupResults:
+        """Play `samples` held-out evaluation episodes of `task_id` at once (`group` with `eval=True`):
+        recorded with the policy versions that served them, never trained. The report plots each
+        task's rate per version (`end(success=...)`, else reward > 0) beside the built-in evaluations."""
+        return await self.group(task_id, play, size=samples, eval=True, **episode)
+
+    async def outcome(
+        self, group_key: str, *, model: str | None = None, timeout: float = 120.0
+    ) -> GroupOutcome:
+        """What became of group `group_key` (for `model`; default: the first model to decide): trained
+        (`step`, `reward_std`) or dropped (`reason`: `zero_adv`, `stale`, `timeout`, ...;
+        `describe(outcome)` says it in words). A trainer decides once the group is complete, and
+        sends a trained group's outcome after the step that trained it. Raises TimeoutError after
+        `timeout` seconds without one."""
+        await self.outcomes.watch(self.nc)
+        return await self.outcomes.wait(group_key, model, timeout)
 
     async def publish(self, event: EventBase) -> None:
         """Publish one event idempotently (Nats-Msg-Id), retrying transient errors. An event over the

@@ -11,6 +11,7 @@ from swarmrl.schemas.codec import (
 )
 from swarmrl.schemas.events import (
     DEFAULT_GROUP_SIZE,
+    OUTCOME_REASONS,
     SCHEMA_VERSION,
     AbortEvent,
     ActionRequest,
@@ -22,6 +23,7 @@ from swarmrl.schemas.events import (
     EvalResult,
     Event,
     EventBase,
+    GroupOutcome,
     HeartbeatEvent,
     LlmEvent,
     LostEpisode,
@@ -39,6 +41,7 @@ from swarmrl.schemas.events import (
 __all__ = [
     "DEFAULT_GROUP_SIZE",
     "MAX_EVENT_BYTES",
+    "OUTCOME_REASONS",
     "SCHEMA_VERSION",
     "AbortEvent",
     "ActionRequest",
@@ -50,6 +53,7 @@ __all__ = [
     "EvalResult",
     "Event",
     "EventBase",
+    "GroupOutcome",
     "HeartbeatEvent",
     "LlmEvent",
     "LostEpisode",

@@ -13,6 +13,7 @@ from swarmrl.schemas.events import (
     ActionResult,
     EvalResult,
     Event,
+    GroupOutcome,
     MergeStats,
     MetricRecord,
     Sample,
@@ -128,6 +129,8 @@ def metric_type(subject: str) -> type[MetricRecord]:
             return EvalResult
         if subject == S.drops_metrics_subject(model):
             return SampleDrops
+        if subject == S.outcome_subject(subject.rsplit(".", 2)[-2], model):
+            return GroupOutcome
     except ValueError:  # the last token is not a valid model name
         pass
     raise WireError("subject", f"{subject!r} is not a metrics subject")
@@ -141,4 +144,6 @@ def decode_metric(subject: str, data: bytes) -> MetricRecord:
     model = getattr(record, "model", None)
     if model is not None and subject.rsplit(".", 1)[-1] != model:
         raise WireError("subject", f"{cls.__name__} of model {model} on subject {subject!r}")
+    if isinstance(record, GroupOutcome) and subject != S.outcome_subject(record.owner, record.model):
+        raise WireError("subject", f"outcome of owner {record.owner} on subject {subject!r}")
     return record

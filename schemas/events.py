@@ -226,6 +226,43 @@ class SampleDrops(Record):
     ts: float = Field(default_factory=time.time)
 
 
+OUTCOME_REASONS = {
+    "zero_adv": "all its rewards were equal, so it has no learning signal; make rewards differ within a "
+    "group (partial credit, instances neither always solved nor never)",
+    "stale": "its samples were more policy versions old than the trainer's max_staleness",
+    "too_small": "fewer of its episodes than the trainer's min_group_size were left",
+    "timeout": "it was still short of its size at the trainer's group_timeout_s; play whole groups",
+    "failed_episodes": "too few of its episodes completed (aborted, timed out or empty)",
+    "rolled_back": "a version the collapse guard threw away generated it",
+    "nonfinite": "a reward was not finite",
+}
+"""A `GroupOutcome.reason` -> what it means to the agent's author."""
+
+
+class GroupOutcome(Record):
+    """What became of one GRPO group a client played, for one model: published by that model's
+    trainer on `swarm.metrics.outcome.<owner>.<model>` once it decides (the step that trained it, or
+    the drop), which only `owner`'s identity may read (`subjects.agent_permissions`)."""
+
+    model: SubjectToken
+    owner: SubjectToken
+    """The NATS identity whose episodes the group holds (the owner of its episode ids)."""
+    group_key: str
+    task: str = ""
+    """The group's task name (`Sample.task`)."""
+    client_id: str = ""
+    outcome: Literal["trained", "dropped"]
+    reason: str = ""
+    """Why it was dropped: `zero_adv` (all rewards equal: no learning signal), `stale`, `too_small`,
+    `timeout`, `failed_episodes` (too few episodes completed), `rolled_back`, `nonfinite`; "" when trained."""
+    step: int
+    """The step that trained it; for a drop, the trainer's last step."""
+    reward_std: float = 0.0
+    """Population standard deviation of its episodes' rewards (0: all equal)."""
+    episodes: int = 0
+    ts: float = Field(default_factory=time.time)
+
+
 class EvalResult(Record):
     model: SubjectToken
     step: int
@@ -340,7 +377,7 @@ class ActionResult(Record):
     ts: float = Field(default_factory=time.time)
 
 
-MetricRecord = TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult
+MetricRecord = TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult | GroupOutcome
 """What the METRICS stream carries (`swarm.metrics.>`); `codec.decode_metric` tells them apart by subject."""
 
 

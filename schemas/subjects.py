@@ -211,7 +211,8 @@ def agent_permissions(owner: str) -> dict[str, dict[str, list[str]]]:
     `swarm-clients`, and its own inbox."""
     publish = [f"{EPISODE_PREFIX}.{check_owner(owner)}.*.{kind}" for kind in AGENT_EPISODE_KINDS]
     publish += [token_subject(owner), act_subject(owner), f"{LLM_PREFIX}.*", *client_state_subjects(owner)]
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{inbox_prefix(owner)}.>"]}}
+    subscribe = [f"{inbox_prefix(owner)}.>", f"{OUTCOME_PREFIX}.{owner}.*"]
+    return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 
 def samples_subject(model: str) -> str:
@@ -230,6 +231,15 @@ def train_metrics_subject(model: str) -> str:
 
 def drops_metrics_subject(model: str) -> str:
     return f"{METRICS_PREFIX}.drops.{check_token(model, 'model name')}"
+
+
+OUTCOME_PREFIX = f"{METRICS_PREFIX}.outcome"
+"""`GroupOutcome`s, `<prefix>.<owner>.<model>`: in METRICS (the ledger's `groups`), and exported to
+the AGENTS account, where each identity may read its own only (`agent_permissions`)."""
+
+
+def outcome_subject(owner: str, model: str) -> str:
+    return f"{OUTCOME_PREFIX}.{check_owner(owner)}.{check_token(model, 'model name')}"
 
 
 def eval_metrics_subject(model: str) -> str:
@@ -321,7 +331,8 @@ def service_permissions(role: str) -> dict[str, object]:
         pub += [*_consumer_api(EPISODE_PARTS_STREAM, "*"), *_kv_read(LEASES_BUCKET)]
         pub += [f"{JS_API}.CONSUMER.LIST.{EPISODE_PARTS_STREAM}"]  # a partition's stale consumers
     elif role == "trainer":
-        pub += [f"{METRICS_PREFIX}.train.*", f"{METRICS_PREFIX}.drops.*", f"$KV.{MODELS_BUCKET}.*"]
+        pub += [f"{METRICS_PREFIX}.train.*", f"{METRICS_PREFIX}.drops.*", f"{OUTCOME_PREFIX}.*.*"]
+        pub += [f"$KV.{MODELS_BUCKET}.*"]
         pub += [*_kv_read(MODELS_BUCKET), *_consumer_api(SAMPLES_STREAM, "*")]
         # a version's files into the object store (chunks, then metadata), and old versions purged
         pub += [

@@ -1,17 +1,29 @@
-"""Live progress of a run, read from the METRICS stream: step, reward, eval success, tokens/s."""
+"""Live progress of a run, read from the METRICS stream: step, reward, eval success, tokens/s, each
+client's share of groups trained; and from the episodes' begin and abort events, the most common
+abort reason and whether a task's first `FIRST_EPISODES` episodes all aborted (`up` stops then)."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from swarmrl.schemas import EvalResult, MergeStats, TrainStep, decode
+from swarmrl.schemas import AbortEvent, BeginEvent, EvalResult, GroupOutcome, MergeStats, TrainStep, decode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+
+FIRST_EPISODES = 20
+"""A task whose first this many training episodes all abort stops the run (`Progress.failing`)."""
+
+
+def reason_kind(reason: str) -> str:
+    """An abort reason with its numbers masked: one mistake's reasons on different rows count as one."""
+    return re.sub(r"\d+", "…", reason)[:300]
 
 
 class Progress:
@@ -25,12 +37,25 @@ class Progress:
         self.started = time.monotonic()
         self.console = Console(stderr=True)
         self.live = Live(console=self.console, refresh_per_second=2, transient=False) if live else None
+        self.trained: dict[str, Counter[str]] = {}
+        """client id -> its groups' outcomes (`trained`, `dropped`), from the trainers' GroupOutcomes."""
+        self.task_of: dict[str, str] = {}
+        """Training episode id -> task, for the first episodes of each task."""
+        self.early: dict[str, str] = {}
+        """Episode id -> `end` or `abort`, for those whose begin is not in yet."""
+        self.first: dict[str, Counter[str]] = {}
+        """task -> how its first `FIRST_EPISODES` finished episodes ended (`ok`, `aborted`)."""
+        self.reasons: Counter[str] = Counter()
+        self.example: dict[str, str] = {}
+        """reason kind -> the latest reason of that kind, as sent."""
         self._last_log = 0.0
         self._nc: Any = None
 
     async def start(self) -> None:
         self._nc = await bus.connect(self.nats_url, "up-progress")
         await self._nc.jetstream().subscribe(f"{S.METRICS_PREFIX}.>", cb=self._on_msg, ordered_consumer=True)
+        for kind in ("begin", "end", "abort"):
+            await self._nc.subscribe(S.episode_filter("*", kind), cb=self._on_episode)
         if self.live:
             self.live.start()
 
@@ -45,12 +70,63 @@ class Progress:
                 ev = decode(msg.data, EvalResult)
                 key = ev.task if ev.metric == "success" else f"{ev.task} {ev.model}:{ev.metric}"
                 self.evals.setdefault(key, []).append(ev)
+            elif msg.subject.startswith(S.OUTCOME_PREFIX + "."):
+                out = decode(msg.data, GroupOutcome)
+                self.trained.setdefault(out.client_id, Counter())[out.outcome] += 1
             elif msg.subject == S.MERGE_METRICS_SUBJECT:
                 st = decode(msg.data, MergeStats)
                 self.episodes += st.status == "merged"
                 self.aborted += st.status in ("aborted", "timeout")
         except Exception:  # a metric we cannot read is not worth stopping the display for
             return
+
+    async def _on_episode(self, msg: Any) -> None:
+        """A begin, end or abort event. Each kind has its own subscription, whose callbacks run apart:
+        an episode's end can come before its begin (`early`)."""
+        kind, episode_id = msg.subject.rsplit(".", 1)[-1], msg.subject.split(".")[3]
+        try:
+            begin = decode(msg.data, BeginEvent) if kind == "begin" else None
+            reason = decode(msg.data, AbortEvent).reason if kind == "abort" else ""
+        except Exception:  # as above
+            return
+        if kind == "abort":
+            self.reasons[reason_kind(reason)] += 1
+            self.example[reason_kind(reason)] = reason
+        if begin is not None:
+            name = begin.task.get("name")
+            task = name if isinstance(name, str) and name else begin.task_id
+            ended = self.early.pop(episode_id, None)
+            if begin.eval or sum(self.first.get(task, Counter()).values()) >= FIRST_EPISODES:
+                return
+            if ended is None:
+                self.task_of[episode_id] = task
+                return
+            kind = ended
+        elif (task := self.task_of.pop(episode_id, None)) is None:
+            self.early[episode_id] = kind  # or an episode not followed: the oldest are forgotten
+            if len(self.early) > 10_000:
+                del self.early[next(iter(self.early))]
+            return
+        if sum((first := self.first.setdefault(task, Counter())).values()) < FIRST_EPISODES:
+            first["aborted" if kind == "abort" else "ok"] += 1
+
+    def common_reason(self) -> tuple[str, int]:
+        """The most common abort reason (one example of it) and how often it came."""
+        if not self.reasons:
+            return "", 0
+        kind, n = self.reasons.most_common(1)[0]
+        return self.example[kind], n
+
+    def failing(self) -> str | None:
+        """Why the run should stop now: a task's first `FIRST_EPISODES` training episodes all aborted."""
+        for task, first in self.first.items():
+            if first["aborted"] >= FIRST_EPISODES:
+                reason, n = self.common_reason()
+                return (
+                    f"the first {FIRST_EPISODES} episodes of task {task!r} all aborted unexpectedly; the most "
+                    f"common reason ({n} episodes): {reason}"
+                )
+        return None
 
     @property
     def step(self) -> int:
@@ -90,7 +166,14 @@ class Progress:
                 cells["samples"] = str(last.samples) if last else "-"
                 cells["tokens/s"] = f"{last.tokens_per_s:.0f}" if last else "-"
                 cells["staleness"] = f"{last.staleness_mean:.2f}" if last else "-"
-        cells["episodes"] = f"{self.episodes} (+{self.aborted} aborted)"
+        reason, n = self.common_reason()
+        cells["episodes"] = (
+            f"{self.episodes} (+{self.aborted} aborted{f', most: {reason[:80]}' if n else ''})"
+        )
+        if self.trained:
+            cells["groups trained"] = " ".join(
+                f"{client} {c['trained'] / sum(c.values()):.0%}" for client, c in sorted(self.trained.items())
+            )
         cells["eval success"] = evals or "-"
         return cells
 

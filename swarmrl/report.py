@@ -18,7 +18,47 @@ def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
 def _series(row: tuple[Any, ...]) -> str:
     """Curve label of an eval row (task, model, metric, ...): the task's outcome, or a role's own metric."""
     task, model, metric = row[0], row[1], row[2]
+    if metric == AGENT_METRIC:
+        return f"{task} (the agent's own, {model})"
     return task if metric == "success" else f"{task}: {model} {metric}"
+
+
+AGENT_METRIC = "agent"
+AGENT_EVALS = f"""
+WITH served AS (SELECT episode_id, max(policy_version) AS version FROM llm_calls GROUP BY ALL)
+SELECT e.task || ' @' || e.client_id AS task, e.models[1] AS model, '{AGENT_METRIC}' AS metric, s.version AS step,
+       avg(coalesce(TRY_CAST(json_extract_string(e.metrics, '$.success') AS DOUBLE), (e.reward > 0)::DOUBLE)),
+       count(*), NULL::DOUBLE AS temperature, max(e.end_ts)
+FROM episodes e JOIN served s USING (episode_id)
+WHERE e.eval AND e.status = 'ok' AND e.client_id <> 'evaluator'
+GROUP BY ALL ORDER BY task, model, step
+"""
+"""Outside agents' own evaluation episodes (`SwarmClient.evaluate`), per task and client and the
+policy version that served them: the rate of `end(success=...)`, else of reward > 0; rows shaped as
+`evals`' so they are plotted and listed beside the built-in evaluations, never mixed into them."""
+
+CLIENT_GROUPS = """
+SELECT client_id, task, count(*), count(*) FILTER (WHERE outcome = 'trained'),
+       mode(reason) FILTER (WHERE outcome = 'dropped'), count(*) FILTER (WHERE outcome = 'dropped')
+FROM groups GROUP BY ALL ORDER BY client_id, task
+"""
+
+
+def groups_section(con: Any) -> list[str]:
+    """Report lines: per client and task, the share of its groups trained (the ledger's `groups`)."""
+    rows = _rows(con, CLIENT_GROUPS)
+    lines = [
+        "",
+        "## Groups per client",
+        "",
+        "What became of each client's GRPO groups (`groups` in the ledger).",
+        "",
+    ]
+    lines += ["| client | task | groups | trained | most common drop |", "| --- | --- | ---: | ---: | --- |"]
+    for client, task, n, trained, reason, dropped in rows:
+        drop = f"{reason} ({dropped})" if dropped else "-"
+        lines.append(f"| {client} | {task or '-'} | {n} | {100 * trained / n:.0f}% | {drop} |")
+    return lines if rows else []
 
 
 def task_rewards(con: Any) -> list[tuple[str, int, float]]:
@@ -219,7 +259,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         con,
         "SELECT task, model, coalesce(metric, 'success') AS metric, step, success_rate, n, temperature, ts "
         "FROM evals ORDER BY task, metric, model, step",
-    )
+    ) + _rows(con, AGENT_EVALS)
     started = _rows(con, "SELECT min(ts) FROM events")[0][0] or min((r[7] for r in evals), default=0.0)
     episodes = _rows(con, "SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status")
     merges = _rows(
@@ -272,7 +312,8 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         lines.append(
             f"- eval `{label}`: {100 * pts[0][4]:.1f}% (v{pts[0][3]}) → {100 * pts[-1][4]:.1f}% "
             f"(v{pts[-1][3]}, {(pts[-1][7] - started) / 60:.1f} min), best "
-            f"{100 * max(p[4] for p in pts):.1f}%, n={pts[-1][5]} at temperature {pts[-1][6]:g}"
+            f"{100 * max(p[4] for p in pts):.1f}%, n={pts[-1][5]}"
+            + ("" if pts[-1][6] is None else f" at temperature {pts[-1][6]:g}")
         )
     if len(parts := run_parts(run_dir)) > 1:
         lines.append(
@@ -294,7 +335,8 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {t} | {m} | {metric} | {s} | {100 * r:.1f}% | {n} | {temp:g} | {(ts - started) / 60:.1f} |"
+        f"| {t} | {m} | {metric} | {s} | {100 * r:.1f}% | {n} | {'-' if temp is None else f'{temp:g}'} "
+        f"| {(ts - started) / 60:.1f} |"
         for t, m, metric, s, r, n, temp, ts in evals
     ]
     lines += [
@@ -308,6 +350,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.4f} | {r[4]} | {r[5]} | {r[6]:.0f} | {r[7]:.2f} | {r[8]:.2f} |"
         for r in train
     ]
+    lines += groups_section(con)
     lines += distribution_section(con, started)
     lines += client_versions_section(con, started)
     lines += actions_section(con, started)

@@ -186,6 +186,9 @@ async def supervise(
                 break
             # The first trainer to finish ends the run: in a team its partner could not go on alone
             # (the finished model's samples would pile up and admission control would hold the team).
+            if failing := progress.failing():  # a mistake in the task's code: nothing will train
+                reason = failing
+                break
             if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
                 reason, ended = f"a trainer finished: {progress.steps_line()}", True
                 break
@@ -207,6 +210,45 @@ async def supervise(
         await progress.stop()
         await control.close()
     return reason
+
+
+PREPARE_SAY_S = 30.0
+"""While a model is built or converted (minutes on a busy machine), `up` says so this often."""
+
+
+def prepare_models(swarm: Swarm) -> dict[str, Path]:
+    """Each model's directory (`resolve_base`), building or converting the missing ones; meanwhile a
+    line every `PREPARE_SAY_S` seconds, so a log is never silent for minutes (a progress bar
+    draws nothing off a terminal)."""
+    import threading
+
+    from swarmrl.swarm import resolve_base
+
+    missing = [
+        n for n, m in swarm.models.items() if not (resolve_base(m, build=False) / "config.json").exists()
+    ]
+    if not missing:
+        return {name: resolve_base(m) for name, m in swarm.models.items()}
+    print(
+        f"swarmrl up: preparing model(s) {', '.join(missing)} (built or converted once, then cached)",
+        flush=True,
+    )
+    started, done = time.monotonic(), threading.Event()
+
+    def say() -> None:
+        while not done.wait(PREPARE_SAY_S):
+            print(
+                f"swarmrl up: still preparing {', '.join(missing)}: {time.monotonic() - started:.0f}s",
+                flush=True,
+            )
+
+    threading.Thread(target=say, daemon=True).start()
+    try:
+        dirs = {name: resolve_base(m) for name, m in swarm.models.items()}
+    finally:
+        done.set()
+    print(f"swarmrl up: model(s) {', '.join(missing)} ready in {time.monotonic() - started:.0f}s", flush=True)
+    return dirs
 
 
 def _heal(sup: Supervisor, run_dir: Path, finished: Callable[[str, int], bool]) -> str | None:
@@ -288,14 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     from swarmrl.core.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.infra.credentials import AgentRegistry
     from swarmrl.launch import OUTSIDE, AgentIds, plan_services, spawn_clients, spawn_services
-    from swarmrl.swarm import resolve_base
 
     setup_logging("up")
     run_dir = make_run_dir(args.run_dir)
     write_pid(run_dir)
     (run_dir / SWARM_FILE).write_text(swarm.model_dump_json(indent=2))
     part = {"started": time.time(), "resumed": args.resume is not None}
-    model_dirs = {name: resolve_base(m) for name, m in swarm.models.items()}
+    model_dirs = prepare_models(swarm)
     server = None
     if args.nats:
         service_url, conf_dir = args.nats, args.nats_conf
@@ -344,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = write_report(run_dir, reason=reason)
     print(f"swarmrl up: stopped ({reason}). Report: {report}", flush=True)
-    return 0 if "unexpectedly" not in reason else 1
+    return 0 if "unexpectedly" not in reason else 1  # a crash loop, or every first episode aborted
 
 
 async def _bootstrap_streams(url: str, ledger_parts: bool = False) -> None:

@@ -13,11 +13,11 @@ built-in client from the run's `config/tasks.json` (`$SWARMRL_TASKS_FILE`).
 - An instance is one row (`DataRow`); its `task_id` (`<task>-<row>`, `<task>-eval<row>`) is stable,
   so GRPO groups and a restarted client's stream are too.
 - One episode is one model call: the opening messages (system + prompt, or the row's messages), the
-  reply, then the reward: `reward(prompts=[...], completions=[...], **{column: [value]})`, TRL's
+  reply, then the reward: `reward(prompts=[...], completions=[...], **{column: [...]})`, TRL's
   convention (completions are strings for a text prompt, `[{"role": "assistant", ...}]` lists for a
-  messages prompt; every other column by name). Sync or async. An exception, or anything but one
-  finite number, is a `RewardError` naming the function and the row: the runner aborts that episode
-  with the message as its reason (recorded in the ledger) and carries on.
+  messages prompt; every other column by name), called once per group with all its completions
+  (`rewards.py`: what fails which episodes). Sync or async. It is called once at start on a probe
+  row, so a result of the wrong shape stops the run before any episode.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import inspect
 import itertools
 import json
-import math
+import logging
 import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +36,13 @@ from typing import Any
 
 from swarmrl.agents.config import TaskConf
 from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, message_text
+from swarmrl.agents.tasks.rewards import RewardError, Scorer
+
+__all__ = ["DataEnv", "DataRow", "DataTask", "DatasetError", "RewardError", "data_task"]
+
+log = logging.getLogger("swarmrl.agents.dataset")
+PROBE = ["1", "0"]
+"""The completions the start-up probe scores (the first is the row's answer where there is one)."""
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 EVAL_SPLITS = ("test", "validation")
@@ -44,10 +50,6 @@ EVAL_SPLITS = ("test", "validation")
 
 class DatasetError(ValueError):
     """A dataset task cannot be built: the message names the task, the file or row, and the fix."""
-
-
-class RewardError(RuntimeError):
-    """The reward function failed or answered something other than one finite number."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,8 @@ class DataTask:
         _check_rows(name, conf, self.train, "the training rows")
         _check_rows(name, conf, self.eval, "the held-out rows")
         self.reward_fn = load_object(conf.reward)
+        self.scorer = Scorer(self.reward_fn, conf.reward, conf.messages or conf.prompt)
+        self.probe()
         self.fingerprint = self._fingerprint()
 
     def _fingerprint(self) -> str:
@@ -241,25 +245,23 @@ class DataTask:
         return [*system, {"role": "user", "content": row.columns[self.conf.prompt]}]
 
     async def score(self, row: DataRow, completion: str) -> float:
-        """The reward of `completion` for `row` (TRL's calling convention; see the module docstring)."""
-        column = self.conf.messages or self.conf.prompt
-        prompt = row.columns[column]
+        """The reward of `completion` for `row`: with the rest of its group's when one is being played
+        (`rewards.py`: TRL's calling convention, batched)."""
         reply: Any = [{"role": "assistant", "content": completion}] if self.conf.messages else completion
-        extra = {k: [v] for k, v in row.columns.items() if k not in ("prompts", "completions", column)}
-        where = f"reward {self.conf.reward} on {row.task_id}"
+        return await self.scorer.score(row.columns, row.task_id, reply)
+
+    def probe(self) -> None:
+        """Call the reward once on `PROBE` completions of the first training row: a result of the
+        wrong shape stops the run here, before any episode; other failures are logged."""
+        row = self.train[0]
+        texts = [str(row.columns[self.conf.answer]) if self.conf.answer else PROBE[0], *PROBE[1:]]
+        replies = [[{"role": "assistant", "content": t}] for t in texts] if self.conf.messages else texts
         try:
-            out = self.reward_fn(prompts=[prompt], completions=[reply], **extra)
-            if inspect.isawaitable(out):
-                out = await out
-        except Exception as exc:
-            raise RewardError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-        values = list(out) if isinstance(out, list | tuple) else None
-        if values is None or len(values) != 1:
-            raise RewardError(f"{where} returned {out!r}: need a list with one float per completion")
-        value = values[0]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise RewardError(f"{where} returned {value!r} for the completion: need a finite number")
-        return float(value)
+            errors = self.scorer.probe(row.columns, row.task_id, replies)
+        except RewardError as exc:
+            raise DatasetError(f"task {self.name}: {exc}") from None
+        if errors:
+            log.warning("task %s: the reward's start-up probe: %s", self.name, errors[0])
 
     def train_stream(self, seed: int, rows: list[DataRow] | None = None) -> Iterator[DataRow]:
         return train_stream(self.train if rows is None else rows, seed)

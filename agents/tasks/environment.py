@@ -55,6 +55,9 @@ from swarmrl.agents.config import TaskConf
 from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, Turn, message_text
 from swarmrl.agents.tasks.dataset import DataRow, DatasetError, load_object, load_rows, train_stream
 
+PROBE_REPLY = {"role": "assistant", "content": "0"}
+"""The reply the start-up probe steps a single-agent environment with."""
+
 
 def tool_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     """The OpenAI tool spec of `fn` from its type hints and docstring."""
@@ -197,9 +200,7 @@ class EnvTask:
         # Built once from a probe episode (fails at start, not in a client, if the class does not
         # build or a tool has no spec): the specs are the class's, the same in every episode.
         self.roles: tuple[str, ...] = tuple(getattr(self.cls, "roles", None) or ())
-        probe = self.cls(dict(self.eval[0].columns))
-        if not self.roles:
-            probe.reset()
+        probe = self._probe()
         tools = self.bind_tools(probe)
         self.tool_specs = [tool_spec(fn) for fn in tools.values()] or None
         self.tool_names = frozenset(tools)
@@ -210,6 +211,42 @@ class EnvTask:
         if conf.sandbox and self.roles:
             raise DatasetError(f"task {name}: sandbox = true is for single-agent envs; {conf.env} has roles")
         self.program = self._sandbox_program(tools) if conf.sandbox else ""
+
+    def _probe(self) -> Any:
+        """One instance, checked for the whole shape an episode needs (the methods and attributes
+        of the module docstring; a single-agent one is reset and stepped once with `PROBE_REPLY`),
+        so that a missing piece stops the run at start, not every episode."""
+        where = f"task {self.name}: env {self.conf.env}"
+        needed = ("turn", "step") if self.roles else ("reset", "step")
+        if missing := [m for m in needed if not callable(getattr(self.cls, m, None))]:
+            raise DatasetError(
+                f"{where} has no {' or '.join(f'{m}()' for m in missing)} method (see agents/tasks/environment.py)"
+            )
+        probe = self.cls(dict(self.eval[0].columns))
+        if self.roles:
+            return probe
+        try:
+            opening = probe.reset()
+            out = probe.step(dict(PROBE_REPLY))
+        except Exception as exc:
+            raise DatasetError(
+                f"{where}: reset() then step({PROBE_REPLY}) on {self.eval[0].task_id} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(opening, str | list):
+            raise DatasetError(f"{where}: reset() returned {opening!r}: need a list of messages or a string")
+        if not isinstance(out, StepResult) and not (isinstance(out, tuple | list) and len(out) == 2):
+            raise DatasetError(f"{where}: step() returned {out!r}: need (messages to add, done)")
+        for name, kind in (("reward", float), ("success", bool)):
+            if not hasattr(probe, name) and name not in getattr(self.cls, "__annotations__", {}):
+                raise DatasetError(f"{where} has no {name!r} attribute: need `{name}: {kind.__name__}`")
+            try:
+                kind(getattr(probe, name)) if hasattr(probe, name) else None
+            except (TypeError, ValueError) as exc:
+                raise DatasetError(
+                    f"{where}: {name} = {getattr(probe, name)!r} is not a {kind.__name__} ({exc})"
+                ) from None
+        return probe
 
     def _sandbox_program(self, tools: dict[str, Callable[..., Any]]) -> str:
         """The tools' file plus a main that runs one tool call read from stdin."""

@@ -18,6 +18,7 @@ from swarmrl.schemas import (
     ActionResult,
     EvalResult,
     Event,
+    GroupOutcome,
     LostEpisode,
     MergeStats,
     Sample,
@@ -157,6 +158,23 @@ TABLES: dict[str, pa.Schema] = {
             ("ts", F64),
         ]
     ),
+    "group_outcomes": pa.schema(
+        _POSITION
+        + [
+            ("v", I64),
+            ("model", STR),
+            ("owner", STR),
+            ("group_key", STR),
+            ("task", STR),
+            ("client_id", STR),
+            ("outcome", STR),
+            ("reason", STR),
+            ("step", I64),
+            ("reward_std", F64),
+            ("episodes", I64),
+            ("ts", F64),
+        ]
+    ),
     "evals": pa.schema(
         _POSITION
         + [
@@ -233,7 +251,7 @@ TABLES: dict[str, pa.Schema] = {
 STREAM_TABLES: dict[str, tuple[str, ...]] = {
     S.EPISODES_STREAM: ("events", "llm_calls"),
     S.SAMPLES_STREAM: ("samples", "lost_episodes"),
-    S.METRICS_STREAM: ("train_steps", "sample_drops", "evals", "merges", "actions"),
+    S.METRICS_STREAM: ("train_steps", "sample_drops", "evals", "merges", "actions", "group_outcomes"),
     S.DLQ_STREAM: ("dead_letters",),
 }
 
@@ -316,12 +334,14 @@ def sample_row(sample: Sample, stream: str, seq: int) -> Row:
 
 METRIC_TABLES: dict[type, str] = {
     TrainStep: "train_steps", SampleDrops: "sample_drops", EvalResult: "evals", MergeStats: "merges",
-    ActionResult: "actions",
+    ActionResult: "actions", GroupOutcome: "group_outcomes",
 }  # fmt: skip
 
 
 def metric_row(
-    record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult, stream: str, seq: int
+    record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult | GroupOutcome,
+    stream: str,
+    seq: int,
 ) -> tuple[str, Row]:
     table = METRIC_TABLES[type(record)]
     return table, check_ints(table, _record_row(table, record, stream, seq))

@@ -5,7 +5,9 @@ union_by_name=true)` (ledger replicas' partition folders included), so new part 
 column read it as NULL. A table without any file yet is a typed empty SELECT, so a query never fails
 on a fresh run. `episodes` is derived from `events` and `llm_calls`; its `task` is the task name the
 `begin` event's `task` map carries (`task.name` when it is a string, else ""), as the merger puts it
-on the episode's samples (`Sample.task`), so episodes and samples group by the same name.
+on the episode's samples (`Sample.task`), so episodes and samples group by the same name. `groups`
+is every trained or dropped group (`group_outcomes`), and the groups whose every episode was aborted,
+which no trainer sees.
 """
 
 from __future__ import annotations
@@ -58,7 +60,18 @@ JOIN per_episode p USING (episode_id)
 LEFT JOIN calls c USING (episode_id)
 """
 
-VIEWS = (*TABLES, "episodes")
+GROUPS_VIEW = """
+CREATE OR REPLACE VIEW groups AS
+SELECT group_key, task, client_id, model, outcome, reason, step, reward_std, episodes, ts FROM group_outcomes
+UNION ALL
+SELECT e.group_key, any_value(e.task), any_value(e.client_id), m.model, 'dropped', 'failed_episodes',
+       NULL::BIGINT, NULL::DOUBLE, count(*), max(e.end_ts)
+FROM episodes e, unnest(e.models) AS m(model)
+WHERE NOT e.eval AND (e.group_key, m.model) NOT IN (SELECT group_key, model FROM group_outcomes)
+GROUP BY e.group_key, m.model HAVING bool_and(e.status = 'aborted')
+"""
+
+VIEWS = (*TABLES, "episodes", "groups")
 
 
 def _quote(s: str) -> str:
@@ -83,6 +96,7 @@ def register_views(con: duckdb.DuckDBPyConnection, run_dir: Path | str, sub: str
             source = empty_select(table)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {source}")
     con.execute(EPISODES_VIEW)
+    con.execute(GROUPS_VIEW)
 
 
 def high_water_marks(con: duckdb.DuckDBPyConnection) -> dict[str, int]:

@@ -22,7 +22,15 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from swarmrl.schemas import ActionResult, EvalResult, MergeStats, MetricRecord, SampleDrops, TrainStep
+from swarmrl.schemas import (
+    ActionResult,
+    EvalResult,
+    GroupOutcome,
+    MergeStats,
+    MetricRecord,
+    SampleDrops,
+    TrainStep,
+)
 
 _TAG_SAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
 """What every tracker accepts in a name (MLflow's rule is the narrowest); anything else becomes `_`."""
@@ -70,6 +78,8 @@ class RowMaker:
             return [self._eval(record)]
         if isinstance(record, MergeStats):
             return [self._merge(record)]
+        if isinstance(record, GroupOutcome):  # per group: the ledger's `groups`; a step's counts suffice here
+            return []
         return [self._action(record)]
 
     def _train(self, r: TrainStep) -> list[Row]:

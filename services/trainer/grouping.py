@@ -129,6 +129,9 @@ class GroupBuffer:
         self.gone: OrderedDict[str, None] = OrderedDict()  # episodes lost or discarded, newest last
         self.max_gone = 100_000
         self.warned: set[str] = set()  # group keys already reported by `stalled`
+        self.dropped_groups: list[tuple[str, list[Held], str]] = []
+        """(key, samples, reason) of each group dropped whole (`failed_episodes`, `timeout`), until
+        `take_dropped_groups`: what the trainer tells the group's owner."""
         self.spent: list[Any] = []
         """Handles of lost records no group will use (see the module docstring), and the caller's of
         groups it dropped: the caller acks them with its next drop report or step."""
@@ -225,6 +228,7 @@ class GroupBuffer:
                     self.counts["lost_dropped_groups"] += 1
                     lost_dropped = self._release(key, complete)
                     self.counts["lost_dropped_samples"] += len(lost_dropped)
+                    self.dropped_groups.append((key, lost_dropped, "failed_episodes"))
                     dropped.extend(lost_dropped)
                     self.spent += used
                 complete = []
@@ -242,6 +246,7 @@ class GroupBuffer:
             else:
                 self.counts["timeout_dropped_groups"] += 1
                 timed_out += self._release(key, complete)
+                self.dropped_groups.append((key, timed_out, "timeout"))
             del self.pending[key], self.sizes[key]
             self.counts["timeout_dropped_samples"] += len(timed_out)
             dropped.extend(timed_out)
@@ -294,6 +299,10 @@ class GroupBuffer:
                 del self.held[(h.sample.episode_id, h.sample.agent, h.sample.index)]
                 out.append(h)
         return out
+
+    def take_dropped_groups(self) -> list[tuple[str, list[Held], str]]:
+        dropped, self.dropped_groups = self.dropped_groups, []
+        return dropped
 
     def take_spent(self) -> list[Any]:
         """The handles in `spent`, handed over for acking."""

@@ -102,6 +102,7 @@ class ReadyGroups:
         counts: Counter[str],
         drop: Callable[[list[Held], str], None],
         spend: Callable[[list[Any]], None],
+        dropped_group: Callable[[Group, list[Held], str], None] = lambda group, items, reason: None,
     ) -> None:
         self.cfg = cfg
         self.counts = counts
@@ -109,6 +110,8 @@ class ReadyGroups:
         """Takes samples that will not be trained, with the reason."""
         self.spend = spend
         """Takes the handles of lost-episode records no group will use."""
+        self.dropped_group = dropped_group
+        """Told of each group dropped whole: its samples as formed, and why."""
         self.groups: deque[Group] = deque()
         self.thrown_away: list[tuple[int, int]] = []
         """(good, served) of each rollback: the versions strictly between were thrown away, and so are
@@ -154,12 +157,14 @@ class ReadyGroups:
     def score(self, group: Group, version: int) -> GroupScore | None:
         """Score `group` at `version`; drop its stale samples, those of versions a rollback threw
         away, or the whole group (None)."""
+        formed = list(group.items)
         gone = [self._thrown_away(h.sample) for h in group.items] if self.thrown_away else []
         if any(gone):
             self.counts["dropped_rolled_back"] += sum(gone)
             self.drop([h for h, g in zip(group.items, gone, strict=True) if g], "rolled_back")
             group.items = [h for h, g in zip(group.items, gone, strict=True) if not g]
         score = self._score(group, version)
+        stale_left = any(score.stale)
         if any(score.stale):
             stale = [h for h, st in zip(group.items, score.stale, strict=True) if st]
             self.counts["dropped_stale"] += len(stale)
@@ -169,6 +174,8 @@ class ReadyGroups:
         if score.status == "ok":
             return score
         self.counts[f"{score.status}_groups"] += 1
+        reason = "stale" if stale_left and score.status == "too_small" else score.status
+        self.dropped_group(group, formed, "rolled_back" if any(gone) and not group.items else reason)
         self.drop(group.items, score.status)
         self.spend(group.lost)
         return None

@@ -50,6 +50,7 @@ from swarmrl.services.trainer.grpo import generated_versions
 from swarmrl.services.trainer.guard import RewardGuard
 from swarmrl.services.trainer.intake import SampleIntake, Unacked, reasons
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
+from swarmrl.services.trainer.outcomes import Outcomes
 from swarmrl.services.trainer.ready import Batch, ReadyGroups, train_step
 
 log = logging.getLogger("swarmrl.trainer")
@@ -107,7 +108,11 @@ class Trainer:
         """Set after each fetch: the queued groups may have changed."""
         self.unacked = Unacked(bus.DeadLetters(nc, "trainer"), cfg.ack_wait_s, cfg.drop_report_s)
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
-        self.ready = ReadyGroups(cfg, self.counts, self.unacked.drop, self.unacked.spend)
+        self.outcomes = Outcomes(cfg.model)
+        self.ready = ReadyGroups(
+            cfg, self.counts, self.unacked.drop, self.unacked.spend,
+            lambda group, items, reason: self.outcomes.dropped(group.key, items, reason, self.state.step),
+        )  # fmt: skip
         self.intake = SampleIntake(
             cfg.model, self.buffer, self.unacked,
             vocab_size=learner.vocab_size, max_tokens=learner.context_len or cfg.max_tokens_per_micro_batch,
@@ -201,14 +206,18 @@ class Trainer:
             self.warn_stall(stall)
         ready, dropped = self.buffer.pop_ready(now)
         self.unacked.drop(dropped, "dropped_group")
+        for key, items, reason in self.buffer.take_dropped_groups():
+            self.outcomes.dropped(key, items, reason, self.state.step)
         self.unacked.spend(self.buffer.take_spent())
         for group in ready:
             self.observe(group)
             self.ready.add(group, self.version)
 
     async def settle(self, now: float) -> None:
-        """Report the drops that waited `drop_report_s`, else ack the spent lost records (with drops
-        pending they go with the report); keep every held message alive."""
+        """Tell owners the outcomes decided; report the drops that waited `drop_report_s`, else ack
+        the spent lost records (with drops pending they go with the report); keep every held message
+        alive."""
+        await self.publish_outcomes()
         if self.unacked.report_due(now):
             dropped, keys = self.unacked.take_report()
             msg = SampleDrops(model=self.cfg.model, step=self.state.step, dropped=reasons(dropped))
@@ -266,6 +275,9 @@ class Trainer:
         dropped, reported = self.unacked.take_report()
         trained = [it for it in items if it.sample.sample_id not in result.skipped]
         await self.publish_step(trained, version, result, time.perf_counter() - started, reasons(dropped))
+        for group in batch.groups:
+            self.outcomes.trained(group.key, group.items, step)
+        await self.publish_outcomes()
         await self.unacked.ack([*batch.handles(result.skipped), *reported])
         await asyncio.to_thread(prune, self.root, self.keep_checkpoints(), self.guard.good_version)
         if self.done():
@@ -361,6 +373,14 @@ class Trainer:
             self.cfg.model, msg.step, msg.loss, msg.reward_mean, msg.samples, msg.tokens, stats["update_s"],
             stats["save_s"], stats["clip_frac"],
         )  # fmt: skip
+
+    async def publish_outcomes(self) -> None:
+        """The warning of a client most of whose groups are dropped; then each group decided since the
+        last call, to its owner (`outcomes.py`)."""
+        for warning in self.outcomes.warnings():  # first: an agent that hears the outcome finds it logged
+            log.warning("model=%s %s", self.cfg.model, warning)
+        for subject, record, msg_id in self.outcomes.take():
+            await self.publish(subject, record, msg_id)
 
     async def publish(self, subject: str, record: BaseModel, msg_id: str) -> None:
         await retry(self.stopping, self.js.publish, subject, encode(record), headers={"Nats-Msg-Id": msg_id})

@@ -25,9 +25,9 @@ from tests.support.localstack import Stack
 
 REWARD = """
 def picky(prompts, completions, answer, **kwargs):
-    if answer[0] == 3:
+    if 3 in answer:
         raise KeyError("row with answer 3")
-    return [0.5]
+    return [0.5] * len(completions)
 """
 
 

@@ -16,13 +16,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.js import JetStreamContext
 
 from swarmrl.agents.tasks.calculator import TOOLS, Calculator, CalculatorEnv, eval_tasks, train_tasks
 from swarmrl.infra.credentials import AgentCredential
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.schemas import AbortEvent, BeginEvent, EndEvent, LlmEvent, RewardEvent, decode_event
+from swarmrl.schemas import (
+    AbortEvent,
+    BeginEvent,
+    EndEvent,
+    GroupOutcome,
+    LlmEvent,
+    RewardEvent,
+    decode_event,
+    encode,
+)
 from swarmrl.schemas import subjects as S
 from swarmrl.services.merger.service import Merger
 from tests.conftest import wait_for
@@ -285,3 +295,44 @@ async def test_js_agent_drains_or_aborts_on_sigterm(
     for ab in aborted:
         assert isinstance(ab, AbortEvent) and "SIGTERM" in ab.reason
     assert await stream_count(js, S.DLQ_STREAM) == 0
+
+
+async def test_the_js_client_hears_what_became_of_its_group_and_only_its_own(
+    swarm_nats: NatsServer, tmp_path: Path
+) -> None:
+    """`SwarmClient.outcome` of `swarm.mjs`: the trainer's `GroupOutcome` for the client's own
+    identity reaches it; another identity's is never delivered to it."""
+    cred = swarm_nats.mint_agent("js-out")
+    script = """
+import { readFileSync } from "node:fs";
+import { SwarmClient } from "./swarm.mjs";
+const f = JSON.parse(readFileSync(process.env.SWARMRL_CONNECT_FILE, "utf8"));
+const swarm = await SwarmClient.connect({ servers: f.nats_url.split(","), name: f.name, seed: f.seed,
+  inboxPrefix: f.inbox_prefix, clientId: "js", clientVersion: "t" });
+process.stdout.write("ready\\n");
+const out = await swarm.outcome("g-1", { timeoutMs: 20000 });
+const other = await swarm.outcome("g-other", { timeoutMs: 1500 }).catch((e) => e.message);
+process.stdout.write(JSON.stringify({ out, other }) + "\\n");
+await swarm.close();
+"""
+    env = agent_env(SWARMRL_CONNECT_FILE=str(cred.write(tmp_path / "js-out.json")))
+    proc = await asyncio.create_subprocess_exec(
+        "node", "--input-type=module", "-e", script, cwd=JS_DIR, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert await asyncio.wait_for(proc.stdout.readline(), timeout=30) == b"ready\n"
+    nc = await nats.connect(swarm_nats.service_url)
+    try:
+        for owner, key in (("agent", "g-other"), ("js-out", "g-1")):  # as a trainer publishes them
+            outcome = GroupOutcome(
+                model="policy", owner=owner, group_key=key, outcome="dropped", reason="zero_adv", step=3
+            )
+            await nc.jetstream().publish(S.outcome_subject(owner, "policy"), encode(outcome))
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+    finally:
+        await nc.close()
+        await proc.wait()
+    got = json.loads(line)
+    assert (got["out"]["outcome"], got["out"]["reason"], got["out"]["step"]) == ("dropped", "zero_adv", 3)
+    assert got["other"] == "no outcome of group g-other within 1.5s"

@@ -109,6 +109,10 @@ async def test_no_agent_sees_another_agents_inbox_or_any_service_traffic(
     mallory.errors.clear()
     await mallory.nc.subscribe("_INBOX.alice.>")
     await mallory.violation()
+    for others in ("swarm.metrics.outcome.alice.*", "swarm.metrics.outcome.>", "swarm.metrics.>"):
+        mallory.errors.clear()
+        await mallory.nc.subscribe(others)  # what became of alice's groups is alice's to read
+        await mallory.violation()
     # Its own inbox prefix is allowed, but the services live in another account: a service message
     # to `_INBOX.mallory.x` (or a pull delivery, or alice's token reply) never reaches it.
     seen: list[str] = []

@@ -213,6 +213,8 @@ async function main() {
   const questions = trainTasks(o.seed);
   const maxGroups = o.episodes ? Math.ceil(o.episodes / o.numRepeat) : Infinity;
   const counts = { ok: 0, success: 0, failed: 0, stopped: 0 };
+  const fates = new Map(); // "trained" or the drop reason -> groups (what the trainers told this client)
+  const heard = [];
   let groups = 0;
   // Group numbers (and the seeded questions) start over when this process is restarted: the key
   // also names this process's lifetime, so a restarted client never joins its predecessor's groups.
@@ -240,15 +242,29 @@ async function main() {
           log("WARNING", `episode failed: ${r.reason?.stack ?? r.reason}`);
         }
       }
+      if (results.some((r) => r.status === "fulfilled")) {
+        heard.push(
+          swarm.outcome(key, { timeoutMs: o.drainMs }).then(
+            (out) => {
+              const fate = out.outcome === "trained" ? "trained" : `dropped ${out.reason}`;
+              fates.set(fate, (fates.get(fate) ?? 0) + 1);
+              if (out.outcome === "dropped") log("INFO", `group ${key} dropped: ${out.reason}`);
+            },
+            () => {}, // not decided before the client stops: the ledger's `groups` has it
+          ),
+        );
+      }
       if (failed) await sleep(1000, stop.signal).catch(() => {}); // back off while the swarm is not answering
     }
   }
 
   await Promise.all(Array.from({ length: o.concurrency }, groupLoop));
+  await Promise.race([Promise.all(heard), sleep(2000)]); // outcomes still to come: a moment, not the drain again
   log(
     "INFO",
     `client stopping after ${groups} groups: ${counts.ok} episodes ended (${counts.success} solved), ` +
-      `${counts.failed} failed, ${counts.stopped} aborted on stop`,
+      `${counts.failed} failed, ${counts.stopped} aborted on stop; groups: ` +
+      ([...fates].map(([fate, n]) => `${n} ${fate}`).join(", ") || "no outcome heard"),
   );
   await swarm.close();
   // Stopped by a signal: 0. Stopped by the count: 1 only if no episode at all could be played.

@@ -66,7 +66,9 @@ export class SwarmClient {
       maxReconnectAttempts: -1,
       reconnectTimeWait: 500,
     });
-    return new SwarmClient(nc, name, clientId, clientVersion, retryS);
+    const client = new SwarmClient(nc, name, clientId, clientVersion, retryS);
+    client.watchOutcomes();
+    return client;
   }
 
   constructor(nc, name, clientId, clientVersion, retryS) {
@@ -76,6 +78,55 @@ export class SwarmClient {
     this.clientId = clientId;
     this.clientVersion = clientVersion;
     this.retryS = retryS;
+    this.outcomes = new Map(); // group key -> model -> GroupOutcome map (the newest 10,000 groups)
+    this.outcomeWaiters = new Set();
+  }
+
+  /**
+   * What became of this client's groups: each trainer publishes a `GroupOutcome` map on
+   * `swarm.metrics.outcome.<client>.<model>` once it decides (schemas/README.md), a subject only this
+   * identity may read. Subscribed at connect, so an outcome decided early is kept until asked for.
+   */
+  watchOutcomes() {
+    const sub = this.nc.subscribe(`swarm.metrics.outcome.${this.name}.*`);
+    (async () => {
+      for await (const msg of sub) {
+        const outcome = decode(msg.data);
+        const byModel = this.outcomes.get(outcome.group_key) ?? new Map();
+        byModel.set(outcome.model, outcome);
+        this.outcomes.delete(outcome.group_key); // re-insert: the map keeps insertion order, newest last
+        this.outcomes.set(outcome.group_key, byModel);
+        if (this.outcomes.size > 10_000) this.outcomes.delete(this.outcomes.keys().next().value);
+        for (const wake of this.outcomeWaiters) wake();
+      }
+    })();
+  }
+
+  /**
+   * The outcome of group `groupKey` (for `model`, else the first model to decide): `{outcome:
+   * "trained", step, reward_std}` or `{outcome: "dropped", reason}` (`zero_adv`: all rewards equal,
+   * `stale`, `timeout`, ...). Rejects after `timeoutMs`.
+   */
+  outcome(groupKey, { model = null, timeoutMs = 120_000 } = {}) {
+    return new Promise((resolve, reject) => {
+      const look = () => {
+        const byModel = this.outcomes.get(groupKey);
+        const found = byModel && (model ? byModel.get(model) : byModel.values().next().value);
+        if (!found) return false;
+        done();
+        resolve(found);
+        return true;
+      };
+      const timer = setTimeout(() => {
+        done();
+        reject(new SwarmError(`no outcome of group ${groupKey} within ${timeoutMs / 1000}s`));
+      }, timeoutMs);
+      const done = () => {
+        clearTimeout(timer);
+        this.outcomeWaiters.delete(look);
+      };
+      if (!look()) this.outcomeWaiters.add(look);
+    });
   }
 
   /** Publish one event map idempotently; resolves once JetStream stored it. */

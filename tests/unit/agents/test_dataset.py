@@ -35,16 +35,19 @@ async def exact_async(prompts, completions, answer, **kwargs):
 
 def chat(prompts, completions, **kwargs):
     assert isinstance(prompts[0], list) and completions[0][0]["role"] == "assistant"
-    return [float(len(completions[0][0]["content"]))]
+    return [float(len(c[0]["content"])) for c in completions]
 
 def boom(prompts, completions, **kwargs):
     raise ZeroDivisionError("the user's bug")
 
 def nan(prompts, completions, **kwargs):
-    return [math.nan]
+    return [math.nan] * len(completions)
 
 def two(prompts, completions, **kwargs):
     return [1.0, 0.0]
+
+def scalar(prompts, completions, **kwargs):
+    return 1.0
 """
 
 
@@ -158,6 +161,17 @@ def test_a_failing_reward_is_an_error_naming_the_function_and_the_row(
     with pytest.raises(RewardError) as err:
         asyncio.run(env.settle())
     assert f"rewards.py:{fn} on {spec.eval_tasks()[0].task_id}" in str(err.value) and says in str(err.value)
+
+
+def test_a_reward_of_the_wrong_shape_is_refused_at_start(folder: Path) -> None:
+    """The reward is called once on a probe row when the task is built (before any process starts)."""
+    with pytest.raises(DatasetError, match=r"need a list with one float per completion") as err:
+        DataTask("t", conf(folder, reward="rewards.py:scalar"))
+    assert str(err.value).startswith(
+        "task t: the start-up probe: reward "
+    ) and "rewards.py:scalar on t-" in str(err.value)
+    assert "returned 1.0 for 2 completions" in str(err.value)
+    print("a reward author sees:", err.value)
 
 
 def test_bad_input_is_refused_with_what_to_fix(folder: Path) -> None:

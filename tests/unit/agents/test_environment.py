@@ -56,6 +56,29 @@ class Count:
 class Bare:
     def __init__(self, instance):
         pass
+
+
+class NoStep(Count):
+    step = None
+
+
+class NoReward:
+    tools = []
+    train_instances, eval_instances = Count.train_instances, Count.eval_instances
+
+    def __init__(self, instance):
+        self.success = False
+
+    def reset(self):
+        return "hi"
+
+    def step(self, reply):
+        return [], False
+
+
+class OneValue(Count):
+    def step(self, reply):
+        return True
 '''
 
 
@@ -136,6 +159,22 @@ def test_what_is_wrong_with_an_env_is_said_at_start(folder: Path) -> None:
         env_task("x", conf(folder, env="count.py:Absent"))
     with pytest.raises(ValueError, match="an env task's reward is its environment's"):
         TaskConf(env="count.py:Count", data=["x.jsonl"], reward="r.py:f")
+
+
+def test_the_start_up_probe_checks_the_whole_shape_on_one_instance(folder: Path) -> None:
+    """Reset and one step on a held-out instance: what every episode would trip on stops the run now."""
+    with pytest.raises(
+        DatasetError, match=r"task t: env .*count.py:NoStep has no step\(\) method"
+    ) as no_step:
+        env_task("t", conf(folder, env="count.py:NoStep"))
+    with pytest.raises(
+        DatasetError, match=r"NoReward has no 'reward' attribute: need `reward: float`"
+    ) as no_reward:
+        env_task("t", conf(folder, env="count.py:NoReward"))
+    with pytest.raises(DatasetError, match=r"step\(\) returned True: need \(messages to add, done\)") as one:
+        env_task("t", conf(folder, env="count.py:OneValue"))
+    for err in (no_step, no_reward, one):
+        print("an env author sees:", err.value)
 
 
 SANDBOXED = '''

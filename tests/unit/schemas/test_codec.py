@@ -133,7 +133,8 @@ def test_an_episode_belongs_to_the_client_named_before_its_first_underscore() ->
     perms = S.agent_permissions("calc-0")
     assert "swarm.ep.calc-0.*.reward" in perms["publish"]["allow"]
     assert not any(".llm" in p and p.startswith("swarm.ep") for p in perms["publish"]["allow"])
-    assert perms["subscribe"]["allow"] == ["_INBOX.calc-0.>"]
+    # its own inbox, and the outcomes of its own groups (GroupOutcome), nothing else
+    assert perms["subscribe"]["allow"] == ["_INBOX.calc-0.>", "swarm.metrics.outcome.calc-0.*"]
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
