@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchutil import RESULTS, machine, write_json
-from chaos_accounting import account
+from chaos_accounting import account, checks_table
 from chaos_faults import SERVICES, FaultConfig, Injector, plan, read_journal
 
 from swarmrl.infra.nats_cluster import NatsCluster
@@ -368,12 +368,7 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         "",
         "## Checks",
         "",
-        "| check | result |",
-        "| --- | --- |",
-        *[
-            f"| {k} | {'yes' if v else ('not measured' if v is None else '**NO**')} |"
-            for k, v in r["checks"].items()
-        ],
+        *checks_table(r["checks"]),
         "",
         f"**lost = {r['lost']}, doubled = {r['doubled']}.**",
         "",

@@ -493,6 +493,14 @@ def eval_curve(st: Streams) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def checks_table(checks: dict[str, bool | None]) -> list[str]:
+    """The `checks` of an accounting as markdown table lines (None: not measured in this run)."""
+    rows = [
+        f"| {k} | {'yes' if v else ('not measured' if v is None else '**NO**')} |" for k, v in checks.items()
+    ]
+    return ["| check | result |", "| --- | --- |", *rows]
+
+
 async def account(
     url: str, run_dir: Path, faults: list[dict[str, Any]], restarts: list[dict[str, Any]]
 ) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from chaos_accounting import checks_table
+
 NODES = ("A", "B", "C")
 
 
@@ -145,12 +147,7 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         "",
         "## Checks",
         "",
-        "| check | result |",
-        "| --- | --- |",
-        *[
-            f"| {k} | {'yes' if v else ('not measured' if v is None else '**NO**')} |"
-            for k, v in r["checks"].items()
-        ],
+        *checks_table(r["checks"]),
         "",
         f"**lost = {r['lost']}, doubled = {r['doubled']}.** Episodes never ended: {r['never_ended']} "
         f"(each begun during, or up to 120 s before, a fault: its agent could not end it, and the merger timed it out).",
