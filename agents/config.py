@@ -24,7 +24,9 @@ class TaskConf(Strict):
     roles: dict[str, str] = {}
     """Role (agent name) -> model. Empty: a single-agent task played by the swarm's only model."""
     clients: int = Field(default=2, ge=0)
-    """Client processes playing this task (0: only outside agents feed it)."""
+    """Client processes playing this task (0: only outside agents feed it; a name of your own with
+    0 clients and no `data`, `env` or `command` declares an outside agent's task: its weight in the
+    mix, its own report)."""
     concurrency: int = Field(default=2, ge=1)
     """GRPO groups each built-in client plays at once."""
     command: list[str] | None = None

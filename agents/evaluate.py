@@ -189,7 +189,7 @@ async def run_evaluator(
     (`metric="success"`, model = the lead) and, for a multi-role task, each role's own metric under
     that role's model at the model's current version: what each model contributes, not only the team.
     """
-    swarm = await SwarmClient.connect(nats_url, client_id="evaluator", code_version="evaluator")
+    swarm = await SwarmClient.connect(nats_url, client_id=S.EVALUATOR, code_version=S.EVALUATOR)
     kv = await swarm.js.key_value(S.MODELS_BUCKET)
     watcher = await kv.watchall()
     versions: dict[str, int] = {}

@@ -175,7 +175,8 @@ def accelerate_launch(processes: int) -> tuple[list[str], dict[str, str]]:
 def uses_actions(swarm: Swarm) -> bool:
     """Whether the swarm runs an actions service: some built-in client's task has tool actions."""
     return swarm.run.actions != "off" and any(
-        t.command is None and get_task(name).tool_actions is not None for name, t in swarm.tasks.items()
+        t.command is None and t.clients > 0 and get_task(name).tool_actions is not None
+        for name, t in swarm.tasks.items()
     )
 
 

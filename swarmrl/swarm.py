@@ -155,10 +155,11 @@ class Swarm(Strict):
             spec = None if task.own else TASKS.get(name)
             if task.own and name in BUILTIN:
                 raise ValueError(f"[tasks.{name}]: {name} is a built-in task; name your own task otherwise")
-            if spec is None and task.command is None and not task.own:
+            if spec is None and task.command is None and not task.own and task.clients > 0:
                 raise ValueError(
-                    f"[tasks.{name}]: unknown built-in task; known: {sorted(TASKS)} "
-                    "(a task of your own needs `data` and `reward`, an `env`, or a `command`)"
+                    f"[tasks.{name}]: unknown built-in task; known: {sorted(TASKS)} (a task of your "
+                    "own needs `data` and `reward`, an `env` or a `command`; one outside agents "
+                    "play, `clients = 0`)"
                 )
             if not task.roles:
                 if spec is not None and spec.roles:
@@ -266,6 +267,8 @@ def service_config(swarm: Swarm, service: str, model: str | None = None, **place
         settings = getattr(swarm, service)
     if service == "gateway":
         derived["max_backlog"] = swarm.backlog()
+        derived["tasks"] = list(swarm.tasks)
+        derived["own_tasks"] = [name for name, t in swarm.tasks.items() if t.clients > 0]
         if len(swarm.tasks) > 1:
             derived["task_weight"] = [f"{t}={w:.6g}" for t, w in swarm.weights().items()]
     if service == "actions" and run.actions != "off":

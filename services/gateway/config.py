@@ -67,6 +67,12 @@ class GatewaySettings(Settings):
     mix_window_s: float = Field(default=30.0, gt=0.0)
     """Task mixing: a task counts as active (and gets its share) while it asked for a token this recently."""
 
+    outside_tasks: bool = True
+    """An agent outside the swarm may name a task the description does not declare (on `begin`, as
+    `task={"name": ...}`); its episodes are reported and evaluated under that name. False: outside
+    agents play only tasks declared with `clients = 0`. Either way, a task the swarm's own clients play
+    is theirs alone, and with several tasks mixed by weight every training episode names one of them."""
+
     agent_rate: float = Field(default=0.0, ge=0.0)
     """LLM calls per second each agent identity may make (a token bucket; 0 = no bound); past it a
     call gets 429 `rate_limit_exceeded` with `Retry-After`, which the OpenAI SDKs wait out and retry.
@@ -117,6 +123,14 @@ class GatewayConfig(ServiceConfig, GatewaySettings):
     """Task mixing as TASK=WEIGHT (repeatable, or comma-separated; env SWARMRL_TASK_WEIGHT=a=0.7,b=0.3): new
     GRPO groups of a task ahead of its share wait (`retry_after_s`), and token requests must name one
     of these tasks. Empty = no mixing. See `services/gateway/mixing.py`."""
+
+    tasks: list[str] = Field(default_factory=list)
+    """The description's tasks (`swarmrl up` lists them); empty: a gateway run alone, which checks no
+    task names."""
+    own_tasks: list[str] = Field(default_factory=list)
+    """Tasks the swarm's own clients play (`clients > 0`): only those clients and the evaluator may
+    send their episodes (`schemas/subjects.py` `plays_own_task`), so an outside agent's episodes are
+    never mixed into them."""
 
     @field_validator("task_weight", mode="before")
     @classmethod

@@ -62,3 +62,23 @@ def check_token_request(data: bytes, served: Collection[str]) -> Grant:
                 f"agent_models[{agent!r}] names {outside}, which are not among the episode's models {models}"
             )
     return Grant(req, tuple(models), {a: tuple(per_agent.get(a, models)) for a in agents})
+
+
+def check_task(task: str, owner: str, tasks: Collection[str], own: Collection[str], outside: bool) -> None:
+    """Raise ValueError unless identity `owner` may send episodes of `task`: a task the swarm's own
+    clients play (`own`) is theirs alone; any other declared task (`tasks`) is open to every agent;
+    an undeclared one only where the description allows outside tasks. No `tasks`: nothing checked."""
+    if not tasks:
+        return
+    if task in own and not S.plays_own_task(owner, task):
+        raise ValueError(
+            f"task {task!r} is played by this swarm's own clients, and an agent's episodes are never "
+            f"mixed into it: name your own task (task={{\"name\": \"my-task\"}}), or declare it in the "
+            f"description as [tasks.my-task] with clients = 0"
+        )
+    if task not in tasks and not outside:
+        open_tasks = sorted(set(tasks) - set(own))
+        raise ValueError(
+            f"task {task!r} is not declared in this swarm's description, which allows no outside tasks "
+            f"([gateway] outside_tasks = false); tasks open to outside agents: {open_tasks or 'none'}"
+        )

@@ -67,7 +67,8 @@ class TaskMixer:
             named = f"task {task!r}" if task else "no task"
             raise ValueError(
                 f"this gateway mixes tasks by weight and the token request names {named}; "
-                f"known tasks: {sorted(self.weights)}"
+                f"known tasks: {sorted(self.weights)} (an outside agent's own task is declared in the "
+                f"description with its weight: [tasks.<name>] clients = 0)"
             )
 
     def _active(self, now: float) -> list[str]:

@@ -41,7 +41,7 @@ from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.episodes import SharedEpisodes
 from swarmrl.services.gateway.errors import ApiError, too_large
-from swarmrl.services.gateway.grants import check_token_request
+from swarmrl.services.gateway.grants import check_task, check_token_request
 from swarmrl.services.gateway.groups import GroupBook
 from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
@@ -190,6 +190,7 @@ class GatewayService:
                     f"not_owner: client {owner!r} may not get tokens for episode {req.episode_id!r}"
                 )
             ttl_s = check_ttl(req.ttl_s, self.cfg.token_ttl_max_s)  # before admission counts the group
+            check_task(req.task, owner, self.cfg.tasks, self.cfg.own_tasks, self.cfg.outside_tasks)
             if self.mixer is not None and not req.eval:
                 self.mixer.check(req.task)  # an unweighted task would slip past the mix
             held = self.limits.find(owner, req.episode_id) is not None  # asking again (another agent's token)
