@@ -75,7 +75,7 @@ bench-weight-sync *ARGS:
 bench-decode *ARGS:
     python bench/engine_decode.py "$@"
 
-# Chaos benchmark: the default swarm on a local 3-node NATS cluster under SIGKILLs (`--replicas 2`: two of each of merger, ledger, gateway, engine; bench/results/chaos-replicas.*), against a fault-free run of the same swarm (~17 min each; the fault-free one only when none of this swarm is recorded); bench/results/chaos{,-fault-free}.{json,md}.
+# Chaos benchmark: the default swarm on a local 3-node NATS cluster under SIGKILLs (`--replicas 2`: two of each of merger, ledger, gateway, engine, trainer; bench/results/chaos-replicas.*), against a fault-free run of the same swarm (~17 min each; the fault-free one only when none of this swarm is recorded); bench/results/chaos{,-fault-free}.{json,md}.
 chaos *ARGS:
     python bench/chaos.py "$@"
 

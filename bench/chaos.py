@@ -114,10 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "when it ran this swarm (same --minutes, --clients, --concurrency, --episode-timeout-s and up args), "
         "else it is run first and written there")  # fmt: skip
     add("--replicas", type=int, default=1,
-        help="processes of each of merger, ledger, gateway and engine (`[replicas]`); a kill then takes one "
-        "replica, and the others cover it (partitions by lease; token requests in a queue group; the "
-        "gateway's engine pool). Learning is compared with the fault-free run without replicas (replicas "
-        "do not change what the swarm trains on)")  # fmt: skip
+        help="processes of each of merger, ledger, gateway, engine and trainer (`[replicas]`); a kill then "
+        "takes one replica, and the others cover it (partitions by lease; token requests in a queue group; "
+        "the gateway's engine pool; a standby trainer takes the lead), each kind's median recovery within "
+        "10 s. Learning is compared with a fault-free run of the same replicated swarm")  # fmt: skip
     add("--name", default=None, help="results file name (default chaos, or chaos-replicas with --replicas)")
     add("up_args", nargs="*", help="after --: more `swarmrl up` flags (e.g. --model DIR --task guess_number)")
     args = p.parse_args(argv)
@@ -133,7 +133,9 @@ def replicas_config(args: argparse.Namespace, work: Path) -> list[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         '[models.policy]\nbase = "tiny"\n\n[tasks.calculator]\n\n[replicas]\n'
-        + "".join(f"{svc} = {args.replicas}\n" for svc in ("merger", "ledger", "gateway", "engine"))
+        + "".join(
+            f"{svc} = {args.replicas}\n" for svc in ("merger", "ledger", "gateway", "engine", "trainer")
+        )
     )
     return ["--config", str(path)]
 
@@ -219,8 +221,8 @@ def summarize(
     faults = acct.pop("recovery")
     recovery: dict[str, dict[str, Any]] = {}
     for kind in KINDS:
-        times = [
-            f["recovered_after_s"]
+        times = [  # a node, held down on purpose, counts from its restart
+            f["caught_up_s"] if kind == "nats-node" else f["recovered_after_s"]
             for f in faults
             if f["kind"] == kind and f.get("recovered_after_s") is not None
         ]
@@ -276,6 +278,11 @@ def summarize(
             "final held-out success >= 0.9x the fault-free run's": all(v["base_final"] is not None and v["final"] >= 0.9 * v["base_final"] for v in learned.values()) if learned and baseline else None,
             "distinct instances per training episode >= 0.9x the fault-free run's": ep["distinct_per_episode"] >= 0.9 * base_ep["distinct_per_episode"] if base_ep else None,
         }  # fmt: skip
+        if args.replicas > 1:  # a kill is covered by another replica (a standby trainer): in seconds
+            medians = [r["recover_median_s"] for r in recovery.values() if r["faults"]]
+            checks[f"every recover median <= {RECOVER_S:g} s"] = all(
+                m is not None and m <= RECOVER_S for m in medians
+            )
     return {
         "benchmark": "chaos",
         "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
@@ -376,8 +383,9 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         "",
         "Time to recover = from the SIGKILL to the restarted process's next observable output: merger the first "
         "merge stat once every partition the killed merger held has a new owner (a surviving replica or its "
-        "restart; `covered` below: the takeover alone), trainer a train step, ledger a new Parquet part, gateway and engine an `llm` event, client its "
-        "next `begin`; node: back in the cluster with every stream's replica on it current (`/healthz` ok).",
+        "restart; `covered` below: the takeover alone), trainer a train step (of its standby, with replicas), ledger a new Parquet part, "
+        "gateway and engine an `llm` event, client its next `begin`; node: from its restart (it is held down "
+        "on purpose) until back in the cluster with every stream's replica on it current (`/healthz` ok).",
         "",
         "| fault | injected | restarts by up | restarted after (median s) | recovered | recover median s | recover max s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -391,15 +399,17 @@ def write_md(r: dict[str, Any], path: Path) -> None:
             f"{_f(rec['recover_median_s'])} | {_f(rec['recover_max_s'])} |"
         )
     n = r["config"].get("replicas", 1)
-    for kind in ("merger", "ledger", "gateway", "engine"):
+    for kind in ("merger", "ledger", "gateway", "engine", "trainer"):
         covered = [
             f["covered_after_s"]
             for f in r["faults"]
             if f["kind"] == kind and f.get("covered_after_s") is not None
         ]
-        what = (
-            "the last of its partitions taken again" if kind in ("merger", "ledger") else "the next llm event"
-        )
+        what = {
+            "merger": "the last of its partitions taken again",
+            "ledger": "the last of its partitions taken again",
+            "trainer": "the standby's next train step",
+        }.get(kind, "the next llm event")
         if covered:
             lines += ["", f"{kind.capitalize()} kills covered (kill to {what}) after: "
                       f"{', '.join(f'{c:.1f}' for c in covered)} s ({n} replica(s))."]  # fmt: skip
@@ -504,21 +514,22 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-SAME_SWARM = ("minutes", "clients", "concurrency", "episode_timeout_s", "up_args")
+RECOVER_S = 10.0
+"""With replicas, every kind of fault's median time to recover is at most this."""
+SAME_SWARM = ("minutes", "clients", "concurrency", "episode_timeout_s", "replicas", "up_args")
 """What a fault-free run must share with a chaos run to be its baseline."""
 
 
 def baseline_for(args: argparse.Namespace) -> dict[str, Any]:
     """The fault-free run to compare with: `--baseline PATH` as recorded, or (`auto`) the recorded
     `<out>/<name>-fault-free.json` when it ran the same swarm, else a new one, run now and written there."""
-    ff_name = args.name.removesuffix("-replicas")
+    ff_name = args.name
     path = args.out / f"{ff_name}-fault-free.json" if args.baseline == "auto" else Path(args.baseline)
     if path.exists():
         base = json.loads(path.read_text())
+        recorded = {"replicas": 1} | base["config"]  # baselines recorded before --replicas had none
         differs = {
-            k: (base["config"].get(k), getattr(args, k))
-            for k in SAME_SWARM
-            if base["config"].get(k) != getattr(args, k)
+            k: (recorded.get(k), getattr(args, k)) for k in SAME_SWARM if recorded.get(k) != getattr(args, k)
         }
         if not differs:
             print(f"chaos: fault-free baseline {path}", flush=True)

@@ -465,8 +465,9 @@ def recovery_times(
             nxt = next((t for t in outputs[f["kind"]] if covered is not None and t > covered), None)
             row["restarted_after_s"] = None if restart is None else round(restart - f["ts"], 2)
             row["recovered_after_s"] = None if nxt is None else round(nxt - f["ts"], 2)
-        elif f["kind"] in ("gateway", "engine") and replica:
-            # one of several: the others serve the calls at once; covered = the next llm event
+        elif f["kind"] in ("gateway", "engine", "trainer") and replica:
+            # one of several: the others serve the calls at once, a standby trainer takes the lead;
+            # covered = the next llm event (train step)
             nxt = next((t for t in outputs[f["kind"]] if t > f["ts"]), None)
             row["covered_after_s"] = None if nxt is None else round(nxt - f["ts"], 2)
             row["restarted_after_s"] = None if restart is None else round(restart - f["ts"], 2)

@@ -41,6 +41,7 @@ from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.launch import client_name
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.common.kv_watch import live_keys
 from swarmrl.supervisor import RESTARTS_FILE, RestartPolicy
 
 SERVICES = ("merger", "trainer", "ledger", "gateway", "engine")
@@ -235,6 +236,8 @@ class Injector:
             pids = read_pids(self.run_dir)
             names = sorted(n for n in pids if n == kind or n.startswith(f"{kind}-"))
             live = [n for n in names if running(pids[n])]
+            if kind == "trainer" and len(live) > 1:  # a lead and its standbys: the lead, which trains
+                live = [n for n in live if n in await self._trainer_leads()] or live
             if live:
                 name = self.rng.choice(live)
                 os.kill(pids[name], signal.SIGKILL)
@@ -242,6 +245,17 @@ class Injector:
                 return
             await asyncio.sleep(0.5)
         print(f"chaos: no running {kind} to kill in 60 s; skipped", flush=True)
+
+    async def _trainer_leads(self) -> set[str]:
+        """The trainer processes holding a model's lead lease (services/trainer/lead.py)."""
+        assert self._nc is not None
+        try:
+            kv = await self._nc.jetstream().key_value(S.LEASES_BUCKET)
+            keys = await live_keys(self._nc.jetstream(), kv, "trainer.lead.>")
+            return {(await kv.get(k)).value.decode() for k in keys}
+        except Exception as exc:  # a broker away: any trainer, as without standbys
+            print(f"chaos: trainer leads unknown ({exc!r})", flush=True)
+            return set()
 
     async def node_fault(self) -> None:
         i = self.rng.randrange(len(self.cluster.nodes))
@@ -255,6 +269,7 @@ class Injector:
         while time.monotonic() < deadline:
             if await asyncio.to_thread(self.cluster.healthy, i) and await self._current(name):
                 fault["recovered_after_s"] = round(time.time() - fault["ts"], 2)
+                # held down on purpose: its recovery counts from its restart
                 fault["caught_up_s"] = round(fault["recovered_after_s"] - fault["restarted_after_s"], 2)
                 print(f"chaos: {name} current again after {fault['caught_up_s']}s", flush=True)
                 return

@@ -82,6 +82,20 @@ MICRO_PREFIX = "$SRV"  # nats.micro's discovery and stats subjects (PING, INFO, 
 ACT_PREFIX = "swarm.act"  # swarm.act.<owner>: an agent's actions (ActionRequest -> ActionResult)
 ACT_REQUESTS = f"{ACT_PREFIX}.*"
 GATEWAY_CALLS = "swarm.gw.calls"  # the gateways' tallies of the calls each served (services/gateway/calls.py)
+LEAD_PREFIX = (
+    "swarm.lead"  # swarm.lead.trainer.<model>: the leading trainer answers (services/trainer/lead.py)
+)
+
+
+def lead_subject(model: str) -> str:
+    """Where `model`'s leading trainer answers, so its standby hears at once when it is gone."""
+    return f"{LEAD_PREFIX}.trainer.{check_token(model, 'model')}"
+
+
+def lead_key(model: str) -> str:
+    """`model`'s trainer lead lease, a key of KV `swarm-leases`."""
+    return f"trainer.lead.{check_token(model, 'model')}"
+
 
 # Action work queue (services only): the scheduler releases an action to `swarm.actions.run.<kind>`
 # once its units are free; workers (in the service or `swarmrl serve action-worker` anywhere) pull
@@ -158,7 +172,7 @@ def plays_own_task(owner: str, task: str) -> bool:
     its evaluator: an identity that may send episodes of a task the swarm's clients play."""
     prefix = owner_name(f"{task}-")
     return owner == EVALUATOR or (
-        owner.startswith(prefix) and re.fullmatch(r"\d+(-g\d+)?", owner[len(prefix):]) is not None
+        owner.startswith(prefix) and re.fullmatch(r"\d+(-g\d+)?", owner[len(prefix) :]) is not None
     )
 
 
@@ -353,6 +367,10 @@ def service_permissions(role: str) -> dict[str, object]:
         pub += [f"{METRICS_PREFIX}.train.*", f"{METRICS_PREFIX}.drops.*", f"{OUTCOME_PREFIX}.*.*"]
         pub += [f"$KV.{MODELS_BUCKET}.*"]
         pub += [*_kv_read(MODELS_BUCKET), *_consumer_api(SAMPLES_STREAM, "*")]
+        # a standby takes the lead (services/trainer/lead.py): its lease, and the leader's answers
+        pub += [f"$KV.{LEASES_BUCKET}.trainer.>", *_kv_read(LEASES_BUCKET), f"{LEAD_PREFIX}.trainer.*"]
+        sub += [f"{LEAD_PREFIX}.trainer.*"]
+        responds = True
         # a version's files into the object store (chunks, then metadata), and old versions purged
         pub += [
             f"$O.{WEIGHTS_BUCKET}.>",

@@ -117,11 +117,15 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
     for i in range(n):  # replicas share the episode partitions by lease (services/merger/service.py)
         name = _replica("merger", i, n)
         procs.append(Proc(name, "merger", service_config(swarm, "merger", replica=name if n > 1 else "")))
-    for name in swarm.models:
-        cfg = service_config(swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir))
-        procs.append(
-            Proc(_proc("trainer", name, swarm), "trainer", cfg, swarm.models[name].trainer_processes)
-        )
+    n = swarm.replicas.trainer
+    for name in swarm.models:  # more than one: a lead by lease and its standbys (services/trainer/lead.py)
+        for i in range(n):
+            proc = _replica(_proc("trainer", name, swarm), i, n)
+            cfg = service_config(
+                swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir),
+                replica=proc if n > 1 else "",
+            )  # fmt: skip
+            procs.append(Proc(proc, "trainer", cfg, swarm.models[name].trainer_processes))
     n = swarm.replicas.gateway
     for i in range(n):  # one queue group; admission shared in KV (services/gateway/groups.py)
         cfg = service_config(swarm, "gateway", engine=engines, lora=lora, port=free_port())

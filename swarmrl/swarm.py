@@ -117,6 +117,10 @@ class Replicas(Strict):
     """Gateway processes. Token requests reach any of them (a NATS queue group); they admit groups
     and mix tasks as one (`services/gateway/groups.py`); an episode's calls go to the gateway that
     gave it its tokens."""
+    trainer: int = Field(default=1, ge=1, le=4)
+    """Trainer processes per model. More than one: the first to take the model's lead lease trains,
+    the others wait with the model loaded and take over within seconds of its death, from its newest
+    checkpoint (`services/trainer/lead.py`); each is one training process (`trainer_processes = 1`)."""
     engine: int = Field(default=1, ge=1, le=16)
     """Engine processes per model (per base, for models sharing one): a pool at every gateway, which
     spreads calls by load, keeps an episode on one engine and leaves a dead one out
@@ -187,6 +191,11 @@ class Swarm(Strict):
         for name, m in self.models.items():
             if m.share_engine is not None:
                 self._check_shared(name, m)
+            if self.replicas.trainer > 1 and m.trainer_processes > 1:
+                raise ValueError(
+                    f"[models.{name}]: trainer_processes = {m.trainer_processes} with [replicas] trainer = "
+                    f"{self.replicas.trainer}: a standby trainer takes over one training process only"
+                )
         unused = set(self.models) - {m for t in self.tasks.values() for m in t.roles.values()}
         if unused:
             raise ValueError(

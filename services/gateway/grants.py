@@ -73,7 +73,7 @@ def check_task(task: str, owner: str, tasks: Collection[str], own: Collection[st
     if task in own and not S.plays_own_task(owner, task):
         raise ValueError(
             f"task {task!r} is played by this swarm's own clients, and an agent's episodes are never "
-            f"mixed into it: name your own task (task={{\"name\": \"my-task\"}}), or declare it in the "
+            f'mixed into it: name your own task (task={{"name": "my-task"}}), or declare it in the '
             f"description as [tasks.my-task] with clients = 0"
         )
     if task not in tasks and not outside:

@@ -178,6 +178,10 @@ class TrainerConfig(ServiceConfig, TrainerSettings):
     """Seed for torch/numpy/random (set before the model is loaded)."""
     max_steps: int = Field(default=0, ge=0)
     """Stop after this many steps in total (counting resumed ones); 0 runs forever."""
+    replica: str = ""
+    """This process's name among the model's trainer processes (`[replicas] trainer` > 1): the one
+    that holds the lead lease trains, the others wait with the model loaded and take over when it dies
+    (`services/trainer/lead.py`). Empty: the only trainer, no lease."""
 
     @model_validator(mode="after")
     def _check_steps(self) -> TrainerConfig:

@@ -24,10 +24,16 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):  # finish the current step, nak held samples, exit
             asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
         learner, checkpoint = await service.load(cfg)
-        if learner.is_main:
+        if not learner.is_main:  # processes 1..N-1 of `accelerate launch` train what process 0 sends
+            return await asyncio.to_thread(service.follow, cfg, learner)
+        if cfg.replica:  # one of several: the model loaded, wait for the lead
+            lead = await service.standby(cfg, stopping)
+            if lead is None:
+                return
+            checkpoint = await service.catch_up(cfg, learner, checkpoint)
+            await (await service.Trainer.connect(cfg, learner, checkpoint, stopping, lead)).run()
+        else:
             await (await service.Trainer.connect(cfg, learner, checkpoint, stopping)).run()
-        else:  # processes 1..N-1 of `accelerate launch` train what process 0 sends
-            await asyncio.to_thread(service.follow, cfg, learner)
 
     aio.run(run())
     return 0

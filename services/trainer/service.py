@@ -49,6 +49,7 @@ from swarmrl.services.trainer.grouping import Group, GroupBuffer, Stall
 from swarmrl.services.trainer.grpo import generated_versions
 from swarmrl.services.trainer.guard import RewardGuard
 from swarmrl.services.trainer.intake import SampleIntake, Unacked, reasons
+from swarmrl.services.trainer.lead import Lead
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
 from swarmrl.services.trainer.outcomes import Outcomes
 from swarmrl.services.trainer.ready import Batch, ReadyGroups, train_step
@@ -71,6 +72,27 @@ async def load(cfg: TrainerConfig) -> tuple[Learner, Path | None]:
         checkpoint = step_dir(root, 0)
         await asyncio.to_thread(learner.save, checkpoint, TrainerState(cfg.model, 0, 0))
     return learner, checkpoint
+
+
+async def standby(cfg: TrainerConfig, stopping: asyncio.Event) -> Lead | None:
+    """Wait, the model loaded, until this replica leads (`lead.py`); None if stopped first."""
+    nc = await bus.connect(cfg.nats, f"trainer-{cfg.model}-lead")
+    lead = Lead(nc, await nc.jetstream().key_value(S.LEASES_BUCKET), cfg.model, cfg.replica)
+    log.info("model=%s replica %s ready, standing by for the lead", cfg.model, cfg.replica)
+    if await lead.acquire(stopping):
+        return lead
+    await bus.close(nc)
+    return None
+
+
+async def catch_up(cfg: TrainerConfig, learner: Learner, checkpoint: Path | None) -> Path | None:
+    """A standby that takes the lead: the newest checkpoint's weights and optimizer into the learner
+    (the lead may have trained since this process loaded), and that checkpoint."""
+    found = latest(checkpoint_root(cfg.run_dir, cfg.model).resolve())
+    if found is None or found[1] == checkpoint:
+        return checkpoint
+    await asyncio.to_thread(learner.restore, found[1])
+    return found[1]
 
 
 def follow(cfg: TrainerConfig, learner: Learner) -> None:
@@ -96,8 +118,11 @@ class Trainer:
         sub: JetStreamContext.PullSubscription,
         stopping: asyncio.Event | None = None,
         weights: WeightStore | None = None,
+        lead: Lead | None = None,
     ) -> None:
         self.cfg, self.learner, self.checkpoint, self.weights = cfg, learner, checkpoint, weights
+        self.lead = lead
+        """Held by one of several replicas (`lead.py`): confirmed before each version it publishes."""
         self.nc, self.js, self.kv, self.sub = nc, nc.jetstream(), kv, sub
         self.root = checkpoint_root(cfg.run_dir, cfg.model).resolve()
         self.base = Path(cfg.model_path).resolve()
@@ -135,6 +160,7 @@ class Trainer:
         learner: Learner,
         checkpoint: Path | None,
         stopping: asyncio.Event | None = None,
+        lead: Lead | None = None,
     ) -> Trainer:
         """Connect to NATS and bind the durable consumer of the model's samples."""
         nc = await bus.connect(cfg.nats, f"trainer-{cfg.model}")
@@ -144,7 +170,7 @@ class Trainer:
             durable = S.durable_name("trainer", S.SAMPLES_STREAM, cfg.model)
             sub = await bus.durable_pull(js, S.SAMPLES_STREAM, durable, subjects, ack_wait_s=cfg.ack_wait_s)
             weights = await WeightStore.open(js, cfg.model) if cfg.share_weights else None
-            return cls(cfg, learner, checkpoint, nc, await bus.models_kv(js), sub, stopping, weights)
+            return cls(cfg, learner, checkpoint, nc, await bus.models_kv(js), sub, stopping, weights, lead)
         except BaseException:
             await bus.close(nc)
             raise
@@ -168,7 +194,8 @@ class Trainer:
         loops: list[asyncio.Task[None]] = []
         try:
             await self.publish_version(served)
-            loops = [asyncio.create_task(loop(), name=loop.__name__) for loop in (self.consume, self.train)]
+            steps = [self.consume, self.train, *([self.hold_lead] if self.lead else [])]
+            loops = [asyncio.create_task(loop(), name=loop.__name__) for loop in steps]
             await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             self.stop()  # done, stopped, or one loop failed: the other ends at its next look
             await asyncio.wait(loops)
@@ -181,8 +208,16 @@ class Trainer:
             await self.unacked.nak_all()
             await self.nc.flush()  # acks and naks are fire-and-forget publishes: make sure they left
             await bus.close(self.nc)  # not drain(): draining a pull subscription waits out its timeout
+            if self.lead is not None:  # after the naks: the standby that takes over gets them at once
+                await self.lead.leave()
+                await bus.close(self.lead.nc)
             if self.learner.accelerator.num_processes > 1:
                 await asyncio.to_thread(self.learner.broadcast, None)
+
+    async def hold_lead(self) -> None:
+        """Renew the lead until stopped; LostLead (the process exits) once another replica has it."""
+        assert self.lead is not None
+        await self.lead.hold(self.stopping)
 
     # The intake loop ------------------------------------------------------------------------------
 
@@ -350,6 +385,8 @@ class Trainer:
         """Point engines at `path`: only ever weights `Learner.check_weights` passed (on load or in
         `save`), so no KV version names non-finite weights."""
         mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
+        if self.lead is not None:  # never a version from a replica that lost the lead
+            await retry(self.stopping, self.lead.confirm)
         if self.weights is not None:  # first the files, for engines on other hosts (`share_weights`)
             await retry(self.stopping, self.weights.put, mv.version, path)
         await retry(self.stopping, self.kv.put, self.cfg.model, encode(mv))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from swarmrl import up
 from swarmrl.swarm import Swarm
 
@@ -27,5 +25,3 @@ def test_building_a_model_prints_progress_lines(tmp_path, monkeypatch, capsys):
 
     assert up.prepare_models(swarm) == dirs  # cached: found, not built, and nothing said
     assert "preparing" not in capsys.readouterr().out
-
-

@@ -1,0 +1,129 @@
+"""Which of a model's trainer processes trains: the lead, by lease; the others wait as standbys.
+
+A standby has imported torch and loaded the model already, which is most of what a restarted
+trainer spends before its next step on a busy machine (`bench/results/recovery-trainer.md`); when
+the lead dies it takes over with the newest checkpoint (`Learner.restore`) and the durable consumer,
+as a restart would.
+
+- The lease is the key `trainer.lead.<model>` of KV `swarm-leases` (TTL `bus.LEASE_TTL_S`). Taking
+  it is a KV `create`, which the server grants to one process; the lead renews it every `RENEW_S`
+  with an `update` against the revision it wrote, which fails once anyone else holds it.
+- The lead answers on `swarm.lead.trainer.<model>`. A standby asks every `PROBE_S`; when nobody has
+  answered for `GONE_S` (NATS says "no responders" as soon as the lead's connection is closed, as
+  SIGKILL closes it) it deletes the dead lead's key (against its revision, so only that key) and
+  takes it, seconds before the TTL would have freed it.
+- A lead that loses the key (it stalled, or it was cut off long enough to look dead) stops at once:
+  `confirm` runs before every version it would publish, and `hold` raises `LostLead`; the process
+  exits and its restart becomes a standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, KeyValueError
+from nats.js.kv import KeyValue
+
+from swarmrl.schemas import subjects as S
+
+log = logging.getLogger("swarmrl.trainer")
+
+RENEW_S = 1.0
+"""How often the lead renews its lease (well inside `bus.LEASE_TTL_S`, 6 s)."""
+PROBE_S = 0.25
+"""How often a standby asks whether the lead is there."""
+GONE_S = 1.0
+"""A lead no one has heard for this long is gone: a NATS node's restart moves its connection in
+well under this; a SIGKILL is heard at the first probe."""
+
+
+class LostLead(RuntimeError):
+    """Another process holds the lead: this one must stop training."""
+
+
+class Lead:
+    """One trainer process's claim on `model`'s lead (see the module docstring)."""
+
+    def __init__(self, nc: NATS, kv: KeyValue, model: str, replica: str) -> None:
+        self.nc, self.kv, self.model, self.replica = nc, kv, model, replica
+        self.key, self.subject = S.lead_key(model), S.lead_subject(model)
+        self.revision: int | None = None
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait until this process leads (True), or `stop` is set (False)."""
+        heard = time.monotonic()
+        while not stop.is_set():
+            try:
+                if await self._take():
+                    log.info("model=%s replica %s leads", self.model, self.replica)
+                    await self.nc.subscribe(self.subject, cb=self._answer)
+                    return True
+                await self.nc.request(self.subject, b"", timeout=PROBE_S * 4)
+                heard = time.monotonic()
+            except nats.errors.NoRespondersError:
+                if time.monotonic() - heard >= GONE_S:
+                    await self._depose()
+                    continue
+            except (nats.errors.Error, TimeoutError):  # a busy lead, or a broker away: no proof of death
+                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PROBE_S)
+        return False
+
+    async def _take(self) -> bool:
+        try:
+            self.revision = await self.kv.create(self.key, self.replica.encode())
+            return True
+        except KeyValueError:  # held (KeyWrongLastSequenceError)
+            return False
+
+    async def _depose(self) -> None:
+        """Delete the silent lead's key (that revision only: a key a live lead renewed since stays)."""
+        try:
+            entry = await self.kv.get(self.key)
+            await self.kv.delete(self.key, last=entry.revision)
+        except KeyNotFoundError:  # expired meanwhile: free to take
+            return
+        except (nats.errors.Error, TimeoutError) as exc:  # renewed since, or a broker away: ask again
+            log.info("model=%s lead key not deleted (%r)", self.model, exc)
+            return
+        holder = (entry.value or b"").decode()
+        log.warning(
+            "model=%s lead %s does not answer: replica %s takes over", self.model, holder, self.replica
+        )
+
+    async def _answer(self, msg: Msg) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await msg.respond(self.replica.encode())
+
+    async def confirm(self) -> None:
+        """Renew the lease now; LostLead if it is no longer ours."""
+        try:
+            self.revision = await self.kv.update(self.key, self.replica.encode(), last=self.revision)
+        except KeyValueError as exc:
+            raise LostLead(f"model={self.model}: replica {self.replica} lost the lead ({exc!r})") from None
+
+    async def hold(self, stop: asyncio.Event) -> None:
+        """Renew every `RENEW_S` until `stop`; LostLead when another process took the lead. A broker
+        away is retried: without NATS the lead publishes nothing either."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RENEW_S)
+            if stop.is_set():
+                return
+            try:
+                await self.confirm()
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("model=%s lead renewal failed: %r", self.model, exc)
+
+    async def leave(self) -> None:
+        """Give the lead up now (a graceful stop), so a standby takes it at its next probe."""
+        if self.revision is not None:
+            with contextlib.suppress(KeyValueError, nats.errors.Error):
+                await self.kv.delete(self.key, last=self.revision)
