@@ -54,13 +54,15 @@ class Lead:
         self.nc, self.kv, self.model, self.replica = nc, kv, model, replica
         self.key, self.subject = S.lead_key(model), S.lead_subject(model)
         self.revision: int | None = None
+        self._renewing = asyncio.Lock()
+        """`hold` and `confirm` both renew: one at a time, each against the revision the last wrote."""
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until this process leads (True), or `stop` is set (False)."""
         heard = time.monotonic()
         while not stop.is_set():
             try:
-                if await self._take():
+                if await self.take():
                     log.info("model=%s replica %s leads", self.model, self.replica)
                     await self.nc.subscribe(self.subject, cb=self._answer)
                     return True
@@ -68,7 +70,7 @@ class Lead:
                 heard = time.monotonic()
             except nats.errors.NoRespondersError:
                 if time.monotonic() - heard >= GONE_S:
-                    await self._depose()
+                    await self.depose()
                     continue
             except (nats.errors.Error, TimeoutError):  # a busy lead, or a broker away: no proof of death
                 pass
@@ -76,14 +78,14 @@ class Lead:
                 await asyncio.wait_for(stop.wait(), PROBE_S)
         return False
 
-    async def _take(self) -> bool:
+    async def take(self) -> bool:
         try:
             self.revision = await self.kv.create(self.key, self.replica.encode())
             return True
         except KeyValueError:  # held (KeyWrongLastSequenceError)
             return False
 
-    async def _depose(self) -> None:
+    async def depose(self) -> None:
         """Delete the silent lead's key (that revision only: a key a live lead renewed since stays)."""
         try:
             entry = await self.kv.get(self.key)
@@ -104,10 +106,21 @@ class Lead:
 
     async def confirm(self) -> None:
         """Renew the lease now; LostLead if it is no longer ours."""
-        try:
-            self.revision = await self.kv.update(self.key, self.replica.encode(), last=self.revision)
-        except KeyValueError as exc:
-            raise LostLead(f"model={self.model}: replica {self.replica} lost the lead ({exc!r})") from None
+        async with self._renewing:
+            try:
+                self.revision = await self.kv.update(self.key, self.replica.encode(), last=self.revision)
+            except KeyValueError as exc:
+                # An update the server applied but whose answer was lost leaves our revision behind:
+                # the key still names this process, so it is ours (a standby deletes, never writes it).
+                try:
+                    entry = await self.kv.get(self.key)
+                except KeyNotFoundError:
+                    entry = None
+                if entry is None or entry.value != self.replica.encode():
+                    raise LostLead(
+                        f"model={self.model}: replica {self.replica} lost the lead ({exc!r})"
+                    ) from None
+                self.revision = await self.kv.update(self.key, self.replica.encode(), last=entry.revision)
 
     async def hold(self, stop: asyncio.Event) -> None:
         """Renew every `RENEW_S` until `stop`; LostLead when another process took the lead. A broker

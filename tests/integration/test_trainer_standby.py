@@ -4,6 +4,7 @@ its newest checkpoint and trains the next step, with no step taken twice and no 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from swarmrl.infra.nats_server import NatsServer
 from swarmrl.schemas import TrainStep, decode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from swarmrl.services.trainer.lead import Lead, LostLead
 from tests.conftest import wait_for
 from tests.integration.test_trainer import MODEL, group, publish
 
@@ -98,3 +100,21 @@ async def test_a_standby_trainer_takes_over_within_seconds(
             except subprocess.TimeoutExpired:
                 p.kill()
         await bus.close(nc)
+
+
+async def test_renewals_at_once_keep_the_lead_and_a_deposed_lead_knows(swarm_nats: NatsServer):
+    """`hold`'s renewal and a step's `confirm` may run together: neither may read the other's write as
+    a lost lead (the lead would stop, and a standby take over, with nothing wrong). Once a standby has
+    deposed a silent lead, that lead's next confirm says it lost the lead."""
+    nc = await nats.connect(swarm_nats.url("trainer"))
+    kv = await nc.jetstream().key_value(S.LEASES_BUCKET)
+    stop = asyncio.Event()
+    lead = Lead(nc, kv, MODEL, "trainer-0")
+    assert await lead.acquire(stop)
+    await asyncio.gather(*(lead.confirm() for _ in range(20)))
+    other = Lead(nc, kv, MODEL, "trainer-1")
+    await other.depose()  # what a standby does after GONE_S without an answer
+    assert await other.take()
+    with pytest.raises(LostLead):
+        await lead.confirm()
+    await bus.close(nc)
