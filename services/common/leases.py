@@ -81,25 +81,41 @@ class Leases:
         expired, are gone from it: stop working on them at once). Returns the partitions to give
         back: still ours, held, until their work has stopped and they are `release`d."""
         await self.kv.put(self._member, self.replica.encode())
-        lost = []
-        for p, rev in list(self.held.items()):
-            try:
-                self.held[p] = await self.kv.update(self._lease(p), self.replica.encode(), last=rev)
-            except KeyValueError:  # expired (we stalled past the TTL) or taken since
+        # All renewals at once: one round trip, not one per lease (on a busy machine 17 in a row took
+        # longer than the TTL, and the replica lost the leases it was renewing).
+        held = list(self.held.items())
+        renewed = await asyncio.gather(
+            *(self.kv.update(self._lease(p), self.replica.encode(), last=rev) for p, rev in held),
+            return_exceptions=True,
+        )
+        lost, failed = [], None
+        for (p, _), rev in zip(held, renewed, strict=True):
+            if isinstance(rev, KeyValueError):  # expired (we stalled past the TTL) or taken since
                 del self.held[p]
                 lost.append(p)
+            elif isinstance(rev, BaseException):  # the broker away: the round fails (`LeasedWork.tick`)
+                failed = rev
+            else:
+                self.held[p] = rev
+        if failed is not None:
+            raise failed
         keys = await live_keys(self.js, self.kv, f"{self.service}.>")
         members = sum(k.startswith(f"{self.service}.member.") for k in keys)
         prefix = f"{self.service}.lease."
         taken = {int(k.removeprefix(prefix)) for k in keys if k.startswith(prefix)}
         want, give_back = plan(self.partitions, set(self.held), taken, members)
         gained = []
-        for p in want:
-            try:
-                self.held[p] = await self.kv.create(self._lease(p), self.replica.encode())
-                gained.append(p)
-            except KeyValueError:  # another replica was first
-                pass
+        created = await asyncio.gather(
+            *(self.kv.create(self._lease(p), self.replica.encode()) for p in want), return_exceptions=True
+        )
+        for p, rev in zip(want, created, strict=True):
+            if isinstance(rev, KeyValueError):  # another replica was first
+                continue
+            if isinstance(rev, BaseException):  # not ours: if the server took it, it expires in a TTL
+                log.warning("%s: lease %d not taken (%r)", self.service, p, rev)
+                continue
+            self.held[p] = rev
+            gained.append(p)
         if gained or lost or give_back:
             log.info("%s %s: took %s, lost %s, giving back %s; holds %d of %d (%d members)", self.service,
                      self.replica, gained, lost, give_back, len(self.held), self.partitions, members)  # fmt: skip
