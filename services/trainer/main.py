@@ -26,14 +26,12 @@ def main(argv: list[str] | None = None) -> int:
         learner, checkpoint = await service.load(cfg)
         if not learner.is_main:  # processes 1..N-1 of `accelerate launch` train what process 0 sends
             return await asyncio.to_thread(service.follow, cfg, learner)
+        lead = None
         if cfg.replica:  # one of several: the model loaded, wait for the lead
-            lead = await service.standby(cfg, stopping)
-            if lead is None:
+            if (lead := await service.standby(cfg, stopping)) is None:
                 return
             checkpoint = await service.catch_up(cfg, learner, checkpoint)
-            await (await service.Trainer.connect(cfg, learner, checkpoint, stopping, lead)).run()
-        else:
-            await (await service.Trainer.connect(cfg, learner, checkpoint, stopping)).run()
+        await (await service.Trainer.connect(cfg, learner, checkpoint, stopping, lead)).run()
 
     aio.run(run())
     return 0
