@@ -161,15 +161,10 @@ EVALUATOR = "evaluator"
 """The identity of `up`'s held-out evaluator, which plays every task's evaluation episodes."""
 
 
-def task_client(task: str, index: int, generation: int = 0) -> str:
-    """The identity of the swarm's own client `index` of `task`: `<task>-<i>`, with `-g<n>` from
-    restart generation `n` on (as `swarmrl up` mints them)."""
-    return owner_name(f"{task}-{index}" + (f"-g{generation}" if generation else ""))
-
-
 def plays_own_task(owner: str, task: str) -> bool:
-    """Whether identity `owner` is one of the swarm's own clients of `task` (see `task_client`) or
-    its evaluator: an identity that may send episodes of a task the swarm's clients play."""
+    """Whether identity `owner` is one of the swarm's own clients of `task` (`up` names them
+    `<task>-<i>`, with `-g<n>` from restart generation n on: `swarmrl/launch.py`) or its
+    evaluator: an identity that may send episodes of a task the swarm's clients play."""
     prefix = owner_name(f"{task}-")
     return owner == EVALUATOR or (
         owner.startswith(prefix) and re.fullmatch(r"\d+(-g\d+)?", owner[len(prefix) :]) is not None
