@@ -132,4 +132,14 @@ def test_a_smollm2_and_gemma3_team_trains_each_model_on_its_own_tokens(
         served = con.execute("SELECT max(policy_version) FROM llm_calls WHERE model = ?", [model]).fetchone()[
             0
         ]
-        assert served is not None and served >= 1, f"{model}'s engine never served a trained version"
+        if served is None or served < 1:  # say when its steps came and what its engine logged
+            times = con.execute(
+                "SELECT min(ts), max(ts) FROM train_steps WHERE model = ? UNION ALL "
+                "SELECT min(ts), max(ts) FROM llm_calls WHERE model = ?",
+                [model, model],
+            ).fetchall()
+            log_tail = (run_dir / "logs" / f"engine-{model}.log").read_text()[-1500:]
+            pytest.fail(
+                f"{model}'s engine never served a trained version: steps {steps}, "
+                f"(first, last) step and call times {times}\nengine log:\n{log_tail}"
+            )
