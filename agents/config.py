@@ -1,9 +1,5 @@
-"""What the swarm description says about the tasks and the run, as the built-in clients read it.
-
-`TaskConf` (one `[tasks.<name>]` table) and `RunConf` (the `[run]` table) are declared here, beside
-the runner that plays them, so a client imports its own settings and not the command line above it;
-`swarmrl.swarm` composes them into the whole description. `parse_task_weights` reads the task mix
-(`calculator=0.7,guess_number=0.3`) of `--task`.
+"""The swarm description's `[tasks.<name>]` (`TaskConf`) and `[run]` (`RunConf`) tables, declared
+beside the runner that plays them; `swarmrl.swarm` composes the whole description.
 """
 
 from __future__ import annotations
@@ -19,38 +15,34 @@ from swarmrl.core.config import Strict, SwarmConfigError
 class TaskConf(Strict):
     """One task: its mixing weight, which model plays which role, and the clients that play it."""
 
-    weight: float = 1.0
+    weight: float = Field(default=1.0, gt=0)
     """Mixing weight: the task's share of new GRPO groups is weight / sum of weights."""
     roles: dict[str, str] = {}
     """Role (agent name) -> model. Empty: a single-agent task played by the swarm's only model."""
     clients: int = Field(default=2, ge=0)
-    """Client processes playing this task (0: only outside agents feed it; a name of your own with
-    0 clients and no `data`, `env` or `command` declares an outside agent's task: its weight in the
-    mix, its own report)."""
+    """Client processes playing this task (0: only outside agents feed it; with no `data`, `env` or
+    `command`, that declares an outside agent's task)."""
     concurrency: int = Field(default=2, ge=1)
     """GRPO groups each built-in client plays at once."""
     command: list[str] | None = None
-    """Client command line (argv); None = the built-in Python runner. It gets the connection details
-    in `SWARMRL_CONNECT_FILE` (JSON: nats_url, user, password, models) and `SWARMRL_TASK`."""
+    """Client command line (argv); None = the built-in Python runner. It gets `SWARMRL_CONNECT_FILE`
+    (the connection details, JSON) and `SWARMRL_TASK`."""
     max_tokens: int | None = Field(default=None, ge=1)
-    """Max tokens per model reply in this task's episodes and evaluations; None: `[run] max_tokens`,
-    else the task's own need (see there)."""
+    """Max tokens per model reply in this task's episodes; None: `[run] max_tokens`."""
     eval: bool = True
-    """Evaluate held-out success (built-in and dataset tasks; a `command` client's task has no
-    held-out set here)."""
+    """Evaluate held-out success (not for a `command` client's task: no held-out set here)."""
 
     # A dataset task (`data` set): rows of prompts and a reward function, played by the built-in runner.
     data: list[str] = []
-    """Dataset task: local JSONL / JSON / Parquet / CSV files, or one directory a `datasets` dataset
-    was saved to (`save_to_disk`). Relative paths are against the swarm file's folder; nothing is
-    downloaded."""
+    """Dataset task: local JSONL / JSON / Parquet / CSV files, or one `save_to_disk` directory;
+    relative to the swarm file's folder."""
     eval_data: list[str] = []
-    """The held-out rows, in the same formats; empty: `heldout` of `data` is carved off (or the
-    `test` / `validation` split of a saved `DatasetDict`)."""
+    """The held-out rows; empty: a saved `DatasetDict`'s `test` / `validation` split, else
+    `heldout` of `data`."""
     heldout: float = Field(default=0.1, gt=0, lt=1)
     """Share of `data` held out for evaluation when `eval_data` is not given."""
     split_seed: int = 0
-    """Seed of the held-out carve (the same rows on every machine and every run)."""
+    """Seed of the held-out carve."""
     prompt: str = "prompt"
     """Column with the user prompt (text)."""
     messages: str = ""
@@ -58,26 +50,22 @@ class TaskConf(Strict):
     system: str = ""
     """System prompt put before a text prompt."""
     reward: str = ""
-    """The reward function, `file.py:function` (relative to the swarm file's folder) or
-    `package.module:function`; TRL's signature: `f(prompts, completions, **columns) -> list[float]`
-    (each argument a list, one entry per completion; sync or async)."""
+    """The reward function, `file.py:function` or `package.module:function`, with TRL's signature
+    `f(prompts, completions, **columns) -> list[float]` (sync or async)."""
     answer: str = ""
-    """Column of reference answers, for an SFT warm start (`warm_start = ["<this task>"]` on a
-    bootstrap model); never required."""
+    """Column of reference answers, for an SFT warm start on this task (optional)."""
     warm_start_rows: int = Field(default=0, ge=0)
-    """Training rows (the first, in file order) the warm start may use; 0: all of them."""
+    """Training rows (the first ones) the warm start may use; 0: all."""
     success_at: float = 1.0
-    """An episode counts as a success (held-out success) when its reward is at least this."""
+    """An episode is a success when its reward is at least this."""
     env: str = ""
     """An environment of your own, `file.py:Class` or `package.module:Class`
-    (`swarmrl.agents.tasks.environment`): multi-turn, with tools; its instances are the rows of
-    `data`, or come from the class."""
+    (`swarmrl.agents.tasks.environment`): multi-turn, with tools."""
     max_turns: int = Field(default=10, ge=1)
     """Model calls per episode of an `env` task before it is cut (tool calls count)."""
     sandbox: bool = False
-    """`env` task: run its tools as sandboxed python actions through the actions service (scheduled
-    with `[run] actions`) instead of in the client. Its tools must then be plain functions of its
-    file (no `self`), and the file must run on the standard library alone: it is what the sandbox runs."""
+    """`env` task: run its tools as sandboxed python actions instead of in the client; they must then
+    be plain functions of a file that needs only the standard library."""
 
     @field_validator("data", "eval_data", mode="before")
     @classmethod
@@ -102,8 +90,7 @@ class TaskConf(Strict):
         return bool(self.data or self.env)
 
     def resolve_paths(self, base: Path) -> TaskConf:
-        """Data files and a `file.py:name` reward or env made absolute against `base` (the swarm
-        file's folder), so a client started anywhere finds them."""
+        """Data files and a `file.py:name` reward or env made absolute against `base`."""
         return self.model_copy(
             update={
                 "data": [str((base / p).resolve()) for p in self.data],
@@ -113,21 +100,15 @@ class TaskConf(Strict):
             }
         )
 
-    @field_validator("weight")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError(f"weight must be > 0, got {v}")
-        return v
-
 
 def _resolve_object(spec: str, base: Path) -> str:
     """`file.py:name` (or a module beside the swarm file) made an absolute path; others as they are."""
     file, sep, name = spec.rpartition(":")
+    beside = base / (file.replace(".", "/") + ".py")
     if sep and (file.endswith(".py") or "/" in file):
         return f"{(base / file).resolve()}:{name}"
-    if sep and (base / (file.replace(".", "/") + ".py")).exists():
-        return f"{(base / (file.replace('.', '/') + '.py')).resolve()}:{name}"
+    if sep and beside.exists():
+        return f"{beside.resolve()}:{name}"
     return spec
 
 
@@ -135,13 +116,11 @@ class RunConf(Strict):
     """Budget, evaluation and client settings of the whole run."""
 
     steps: int = Field(default=300, ge=1)
-    """Trainer steps per model. The run ends when the first trainer reaches it (a team's other model
-    could not go on training alone) or when the budget is spent."""
+    """Trainer steps per model: the run ends when the first trainer reaches it, or when time is up."""
     minutes: float = Field(default=15.0, gt=0)
     """Wall-clock budget."""
     eval_every: int = Field(default=10, ge=1)
-    """Evaluate each task's lead model (its first role's model) every N versions; when an evaluation
-    takes longer than N versions, the next one is of the newest version."""
+    """Evaluate each task's lead model (its first role's) every N versions."""
     eval_limit: int = Field(default=0, ge=0)
     """Eval instances per task (0 = the whole held-out set)."""
     eval_samples: int = Field(default=4, ge=1)
@@ -149,17 +128,15 @@ class RunConf(Strict):
     eval_temperature: float = Field(default=1.0, ge=0)
     """Eval sampling temperature (1.0 = the policy being trained, 0 = greedy)."""
     max_tokens: int | None = Field(default=None, ge=1)
-    """Max tokens per model reply in every task that sets none of its own; None: each task's own need
-    (48 for the built-in tasks; a dataset or environment task's `max_tokens`, else the gateway's
-    `default_max_tokens`), always capped by the model's context."""
+    """Max tokens per model reply in every task that sets none; None: each task's own need (48 for
+    the built-in tasks, else the gateway's `default_max_tokens`)."""
     abort_rate: float = Field(default=0.0, ge=0, lt=1)
     """Chaos: per-turn probability that a built-in client fails an episode on purpose."""
     seed: int = Field(default=0, ge=0)
-    """Seed of the run: trainers (torch/numpy/random), embedded engines' samplers and the built-in
-    clients' task streams (`swarmrl research` sets one per run)."""
+    """Seed of the run: trainers, embedded engines' samplers and the built-in clients' task streams."""
     actions: Literal["elastic", "fifo", "static", "off"] = "elastic"
-    """Tools of the tasks that have them (calculator) run as sandboxed python actions through the
-    actions service, scheduled with this policy; `off` runs them inside the client processes."""
+    """Scheduling policy of the tasks' tools run as sandboxed python actions; `off` runs them inside
+    the client processes."""
 
 
 def parse_task_weights(text: str) -> dict[str, float]:

@@ -1,10 +1,7 @@
 """One episode of an agent: its signed API tokens, its events, its actions and its heartbeats.
 
-Publishes the episode's `begin`, `env`, `reward`, `heartbeat` and finally `end` or `abort` on
-`swarm.ep.<owner>.<id>.<kind>` (through its `SwarmClient`); asks the gateway (request/reply on
-`swarm.auth.token.<owner>`) for the episode's signed tokens, the `api_key` of the OpenAI clients it
-hands out, and the actions service (`swarm.act.<owner>`) to run actions. Made by
-`SwarmClient.episode()`; see `swarmrl.agents.sdk`.
+Tokens come from the gateway (`swarm.auth.token.<owner>`), actions from the actions service
+(`swarm.act.<owner>`). Made by `SwarmClient.episode()`.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import contextlib
 import functools
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -44,8 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarmrl.sdk")
 
 TRANSIENT = (*RETRY_TRANSIENT, nats.errors.OutboundBufferLimitError)
-"""What the SDK retries for its `retry_s`: the services' transient failures (timeouts, no responders,
-reconnecting, a stream between leaders when a node of a cluster died) and a full outbound buffer."""
+"""What the SDK retries for its `retry_s`: the services' transient failures and a full outbound buffer."""
 
 ACT_ASK_S = 30.0
 """`Episode.act` repeats its request this often until the result comes (the same action id)."""
@@ -61,24 +58,41 @@ async def retried(retry_s: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class Episode:
-    """One episode's lifecycle. Events carry a per-episode sequence number starting at 0 (begin)."""
+    """One episode's lifecycle, not yet begun; use it as `async with` (begin on enter, end or abort on
+    exit). Its events are numbered from 0 (begin).
+
+    Args:
+        task_id: Task identity.
+        models: Models the episode may call; default: the union of `agent_models`.
+        agents: Agent names (one token each); default: the keys of `agent_models`, else `["agent"]`.
+        agent_models: Per agent, the models its token may call; an agent not listed may call all.
+        group_key: GRPO group; default: `task_id`.
+        group_size: Episodes this client plays in the group; 0: the trainer's `num_repeat`.
+        task: Free-form description for the ledger; its `"name"` is what task mixing weighs.
+        eval: Evaluation episode: recorded, never trained on.
+        episode_id: `<owner>` or `<owner>_<suffix>`; default: `<owner>_<random>`.
+        heartbeat_s: Heartbeat period (0 disables).
+        token_ttl_s: Lifetime of the episode's API tokens.
+    """
 
     def __init__(
         self,
         client: SwarmClient,
-        *,
         task_id: str,
-        models: list[str],
-        agents: list[str],
-        agent_models: dict[str, list[str]],
-        group_key: str,
-        task: dict[str, Any],
-        eval: bool,
-        episode_id: str,
-        heartbeat_s: float,
-        token_ttl_s: float,
+        *,
+        models: list[str] | None = None,
+        agents: list[str] | None = None,
+        agent_models: dict[str, list[str]] | None = None,
+        group_key: str = "",
         group_size: int = 0,
+        task: dict[str, Any] | None = None,
+        eval: bool = False,
+        episode_id: str | None = None,
+        heartbeat_s: float = 10.0,
+        token_ttl_s: float = 3600.0,
     ) -> None:
+        per_agent = {str(a): list(ms) for a, ms in (agent_models or {}).items()}
+        episode_id = episode_id or S.new_episode_id(client.state_key, uuid.uuid4().hex)
         if client.owner and S.episode_owner(episode_id) != client.owner:
             raise SwarmError(
                 f"episode id {episode_id!r} is not this client's: its ids are {client.owner!r} or "
@@ -86,8 +100,10 @@ class Episode:
             )
         self.client = client
         self.episode_id = episode_id
-        self.task_id, self.models, self.agents, self.agent_models = task_id, models, agents, agent_models
-        self.group_key, self.group_size, self.task, self.eval = group_key, group_size, task, eval
+        self.task_id, self.agent_models = task_id, per_agent
+        self.models = list(models or dict.fromkeys(m for ms in per_agent.values() for m in ms))
+        self.agents = list(agents or per_agent or ["agent"])
+        self.group_key, self.group_size, self.task, self.eval = group_key, group_size, dict(task or {}), eval
         self.heartbeat_s, self.token_ttl_s = heartbeat_s, token_ttl_s
         self.tokens: dict[str, str] = {}
         self.base_url = ""
@@ -128,15 +144,10 @@ class Episode:
             request = self._token_request()
         except ValidationError as exc:  # e.g. a NaN lifetime: refused before it is sent
             raise SwarmError(f"bad token request for episode {self.episode_id}: {exc}") from None
+        subject = S.token_subject(S.episode_owner(self.episode_id))
         while True:
-            subject = S.token_subject(S.episode_owner(self.episode_id))
-            reply = await retried(
-                self.client.retry_s, self.client.nc.request, subject, encode(request), timeout=10.0
-            )
-            answer = decode(reply.data, TokenReply)
-            # Admission control (the trainer is behind) or task mixing (this task is ahead of its
-            # share): the gateway asks new groups to wait.
-            if answer.retry_after_s is None:
+            answer = decode((await self._request(subject, request, 10.0)).data, TokenReply)
+            if answer.retry_after_s is None:  # else admission control or task mixing says wait
                 break
             await asyncio.sleep(answer.retry_after_s)
         if answer.error is not None or answer.tokens is None or answer.base_url is None:
@@ -156,6 +167,11 @@ class Episode:
             self._heartbeat = asyncio.create_task(self._beat())
         return self
 
+    async def _request(self, subject: str, request: TokenRequest | ActionRequest, timeout: float) -> Any:
+        return await retried(
+            self.client.retry_s, self.client.nc.request, subject, encode(request), timeout=timeout
+        )
+
     async def _beat(self) -> None:
         while not self.closed:
             await asyncio.sleep(self.heartbeat_s)
@@ -163,7 +179,7 @@ class Episode:
                 await self._publish(HeartbeatEvent)
             except SwarmError:
                 return
-            except Exception as exc:  # any error: a missed heartbeat must never end the beat (nor the agent)
+            except Exception as exc:  # a missed heartbeat must never end the beat (nor the agent)
                 log.warning("heartbeat failed for episode %s: %s", self.episode_id, exc)
 
     def token(self, agent: str | None = None) -> str:
@@ -174,16 +190,15 @@ class Episode:
         return self.tokens[agent]
 
     def openai(self, agent: str | None = None, **kwargs: Any) -> Any:
-        """An `openai.AsyncOpenAI` client for `agent`, pointed at the gateway with this episode's token,
-        on the swarm client's shared connection pool (`SwarmClient.http_client`; pass `http_client=`
-        for another)."""
+        """An `openai.AsyncOpenAI` client for `agent` with this episode's token, on the swarm client's
+        shared connection pool (unless `http_client=` is given)."""
         from openai import AsyncOpenAI
 
         kwargs.setdefault("http_client", self.client.http_client)
         return AsyncOpenAI(base_url=self.base_url, api_key=self.token(agent), **kwargs)
 
     def openai_sync(self, agent: str | None = None, **kwargs: Any) -> Any:
-        """A blocking `openai.OpenAI` client for `agent` (for non-async agent code), on a shared pool."""
+        """A blocking `openai.OpenAI` client for `agent`, on a shared pool."""
         from openai import OpenAI
 
         kwargs.setdefault("http_client", self.client.http_client_sync)
@@ -209,26 +224,20 @@ class Episode:
         timeout_s: float | None = None,
         wait_s: float = 600.0,
     ) -> ActionResult:
-        """Run one action on the swarm's external resources (the actions service) and wait for it.
+        """Run one action through the actions service and wait for its `ActionResult`.
 
         Args:
-            kind: `python` (payload {"code": str, "stdin": str}) runs code in a sandbox, or a test
-                suite ({"code": str, "cases": [str, ...]}: `code` then each case, one sandbox per
-                case, in parallel where units are spare); `judge` (payload {"prompt": str,
-                "text": str}) scores text with a model.
+            kind: `python` runs `{"code", "stdin"}` in a sandbox, or a test suite `{"code", "cases"}`
+                (one sandbox per case); `judge` scores `{"prompt", "text"}` with a model.
             payload: The kind's input (msgpack-able).
-            cpu: CPU units the action holds while it runs.
+            cpu: CPU units held while it runs.
             mem_mb: Memory it may use (enforced).
-            accel: Accelerator slots it holds (a judge needs 1).
+            accel: Accelerator slots held (a judge needs 1).
             hint_s: Your guess of its run time; the scheduler learns its own per kind.
             timeout_s: Wall-clock limit of the run; default: the service's.
-            wait_s: How long to wait for the result, queueing included.
+            wait_s: How long to wait for the result, queueing included; then `nats.errors.TimeoutError`.
 
-        Returns:
-            The `ActionResult`: `status` (ok, error, timeout, killed, rejected), `result` (python:
-            stdout, stderr, exit_code; a suite: cases, each with those, and passed; judge: score), `error`, and the timings `queued_s`, `run_s`, `act_s`.
-            A failed action is a result, not an exception; a service that does not answer in `wait_s`
-            raises `nats.errors.TimeoutError`.
+        A failed action is a result (`status` error, timeout, killed or rejected), not an exception.
         """
         if self.closed:
             raise SwarmError(f"episode {self.episode_id} is already closed")
@@ -238,17 +247,12 @@ class Episode:
             cpu=cpu, mem_mb=mem_mb, accel=accel, hint_s=hint_s, timeout_s=timeout_s,
         )  # fmt: skip
         subject = S.act_subject(S.episode_owner(self.episode_id))
-        # Asked again every ACT_ASK_S with the same action id, so a restarted actions service (which
-        # lost the request) gets it again; a running service answers the repeat with the same result.
+        # Asked again every ACT_ASK_S with the same id: a restarted service gets it again.
         deadline = time.monotonic() + wait_s
         while True:
-            left = deadline - time.monotonic()
+            timeout = max(min(ACT_ASK_S, deadline - time.monotonic()), 0.1)
             try:
-                timeout = max(min(ACT_ASK_S, left), 0.1)
-                reply = await retried(
-                    self.client.retry_s, self.client.nc.request, subject, encode(request), timeout=timeout
-                )
-                return decode(reply.data, ActionResult)
+                return decode((await self._request(subject, request, timeout)).data, ActionResult)
             except nats.errors.TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
@@ -266,9 +270,7 @@ class Episode:
     async def _stop(self) -> None:
         if self._actions:  # the trajectory is over: a `static` pool frees the units it held for it
             end = ActionRequest(op="end", action_id="end", episode_id=self.episode_id)
-            with contextlib.suppress(
-                nats.errors.Error
-            ):  # best effort: the service also frees them on timeout
+            with contextlib.suppress(nats.errors.Error):  # the service also frees them on timeout
                 await self.client.nc.publish(S.act_subject(S.episode_owner(self.episode_id)), encode(end))
         if self._heartbeat is not None:
             self._heartbeat.cancel()

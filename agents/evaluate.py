@@ -1,19 +1,11 @@
 """Evaluator: plays each task's held-out eval set whenever the trained model gets a new version.
 
-Success rate is measured at the temperature the swarm trains with (1.0 by default), averaged over
-`samples` episodes per held-out instance: the expected success of the policy being trained
-("avg@k"). Greedy decoding (`temperature=0`) is available, but it hides what RL changes first:
-a policy that is right 60% of the time at every token is often right 100% of the time greedily.
-
-Consumes KV `swarm-models[<model>]` updates; runs eval episodes (`eval=True`: recorded by the
-ledger, never trained on) through the same SDK and OpenAI endpoint as any client; publishes one
-`EvalResult` per task and version to `swarm.metrics.eval.<model>`. An episode the infrastructure
-failed (the gateway or engine unreachable or restarting, NATS between leaders: `INFRA`) is played
-again, up to `attempts` times; one that still fails is left out of the rate and counted in the log,
-never scored as the model's failure. Any other error is the episode's failure. Needs service credentials
-(agents may not publish metrics). Also follows the lead models' train steps
-(`swarm.metrics.train.<model>`) and warns when a task's held-out success falls well below its best
-while its train reward does not (`Divergence`).
+Success is measured at the training temperature (1.0 by default), averaged over `samples` episodes
+per instance ("avg@k"): greedy decoding hides what RL changes first. Follows KV `swarm-models`,
+plays `eval=True` episodes through the SDK like any client, and publishes one `EvalResult` per task
+and version to `swarm.metrics.eval.<model>` (service credentials). An episode the infrastructure
+failed (`INFRA`) is played again, then left out of the rate, never scored as the model's failure.
+It also warns when held-out success and train reward diverge (`Divergence`).
 """
 
 from __future__ import annotations
@@ -40,8 +32,7 @@ SEED_STRIDE = 1 << 16
 """Sampling seeds per eval episode: its model calls use `seed + n` for n below this."""
 
 INFRA = (openai.APIConnectionError, openai.InternalServerError, *TRANSIENT)
-"""Failures of the swarm, not of the policy: connection refused or timed out, a 5xx from the
-gateway (engine unreachable, NATS without a stream leader), NATS timeouts."""
+"""Failures of the swarm, not of the policy: connection errors, a gateway 5xx, NATS timeouts."""
 
 
 @dataclass
@@ -56,10 +47,9 @@ class EvalOutcome:
 
 @dataclass
 class Divergence:
-    """Held-out success of one task against its train reward: a model that memorises a narrowing
-    training distribution scores on what it trains on and loses the held-out set. `check` warns when
-    success falls `drop` below its best while the mean train reward of the steps since that best is
-    no lower than of the `window` steps up to it; once, until a new best."""
+    """Held-out success of one task against its train reward (a narrowing training distribution).
+    `check` warns, once until a new best, when success falls `drop` below its best while the mean
+    train reward since that best is no lower than over the `window` steps up to it."""
 
     task: str
     drop: float = 0.10
@@ -85,8 +75,8 @@ class Divergence:
             return None  # both fell: a worse policy, not a divergence
         self.warned = True
         return (
-            f"task {self.task}: held-out success {success:.0%} (v{version}) is {best - success:.0%} below its "
-            f"best {best:.0%} (v{at}) while the train reward went {statistics.mean(before):.3f} -> "
+            f"task {self.task}: held-out success {success:.0%} (v{version}) is {best - success:.0%} "
+            f"below its best {best:.0%} (v{at}) while the train reward went {statistics.mean(before):.3f} -> "
             f"{statistics.mean(after):.3f}: train and held-out diverge (a narrowing training distribution? "
             "see the trainer's distinct.<task>)"
         )
@@ -105,15 +95,11 @@ async def evaluate(
     attempts: int = 4,
     seed: int | None = 0,
 ) -> EvalOutcome:
-    """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each instance played
-    `samples` times; `roles` maps each role to its model (or is the model of a single-agent task).
-    An episode failed by the infrastructure (`INFRA`) is played again, `attempts` times in all.
-
-    `seed`: the k-th episode (of the instances, `samples` rounds of them in order) samples its model
-    calls with seeds from `seed + SEED_STRIDE * k` on, each its own draws whatever else the engine
-    runs: the same weights score the same twice, and two versions are scored on the same draws, so
-    the difference between them is the models', not the sampler's (a shared sampler moved a
-    checkpoint's score by 2 points from one evaluation to the next). None: the engine's sampler."""
+    """Success rate on `task`'s eval set (first `limit` instances; 0 = all), each played `samples`
+    times; `roles` maps each role to its model (or is a single-agent task's model). An `INFRA`
+    failure is retried, `attempts` times in all. `seed`: the k-th episode samples from
+    `seed + SEED_STRIDE * k` on, so two versions are scored on the same draws (None: the engine's
+    sampler)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     spec = get_task(task)
@@ -140,8 +126,7 @@ async def evaluate(
                 return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
 
     async def question(i: int, instance: Any) -> list[Outcome | None]:
-        """A question's `samples` episodes at once: a dataset task's reward scores them in one call.
-        The k-th episode of `instances * samples` keeps its seed."""
+        """A question's `samples` episodes at once (a dataset task's reward scores them in one call)."""
         async with gate:
             with rewards.group(samples):
                 plays = (one(s * len(instances) + i, instance) for s in range(samples))
@@ -149,11 +134,10 @@ async def evaluate(
 
     per_question = await asyncio.gather(*(question(i, inst) for i, inst in enumerate(instances)))
     results = [r for outs in per_question for r in outs if r is not None]
-    instances = instances * samples  # every episode, for the counts below
     if unscored:
         log.warning(
             "task %s: %d of %d eval episodes left out, failed by the swarm %d times each (last: %r)",
-            task, len(unscored), len(instances), attempts, unscored[-1],
+            task, len(unscored), len(instances) * samples, attempts, unscored[-1],
         )  # fmt: skip
     metrics: dict[str, list[float]] = {}
     for r in results:
@@ -178,23 +162,18 @@ async def run_evaluator(
     max_tokens: dict[str, int | None] | None = None,
     finish: asyncio.Event | None = None,
 ) -> None:
-    """Evaluate each task at version 0, then whenever its lead model (the model of its first role)
-    is `every` versions past the last one evaluated, until `stop` is set. Once `finish` is set (the
-    run is over, its trainers stopped), evaluate each task's newest version unless it already was,
-    then return: the run's final figure is the policy it ends with. Versions that came while an
-    evaluation ran are not queued: the newest is evaluated (the engine serves the newest weights, so
-    a queued older version would be measured on newer ones).
+    """Evaluate each task at version 0, then whenever its lead model (its first role's) is `every`
+    versions past the last evaluated (the newest version, never a queue), until `stop`. Once
+    `finish` is set, evaluate each task's newest version unless it already was, then return.
 
-    `tasks` maps a task to its roles (role -> model). Per evaluation it publishes the team outcome
-    (`metric="success"`, model = the lead) and, for a multi-role task, each role's own metric under
-    that role's model at the model's current version: what each model contributes, not only the team.
+    `tasks` maps a task to its roles (role -> model). Each evaluation publishes the team outcome
+    under the lead model and, for a multi-role task, each role's own metric under that role's model.
     """
     swarm = await SwarmClient.connect(nats_url, client_id=S.EVALUATOR, code_version=S.EVALUATOR)
     kv = await swarm.js.key_value(S.MODELS_BUCKET)
     watcher = await kv.watchall()
     versions: dict[str, int] = {}
-    last: dict[str, int] = {}
-    """Task -> the version of its last evaluation."""
+    last: dict[str, int] = {}  # task -> the version of its last evaluation
     divergence = {task: Divergence(task) for task in tasks}
 
     async def on_step(msg: Any) -> None:
@@ -203,10 +182,10 @@ async def run_evaluator(
         except Exception:  # the ledger dead-letters a bad metric; here it only misses one reward
             return
         for task, roles in tasks.items():
-            if next(iter(roles.values())) == step.model:
+            if lead_of(roles) == step.model:
                 divergence[task].reward(step)
 
-    for lead in {next(iter(roles.values())) for roles in tasks.values()}:
+    for lead in {lead_of(roles) for roles in tasks.values()}:
         await swarm.nc.subscribe(S.train_metrics_subject(lead), cb=on_step)
     try:
         while not stop.is_set():
@@ -223,7 +202,7 @@ async def run_evaluator(
                         versions.get(entry.key, -1), decode(entry.value, ModelVersion).version
                     )
             for task, roles in tasks.items():
-                version, before = versions.get(next(iter(roles.values()))), last.get(task)
+                version, before = versions.get(lead_of(roles)), last.get(task)
                 if version is None or not due(version, before, 1 if finishing else every):
                     continue
                 last[task] = version
@@ -240,6 +219,11 @@ async def run_evaluator(
         await swarm.close()
 
 
+def lead_of(roles: dict[str, str]) -> str:
+    """A task's lead model: its first role's."""
+    return next(iter(roles.values()))
+
+
 def due(version: int, last: int | None, every: int) -> bool:
     """Whether a task last evaluated at `last` (None: never) is due an evaluation at `version`."""
     return last is None or version - last >= every
@@ -253,14 +237,13 @@ async def _evaluate_and_publish(
     versions: dict[str, int],
     **kwargs: Any,
 ) -> float | None:
-    """Evaluate `task` at `version`, publish the results; returns the team outcome's success rate
-    (None: no episode could be played, nothing is published)."""
+    """Evaluate `task` at `version` and publish; the team's success rate (None: nothing played)."""
     spec = get_task(task)
     out = await evaluate(swarm, task, roles, **kwargs)
     if out.episodes == 0:
         log.error("eval task=%s version=%d: no episode could be played; nothing published", task, version)
         return None
-    lead = next(iter(roles.values()))
+    lead = lead_of(roles)
     results = [
         EvalResult(model=lead, step=version, task=task, success_rate=out.success, n=out.episodes,
                    temperature=kwargs["temperature"])

@@ -1,8 +1,7 @@
 """What became of an agent's groups: the `GroupOutcome`s its trainers send it, kept for `outcome()`.
 
-Consumes `swarm.metrics.outcome.<owner>.*` (core NATS: the AGENTS account imports it, and an identity
-may subscribe to its own owner's only). The subscription is made when the client connects, so an
-outcome decided while the agent plays on is kept until it asks for it (the newest `KEEP` groups).
+Subscribed (`swarm.metrics.outcome.<owner>.*`) when the client connects, so an outcome decided while
+the agent plays on is kept until it asks for it.
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
     SWARMRL_CONNECT_FILE=runs/latest/connect.json python -m swarmrl.agents.runner --task calculator
     ... --task team_calculator --role caller=caller --role reporter=reporter
 
-Each round picks one task instance and plays it `num_repeat` times concurrently (one GRPO group);
-`concurrency` groups' worth of episodes run at once. Any other framework works the same way: all a
-client needs is the SDK's episode (or the plain NATS subjects) and an OpenAI client.
-
-The task streams are seeded (`--seed`), and a client keeps its place in them in KV `swarm-clients`
-under its own name (`TaskCursor`): restarted (a crash, a kill, a node reboot), it continues where it
-stopped instead of playing the same first instances again.
+Each round picks one task instance and plays it `num_repeat` times at once (one GRPO group);
+`concurrency` groups run at once. The task streams are seeded (`--seed`); a restarted client
+continues where it stopped (`TaskCursor`).
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -43,7 +40,7 @@ class Outcome:
     success: bool
     turns: int
     metrics: dict[str, float] = field(default_factory=dict)
-    """A multi-role task's per-role metrics (e.g. `caller_valid`), where defined in this episode."""
+    """A multi-role task's per-role metrics (e.g. `caller_valid`)."""
 
 
 def reply_message(choice_message: Any) -> dict[str, Any]:
@@ -52,6 +49,25 @@ def reply_message(choice_message: Any) -> dict[str, Any]:
     if choice_message.tool_calls:
         msg["tool_calls"] = [tc.model_dump() for tc in choice_message.tool_calls]
     return msg
+
+
+async def model_reply(
+    llm: Any,
+    model: str,
+    messages: list[Any],
+    tools: Any,
+    temperature: float,
+    max_tokens: int | None,
+    seed: int | None,
+) -> dict[str, Any]:
+    """One model call's assistant message; `seed`: its sampling seed (None: the engine's sampler)."""
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    if seed is not None:
+        kwargs["seed"] = seed
+    resp = await llm.chat.completions.create(
+        model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, **kwargs
+    )
+    return reply_message(resp.choices[0].message)
 
 
 class ChaosAbort(RuntimeError):
@@ -69,23 +85,17 @@ async def play(
     tool_actions: bool = False,
     seed: int | None = None,
 ) -> Outcome:
-    """Play one episode of a single-agent task inside an open episode; publishes the reward. With
-    `tool_actions` (and a task that has them), tool calls run as sandboxed actions (`ep.act`).
-    `seed`: the episode's n-th model call samples with seed `seed + n` (the same tokens whatever else
-    the engine runs beside it); None: the engine's own sampler."""
+    """Play a single-agent task inside an open episode and publish its reward. `tool_actions`: tool
+    calls run as sandboxed actions (`ep.act`). `seed`: the n-th model call samples with `seed + n`
+    (None: the engine's own sampler)."""
     llm = ep.openai(max_retries=0)
     env = spec.make_env(instance)
     messages = env.reset()
     turns = 0
     tools = getattr(env, "tool_specs", None) or spec.tools  # an env task's tools are its own
     while True:
-        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
-        if seed is not None:
-            kwargs["seed"] = seed + turns
-        resp = await llm.chat.completions.create(
-            model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, **kwargs
-        )
-        reply = reply_message(resp.choices[0].message)
+        call_seed = None if seed is None else seed + turns
+        reply = await model_reply(llm, model, messages, tools, temperature, max_tokens, call_seed)
         messages.append(reply)
         if tool_actions and spec.tool_actions is not None:
             step = env.step(reply, tool_results=await run_tools(ep, spec.tool_actions(reply)))
@@ -104,8 +114,7 @@ async def play(
 
 
 async def run_tools(ep: Episode, payloads: list[dict[str, Any] | None]) -> list[str | None]:
-    """Run each tool call's python action in the swarm's sandbox; its stdout is the tool's result.
-    A failed action answers `error: ...`, as a tool that failed would."""
+    """Run each tool call's python action in the sandbox: its stdout, or `error: ...`."""
 
     async def one(payload: dict[str, Any] | None) -> str | None:
         if payload is None:
@@ -128,20 +137,15 @@ async def play_team(
     abort_rate: float = 0.0,
     seed: int | None = None,
 ) -> Outcome:
-    """Play one episode of a multi-role task: each role is an agent of the episode calling its own
-    model with its own token; each agent gets its own reward. `seed` as in `play`."""
+    """Play a multi-role task: each role is an agent with its own model, token and reward. `seed` as
+    in `play`."""
     llms = {role: ep.openai(agent=role, max_retries=0) for role in roles}
     env = spec.make_env(instance)
     turns = 0
     while (turn := env.turn()) is not None:
-        kwargs: dict[str, Any] = {"tools": turn.tools} if turn.tools else {}
-        if seed is not None:
-            kwargs["seed"] = seed + turns
-        resp = await llms[turn.role].chat.completions.create(
-            model=roles[turn.role], messages=turn.messages, temperature=temperature, max_tokens=max_tokens,
-            **kwargs,
-        )  # fmt: skip
-        env.step(reply_message(resp.choices[0].message))
+        call_seed = None if seed is None else seed + turns
+        llm, model = llms[turn.role], roles[turn.role]
+        env.step(await model_reply(llm, model, turn.messages, turn.tools, temperature, max_tokens, call_seed))
         turns += 1
         if abort_rate and not env.done and random.random() < abort_rate:
             raise ChaosAbort(f"simulated agent failure after turn {turns}")
@@ -167,7 +171,7 @@ async def play_episode(
     seed: int | None = None,
 ) -> Outcome:
     """Run one whole episode (begin ... end) of `instance`; `roles` maps each agent to its model
-    (or is the model of a single-agent task). `seed`: its model calls' sampling seeds (`play`)."""
+    (or is the model of a single-agent task)."""
     if isinstance(roles, str):
         roles = roles_of(spec, {}, roles)
     if max_tokens is None:
@@ -205,13 +209,10 @@ def roles_of(spec: TaskSpec, roles: dict[str, str], model: str) -> dict[str, str
 
 
 class TaskCursor:
-    """A client's place in its task streams, kept in KV `swarm-clients` under its own name, so that a
-    restarted client (same name, same seed) continues its streams instead of replaying their first
-    instances: round r's task is drawn from (seed, r), and each task's stream skips what was drawn.
-
-    The place is saved as each instance is drawn, before its group is played: a group a kill cuts
-    short is not played again (its episodes were aborted or timed out), as a group lost in flight would
-    not be. Without a saved place (first start, another seed) the streams start at their beginning."""
+    """A client's place in its task streams, kept in KV `swarm-clients` under its name, so a restarted
+    client (same name and seed) continues them: round r's task is drawn from (seed, r), and each
+    task's stream skips what was drawn. The place is saved before a group is played: a group a kill
+    cuts short is not played again."""
 
     def __init__(self, swarm: SwarmClient, seed: int, tasks: list[TaskSpec], state: ClientState) -> None:
         self.swarm, self.seed, self.rounds = swarm, seed, state.rounds
@@ -245,8 +246,7 @@ class TaskCursor:
         instance = next(self.streams[name])
         self.drawn[name] += 1
         round_ = self.rounds
-        # One save at a time, each of the newest place: a retried older save can never land after a
-        # newer one (the KV key would go back), and a round whose place a later save covered is done.
+        # One save at a time, each of the newest place: an older save never lands after a newer one.
         async with self._saving:
             if self.saved < round_:
                 state = ClientState(seed=self.seed, rounds=self.rounds, drawn=dict(self.drawn))
@@ -274,10 +274,9 @@ async def run_client(
     drain_s: float = 30.0,
     tool_actions: bool = False,
 ) -> None:
-    """Play training groups until `stop` is set, then drain (see below). A failed episode is aborted and the client carries on.
-
-    `task` is one task name or several with weights (`calculator=0.7,guess_number=0.3`): each group
-    picks its task by weight."""
+    """Play training groups until `stop` is set, then give the groups in flight `drain_s` to end. A
+    failed episode is aborted and the client carries on. `task`: one name or several with weights
+    (`calculator=0.7,guess_number=0.3`)."""
     from swarmrl.agents.config import parse_task_weights
 
     swarm = await SwarmClient.connect(nats_url)
@@ -286,38 +285,21 @@ async def run_client(
     role_maps = {spec.name: roles_of(spec, roles or {}, model) for spec in tasks}
     cursor = await TaskCursor.resume(swarm, seed, tasks)
     done = 0
-    # The key also names this process's lifetime: a restarted client's groups never merge with the
-    # groups its predecessor left open (nor inherit the trainer's count of their lost episodes).
-    life = os.urandom(4).hex()
+    life = os.urandom(4).hex()  # in the group key: a restarted client's groups never join old ones
 
-    async def group_loop(worker: int) -> None:
+    async def group_loop() -> None:
         nonlocal done
         while not stop.is_set():
             spec, instance, round_ = await cursor.next(weights)
-            # One GRPO group per round: a unique key keeps groups of different clients apart.
             key = f"{instance.task_id}@{swarm.client_id}-{life}-{round_}"
-
+            episode = functools.partial(
+                play_episode, swarm, spec, instance, role_maps[spec.name], temperature=temperature,
+                max_tokens=max_tokens, group_key=key, group_size=num_repeat, abort_rate=abort_rate,
+                tool_actions=tool_actions,
+            )  # fmt: skip
             with rewards.group(num_repeat):  # a dataset task's reward: one call for the group
-                results = await asyncio.gather(
-                    *(
-                        rewards.member(
-                            play_episode(
-                                swarm,
-                                spec,
-                                instance,
-                                role_maps[spec.name],
-                                temperature=temperature,
-                                max_tokens=max_tokens,
-                                group_key=key,
-                                group_size=num_repeat,
-                                abort_rate=abort_rate,
-                                tool_actions=tool_actions,
-                            )  # fmt: skip
-                        )
-                        for _ in range(num_repeat)
-                    ),
-                    return_exceptions=True,
-                )
+                plays = (rewards.member(episode()) for _ in range(num_repeat))
+                results = await asyncio.gather(*plays, return_exceptions=True)
             for r in results:
                 if isinstance(r, ChaosAbort):
                     log.info("episode aborted on purpose: %s", r)
@@ -326,10 +308,9 @@ async def run_client(
                     await asyncio.sleep(1.0)  # back off while the swarm is not answering
             done += len(results)
 
-    workers = [asyncio.create_task(group_loop(i)) for i in range(concurrency)]
+    workers = [asyncio.create_task(group_loop()) for _ in range(concurrency)]
     await stop.wait()
-    # Drain: no new group starts; the groups in flight get `drain_s` to end, then what is left is
-    # cancelled, which aborts its episodes (the SDK publishes `abort` on the way out).
+    # Drain: what is left after `drain_s` is cancelled, which aborts its episodes.
     finished, left = await asyncio.wait(workers, timeout=drain_s) if workers else (set(), set())
     for w in left:
         w.cancel()
@@ -359,9 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nats",
         default=os.environ.get("SWARMRL_AGENT_NATS", ""),
-        help="the client's connect file (its own NATS identity) is read from $SWARMRL_CONNECT_FILE "
-        "(written by `swarmrl up` or `swarmrl credentials mint`); --nats URL (default $SWARMRL_AGENT_NATS) "
-        "is for servers without agent identities. A password is never taken on the command line",
+        help="NATS URL (default $SWARMRL_AGENT_NATS) for servers without agent identities; else the "
+        "connect file $SWARMRL_CONNECT_FILE is read. A password is never taken on the command line",
     )
     p.add_argument(
         "--task",
@@ -369,67 +349,39 @@ def main(argv: list[str] | None = None) -> int:
         help="task name(s), comma-separated, optionally weighted: calculator=0.7,guess_number=0.3",
     )
     p.add_argument("--model", default="policy", help="model to call in a single-agent task")
-    p.add_argument(
-        "--role",
-        type=_pair,
-        action="append",
-        default=[],
-        metavar="ROLE=MODEL",
-        help="model of each role of a multi-role task (repeatable), e.g. --role caller=alpha",
-    )
+    # fmt: off
+    p.add_argument("--role", type=_pair, action="append", default=[], metavar="ROLE=MODEL",
+                   help="model of each role of a multi-role task (repeatable), e.g. --role caller=alpha")
     # defaults: the declarations `swarmrl up` reads (one default per setting)
     p.add_argument("--num-repeat", type=int, default=DEFAULT_GROUP_SIZE,
-                   help="episodes per task instance (GRPO group size, declared on `begin`)")  # fmt: skip
-    p.add_argument(
-        "--concurrency", type=int, default=default_of(TaskConf, "concurrency"), help="groups played at once"
-    )
+                   help="episodes per task instance (GRPO group size, declared on `begin`)")
+    p.add_argument("--concurrency", type=int, default=default_of(TaskConf, "concurrency"),
+                   help="groups played at once")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="max tokens per reply (default: the task's own, `TaskSpec.max_tokens`)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the task streams; a restarted client with the same name and seed continues them "
-        "where it stopped (its place is kept in KV swarm-clients)",
-    )
-    p.add_argument(
-        "--abort-rate",
-        type=float,
-        default=default_of(RunConf, "abort_rate"),
-        help="chaos: probability per turn of failing the episode on purpose (it is aborted)",
-    )
-    p.add_argument(
-        "--tool-actions",
-        action="store_true",
-        help="run the task's tools (calculator) as sandboxed python actions through the swarm's "
-        "actions service (`ep.act`) instead of in this process",
-    )
-    p.add_argument(
-        "--drain-s",
-        type=float,
-        default=30.0,
-        help="on SIGTERM: seconds the groups in flight get to finish before they are aborted",
-    )
-    p.add_argument(
-        "--tasks-file",
-        default=os.environ.get("SWARMRL_TASKS_FILE", ""),
-        help="JSON of the swarm's dataset and env tasks (`swarmrl up` writes <run>/config/tasks.json and "
-        "passes it as $SWARMRL_TASKS_FILE): their rows, reward functions and environments are loaded from it",
-    )
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="max tokens per reply (default: the task's own, `TaskSpec.max_tokens`)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the task streams; a restarted client with the same name and seed "
+                   "continues them (its place is kept in KV swarm-clients)")
+    p.add_argument("--abort-rate", type=float, default=default_of(RunConf, "abort_rate"),
+                   help="chaos: probability per turn of failing the episode on purpose (it is aborted)")
+    p.add_argument("--tool-actions", action="store_true",
+                   help="run the task's tools as sandboxed python actions (`ep.act`), not in this process")
+    p.add_argument("--drain-s", type=float, default=30.0,
+                   help="on SIGTERM: seconds the groups in flight get to finish before they are aborted")
+    p.add_argument("--tasks-file", default=os.environ.get("SWARMRL_TASKS_FILE", ""),
+                   help="JSON of the swarm's dataset and env tasks (`swarmrl up` passes "
+                   "$SWARMRL_TASKS_FILE): their rows, rewards and environments are loaded from it")
+    # fmt: on
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
         p.error(reason)
     if args.tasks_file:
-        from swarmrl.agents.tasks.dataset import DatasetError, read_tasks_file
+        from swarmrl.agents.tasks.dataset import read_tasks_file
 
         try:
             read_tasks_file(args.tasks_file)
-        except (OSError, ValueError, DatasetError) as exc:
+        except (OSError, ValueError) as exc:  # DatasetError is a ValueError
             p.error(f"--tasks-file {args.tasks_file}: {exc}")
     where: AgentCredential | str = args.nats
     if not where:
@@ -446,20 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await run_client(
-            where,
-            args.task,
-            args.model,
-            num_repeat=args.num_repeat,
-            concurrency=args.concurrency,
-            seed=args.seed,
-            stop=stop,
-            temperature=args.temperature,
-            max_tokens=args.max_tokens,
-            abort_rate=args.abort_rate,
-            roles=dict(args.role),
-            drain_s=args.drain_s,
+            where, args.task, args.model, num_repeat=args.num_repeat, concurrency=args.concurrency,
+            seed=args.seed, stop=stop, temperature=args.temperature, max_tokens=args.max_tokens,
+            abort_rate=args.abort_rate, roles=dict(args.role), drain_s=args.drain_s,
             tool_actions=args.tool_actions,
-        )
+        )  # fmt: skip
 
     aio.run(run())
     return 0

@@ -1,9 +1,7 @@
 """Client SDK: an agent process joins the swarm, runs episodes, and talks to the models.
 
-Publishes `begin`, `env`, `reward`, `end`, `abort` and `heartbeat` events to
-`swarm.ep.<owner>.<id>.<kind>`; asks the gateway (request/reply on `swarm.auth.token.<owner>`) for a
-signed episode token, which is the `api_key` of the OpenAI client it hands out. The SDK never holds
-the signing secret. `<owner>` is the client's NATS identity (its credential's name); its episode ids
+Episode events go to `swarm.ep.<owner>.<id>.<kind>`; the gateway signs each episode's token (the
+`api_key` of the OpenAI clients handed out). `<owner>` is the client's NATS identity; its episode ids
 are `<owner>_<random>`.
 
     credential = AgentCredential.read(os.environ["SWARMRL_CONNECT_FILE"])
@@ -80,11 +78,11 @@ async def _log_nats_error(exc: Exception) -> None:
 
 
 class _SharedHttpClient(DefaultAsyncHttpxClient):
-    """The OpenAI SDK's own async HTTP client, shared by a swarm client's episodes: closing one
-    episode's `AsyncOpenAI` (`async with ep.openai() as llm`) must not close it under the others."""
+    """The OpenAI SDK's async HTTP client, shared by a swarm client's episodes: closing one episode's
+    `AsyncOpenAI` leaves it open; the swarm client closes it (`close_shared`)."""
 
     async def aclose(self) -> None:
-        """Left open: the swarm client closes it (`close_shared`)."""
+        pass
 
     async def close_shared(self) -> None:
         await super().aclose()
@@ -94,15 +92,15 @@ class _SharedSyncHttpClient(DefaultHttpxClient):
     """`_SharedHttpClient` for blocking clients."""
 
     def close(self) -> None:
-        """Left open: the swarm client closes it (`close_shared`)."""
+        pass
 
     def close_shared(self) -> None:
         super().close()
 
 
 class GroupResults(list[Any]):
-    """What `SwarmClient.group` returns: per episode, what `play` returned or the exception that
-    aborted it; `group_key` names the group for `SwarmClient.outcome`."""
+    """Per episode, what `play` returned or the exception that aborted it; `group_key` names the
+    group for `SwarmClient.outcome`."""
 
     def __init__(self, results: list[Any], group_key: str) -> None:
         super().__init__(results)
@@ -119,23 +117,17 @@ class SwarmClient:
         self.js = nc.jetstream()
         self.client_id = client_id
         self.owner = owner
-        """The identity this client's episodes belong to (its credential's name); "" on a URL
-        connection, whose explicit episode ids may name any owner."""
+        """The identity owning this client's episodes; "" on a URL connection (any owner)."""
         self.code_version = code_version
         self.retry_s = retry_s
         self.outcomes = OutcomeBook(self.state_key)
-        """The outcomes of this client's groups its trainers sent (`outcome()`)."""
         self._http: _SharedHttpClient | None = None
         self._http_sync: _SharedSyncHttpClient | None = None
 
     @property
     def http_client(self) -> Any:
-        """The HTTP connection pool every episode's `openai()` client shares (made on first use, in
-        this event loop). A fresh `AsyncOpenAI` builds its own pool and TLS context, 59 ms of CPU on
-        this project's 2-core machine against 0.2 ms on a shared pool: per episode, that is a fifth
-        of the machine in `just up` (`bench/results/peers-10min/peers.md`). Shared, the connections to the
-        gateway are kept alive and reused. Closing an episode's client leaves it open; `close()`
-        closes it."""
+        """The HTTP connection pool every episode's `openai()` client shares (made on first use): a
+        fresh pool per episode costs far more CPU (`bench/results/peers-10min/peers.md`)."""
         if self._http is None or self._http.is_closed:
             self._http = _SharedHttpClient()
         return self._http
@@ -156,19 +148,10 @@ class SwarmClient:
         code_version: str | None = None,
         retry_s: float = 30.0,
     ) -> SwarmClient:
-        """Connect to the swarm.
-
-        Args:
-            where: The client's credential (`AgentCredential.read(connect_file)`), or NATS URL(s),
-                comma-separated, for a service-role or unauthenticated server.
-            client_id: Name of this client process recorded on events; default: the credential's
-                name, else a random one.
-            code_version: Version of the agent's code recorded on every event; see `default_code_version`.
-            retry_s: How long transient NATS errors are retried before an operation fails.
-
-        Returns:
-            A connected client; close it with `await client.close()` or `async with`.
-        """
+        """Connect with a credential (`AgentCredential.read(connect_file)`) or comma-separated NATS
+        URL(s) (service-role or unauthenticated servers). `client_id` (default: the credential's name,
+        else random) and `code_version` are recorded on events; transient NATS errors are retried for
+        `retry_s`."""
         if isinstance(where, AgentCredential):
             options: dict[str, Any] = where.nats_options()
             client_id, owner = client_id or where.name, where.name
@@ -180,69 +163,17 @@ class SwarmClient:
             name="swarmrl-agent",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
-            ping_interval=PING_INTERVAL_S,  # a link gone silent is replaced in seconds (bus.PING_INTERVAL_S)
+            ping_interval=PING_INTERVAL_S,
             max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-            error_cb=_log_nats_error,  # one line per error: nats-py's default prints a traceback
+            error_cb=_log_nats_error,  # one line per error, not nats-py's traceback
         )
         client = cls(nc, client_id, code_version or default_code_version(), retry_s, owner)
         await client.outcomes.watch(nc)  # before any group: an outcome decided early is kept
         return client
 
-    def episode(
-        self,
-        task_id: str,
-        *,
-        models: list[str] | None = None,
-        agents: list[str] | None = None,
-        agent_models: dict[str, list[str]] | None = None,
-        group_key: str = "",
-        group_size: int = 0,
-        task: dict[str, Any] | None = None,
-        eval: bool = False,
-        episode_id: str | None = None,
-        heartbeat_s: float = 10.0,
-        token_ttl_s: float = 3600.0,
-    ) -> Episode:
-        """Create an episode; use it as `async with` (begin on enter, end or abort on exit).
-
-        Args:
-            task_id: Task identity; GRPO groups form over episodes with the same group key.
-            models: Trainable models the episode may call; default: the union of `agent_models`.
-                The gateway refuses an episode with no models.
-            agents: Agent names (each gets its own token); default: the keys of `agent_models`,
-                else `["agent"]`.
-            agent_models: Per agent, the models its token may call (e.g. `{"caller": ["alpha"],
-                "reporter": ["beta"]}`); an agent not listed may call all of `models`.
-            group_key: Advantage group; defaults to `task_id`.
-            group_size: How many episodes this client plays in the group (its GRPO group size); the
-                trainer forms the group from that many. 0: not declared (the trainer's `num_repeat`).
-            task: Free-form task description recorded by the ledger; its `"name"`, when present, is
-                the task the gateway's task mixing weighs (`--task-weight`).
-            eval: Evaluation episode: recorded, never trained on.
-            episode_id: Explicit id, `<owner>` or `<owner>_<suffix>` (subject-safe); default:
-                `<owner>_<random>`.
-            heartbeat_s: Heartbeat period while the episode is open (0 disables).
-            token_ttl_s: Lifetime of the episode's API tokens.
-
-        Returns:
-            An `Episode` (not yet begun).
-        """
-        per_agent = {str(a): list(ms) for a, ms in (agent_models or {}).items()}
-        return Episode(
-            self,
-            task_id=task_id,
-            models=list(models or dict.fromkeys(m for ms in per_agent.values() for m in ms)),
-            agents=list(agents or per_agent or ["agent"]),
-            agent_models=per_agent,
-            group_key=group_key,
-            group_size=group_size,
-            task=dict(task or {}),
-            eval=eval,
-            episode_id=episode_id
-            or S.new_episode_id(self.owner or S.owner_name(self.client_id), uuid.uuid4().hex),
-            heartbeat_s=heartbeat_s,
-            token_ttl_s=token_ttl_s,
-        )
+    def episode(self, task_id: str, **options: Any) -> Episode:
+        """An `Episode` of this client (not yet begun; `options`: see there), to use as `async with`."""
+        return Episode(self, task_id, **options)
 
     async def group(
         self,
@@ -253,24 +184,9 @@ class SwarmClient:
         group_key: str = "",
         **episode: Any,
     ) -> GroupResults:
-        """Play one GRPO group: `size` episodes of `task_id` at once, each opened around `play(ep)`.
-
-        A trainer learns from a group only: the spread of rewards over several tries at the same task
-        instance. This is the one call that plays one.
-
-        Args:
-            task_id: The task instance every episode of the group plays.
-            play: `async (ep) -> result`: one try (call the model with `ep.openai()` or `ep.base_url`
-                + `ep.token()`, publish `await ep.reward(r)`). An exception aborts that episode only.
-            size: Episodes in the group, declared on each `begin` (`group_size`); default:
-                `DEFAULT_GROUP_SIZE`, the trainer's default `num_repeat`.
-            group_key: Default: unique to this call, so this group never mixes with another.
-            **episode: Passed to `episode()` (`models`, `task`, `agent_models`, ...).
-
-        Returns:
-            Per episode, what `play` returned, or the exception that aborted it (a list); its
-            `group_key` names the group for `outcome()`.
-        """
+        """Play one GRPO group: `size` episodes of `task_id` at once (default `DEFAULT_GROUP_SIZE`),
+        each opened around `play(ep)`; an exception aborts that episode only. `group_key` defaults to
+        one unique to this call; `**episode` goes to `episode()`."""
         size = DEFAULT_GROUP_SIZE if size is None else size
         if size < 1:
             raise ValueError(f"a group needs at least one episode, got size={size}")
@@ -282,67 +198,52 @@ class SwarmClient:
 
         await self.outcomes.watch(self.nc)
         results = await asyncio.gather(*(one() for _ in range(size)), return_exceptions=True)
-        if all(isinstance(r, BaseException) for r in results) and not episode.get(
-            "eval"
-        ):  # no trainer hears of this group
+        if not episode.get("eval") and all(isinstance(r, BaseException) for r in results):
+            # no trainer hears of this group: its outcome is known here
             models = episode.get("models") or [
                 m for ms in (episode.get("agent_models") or {}).values() for m in ms
             ]
+            task = str((episode.get("task") or {}).get("name", ""))
             for model in dict.fromkeys(models):
-                self.outcomes.add(
-                    GroupOutcome(
-                        model=model,
-                        owner=self.state_key,
-                        group_key=key,
-                        task=str((episode.get("task") or {}).get("name", "")),
-                        client_id=self.client_id,
-                        outcome="dropped",
-                        reason="failed_episodes",
-                        step=-1,
-                        episodes=size,
-                    )
-                )
+                dropped = GroupOutcome(
+                    model=model, owner=self.state_key, group_key=key, task=task, client_id=self.client_id,
+                    outcome="dropped", reason="failed_episodes", step=-1, episodes=size,
+                )  # fmt: skip
+                self.outcomes.add(dropped)
         return GroupResults(results, key)
 
     async def evaluate(
         self, task_id: str, play: Callable[[Episode], Awaitable[T]], *, samples: int = 1, **episode: Any
     ) -> GroupResults:
         """Play `samples` held-out evaluation episodes of `task_id` at once (`group` with `eval=True`):
-        recorded with the policy versions that served them, never trained. The report plots each
-        task's rate per version (`end(success=...)`, else reward > 0) beside the built-in evaluations."""
+        recorded, never trained; the report plots each task's rate per policy version."""
         return await self.group(task_id, play, size=samples, eval=True, **episode)
 
     async def outcome(
         self, group_key: str, *, model: str | None = None, timeout: float = 120.0
     ) -> GroupOutcome:
-        """What became of group `group_key` (for `model`; default: the first model to decide): trained
-        (`step`, `reward_std`) or dropped (`reason`: `zero_adv`, `stale`, `timeout`, ...;
-        `describe(outcome)` says it in words). A trainer decides once the group is complete, and
-        sends a trained group's outcome after the step that trained it. Raises TimeoutError after
-        `timeout` seconds without one."""
+        """What became of group `group_key` (for `model`; default: the first to decide): trained or
+        dropped (`describe(outcome)` says it in words). Raises TimeoutError after `timeout` seconds."""
         await self.outcomes.watch(self.nc)
         return await self.outcomes.wait(group_key, model, timeout)
 
     async def publish(self, event: EventBase) -> None:
-        """Publish one event idempotently (Nats-Msg-Id), retrying transient errors. An event over the
-        contract's size limit is refused here: the server would close the connection for it."""
-        subject = S.episode_subject(event.episode_id, event.kind)  # type: ignore[attr-defined]
+        """Publish one event idempotently (Nats-Msg-Id), retrying transient errors; an oversized
+        event is refused here (the server would close the connection for it)."""
+        kind = event.kind  # type: ignore[attr-defined]
         data = encode(event)
         if len(data) > MAX_EVENT_BYTES:
-            raise SwarmError(
-                f"{event.kind} event of {len(data)} bytes is over the {MAX_EVENT_BYTES}-byte limit"
-            )  # type: ignore[attr-defined]
+            raise SwarmError(f"{kind} event of {len(data)} bytes is over the {MAX_EVENT_BYTES}-byte limit")
+        subject = S.episode_subject(event.episode_id, kind)
         await retried(self.retry_s, self.js.publish, subject, data, headers={"Nats-Msg-Id": event.msg_id})
 
     @property
     def state_key(self) -> str:
-        """This client's key in KV `swarm-clients`: its owner name (its credential's), else one made
-        from its client id."""
+        """This client's key in KV `swarm-clients`: its owner name, else one made from its client id."""
         return self.owner or S.owner_name(self.client_id)
 
     async def load_state(self) -> ClientState | None:
-        """The `ClientState` this client (by `state_key`: the same name after a restart) saved last, or
-        None when it saved none. A direct get of its own KV key, the one read an agent may make."""
+        """The `ClientState` this client (by `state_key`, so also before a restart) saved last, or None."""
         put, _ = S.client_state_subjects(self.state_key)
         try:
             msg = await retried(
@@ -361,9 +262,7 @@ class SwarmClient:
 
     async def close(self) -> None:
         """Flush and close the NATS connection and the shared HTTP connection pools."""
-        with contextlib.suppress(
-            OSError, RuntimeError, nats.errors.Error
-        ):  # already closed, or the server gone
+        with contextlib.suppress(OSError, RuntimeError, nats.errors.Error):  # closed, or server gone
             await self.nc.drain()
         if self._http is not None:
             await self._http.close_shared()

@@ -26,12 +26,6 @@ class SyncSwarmClient:
     """Blocking counterpart of `SwarmClient`; same arguments as `SwarmClient.connect`."""
 
     def __init__(self, nats_url: AgentCredential | str, **kwargs: Any) -> None:
-        """Connect to the swarm.
-
-        Args:
-            nats_url: The client's credential, or NATS URL(s) (see `SwarmClient.connect`).
-            **kwargs: Passed to `SwarmClient.connect` (client_id, code_version, retry_s).
-        """
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarmrl-sdk", daemon=True)
         self._thread.start()
@@ -41,7 +35,7 @@ class SyncSwarmClient:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def episode(self, task_id: str, **kwargs: Any) -> SyncEpisode:
-        """Create an episode; use it as `with` (begin on enter, end or abort on exit). See `SwarmClient.episode`."""
+        """An episode to use as `with` (begin on enter, end or abort on exit); see `SwarmClient.episode`."""
         return SyncEpisode(self, self.client.episode(task_id, **kwargs))
 
     def close(self) -> None:
@@ -58,7 +52,7 @@ class SyncSwarmClient:
 
 
 class SyncEpisode:
-    """Blocking counterpart of `Episode`."""
+    """Blocking counterpart of `Episode` (same methods, same arguments)."""
 
     def __init__(self, owner: SyncSwarmClient, episode: Episode) -> None:
         self._owner = owner
@@ -69,28 +63,22 @@ class SyncEpisode:
         return self.episode.episode_id
 
     def begin(self) -> SyncEpisode:
-        """Get the tokens and publish `begin`."""
         self._owner._run(self.episode.begin())
         return self
 
     def openai(self, agent: str | None = None, **kwargs: Any) -> Any:
-        """A blocking `openai.OpenAI` client for `agent`, bound to this episode."""
         return self.episode.openai_sync(agent, **kwargs)
 
     def env(self, name: str = "step", data: dict[str, Any] | None = None, agent: str = "") -> None:
-        """Record an environment step."""
         self._owner._run(self.episode.env(name, data, agent))
 
     def reward(self, value: float, agent: str = "", name: str = "reward") -> None:
-        """Add a reward (empty agent: every agent)."""
         self._owner._run(self.episode.reward(value, agent, name))
 
     def end(self, **metrics: float) -> None:
-        """Finish the episode."""
         self._owner._run(self.episode.end(**metrics))
 
     def abort(self, reason: str = "") -> None:
-        """Give up on the episode."""
         self._owner._run(self.episode.abort(reason))
 
     def __enter__(self) -> SyncEpisode:

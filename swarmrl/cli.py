@@ -24,9 +24,8 @@ import sys
 from typing import Any
 
 SERVICES = ("gateway", "engine", "merger", "trainer", "ledger", "tracker", "actions", "action-worker")
-# service -> (module, entry); by default swarmrl.services.<name>.main:main
 SERVE_ENTRIES = {"action-worker": ("swarmrl.services.actions.main", "worker_main")}
-# verb -> (module, entry function called with the remaining arguments)
+"""Service -> (module, entry) where it is not swarmrl.services.<name>.main:main."""
 VERBS = {
     "up": ("swarmrl.up", "main"),
     "down": ("swarmrl.clients", "down"),
@@ -40,6 +39,7 @@ VERBS = {
     "bootstrap-model": ("swarmrl.bootstrap.cli", "main"),
     "nats": ("swarmrl.infra.nats_cli", "main"),
 }
+"""Verb -> (module, entry function called with the remaining arguments)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _in_server_extra(module: str) -> bool:
-    """Whether the distribution of `module` (by its import name) is one of the `server` extra's."""
+    """Whether `module`'s distribution is one of the `server` extra's."""
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
@@ -79,22 +79,19 @@ def _run(verb: str, rest: list[str]) -> int:
             print(f"usage: swarmrl serve {{{','.join(SERVICES)}}} [--help]", file=sys.stderr)
             return 2
         name, entry = SERVE_ENTRIES.get(rest[0], (f"swarmrl.services.{rest[0]}.main", "main"))
-        return int(
-            getattr(importlib.import_module(name), entry)(_resolve_description(rest[0], rest[1:])) or 0
-        )
-    if verb not in VERBS:
+        rest = _resolve_description(rest[0], rest[1:])
+    elif verb in VERBS:
+        name, entry = VERBS[verb]
+    else:
         print(f"swarmrl: unknown command {verb!r}; try `swarmrl --help`", file=sys.stderr)
         return 2
-    name, entry = VERBS[verb]
-    module = importlib.import_module(name)
-    return int(getattr(module, entry)(rest) or 0)
+    return int(getattr(importlib.import_module(name), entry)(rest) or 0)
 
 
 def _resolve_description(service: str, argv: list[str]) -> list[str]:
-    """`argv` with a `--config` swarm description (TOML, or `up`'s swarm.json) replaced by the file
-    of `service`'s configuration resolved from it, as `swarmrl up` resolves it (`--model` picks the
-    model of an engine or trainer; its base is built if it is a preset). Other `--config` files are
-    the service's own resolved configuration and pass as they are."""
+    """`argv` with a `--config` swarm description (TOML, or `up`'s swarm.json) replaced by `service`'s
+    configuration resolved from it as `swarmrl up` would (`--model` picks an engine's or trainer's
+    model). A service's own resolved `--config` passes as it is."""
     import argparse
     import json
     import tempfile
@@ -114,7 +111,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
         try:
             data = json.loads(path.read_text() or "{}")
         except json.JSONDecodeError:
-            return argv  # `--config` of the service itself says what is wrong with it
+            return argv  # the service's own `--config` says what is wrong with it
         if not isinstance(data, dict) or "models" not in data:
             return argv
     if service not in CONFIGS:
@@ -126,7 +123,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
         model = known.model or (next(iter(swarm.models)) if len(swarm.models) == 1 else None)
         placement: dict[str, Any] = {}
         if service in ("trainer", "engine") and model in swarm.models:
-            build_it = "--print-config" not in argv  # printing builds nothing
+            build_it = "--print-config" not in argv
             placement["model_path"] = str(resolve_base(swarm.models[model], build=build_it))
         if service == "engine" and model in swarm.models:
             if (owner := swarm.engine_owner(model)) != model:
@@ -140,10 +137,9 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     resolved = write_config_file(Path(tempfile.mkdtemp(prefix="swarmrl-")) / f"{service}.json", service, cfg)
     out, skip = [], False
     for arg in argv:  # every --config goes; the resolved one comes first, so flags still override it
-        if skip or arg == "--config" or arg.startswith("--config="):
-            skip = arg == "--config"
-            continue
-        out.append(arg)
+        if not (skip or arg == "--config" or arg.startswith("--config=")):
+            out.append(arg)
+        skip = arg == "--config"
     return ["--config", str(resolved), *out]
 
 

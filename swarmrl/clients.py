@@ -4,15 +4,12 @@
     swarmrl clients restart calculator --version v2 --run-dir runs/exp1
     swarmrl clients list
     swarmrl status                                  # processes, restarts, steps, eval, clients
-    swarmrl down                                    # see `down` below
+    swarmrl down
 
-It needs the swarm's service credentials: `$SWARMRL_NATS` (the service URL, from any machine that
-reaches the swarm's NATS), else the run's own `service.json` (written owner-only by `swarmrl up` in
-its run directory: the latest run, or `--run-dir`). A restart drains the task's clients (groups in
-flight finish or are aborted, none is lost or counted twice), then starts the new code; the reply
-comes when the new clients run. Other tasks and the services keep going. Every event of the new
-clients carries the new `client_version` (default: a hash of the built-in client code, or
-`--version`), so the report and `swarmrl query` tell the versions apart.
+The swarm's service URL comes from `$SWARMRL_NATS` (from any machine that reaches its NATS), else
+from the run's owner-only `service.json` (the latest run, or `--run-dir`). A restart drains the
+task's clients (no group lost or counted twice), then starts the new code, whose events carry the
+new `client_version` (default: a hash of the built-in client code, or `--version`).
 """
 
 from __future__ import annotations
@@ -28,23 +25,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from swarmrl.core.rundir import (
-    LATEST_LINK,
-    LATEST_POINTER,
-    SERVICE_FILE,
-    latest_pointer,
-    latest_run_dir,
-    pid_candidates,
-    read_pid,
-    start_time,
-)
+from swarmrl.core import rundir
+from swarmrl.core.rundir import SERVICE_FILE, latest_run_dir
 
 DEFAULT_TIMEOUT_S = 180.0
-"""A restart waits for the old clients to drain (30 s) and exit (15 s more at worst)."""
+"""Enough for a restart: the old clients drain (30 s) and exit (15 s more at worst)."""
 
 
 class ClientsError(RuntimeError):
     """No answer from a running swarm; the message says what was looked for."""
+
+
+def _error(message: str) -> int:
+    """Print `message` to stderr; returns the exit status 1."""
+    print(message, file=sys.stderr)
+    return 1
 
 
 def service_url(run_dir: Path | None) -> str:
@@ -100,8 +95,7 @@ def request(verb: str, body: dict[str, Any], run_dir: Path | None, timeout: floa
             ) from None
         finally:
             await nc.close()
-        reply: dict[str, Any] = json.loads(msg.data)
-        return reply
+        return dict(json.loads(msg.data))
 
     return asyncio.run(ask())
 
@@ -136,11 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reply = request(args.cmd, body, args.run_dir, args.timeout)
     except ClientsError as exc:
-        print(f"swarmrl clients: {exc}", file=sys.stderr)
-        return 1
+        return _error(f"swarmrl clients: {exc}")
     if not reply.get("ok"):
-        print(f"swarmrl clients: {reply.get('error', reply)}", file=sys.stderr)
-        return 1
+        return _error(f"swarmrl clients: {reply.get('error', reply)}")
     if args.cmd == "list":
         print(_tasks(reply["tasks"]))
         return 0
@@ -174,8 +166,7 @@ def status(argv: list[str] | None = None) -> int:
     try:
         reply = request("status", {}, args.run_dir, args.timeout)
     except ClientsError as exc:
-        print(f"swarmrl status: {exc}", file=sys.stderr)
-        return 1
+        return _error(f"swarmrl status: {exc}")
     if args.json or not reply.get("ok"):
         print(json.dumps(reply, indent=1))
         return 0 if reply.get("ok") else 1
@@ -187,20 +178,16 @@ def status(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def down(argv: list[str] | None = None) -> int:
-    """`swarmrl down`: ask a running `swarmrl up` to stop (SIGTERM; it then stops every service
-    and writes its report)."""
+    """`swarmrl down`: ask a running `swarmrl up` to stop (it then stops every service and writes
+    its report)."""
     p = argparse.ArgumentParser(
         prog="swarmrl down",
         description="Stop a running `swarmrl up`: through its control plane (swarm.ctl.down; with "
         "$SWARMRL_NATS from any machine, else with the run's service.json), or else by SIGTERM to its pid; it "
         "then stops every service and writes the run's report. Without --run-dir it stops the latest run: "
-        f"./{LATEST_LINK} if present, else the run recorded in $SWARMRL_HOME/{LATEST_POINTER} "
-        f"(now {latest_pointer()}).",
+        f"./{rundir.LATEST_LINK} if present, else the run recorded in $SWARMRL_HOME/{rundir.LATEST_POINTER} "
+        f"(now {rundir.latest_pointer()}).",
     )
     p.add_argument("--run-dir", type=Path, default=None, help="the run directory of the swarm to stop")
     args = p.parse_args(argv)
@@ -215,22 +202,18 @@ def down(argv: list[str] | None = None) -> int:
             if reply.get("ok"):
                 print("swarmrl down: asked the swarm to stop (swarm.ctl.down)")
                 return 0
-            print(f"swarmrl down: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
-    candidates = pid_candidates(args.run_dir)
-    looked = [str(c) for c in candidates]
+            return _error(f"swarmrl down: {reply.get('error', reply)}")
+    candidates = rundir.pid_candidates(args.run_dir)
     for path in candidates:
         try:
-            pid, started = read_pid(path)
+            pid, started = rundir.read_pid(path)
         except FileNotFoundError:
             continue
         except (OSError, ValueError, IndexError) as exc:
-            print(f"swarmrl down: unreadable pid file {path}: {exc}", file=sys.stderr)
-            return 1
-        now = start_time(pid)
-        reused = started is not None and now is not None and now != started
+            return _error(f"swarmrl down: unreadable pid file {path}: {exc}")
+        now = rundir.start_time(pid)
         try:
-            if reused:
+            if started is not None and now is not None and now != started:
                 raise ProcessLookupError  # that pid is another process now
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -239,9 +222,11 @@ def down(argv: list[str] | None = None) -> int:
             print(f"swarmrl down: process {pid} is gone; removed the stale pid file {path}", file=sys.stderr)
             continue
         except PermissionError:
-            print(f"swarmrl down: not allowed to signal process {pid} (from {path})", file=sys.stderr)
-            return 1
+            return _error(f"swarmrl down: not allowed to signal process {pid} (from {path})")
         print(f"swarmrl down: asked swarmrl up (pid {pid}, {path}) to stop")
         return 0
-    print(f"swarmrl down: no running swarm found (looked for {', '.join(looked)})", file=sys.stderr)
-    return 1
+    return _error(f"swarmrl down: no running swarm found (looked for {', '.join(map(str, candidates))})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,6 @@
-"""Control plane of a running `swarmrl up` on NATS: `swarm.ctl.<verb>`, served with NATS's service
-API (`nats.micro`: discovery, stats and request/reply), reachable with the service credentials only
-(agents live in an account that does not import it). `swarmrl clients`, `swarmrl status` and
-`swarmrl down` are its client side, from any machine that holds those credentials.
-
-Requests and replies are JSON:
+"""Control plane of a running `swarmrl up`: `swarm.ctl.<verb>` on NATS (`nats.micro`), reachable
+with the service credentials only (agents live in an account that does not import it).
+`swarmrl clients`, `status` and `down` are its client side. Requests and replies are JSON:
 
     swarm.ctl.restart {"task": "calculator", "version": "v2"}   # version optional
     -> {"ok": true, "task": "calculator", "old": [...], "new": [...], "generation": 1,
@@ -15,16 +12,10 @@ Requests and replies are JSON:
     swarm.ctl.down {}    -> {"ok": true, "stopping": true}   (then `up` stops every service, as on Ctrl-C)
     errors -> {"ok": false, "error": "unknown task 'x'; tasks: ['calculator']"}
 
-A restart drains the task's current clients (SIGTERM: the built-in runner starts no new group and
-gives the groups in flight `--drain-s` to end, then aborts what is left), waits for them to exit
-(SIGKILL after `drain_s + grace_s`), retires them from the supervisor (so their exit does not stop
-the run), then starts the next generation with the new code. Other tasks' clients and every service
-keep running. `handle_request` (pure parsing and dispatch) and `Restarter` (process handling) are
-separate from NATS so tests reach them directly.
-
-The version recorded on every event of a built-in client (`client_version`) defaults to
-`builtin_client_version()`: a hash of the client code as it is on disk when the clients start (the
-runner, the SDK and the task modules), so an edit-and-restart shows up as a new version by itself.
+A restart drains the task's clients (SIGTERM: the runner starts no new group and ends those in
+flight within `--drain-s`), kills them after `drain_s + grace_s`, retires them from the supervisor
+(so their exit does not stop the run), then starts the next generation. `handle_request` and
+`Restarter` are apart from NATS so tests reach them directly.
 """
 
 from __future__ import annotations
@@ -65,9 +56,6 @@ class ControlError(ValueError):
     """A request that cannot be served; the message is the reply's `error`."""
 
 
-# -- client code version ----------------------------------------------------------------------------
-
-
 def _agents_dir() -> Path:
     spec = importlib.util.find_spec("swarmrl.agents")  # imports only `swarmrl`, not the SDK
     if spec is None or not spec.submodule_search_locations:
@@ -82,8 +70,8 @@ def client_code_files(agents_dir: Path | None = None) -> list[Path]:
 
 
 def hash_files(files: list[Path], root: Path) -> str:
-    """`sha1-<12 hex>` over the files' paths (relative to `root`) and contents; missing files count
-    as absent, so the hash still changes when one appears."""
+    """`sha1-<12 hex>` over the files' paths (relative to `root`) and contents (a missing one counts
+    as empty)."""
     h = hashlib.sha1()
     for f in sorted(files):
         h.update(str(f.relative_to(root)).encode() + b"\0")
@@ -94,21 +82,16 @@ def hash_files(files: list[Path], root: Path) -> str:
 
 
 def builtin_client_version(agents_dir: Path | None = None) -> str:
-    """Default `client_version` of the built-in runner: a hash of `client_code_files()`.
-
-    (The SDK's own default hashes `sys.argv[0]`, which for `python -m swarmrl.agents.runner` is the
-    runner alone: an edited task or SDK would not show.)"""
+    """Default `client_version` of the built-in runner: a hash of `client_code_files()` (the SDK's
+    own default hashes `sys.argv[0]` alone, the runner, so an edited task or SDK would not show)."""
     root = agents_dir or _agents_dir()
     return hash_files(client_code_files(root), root)
 
 
 def default_client_version(swarm: Any, task: str) -> str:
-    """`client_version` `up` gives `task`'s clients: the code hash for the built-in runner; "" (the
-    client's own default: `$SWARMRL_CODE_VERSION` unset, the SDK hashes its script) for a `command`."""
+    """`client_version` `up` gives `task`'s clients: the code hash for the built-in runner, "" (the
+    SDK's own default) for a task's own `command`."""
     return builtin_client_version() if swarm.tasks[task].command is None else ""
-
-
-# -- restarts -------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -126,9 +109,9 @@ class Restarter:
     spawn: Spawn
     clients: dict[str, TaskClients]
     default_version: Callable[[str], str] = lambda task: ""
-    """Version of a restart that names none (e.g. the code hash now); "" = the client's own default."""
+    """Version of a restart that names none; "" = the client's own default."""
     on_change: Callable[[], None] = lambda: None
-    """Called after every restart (`up` rewrites `pids.json`)."""
+    """Called after every restart."""
     on_retired: Callable[[list[str]], None] = lambda names: None
     """Called with a drained generation's names (`up` revokes their NATS identities)."""
     drain_s: float = DRAIN_S
@@ -156,14 +139,13 @@ class Restarter:
         if not self.check_task(task).names:
             raise ControlError(f"task {task!r} has no client processes to restart (clients = 0)")
         async with self._lock:  # one restart at a time: generations stay in order
-            current = self.clients[task]
-            old = list(current.names)
+            old = list(self.clients[task].names)
             t0 = time.monotonic()
             killed = await self.drain(old)
             drained_s = time.monotonic() - t0
             self.on_retired(old)
-            new_version = version if version else self.default_version(task)
-            generation = current.generation + 1
+            new_version = version or self.default_version(task)
+            generation = self.clients[task].generation + 1
             new = self.spawn(task, generation, new_version)
             self.clients[task] = TaskClients(new, generation, new_version)
             self.on_change()
@@ -182,35 +164,26 @@ class Restarter:
         for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        await _wait_exit(procs, self.drain_s + self.grace_s)
-        killed = [n for n, p in procs.items() if p.poll() is None]
-        for n in killed:
-            log.warning("%s did not stop in %.0fs; killing it", n, self.drain_s + self.grace_s)
-            procs[n].kill()
-        await _wait_exit(procs, None)
-        return killed
+        return await _kill_after(procs, self.drain_s + self.grace_s)
 
     async def close(self, timeout: float = 15.0) -> None:
         """Stop retired clients still draining when the run ends (as `up` stops the current ones)."""
-        left = {n: p for n, p in self.sup.retired.items() if p.poll() is None}
-        await _wait_exit(left, timeout)
-        for p in left.values():
-            if p.poll() is None:
-                p.kill()
-        await _wait_exit(left, None)
+        await _kill_after({n: p for n, p in self.sup.retired.items() if p.poll() is None}, timeout)
 
 
-async def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], timeout: float | None) -> None:
-    """Until every process has exited or `timeout` is spent, without blocking the event loop (which
-    keeps supervising the swarm meanwhile). Polled: a Popen has no awaitable exit."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while any(p.poll() is None for p in procs.values()):
-        if deadline is not None and time.monotonic() >= deadline:
-            return
-        await asyncio.sleep(0.1)  # noqa: ASYNC110
-
-
-# -- requests -------------------------------------------------------------------------------------------
+async def _kill_after(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> list[str]:
+    """Wait up to `timeout` for `procs` to exit, then kill the rest; returns their names. Polled, so
+    the event loop keeps supervising the swarm meanwhile (a Popen has no awaitable exit)."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+    killed = [n for n, p in procs.items() if p.poll() is None]
+    for n in killed:
+        log.warning("%s did not stop in %.0fs; killing it", n, timeout)
+        procs[n].kill()
+    while any(p.poll() is None for p in procs.values()):  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+    return killed
 
 
 @dataclass
@@ -221,12 +194,11 @@ class Plane:
     status: Callable[[], Reply] = lambda: {}
     """The run's status (`swarmrl status`) beside each task's clients."""
     down: Callable[[], None] = lambda: None
-    """Ask `up` to stop, as Ctrl-C does."""
+    """Asks `up` to stop, as Ctrl-C does."""
 
 
 async def handle_request(verb: str, data: bytes, plane: Plane) -> Reply:
-    """One request (`verb`, its JSON body) -> its reply. Never raises: every failure is an
-    `{"ok": false}` reply."""
+    """One request (`verb`, its JSON body) -> its reply; every failure is an `{"ok": false}` reply."""
     try:
         req = json.loads(data) if data.strip() else {}
         if not isinstance(req, dict):
@@ -293,9 +265,6 @@ class ControlService:
                 await self.nc.close()
 
 
-# -- `swarmrl up` wiring --------------------------------------------------------------------------------
-
-
 @dataclass
 class Control:
     service: ControlService | None
@@ -317,27 +286,19 @@ async def start_control(
     status: Callable[[], Reply],
     down: Callable[[], None],
 ) -> Control:
-    """What `up.supervise` starts: the control plane on `nats_url` (service credentials), with
-    restarts of `swarm`'s clients (`clients`: task -> the names started by `up`; each generation gets
-    new identities from `ids`, the old ones are revoked), `status` and `down`. A control plane that
-    cannot start is logged and the run goes on without it."""
+    """The control plane of `up.supervise`: restarts of `swarm`'s clients (`clients`: task -> names;
+    each generation gets new identities from `ids`), `status` and `down`. One that cannot start is
+    logged and the run goes on without it."""
     from swarmrl.launch import spawn_clients
-
-    def spawn(task: str, generation: int, version: str) -> list[str]:
-        return spawn_clients(sup, swarm, task, ids, generation=generation, version=version)
-
-    def write_pids() -> None:
-        (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
 
     def default_version(task: str) -> str:
         return default_client_version(swarm, task)
 
     restarter = Restarter(
         sup,
-        spawn,
+        lambda task, generation, version: spawn_clients(sup, swarm, task, ids, generation, version),
         {t: TaskClients(clients.get(t, []), 0, default_version(t)) for t in swarm.tasks},
         default_version=default_version,
-        on_change=write_pids,
         on_retired=ids.revoke,
     )
     service = ControlService(nats_url, Plane(restarter, status, down), run_dir)

@@ -5,12 +5,11 @@
     swarmrl credentials revoke my-agent              # disconnected now, refused from now on
     swarmrl credentials list
 
-Each identity is an nkey user of the AGENTS account (see `infra/credentials.py` and
-`infra/nats/accounts.conf`): it may publish only its own episodes' events and subscribe only to its
-own inbox. The registry lives in a conf dir: by default the embedded server's (`<run>/nats/conf` of
-the latest `swarmrl up`), or `--conf-dir` for servers you run yourself (their accounts.conf includes
-agents.conf from that dir; each writes its pid there with `nats-server -P <dir>/<node>.pid` so a
-change reaches it as a config reload).
+Each identity is an nkey user of the AGENTS account (`infra/credentials.py`): it may publish only
+its own episodes' events and subscribe only to its own inbox. The registry lives in a conf dir: the
+latest run's embedded server's (`<run>/nats/conf`), or `--conf-dir` for servers you run yourself
+(their accounts.conf includes agents.conf from it; each writes its pid there with
+`nats-server -P <dir>/<node>.pid`, so a change reaches it as a config reload).
 """
 
 from __future__ import annotations
@@ -42,10 +41,11 @@ def _locate(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 def _template(run_dir: Path | None, nats_url: str) -> AgentCredential | None:
     """The run's outside-agent connect file, whose servers and swarm facts a new identity copies."""
+    servers = [u.strip() for u in nats_url.split(",")]
     if run_dir is not None and (run_dir / CONNECT_FILE).exists():
         cred = AgentCredential.read(run_dir / CONNECT_FILE)
-        return cred.with_servers([u.strip() for u in nats_url.split(",")]) if nats_url else cred
-    return AgentCredential("template", "", [u.strip() for u in nats_url.split(",")]) if nats_url else None
+        return cred.with_servers(servers) if nats_url else cred
+    return AgentCredential("template", "", servers) if nats_url else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nats", default="", help="server URL(s) written into the connect file (default: the run's)"
     )
-    p.add_argument(
-        "--out", type=Path, default=None, help="connect file to write (default <run>/clients/NAME.json)"
-    )
+    p.add_argument("--out", type=Path, help="connect file to write (default <run>/clients/NAME.json)")
     args = p.parse_args(argv)
     if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
         p.error(reason)

@@ -1,13 +1,10 @@
 """`swarmrl export RUN --model M --to DIR`: a trained model of a run as a plain HF model directory.
 
-A trainer checkpoint (`<run>/checkpoints/<model>/step-<N>/`) already holds what transformers, vLLM
-and SGLang load (config, safetensors weights, tokenizer and chat template, written by
-`save_pretrained`) beside the trainer's own state (optimizer and scheduler per process,
-`trainer_state.json`). Export copies the first and leaves the second, or, with `--dtype`, loads the
-weights and saves them in that dtype. A LoRA model's checkpoint holds its adapter only: export merges
-it into the base (peft's `merge_and_unload`) and writes the whole model, or with `--adapter` copies the
-adapter as it is (peft, vLLM's `--lora-modules` and SGLang's `--lora-paths` load it over the base).
-It adds `swarmrl_export.json`: which run, model, step and policy version the weights are.
+A trainer checkpoint (`<run>/checkpoints/<model>/step-<N>/`) holds an HF model directory beside the
+trainer's own state (optimizer, scheduler, `trainer_state.json`). Export copies the first, or with
+`--dtype` saves the weights in that dtype. A LoRA checkpoint is merged into its base (peft's
+`merge_and_unload`), or with `--adapter` copied as it is. `swarmrl_export.json` says which run,
+model, step and policy version the weights are.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ def find_checkpoint(run_dir: Path, model: str, step: int | None) -> tuple[int, P
         raise ExportError(f"no checkpoint of model {model!r} in {run_dir}; models with checkpoints: {models}")
     if step is None:
         return found[-1]
-    for n, path in found:
-        if n == step:
-            return n, path
+    if step in (kept := dict(found)):
+        return step, kept[step]
     raise ExportError(
         f"{model!r} has no checkpoint of step {step} in {run_dir}; kept: {[n for n, _ in found]}"
     )
@@ -61,27 +57,22 @@ def export(
 ) -> Path:
     """Write `model`'s checkpoint of `run_dir` to `to` as an HF model directory (`adapter`: a LoRA
     model's adapter directory as trained); return `to`."""
-    from swarmrl.services.trainer.checkpoint import (
-        ADAPTER_CONFIG,
-        STATE_FILE,
-        TrainerState,
-        copy_tokenizer_files,
-    )
+    from swarmrl.services.trainer import checkpoint as ckpt
 
     n, checkpoint = find_checkpoint(run_dir, model, step)
     if to.exists() and any(to.iterdir()) and not force:
         raise ExportError(f"{to} is not empty; give another directory or --force to overwrite")
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
-    lora = (checkpoint / ADAPTER_CONFIG).is_file()
+    lora = (checkpoint / ckpt.ADAPTER_CONFIG).is_file()
     if adapter and not lora:
         raise ExportError(
-            f"--adapter: {model!r} trained all its weights (no {ADAPTER_CONFIG} in {checkpoint})"
+            f"--adapter: {model!r} trained all its weights (no {ckpt.ADAPTER_CONFIG} in {checkpoint})"
         )
     if adapter and dtype is not None:
         raise ExportError("--adapter copies the adapter as trained; leave out --dtype")
     to.mkdir(parents=True, exist_ok=True)
-    merge = lora and not adapter  # the base with the adapter merged in: a plain HF model
+    merge = lora and not adapter
     if dtype is None and not merge:  # as trained: the files themselves, bit for bit
         for p in checkpoint.iterdir():
             if p.is_file() and not p.name.startswith(TRAINER_ONLY):
@@ -99,14 +90,14 @@ def export(
         else:
             weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype)
         weights.save_pretrained(to)
-        copy_tokenizer_files(checkpoint, to)
+        ckpt.copy_tokenizer_files(checkpoint, to)
         # .json/.md files that copy_tokenizer_files keeps and a plain model directory does not have
-        for name in (STATE_FILE, *((ADAPTER_CONFIG, "README.md") if merge else ())):
+        for name in (ckpt.STATE_FILE, *((ckpt.ADAPTER_CONFIG, "README.md") if merge else ())):
             (to / name).unlink(missing_ok=True)
-    state = TrainerState.read(checkpoint)
+    state = ckpt.TrainerState.read(checkpoint)
     provenance = {
         "run_dir": str(Path(run_dir).resolve()), "model": model, "step": n, "policy_version": state.version,
-        "dtype": dtype or ("fp32" if lora and not adapter else "as trained"),
+        "dtype": dtype or ("fp32" if merge else "as trained"),
         "lora": "adapter" if adapter else ("merged" if lora else None),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }  # fmt: skip
@@ -121,9 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         "chat template) that transformers, vLLM and SGLang load as they are.",
     )
     p.add_argument("run", type=Path, help="the run directory (as `swarmrl up --run-dir`, e.g. runs/latest)")
-    p.add_argument(
-        "--model", required=True, help="the model's name in the run's swarm description (e.g. policy)"
-    )
+    p.add_argument("--model", required=True, help="the model's name in the run's description (e.g. policy)")
     p.add_argument("--to", type=Path, required=True, help="directory to write (created; must be empty)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="save the weights in this dtype (default: as trained, the checkpoint's files copied)")  # fmt: skip

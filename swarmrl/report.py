@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +13,18 @@ from swarmrl.core.rundir import PARTS_FILE
 from swarmrl.machine import describe
 
 
-def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
-    return con.execute(sql).fetchall()
+def _rows(con: Any, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    return con.execute(sql, params).fetchall()
+
+
+def _section(title: str, text: str, header: str, align: str) -> list[str]:
+    """A report section's title, its text (if any) and its table's header."""
+    return ["", f"## {title}", "", *([text, ""] if text else []), header, align]
 
 
 def _series(row: tuple[Any, ...]) -> str:
     """Curve label of an eval row (task, model, metric, ...): the task's outcome, or a role's own metric."""
-    task, model, metric = row[0], row[1], row[2]
+    task, model, metric = row[:3]
     if metric == AGENT_METRIC:
         return f"{task} (the agent's own, {model})"
     return task if metric == "success" else f"{task}: {model} {metric}"
@@ -33,9 +40,8 @@ FROM episodes e JOIN served s USING (episode_id)
 WHERE e.eval AND e.status = 'ok' AND e.client_id <> 'evaluator'
 GROUP BY ALL ORDER BY task, model, step
 """
-"""Outside agents' own evaluation episodes (`SwarmClient.evaluate`), per task and client and the
-policy version that served them: the rate of `end(success=...)`, else of reward > 0; rows shaped as
-`evals`' so they are plotted and listed beside the built-in evaluations, never mixed into them."""
+"""Outside agents' own evaluation episodes (`SwarmClient.evaluate`) per task, client and policy
+version: the rate of `end(success=...)`, else of reward > 0; rows shaped as `evals`'."""
 
 CLIENT_GROUPS = """
 SELECT client_id, task, count(*), count(*) FILTER (WHERE outcome = 'trained'),
@@ -47,14 +53,10 @@ FROM groups GROUP BY ALL ORDER BY client_id, task
 def groups_section(con: Any) -> list[str]:
     """Report lines: per client and task, the share of its groups trained (the ledger's `groups`)."""
     rows = _rows(con, CLIENT_GROUPS)
-    lines = [
-        "",
-        "## Groups per client",
-        "",
-        "What became of each client's GRPO groups (`groups` in the ledger).",
-        "",
-    ]
-    lines += ["| client | task | groups | trained | most common drop |", "| --- | --- | ---: | ---: | --- |"]
+    lines = _section(
+        "Groups per client", "What became of each client's GRPO groups (`groups` in the ledger).",
+        "| client | task | groups | trained | most common drop |", "| --- | --- | ---: | ---: | --- |",
+    )  # fmt: skip
     for client, task, n, trained, reason, dropped in rows:
         drop = f"{reason} ({dropped})" if dropped else "-"
         lines.append(f"| {client} | {task or '-'} | {n} | {100 * trained / n:.0f}% | {drop} |")
@@ -62,8 +64,8 @@ def groups_section(con: Any) -> list[str]:
 
 
 def task_rewards(con: Any) -> list[tuple[str, int, float]]:
-    """(model task, step, reward mean of that task's samples) from `train_steps.extra`, for steps of
-    cocktail runs (the trainer records `reward_mean.<task>` for every task in a step)."""
+    """(model task, step, reward mean of that task's samples) from `train_steps.extra`'s
+    `reward_mean.<task>`."""
     out = []
     for model, step, extra in _rows(con, "SELECT model, step, extra FROM train_steps ORDER BY model, step"):
         for key, value in (json.loads(extra) if extra else {}).items():
@@ -78,9 +80,8 @@ def plot_curves(
     out: Path,
     per_task: list[tuple[str, int, float]] | None = None,
 ) -> None:
-    """Left: train reward per model (model, step, reward), and per task when there are several
-    (`task_rewards`). Right: eval curves (task, model, metric, step, success_rate, ...), one per task
-    outcome and one per team role's own metric."""
+    """Left: train reward per model (model, step, reward), and per task when there are several.
+    Right: eval curves (task, model, metric, step, success_rate, ...), one per `_series`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,16 +132,13 @@ WHERE NOT e.eval GROUP BY ALL ORDER BY task, min(e.begin_ts)
 def client_versions_section(con: Any, started: float) -> list[str]:
     """Report lines: reward by client version over time (one row per task and `client_version`)."""
     rows = _rows(con, CLIENT_VERSIONS)
-    lines = [
-        "",
-        "## Client versions",
-        "",
+    lines = _section(
+        "Client versions",
         "Training episodes by the client code that played them (`client_version`; a new one per "
         "`swarmrl clients restart`). Reward and success are over ended episodes.",
-        "",
         "| task | client version | first min | last min | episodes | ended | aborted | mean reward | success |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    )
     for task, version, first, last, n, ok, aborted, reward, success in rows:
         lines.append(
             f"| {task} | `{version}` | {(first - started) / 60:.1f} | {(last - started) / 60:.1f} | {n} | {ok} "
@@ -163,21 +161,18 @@ WHERE NOT e.eval GROUP BY ALL ORDER BY task, w
 
 def distribution_section(con: Any, started: float) -> list[str]:
     """Report lines: distinct training instances per window and task (a narrowing training
-    distribution, such as clients replaying their task streams, shows as a falling share)."""
-    rows = con.execute(DISTINCT_BY_WINDOW, [float(started), DISTINCT_WINDOW_S]).fetchall()
+    distribution shows as a falling share)."""
+    rows = _rows(con, DISTINCT_BY_WINDOW, [float(started), DISTINCT_WINDOW_S])
     if not rows:
         return []
-    lines = [
-        "",
-        "## Training distribution",
-        "",
+    lines = _section(
+        "Training distribution",
         f"Distinct task instances (`task_id`) the training episodes played, per {DISTINCT_WINDOW_S // 60}-minute "
         "window of the run. A GRPO group plays one instance `num_repeat` times, so the most a window can "
         "have is 1 / `num_repeat` per episode; a window under half its task's best is marked.",
-        "",
         "| task | minutes | episodes | distinct instances | per episode |",
         "| --- | --- | ---: | ---: | ---: |",
-    ]
+    )
     best: dict[str, float] = {}
     for task, _, n, distinct in rows:
         best[task] = max(best.get(task, 0.0), distinct / n)
@@ -189,7 +184,7 @@ def distribution_section(con: Any, started: float) -> list[str]:
 
 
 ACTIONS_BY_MINUTE = """
-SELECT kind, floor((ts - ?) / 60)::BIGINT AS minute, count(*), count(*) FILTER (WHERE status = 'ok'),
+SELECT kind, floor((ts - $1) / 60)::BIGINT AS minute, count(*), count(*) FILTER (WHERE status = 'ok'),
        avg(act_s), quantile_cont(act_s, 0.5), quantile_cont(act_s, 0.99), avg(queued_s), max(units)
 FROM actions GROUP BY ALL ORDER BY kind, minute
 """
@@ -198,22 +193,19 @@ FROM actions GROUP BY ALL ORDER BY kind, minute
 
 def actions_section(con: Any, started: float) -> list[str]:
     """Report lines: the actions service's ACT and pool units over the run (none without actions)."""
-    rows = _rows(con, ACTIONS_BY_MINUTE.replace("?", repr(float(started))))
+    rows = _rows(con, ACTIONS_BY_MINUTE, [float(started)])
     if not rows:
         return []
     statuses = _rows(con, "SELECT status, count(*) FROM actions GROUP BY status ORDER BY status")
     policy = _rows(con, "SELECT any_value(policy) FROM actions")[0][0]
-    lines = [
-        "",
-        "## Actions",
-        "",
+    lines = _section(
+        "Actions",
         f"Tool calls run as sandboxed actions (`services/actions/`, policy `{policy}`): "
         + ", ".join(f"{s}: {n}" for s, n in statuses)
         + ". ACT = action completion time (arrival to result); units = the pool's size when one started.",
-        "",
         "| kind | minute | actions | ok | mean ACT ms | p50 ms | p99 ms | mean queued ms | most units |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    )
     for kind, minute, n, ok, mean, p50, p99, queued, units in rows:
         lines.append(
             f"| {kind} | {minute} | {n} | {ok} | {1000 * mean:.1f} | {1000 * p50:.1f} | {1000 * p99:.1f} "
@@ -226,52 +218,40 @@ def restart_counts(run_dir: Path) -> dict[str, int]:
     """Restarts `swarmrl up` made, by process name, from the supervisor's journal in the logs."""
     from swarmrl.supervisor import RESTARTS_FILE
 
-    counts: dict[str, int] = {}
-    path = run_dir / "logs" / RESTARTS_FILE
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed `up`
-            continue
-        if record.get("event") == "restart":
-            counts[record["name"]] = counts.get(record["name"], 0) + 1
-    return counts
+    records = _jsonl(run_dir / "logs" / RESTARTS_FILE)
+    return dict(Counter(r["name"] for r in records if r.get("event") == "restart"))
 
 
 def run_parts(run_dir: Path) -> list[dict[str, Any]]:
     """The parts of a run, oldest first: one per `swarmrl up`, the first and each `--resume`."""
-    path = run_dir / PARTS_FILE
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
+    return _jsonl(run_dir / PARTS_FILE)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file, if it exists (a line cut short by a killed `up` is skipped)."""
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records
 
 
 def write_report(run_dir: Path, reason: str = "") -> Path:
     from swarmrl.services.ledger.query import connect
 
     con = connect(run_dir)
-    train = _rows(
-        con,
-        "SELECT model, step, reward_mean, loss, samples, tokens, tokens_per_s, staleness_mean, wall_s "
-        "FROM train_steps ORDER BY model, step",
-    )
-    evals = _rows(
-        con,
-        "SELECT task, model, coalesce(metric, 'success') AS metric, step, success_rate, n, temperature, ts "
-        "FROM evals ORDER BY task, metric, model, step",
-    ) + _rows(con, AGENT_EVALS)
+    train = _rows(con, "SELECT model, step, reward_mean, loss, samples, tokens, tokens_per_s, "
+                       "staleness_mean, wall_s FROM train_steps ORDER BY model, step")  # fmt: skip
+    evals = _rows(con, "SELECT task, model, coalesce(metric, 'success') AS metric, step, success_rate, n, "
+                       "temperature, ts FROM evals ORDER BY task, metric, model, step")  # fmt: skip
+    evals += _rows(con, AGENT_EVALS)
     started = _rows(con, "SELECT min(ts) FROM events")[0][0] or min((r[7] for r in evals), default=0.0)
     episodes = _rows(con, "SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status")
-    merges = _rows(
-        con,
-        "SELECT count(*), sum(calls), sum(timelines_kept), sum(tokens_before), sum(tokens_after) "
-        "FROM merges WHERE status = 'merged'",
-    )
-    shared = _rows(
-        con,
-        "SELECT sum(tokens), sum(CAST(json_extract(extra, '$.computed_tokens') AS DOUBLE)) FROM train_steps "
-        "WHERE json_extract(extra, '$.computed_tokens') IS NOT NULL",
-    )
+    merges = _rows(con, "SELECT count(*), sum(calls), sum(timelines_kept), sum(tokens_before), "
+                        "sum(tokens_after) FROM merges WHERE status = 'merged'")  # fmt: skip
+    computed_sql = "json_extract(extra, '$.computed_tokens')"
+    shared = _rows(con, f"SELECT sum(tokens), sum(CAST({computed_sql} AS DOUBLE)) FROM train_steps "
+                        f"WHERE {computed_sql} IS NOT NULL")  # fmt: skip
     dead = _rows(con, "SELECT service, count(*) FROM dead_letters GROUP BY service")
     plot_curves([(r[0], r[1], r[2]) for r in train], evals, run_dir / "curves.png", task_rewards(con))
     models = sorted({r[0] for r in train})
@@ -290,11 +270,9 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         "",
         "## Summary",
         "",
+        "- trainer steps: " + (", ".join(f"{m} {sum(r[0] == m for r in train)}" for m in models) or "0"),
+        f"- episodes: {', '.join(f'{s}: {n}' for s, n in episodes) or 'none'}",
     ]
-    lines.append(
-        "- trainer steps: " + (", ".join(f"{m} {sum(r[0] == m for r in train)}" for m in models) or "0")
-    )
-    lines.append(f"- episodes: {', '.join(f'{s}: {n}' for s, n in episodes) or 'none'}")
     if merges and merges[0][0]:
         n, calls, kept, before, after = merges[0]
         lines.append(
@@ -327,25 +305,20 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
     lines.append(f"- dead letters: {', '.join(f'{s}: {n}' for s, n in dead) or 'none'}")
     restarts = restart_counts(run_dir)
     lines.append(f"- restarts: {', '.join(f'{n} {k}' for n, k in sorted(restarts.items())) or 'none'}")
-    lines += [
-        "",
-        "## Eval",
-        "",
-        "| task | model | metric | version | rate | n | temperature | minutes into the run |",
+    lines += _section(
+        "Eval", "", "| task | model | metric | version | rate | n | temperature | minutes into the run |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    )  # fmt: skip
     lines += [
         f"| {t} | {m} | {metric} | {s} | {100 * r:.1f}% | {n} | {'-' if temp is None else f'{temp:g}'} "
         f"| {(ts - started) / 60:.1f} |"
         for t, m, metric, s, r, n, temp, ts in evals
     ]
-    lines += [
-        "",
-        "## Train steps",
-        "",
+    lines += _section(
+        "Train steps", "",
         "| model | step | reward | loss | samples | tokens | tokens/s | staleness | wall s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    )  # fmt: skip
     lines += [
         f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.4f} | {r[4]} | {r[5]} | {r[6]:.0f} | {r[7]:.2f} | {r[8]:.2f} |"
         for r in train

@@ -1,7 +1,7 @@
 """`swarmrl setup`: create a swarm's streams, KV buckets and object store on NATS servers you run
-yourself, as `swarmrl up` does first on its own (`bus.ensure_streams`). Service roles may not create
-streams, so the operator runs this once, with the operator's URL in `$SWARMRL_NATS`, before the
-services start (`infra/multihost.md`); running it again changes nothing.
+yourself, as `swarmrl up` does on its own. Service roles may not create streams, so the operator runs
+this once, with the operator's URL in `$SWARMRL_NATS`, before the services start
+(`infra/multihost.md`); running it again changes nothing.
 
     SWARMRL_STREAM_REPLICAS=3 swarmrl setup          # a 3-node cluster: every stream on every node
     swarmrl setup --ledger-replicas                  # with `[replicas] ledger` > 1 (LEDGER_PARTS)
@@ -22,7 +22,7 @@ from swarmrl.core.config import password_on_command_line
 
 
 async def setup(url: str, ledger_parts: bool, wait_s: float) -> float:
-    """Create everything; returns the seconds it waited for JetStream. Raises the last error after `wait_s`."""
+    """Create everything; returns the seconds it waited for JetStream (at most `wait_s`)."""
     import nats.errors
 
     from swarmrl.services.common import bus
@@ -34,8 +34,7 @@ async def setup(url: str, ledger_parts: bool, wait_s: float) -> float:
             try:
                 await bus.ensure_streams(nc.jetstream(timeout=10), ledger_parts=ledger_parts)
                 return time.monotonic() - start
-            # No meta leader yet: JetStream is silent (timeouts, which `ensure_streams` reports as a
-            # RuntimeError when creating a stream times out) or answers 503.
+            # No meta leader yet: JetStream times out (a RuntimeError of `ensure_streams`) or answers 503.
             except (nats.errors.Error, RuntimeError, TimeoutError, OSError) as exc:
                 if time.monotonic() - start > wait_s:
                     raise RuntimeError(

@@ -1,14 +1,10 @@
-"""Child processes of `swarmrl up`: each service runs as its own process, logging to the run dir.
+"""Child processes of `swarmrl up`, each logging to the run dir and restarted when it exits.
 
 Children get their own session (Ctrl-C reaches only `up`, which stops them in order) and a
-parent-death signal, so even a SIGKILLed `up` leaves no orphans behind.
-
-Self-healing: the supervisor keeps how each child was started, so `heal()` (called by `up` every
-tick) starts a child that exited again under the same name, after a backoff (`RestartPolicy`). Every
-service resumes from its durable state (consumers, checkpoints, KV), so a restart loses nothing. A
-child that keeps crashing (a crash loop) is given up on: `heal()` returns the reason, with the last
-lines of its log, and `up` ends the run. Each exit and restart is logged and appended to
-`<log_dir>/restarts.jsonl` (the run report counts them).
+parent-death signal, so even a SIGKILLed `up` leaves no orphans. `heal()` starts an exited child
+again after a backoff (`RestartPolicy`); every service resumes from its durable state, so a restart
+loses nothing. A crash loop is given up on: `heal()` returns why, with the child's last log lines.
+Exits and restarts are appended to `<log_dir>/restarts.jsonl` (the run report counts them).
 """
 
 from __future__ import annotations
@@ -34,6 +30,8 @@ RESTARTS_FILE = "restarts.jsonl"
 TAIL_LINES = 20
 
 Start = Callable[[], "subprocess.Popen[bytes]"]
+SERVER_PASSWORD = re.compile(r"^SWARM_[A-Z_]+_PASSWORD$")
+"""The variables nats-server reads its users' passwords from (`infra/credentials.py`, `password_var`)."""
 
 
 def die_with_parent() -> None:
@@ -43,18 +41,10 @@ def die_with_parent() -> None:
         pass
 
 
-SERVER_PASSWORD = re.compile(r"^SWARM_[A-Z_]+_PASSWORD$")
-"""The variables nats-server reads its users' passwords from (`infra/credentials.py`, `password_var`)."""
-
-
 @dataclass(frozen=True)
 class RestartPolicy:
-    """When to start an exited child again (pure: exit times in, a delay or "give up" out).
-
-    The k-th exit within `window_s` is restarted after `backoff_s * 2**(k-1)` seconds (at most
-    `max_backoff_s`); the `max_exits`-th exit within `window_s` is a crash loop. A child that stays
-    up for `window_s` starts again from the shortest backoff.
-    """
+    """When to start an exited child again: the k-th exit within `window_s` after
+    `backoff_s * 2**(k-1)` seconds (at most `max_backoff_s`); the `max_exits`-th is a crash loop."""
 
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
@@ -62,12 +52,10 @@ class RestartPolicy:
     window_s: float = 120.0
 
     def recent(self, exits: list[float], now: float) -> list[float]:
-        """The exit times that still count at `now`."""
         return [t for t in exits if now - t < self.window_s]
 
     def delay(self, exits: list[float], now: float) -> float | None:
-        """Seconds to wait before the restart that follows the last of `exits` (times of this child's
-        exits, the newest included), or None: a crash loop, give up."""
+        """Seconds before restarting after the newest of `exits`, or None: a crash loop, give up."""
         n = len(self.recent(exits, now))
         if n >= self.max_exits:
             return None
@@ -100,8 +88,11 @@ class Supervisor:
     """Log files of adopted children that do not log to `log_path(name)`'s default."""
     roles: dict[str, str] = field(default_factory=dict)
     """Each child's role (its service, `client`, `nats`): what `up` stops it in order by."""
+    pids_file: Path | None = None
+    """A JSON file kept up to date with each child's pid (`up`'s `pids.json`)."""
     _exits: dict[str, list[float]] = field(default_factory=dict)
-    _due: dict[str, float] = field(default_factory=dict)  # name -> monotonic time of its restart
+    _due: dict[str, float] = field(default_factory=dict)
+    """Name -> monotonic time of its restart."""
 
     def spawn(
         self,
@@ -122,45 +113,32 @@ class Supervisor:
         def start() -> subprocess.Popen[bytes]:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(log_file, "ab") as out:  # the child keeps its own copy of the descriptor
-                return subprocess.Popen(
-                    cmd,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=full_env,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
+                return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
+                                        start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
 
         proc = self.adopt(name, start(), start, role=role)
         log.info("started %s pid=%d", name, proc.pid)
         return proc
 
     def adopt(
-        self,
-        name: str,
-        proc: subprocess.Popen[bytes],
-        start: Start,
-        log: Path | None = None,
-        role: str = "",
+        self, name: str, proc: subprocess.Popen[bytes], start: Start, log: Path | None = None, role: str = ""
     ) -> subprocess.Popen[bytes]:
         """Supervise `proc` under `name` in `role`; `start()` starts it again (raising OSError or
-        RuntimeError when it cannot). For a process started elsewhere (the embedded nats-server) `log`
-        names its log file (default `log_path(name)`), whose last lines a crash-loop reason quotes."""
+        RuntimeError when it cannot). `log`: its log file, for a process started elsewhere."""
         self.procs[name] = proc
         self.starts[name] = start
         self.roles[name] = role
         if log is not None:
             self.logs[name] = log
         self._due.pop(name, None)
+        self._write_pids()
         return proc
 
     def log_path(self, name: str) -> Path:
         return self.logs.get(name, self.log_dir / f"{name}.log")
 
     def retire(self, names: list[str]) -> dict[str, subprocess.Popen[bytes]]:
-        """Move `names` from `procs` to `retired` (unknown names are skipped): from now on their exit
-        is not reported by `dead()`, `heal()` does not restart them and `stop()` leaves them alone;
-        the caller stops them."""
+        """Move `names` from `procs` to `retired`: their exit is expected, the caller stops them."""
         out = {n: self.procs.pop(n) for n in names if n in self.procs}
         for n in out:
             self._due.pop(n, None)
@@ -178,6 +156,10 @@ class Supervisor:
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}
 
+    def _write_pids(self) -> None:
+        if self.pids_file is not None:
+            self.pids_file.write_text(json.dumps(self.pids()))
+
     def next_due(self) -> float | None:
         """Monotonic time of the next restart waiting for its backoff, if any."""
         return min(self._due.values(), default=None)
@@ -185,9 +167,8 @@ class Supervisor:
     def heal(
         self, finished: Callable[[str, int], bool] = lambda name, rc: False, now: float | None = None
     ) -> str | None:
-        """Schedule a restart of every child that exited (unless `finished(name, exit code)`: a
-        trainer done with its steps) and start those whose backoff is over. Returns None, or why the
-        run must stop: a child in a crash loop (its name, exit codes and last log lines)."""
+        """Schedule a restart of every child that exited (unless `finished(name, exit code)`) and
+        start those whose backoff is over. Returns None, or why the run must stop: a crash loop."""
         now = time.monotonic() if now is None else now
         for name, rc in self.dead().items():
             if name not in self._due and not finished(name, rc):
@@ -205,6 +186,7 @@ class Supervisor:
                     return reason
                 continue
             self.procs[name] = proc
+            self._write_pids()
             self.restarts[name] += 1
             log.warning("restarted %s pid=%d (restart %d)", name, proc.pid, self.restarts[name])
             self._journal(
@@ -213,11 +195,9 @@ class Supervisor:
         return None
 
     def _exited(self, name: str, how: str, now: float) -> str | None:
-        exits = self.policy.recent([*self._exits.get(name, []), now], now)
-        self._exits[name] = exits
+        exits = self._exits[name] = self.policy.recent([*self._exits.get(name, []), now], now)
         delay = self.policy.delay(exits, now)
-        record = {"event": "exit", "name": name, "how": how, "attempt": len(exits), "backoff_s": delay}
-        self._journal(record)
+        self._journal({"event": "exit", "name": name, "how": how, "attempt": len(exits), "backoff_s": delay})
         if delay is None:
             path = self.log_path(name)
             log.error(
@@ -261,8 +241,8 @@ class Supervisor:
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL `proc` and what it started in its session (every service starts in a session of its
-    own): the processes of an `accelerate launch` trainer, an engine's workers."""
+    """SIGKILL `proc` and what it started in its own session (an `accelerate launch` trainer's
+    processes, an engine's workers)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

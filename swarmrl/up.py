@@ -1,16 +1,14 @@
 """`swarmrl up`: the whole swarm on one machine, training until the budget is spent, then a final
-evaluation of the policy it ends with (clients and trainers stopped first).
+evaluation of the policy it ends with.
 
-Starts NATS (embedded unless --nats), then per model an engine and a trainer, one gateway, merger
-and ledger (and with `--track` the tracker, which exports every metric to TensorBoard, W&B and
-MLflow files under `<run dir>/track/`), each task's client processes and an evaluator; shows live
-progress and writes a run directory with the Parquet ledger, `report.md` and curve PNGs. Ctrl-C (or
-`swarmrl down`) stops everything cleanly.
+Starts NATS (embedded unless --nats), per model an engine and a trainer, a gateway, merger and
+ledger (with `--track` the tracker, exporting every metric under `<run dir>/track/`), each task's
+clients and an evaluator; shows live progress and writes a run directory with the Parquet ledger,
+`report.md` and curve PNGs. Ctrl-C (or `swarmrl down`) stops everything cleanly.
 
-The swarm is described by `--config swarm.toml` (models, tasks, clients: see `swarmrl/swarm.py` and
-`examples/`), or by the flags alone (one model `policy`, `--task` with optional weights). Flags given
-on the command line override the file. Outside agents join with the details `up` writes to
-`<run dir>/connect.json` (owner-only; see the README, "Bring your own agent").
+The swarm is described by `--config swarm.toml` (see `swarmrl/swarm.py` and `examples/`), or by the
+flags alone (one model `policy`, `--task` with optional weights); flags override the file. Outside
+agents join with `<run dir>/connect.json` (owner-only; see the README, "Bring your own agent").
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -50,12 +47,11 @@ SHUTDOWN: list[tuple[frozenset[str], float]] = [
     (frozenset({"gateway", "trainer", "merger", "engine", "actions"}), 30.0),
     (frozenset({"ledger", "tracker"}), 30.0),  # last, so they take everything the others produced
 ]
-"""The order in which `up` stops its processes, by role (the embedded nats-server goes after them)."""
+"""The order in which `up` stops its processes, by role (the embedded nats-server goes last)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `swarmrl up` flags: those that change the description (`overrides.FLAGS`), then where
-    and how this run goes."""
+    """The flags that change the description (`overrides.FLAGS`), then where and how this run goes."""
     p = argparse.ArgumentParser(
         prog="swarmrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -90,8 +86,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Swarm]:
         if reason := resume_problem(args):
             p.error(reason)
         args.run_dir = args.resume
-    elif args.run_dir is not None and (args.run_dir / SWARM_FILE).is_file():
-        # Its checkpoints and NATS store would silently carry the old run on under new settings.
+    elif args.run_dir is not None and (args.run_dir / SWARM_FILE).is_file():  # no silent resume
         p.error(f"--run-dir {args.run_dir} holds a run already; give --resume {args.run_dir} to go on with it, "
                 "or a new --run-dir")  # fmt: skip
     given = {f: v for f in FLAGS if (v := getattr(args, f)) not in (None, [], "")}  # others: the file's
@@ -129,13 +124,11 @@ async def supervise(
     ids: AgentIds,
     live: bool = True,
 ) -> str:
-    """Run the evaluator and the progress display (`live`: the table, else log lines) until the
-    budget is spent; return why it ended. `clients` (task -> client process names) can be replaced
-    meanwhile: `swarmrl clients restart`."""
+    """Run the evaluator, the control plane and the progress display (`live`: the table, else log
+    lines) until the budget is spent; return why it ended."""
     import signal
 
-    # First, before the imports below (a second or more on a loaded machine): a Ctrl-C meanwhile
-    # would reach asyncio's default handler, cancel this task and skip the clean stop.
+    # Before the slow imports below: a Ctrl-C meanwhile would otherwise skip the clean stop.
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -160,17 +153,15 @@ async def supervise(
     trainers = sup.having({"trainer"})
 
     def finished(name: str, rc: int) -> bool:
-        """A trainer that exits 0 has reached its steps: the run ends (below), it is not restarted."""
+        """A trainer that exits 0 has reached its steps: the run ends, it is not restarted."""
         return name in trainers and rc == 0
 
     deadline = time.monotonic() + run.minutes * 60
     reason = "interrupted"
-    ended = False
-    """The run ended on its own (budget spent, a trainer finished), not by Ctrl-C or a crash loop."""
+    ended = False  # on its own (budget spent, a trainer finished), not by Ctrl-C or a crash loop
     started = time.time()
 
     def status() -> dict[str, Any]:
-        """`swarmrl status`: what this run is doing now."""
         return {
             "run_dir": str(run_dir), "uptime_s": round(time.time() - started, 1), "processes": sup.pids(),
             "restarts": dict(sup.restarts), "progress": progress.cells(),
@@ -179,16 +170,13 @@ async def supervise(
     control = await start_control(sup, swarm, run_dir, clients, ids, service_url, status, stop.set)
     try:
         while not stop.is_set():
-            # Any other exit is a crash: the child is restarted after a backoff and resumes from its
-            # durable state; only a crash loop ends the run (the reason carries its last log lines).
-            if crash_loop := _heal(sup, run_dir, finished):
+            if crash_loop := sup.heal(finished):  # other exits are restarted
                 reason = crash_loop
                 break
-            # The first trainer to finish ends the run: in a team its partner could not go on alone
-            # (the finished model's samples would pile up and admission control would hold the team).
             if failing := progress.failing():  # a mistake in the task's code: nothing will train
                 reason = failing
                 break
+            # The first trainer to finish ends the run: in a team its partner could not go on alone.
             if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
                 reason, ended = f"a trainer finished: {progress.steps_line()}", True
                 break
@@ -201,7 +189,7 @@ async def supervise(
                 await asyncio.wait_for(stop.wait(), timeout=tick)
             progress.render()
         if ended and evaluated:
-            await _final_eval(sup, run_dir, trainers, finish, evaluator, stop, progress)
+            await _final_eval(sup, trainers, finish, evaluator, stop, progress)
     finally:
         stop.set()
         evaluator.cancel()
@@ -217,62 +205,48 @@ PREPARE_SAY_S = 30.0
 
 
 def prepare_models(swarm: Swarm) -> dict[str, Path]:
-    """Each model's directory (`resolve_base`), building or converting the missing ones; meanwhile a
-    line every `PREPARE_SAY_S` seconds, so a log is never silent for minutes (a progress bar
-    draws nothing off a terminal)."""
+    """Each model's directory (`resolve_base`), building or converting the missing ones, with a line
+    every `PREPARE_SAY_S` seconds meanwhile (a progress bar draws nothing off a terminal)."""
     import threading
 
     from swarmrl.swarm import resolve_base
+
+    def dirs() -> dict[str, Path]:
+        return {name: resolve_base(m) for name, m in swarm.models.items()}
 
     missing = [
         n for n, m in swarm.models.items() if not (resolve_base(m, build=False) / "config.json").exists()
     ]
     if not missing:
-        return {name: resolve_base(m) for name, m in swarm.models.items()}
-    print(
-        f"swarmrl up: preparing model(s) {', '.join(missing)} (built or converted once, then cached)",
-        flush=True,
-    )
+        return dirs()
+    names = ", ".join(missing)
+    print(f"swarmrl up: preparing model(s) {names} (built or converted once, then cached)", flush=True)
     started, done = time.monotonic(), threading.Event()
 
     def say() -> None:
         while not done.wait(PREPARE_SAY_S):
-            print(
-                f"swarmrl up: still preparing {', '.join(missing)}: {time.monotonic() - started:.0f}s",
-                flush=True,
-            )
+            print(f"swarmrl up: still preparing {names}: {time.monotonic() - started:.0f}s", flush=True)
 
     threading.Thread(target=say, daemon=True).start()
     try:
-        dirs = {name: resolve_base(m) for name, m in swarm.models.items()}
+        found = dirs()
     finally:
         done.set()
-    print(f"swarmrl up: model(s) {', '.join(missing)} ready in {time.monotonic() - started:.0f}s", flush=True)
-    return dirs
-
-
-def _heal(sup: Supervisor, run_dir: Path, finished: Callable[[str, int], bool]) -> str | None:
-    """`Supervisor.heal`, and `pids.json` rewritten when a restarted child has a new pid."""
-    restarts = sum(sup.restarts.values())
-    crash_loop = sup.heal(finished)
-    if sum(sup.restarts.values()) != restarts:
-        (run_dir / "pids.json").write_text(json.dumps(sup.pids()))
-    return crash_loop
+    print(f"swarmrl up: model(s) {names} ready in {time.monotonic() - started:.0f}s", flush=True)
+    return found
 
 
 async def _final_eval(
     sup: Supervisor,
-    run_dir: Path,
     trainers: list[str],
     finish: asyncio.Event,
     evaluator: asyncio.Task[None],
     stop: asyncio.Event,
     progress: Progress,
 ) -> None:
-    """Measure the policy the run ends with: stop the clients (they drain) and the trainers (their
-    last version is in KV), so the machine is the evaluator's and the weights hold still, then let
-    the evaluator take each task's newest version. The services it plays through are still healed;
-    Ctrl-C (`stop`) cuts it short."""
+    """Measure the policy the run ends with: stop the clients (they drain) and the trainers, so the
+    machine is the evaluator's and the weights hold still, then let the evaluator take each task's
+    newest version. Ctrl-C (`stop`) cuts it short."""
     log.info("final evaluation: stopping clients and trainers, evaluating the newest versions")
     clients = sup.having({"client"})
     await asyncio.to_thread(sup.stop, clients, DRAIN_S + GRACE_S)
@@ -282,7 +256,7 @@ async def _final_eval(
     waiter = asyncio.create_task(stop.wait())
     deadline = time.monotonic() + FINAL_EVAL_S
     while not evaluator.done() and not stop.is_set() and time.monotonic() < deadline:
-        if crash_loop := _heal(sup, run_dir, lambda name, rc: name in stopped):
+        if crash_loop := sup.heal(lambda name, rc: name in stopped):
             log.error("final evaluation abandoned: %s", crash_loop)
             break
         await asyncio.wait({evaluator, waiter}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
@@ -294,7 +268,7 @@ async def _final_eval(
 
 def resolved_configs(swarm: Swarm, run_dir: Path) -> dict[str, Any]:
     """What `--print-config` prints: each service process's resolved configuration (ports are picked
-    again at the start) and each built-in client's command line; nothing is built or started."""
+    again at the start) and each client's command line; nothing is built or started."""
     from swarmrl.core.config import config_dict
     from swarmrl.launch import client_argv, client_names, plan_services
     from swarmrl.swarm import resolve_base
@@ -308,8 +282,8 @@ def resolved_configs(swarm: Swarm, run_dir: Path) -> dict[str, Any]:
 
 
 def _watch_nats(sup: Supervisor, server: NatsServer) -> None:
-    """Supervise the embedded nats-server like a service: if it dies it is restarted on its own
-    store and port, and the services (`bus.connect` reconnects forever) carry on."""
+    """Supervise the embedded nats-server like a service: restarted on its own store and port, it
+    gets the services back (`bus.connect` reconnects forever)."""
 
     def start() -> subprocess.Popen[bytes]:
         proc = server.restart().proc
@@ -330,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     from swarmrl.core.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.infra.credentials import AgentRegistry
     from swarmrl.launch import OUTSIDE, AgentIds, plan_services, spawn_clients, spawn_services
+    from swarmrl.setup import setup as setup_streams
 
     setup_logging("up")
     run_dir = make_run_dir(args.run_dir)
@@ -341,9 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.nats:
         service_url, conf_dir = args.nats, args.nats_conf
         # Role users exist in the SWARM account only: a research run's own account user keeps its URL.
-        services_urls = (
-            role_urls(service_url) if urlsplit(service_url.split(",")[0]).username == OPERATOR else {}
-        )
+        is_operator = urlsplit(service_url.split(",")[0]).username == OPERATOR
+        services_urls = role_urls(service_url) if is_operator else {}
         if not services_urls:
             print("swarmrl up: every service connects as the --nats user (set SWARM_<ROLE>_PASSWORD, as the "
                   "servers have them, for one identity per service role)", flush=True)  # fmt: skip
@@ -353,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     write_service_file(run_dir, service_url)  # for `swarmrl clients/status/down` on this machine
     ids = AgentIds(AgentRegistry(conf_dir), service_url, swarm, run_dir)
     connect_file = ids.mint([OUTSIDE])[OUTSIDE]
-    sup = Supervisor(run_dir / "logs")
+    sup = Supervisor(run_dir / "logs", pids_file=run_dir / "pids.json")
     if server is not None:
         _watch_nats(sup, server)
     print(
@@ -363,13 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     reason = "?"
     try:
-        asyncio.run(_bootstrap_streams(service_url, ledger_parts=swarm.replicas.ledger > 1))
+        asyncio.run(setup_streams(service_url, ledger_parts=swarm.replicas.ledger > 1, wait_s=30))
         spawn_services(sup, plan_services(swarm, model_dirs, run_dir), run_dir, service_url, services_urls)
         clients = {
             task: spawn_clients(sup, swarm, task, ids, version=default_client_version(swarm, task))
             for task in swarm.tasks
         }
-        (run_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in sup.procs.items()}))
         reason = asyncio.run(
             supervise(swarm, sup, service_url, run_dir, clients, ids, live=not args.no_display)
         )
@@ -386,14 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report(run_dir, reason=reason)
     print(f"swarmrl up: stopped ({reason}). Report: {report}", flush=True)
     return 0 if "unexpectedly" not in reason else 1  # a crash loop, or every first episode aborted
-
-
-async def _bootstrap_streams(url: str, ledger_parts: bool = False) -> None:
-    from swarmrl.services.common import bus
-
-    nc = await bus.connect(url, "up")
-    await bus.ensure_streams(nc.jetstream(), ledger_parts=ledger_parts)
-    await nc.close()
 
 
 if __name__ == "__main__":

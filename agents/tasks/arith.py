@@ -32,12 +32,8 @@ class ExpressionError(ValueError):
 
 
 def safe_eval(expression: str) -> Number:
-    """Evaluate a plain arithmetic expression ("37 * 12 + 5") without `eval`.
-
-    Raises:
-        ExpressionError: anything but numbers and arithmetic operators, division by zero,
-            an exponent above MAX_EXPONENT, or a result beyond MAX_MAGNITUDE.
-    """
+    """Evaluate a plain arithmetic expression ("37 * 12 + 5") without `eval`; anything else, or out of
+    bounds, raises ExpressionError."""
     if not isinstance(expression, str):
         raise ExpressionError(f"expression must be a string, got {type(expression).__name__}")
     if len(expression) > MAX_EXPRESSION_CHARS:
@@ -50,13 +46,9 @@ def safe_eval(expression: str) -> Number:
 
 
 def _eval(node: ast.AST) -> Number:
-    # bool is an int subclass: `True + 1` is not arithmetic a model should get away with.
-    if (
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, int | float)
-        and not isinstance(node.value, bool)
-    ):
-        return node.value
+    value = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):  # bool is an int subclass
+        return value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _check(_UNARY[type(node.op)](_eval(node.operand)))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:

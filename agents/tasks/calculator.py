@@ -1,10 +1,6 @@
-"""`calculator`: tool use through OpenAI tool calls. The question is "What is 7 * 4 + 8?"; the
-model should call `calculator(expression)`, gets the result back as a `tool` message, then replies
-with the final number. Reward 1 when that number equals the true value, else 0.
-
-Any reply without tool calls is the final answer (the last number in its text). Tool calls are
-answered with the safe evaluator's result, or an `error: ...` text; running out of `max_turns`
-replies without answering scores 0.
+"""`calculator`: tool use. Asked "What is 7 * 4 + 8?", the model should call
+`calculator(expression)`, then reply with the number the `tool` message gave. A reply without tool
+calls is the final answer (its last number): reward 1 when right, else 0 (also after `max_turns`).
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from swarmrl.agents.tasks import arith
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
@@ -39,45 +35,47 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
-class _Question(Protocol):
-    @property
-    def task_id(self) -> str: ...
-
-
-Q = TypeVar("Q", bound=_Question)
-
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _OPS = ("+", "-", "*")
 
 
 @dataclass(frozen=True)
-class Calculator:
-    """One question. `task_id` is the expression without spaces."""
+class Question:
+    """One arithmetic question; `task_id` is `<task>/<expression without spaces>`."""
 
     expression: str
-    max_turns: int = 3
+    prefix: ClassVar[str] = "calculator"
 
     @property
     def task_id(self) -> str:
-        return "calculator/" + self.expression.replace(" ", "")
+        return f"{self.prefix}/" + self.expression.replace(" ", "")
 
     @property
     def answer(self) -> Number:
         return safe_eval(self.expression)
 
-    def user_prompt(self) -> str:
+    def question(self) -> str:
         return f"What is {self.expression}?"
+
+
+Q = TypeVar("Q", bound=Question)
+
+
+@dataclass(frozen=True)
+class Calculator(Question):
+    max_turns: int = 3
+
+    def user_prompt(self) -> str:
+        return self.question()
 
 
 @dataclass(frozen=True)
 class CalculatorReply:
-    """A parsed assistant message: the expressions it sent to the tool, or its final answer."""
+    """A parsed assistant message: per tool call its expression (None: malformed), or the answer."""
 
     expressions: tuple[str | None, ...] = ()
-    """One entry per tool call; None where the call is malformed (wrong tool, bad arguments)."""
     answer: float | None = None
-    """The final answer when the message has no tool calls and holds a number."""
 
 
 def _call_expression(call: dict[str, Any]) -> str | None:
@@ -103,9 +101,8 @@ def parse_reply(reply: Message) -> CalculatorReply:
     return CalculatorReply(answer=float(numbers[-1]) if numbers else None)
 
 
-# The tool as a program for the actions service's Python sandbox: the evaluator's own source (stdlib
-# only) and a main that reads the expression from stdin, so the sandbox answers exactly what
-# `_run_tool` answers in process. The expression is data, never spliced into the code.
+# The tool as a sandbox program: the evaluator's own source and a main reading the expression from
+# stdin (data, never spliced into the code), so it answers exactly what `_run_tool` does.
 TOOL_PROGRAM = (
     Path(arith.__file__).read_text()
     + """
@@ -122,20 +119,16 @@ if __name__ == "__main__":
 
 
 def tool_actions(reply: Message) -> list[dict[str, Any] | None]:
-    """Per tool call of `reply`, the python action computing its result (None: a malformed call,
-    answered by the environment itself)."""
+    """Per tool call of `reply`, the python action computing its result (None: a malformed call)."""
     return [None if e is None else {"code": TOOL_PROGRAM, "stdin": e} for e in parse_reply(reply).expressions]
 
 
 class CalculatorEnv(TurnEnv):
-    """One episode. `reward` is final once a step returns done."""
-
     system_prompt = SYSTEM_PROMPT
     task: Calculator
 
     def step(self, reply: Message, tool_results: list[str | None] | None = None) -> StepResult:
-        """`tool_results`: the results of the reply's tool calls computed elsewhere (the sandbox,
-        see `tool_actions`), None where this environment computes it."""
+        """`tool_results`: the tool calls' results from the sandbox (None: computed here)."""
         self._next_turn()
         parsed = parse_reply(reply)
         if parsed.expressions:
@@ -167,10 +160,8 @@ class CalculatorEnv(TurnEnv):
 
 
 def _random_expression(rng: random.Random) -> str:
-    # One-digit operands and two-digit answers: every expression, and every result, has the same
-    # token length (digits are single tokens), and the operators anchor the copy. Copying the
-    # question into the tool call and the tool's result into the answer is then within reach of
-    # the tiny model's short SFT warm start; longer numbers were not, at that budget.
+    # One-digit operands and two-digit answers: every expression and result has the same token
+    # length, which keeps the copying within reach of a tiny model's short warm start.
     while True:
         o1, o2 = rng.choice(_OPS), rng.choice(_OPS)
         expression = f"{rng.randint(2, 9)} {o1} {rng.randint(2, 9)} {o2} {rng.randint(2, 9)}"
@@ -179,8 +170,7 @@ def _random_expression(rng: random.Random) -> str:
 
 
 def held_out_questions(make: Callable[[str], Q], seed: str, n: int = 64) -> list[Q]:
-    """`n` distinct questions (`make(expression)`, distinct by `task_id`) from the constant `seed`:
-    a fixed held-out set, the same on every call and every machine."""
+    """A fixed held-out set: `n` questions `make(expression)`, distinct by `task_id`, from `seed`."""
     rng = random.Random(seed)
     seen: dict[str, Q] = {}
     while len(seen) < n:
@@ -209,11 +199,23 @@ def train_tasks(seed: int) -> Iterator[Calculator]:
     return training_questions(Calculator, seed, eval_tasks())
 
 
+def tool_call(expression: str) -> Message:
+    """The assistant reply calling the calculator on `expression`."""
+    arguments = json.dumps({"expression": expression})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+        ],
+    }
+
+
 def _mistype(text: str, rng: random.Random) -> str:
     """Change one digit of `text` (a copy mistake)."""
     positions = [i for i, ch in enumerate(text) if ch.isdigit()]
     i = rng.choice(positions)
-    # No new leading zero: "07" is not a Python literal and the tool would answer with an error.
+    # no new leading zero: "07" is not a Python literal
     leading = (i == 0 or not text[i - 1].isdigit()) and i + 1 < len(text) and text[i + 1].isdigit()
     digit = rng.choice([d for d in "0123456789" if d != text[i] and not (leading and d == "0")])
     return text[:i] + digit + text[i + 1 :]
@@ -226,10 +228,8 @@ def demonstration(
     p_bad_expression: float = 0.1,
     p_bad_copy: float = 0.1,
 ) -> list[Message]:
-    """A demonstration that is right only some of the time, so the warm-started policy has room to
-    improve by RL: with probability `p_no_tool` it answers at once with a guess (almost always
-    wrong), otherwise it calls the tool and copies the result, mistyping a digit of the expression
-    or of the result now and then."""
+    """A demonstration right only some of the time, leaving RL room: with `p_no_tool` a guess at
+    once, else a tool call and the result copied, a digit mistyped now and then."""
     env = CalculatorEnv(task)
     messages = env.reset()
     if rng.random() < p_no_tool:
@@ -238,17 +238,7 @@ def demonstration(
         env.step(guess)
         return messages
     expression = _mistype(task.expression, rng) if rng.random() < p_bad_expression else task.expression
-    call: Message = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_0",
-                "type": "function",
-                "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
-            }
-        ],
-    }
+    call = tool_call(expression)
     messages.append(call)
     step = env.step(call)
     messages += step.messages

@@ -1,23 +1,13 @@
 """Dataset tasks: rows of prompts and a reward function of the user's own, played like a built-in task.
 
-A `[tasks.<name>]` table with `data = [...]` (see `swarmrl.agents.config.TaskConf`) becomes a
-`TaskSpec` here (`data_task`), registered under its name (`register_data_tasks`) in every process
-that plays, evaluates or warm-starts it: `swarmrl up` when it reads the swarm description, each
-built-in client from the run's `config/tasks.json` (`$SWARMRL_TASKS_FILE`).
+A `[tasks.<name>]` table with `data = [...]` becomes a `TaskSpec` here, registered in every process
+that plays it (`swarmrl up`, and each client from `$SWARMRL_TASKS_FILE`).
 
-- Rows come from local files through `datasets` (JSONL/JSON, Parquet, CSV: `load_dataset` with
-  `data_files`; a `save_to_disk` directory: `load_from_disk`), never from a hub. A row whose prompt
-  is missing or empty is an error naming the row, at load, before any process starts.
-- Held-out rows: `eval_data`, else the `test`/`validation` split of a saved `DatasetDict`, else a
-  `heldout` share of `data` carved with `split_seed` (the same rows everywhere).
-- An instance is one row (`DataRow`); its `task_id` (`<task>-<row>`, `<task>-eval<row>`) is stable,
-  so GRPO groups and a restarted client's stream are too.
-- One episode is one model call: the opening messages (system + prompt, or the row's messages), the
-  reply, then the reward: `reward(prompts=[...], completions=[...], **{column: [...]})`, TRL's
-  convention (completions are strings for a text prompt, `[{"role": "assistant", ...}]` lists for a
-  messages prompt; every other column by name), called once per group with all its completions
-  (`rewards.py`: what fails which episodes). Sync or async. It is called once at start on a probe
-  row, so a result of the wrong shape stops the run before any episode.
+- Rows come from local files through `datasets`, never from a hub; a bad prompt is an error naming
+  the row, at load.
+- An instance is one row (`DataRow`) with a stable `task_id` (`<task>-<row>`, `<task>-eval<row>`).
+- An episode is one model call, then the reward, called TRL's way once per group (`rewards.py`);
+  it is probed once at start, so a result of the wrong shape stops the run before any episode.
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ from swarmrl.agents.tasks.rewards import RewardError, Scorer
 __all__ = ["DataEnv", "DataRow", "DataTask", "DatasetError", "RewardError", "data_task"]
 
 log = logging.getLogger("swarmrl.agents.dataset")
-PROBE = ["1", "0"]
-"""The completions the start-up probe scores (the first is the row's answer where there is one)."""
+PROBE = ["1", "0"]  # the start-up probe's completions (the first: the row's answer, if any)
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 EVAL_SPLITS = ("test", "validation")
@@ -54,8 +43,6 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class DataRow:
-    """One row of a dataset task: a task instance."""
-
     task_id: str
     columns: Mapping[str, Any]
 
@@ -102,13 +89,13 @@ def _check_rows(name: str, conf: TaskConf, rows: list[DataRow], where: str) -> N
         raise DatasetError(
             f"task {name}: {where} has no column {absent}; its columns: {sorted(rows[0].columns)}"
         )
-    # by task id, `<task>-<row>` (`<task>-eval<row>`): the row's place in its file
     bad = [r.task_id for r in rows if not _opening_ok(r.columns.get(column), bool(conf.messages))]
     if bad:
         what = "a list of chat messages with role and content" if conf.messages else "non-empty text"
         raise DatasetError(
             f"task {name}: {where}: column {column!r} must be {what}; rows {bad[:10]}"
-            f"{f' and {len(bad) - 10} more' if len(bad) > 10 else ''} are not (nothing is dropped silently: fix them)"
+            f"{f' and {len(bad) - 10} more' if len(bad) > 10 else ''} are not "
+            "(nothing is dropped silently: fix them)"
         )
 
 
@@ -123,11 +110,7 @@ def _opening_ok(value: Any, messages: bool) -> bool:
 
 
 def load_object(spec: str, what: str = "reward") -> Callable[..., Any]:
-    """`path/to/file.py:name` or `package.module:name` -> that function (or class).
-
-    Raises:
-        DatasetError: the file, module or function does not exist, or is not callable.
-    """
+    """`path/to/file.py:name` or `package.module:name` -> that function (or class)."""
     target, sep, fn_name = spec.rpartition(":")
     if not sep or not target or not fn_name:
         raise DatasetError(f"{what} {spec!r}: expected 'file.py:name' or 'module:name'")
@@ -156,7 +139,8 @@ def load_object(spec: str, what: str = "reward") -> Callable[..., Any]:
 
 
 def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
-    """The training and held-out rows of `conf.data` (see the module docstring for the splits)."""
+    """The training and held-out rows: `eval_data`, else a saved `test` / `validation` split, else
+    a `heldout` share of `data` carved with `split_seed`."""
     splits = _load_files(name, conf.data)
     train = splits.get("train") or next(iter(splits.values()))
     held: list[dict[str, Any]] | None = None
@@ -170,7 +154,7 @@ def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
             [DataRow(f"{name}-{i}", row) for i, row in enumerate(train)],
             [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)],
         )
-    order = list(range(len(train)))  # carve the held-out share, the same rows everywhere
+    order = list(range(len(train)))
     random.Random(conf.split_seed).shuffle(order)
     n_eval = max(1, round(conf.heldout * len(train)))
     if n_eval >= len(train):
@@ -211,7 +195,6 @@ class DataEnv:
         return StepResult(messages=[], done=True)
 
     async def settle(self) -> None:
-        """Score the reply with the task's reward function (awaited if it is async)."""
         assert self.completion is not None, "settle() before the reply"
         self.reward = await self.task.score(self.row, self.completion)
         self.success = self.reward >= self.task.conf.success_at
@@ -231,8 +214,7 @@ class DataTask:
         self.fingerprint = self._fingerprint()
 
     def _fingerprint(self) -> str:
-        """Hash of the rows and the settings that shape them (a cached warm start from other rows
-        would silently be another model)."""
+        """Hash of the rows and the settings that shape them (the warm-start cache key)."""
         h = hashlib.sha256(self.conf.model_dump_json(exclude={"weight", "clients", "concurrency"}).encode())
         for row in itertools.chain(self.train, self.eval):
             h.update(json.dumps(row.columns, sort_keys=True, default=str).encode())
@@ -245,14 +227,13 @@ class DataTask:
         return [*system, {"role": "user", "content": row.columns[self.conf.prompt]}]
 
     async def score(self, row: DataRow, completion: str) -> float:
-        """The reward of `completion` for `row`: with the rest of its group's when one is being played
-        (`rewards.py`: TRL's calling convention, batched)."""
+        """The reward of `completion` for `row`, batched with its group's (`rewards.py`)."""
         reply: Any = [{"role": "assistant", "content": completion}] if self.conf.messages else completion
         return await self.scorer.score(row.columns, row.task_id, reply)
 
     def probe(self) -> None:
-        """Call the reward once on `PROBE` completions of the first training row: a result of the
-        wrong shape stops the run here, before any episode; other failures are logged."""
+        """Score `PROBE` completions of the first row: a wrong shape stops the run, other failures are
+        logged."""
         row = self.train[0]
         texts = [str(row.columns[self.conf.answer]) if self.conf.answer else PROBE[0], *PROBE[1:]]
         replies = [[{"role": "assistant", "content": t}] for t in texts] if self.conf.messages else texts
@@ -263,9 +244,6 @@ class DataTask:
         if errors:
             log.warning("task %s: the reward's start-up probe: %s", self.name, errors[0])
 
-    def train_stream(self, seed: int, rows: list[DataRow] | None = None) -> Iterator[DataRow]:
-        return train_stream(self.train if rows is None else rows, seed)
-
     def demonstrate(self, row: DataRow, rng: random.Random) -> list[Message]:
         return [*self.opening(row), {"role": "assistant", "content": str(row.columns[self.conf.answer])}]
 
@@ -274,13 +252,13 @@ class DataTask:
         warm = self.train[: conf.warm_start_rows] if conf.warm_start_rows else self.train
         return TaskSpec(
             name=self.name,
-            max_tokens=None,  # the reply a dataset wants is its author's to say (TaskConf.max_tokens)
+            max_tokens=None,  # its author's to say (TaskConf.max_tokens)
             make_env=lambda row: DataEnv(self, row),
-            train_tasks=self.train_stream,
+            train_tasks=lambda seed: train_stream(self.train, seed),
             eval_tasks=lambda: list(self.eval),
             demonstration=self.demonstrate if conf.answer else None,
             parse_reply=message_text,
-            sft_tasks=lambda seed: self.train_stream(seed, warm),
+            sft_tasks=lambda seed: train_stream(warm, seed),
             fingerprint=self.fingerprint,
         )
 
@@ -291,8 +269,7 @@ def data_task(name: str, conf: TaskConf) -> TaskSpec:
 
 
 def register_data_tasks(tasks: Mapping[str, TaskConf]) -> list[str]:
-    """Build and register every dataset and env task of `tasks` (by name) in this process; returns
-    their names."""
+    """Build and register every dataset and env task of `tasks` in this process; their names."""
     from swarmrl.agents.tasks import register
     from swarmrl.agents.tasks.environment import env_task
 

@@ -3,7 +3,7 @@
 The class has the shape of the built-in tasks' environments (`base.Env`), built from one instance:
 
     class Guess:
-        tools = ["guess"]                        # optional: its methods (or plain functions) the model may call
+        tools = ["guess"]                        # optional: methods (or functions) the model may call
 
         def __init__(self, instance: dict): ...  # one row of `data`, or one of `train_instances(seed)`
         def reset(self) -> list[dict] | str: ... # the opening messages (a string: one user message)
@@ -18,28 +18,20 @@ The class has the shape of the built-in tasks' environments (`base.Env`), built 
                 n: your guess
             '''
 
-Instances come from `data` (rows, the dataset task's files and splits) or, without it, from the
-class: `train_instances(seed) -> Iterator[dict]` and `eval_instances() -> list[dict]` (static or
-class methods); an instance's `task_id` is its `task_id` key, else a hash of it.
+Instances are the rows of `data`, else the class's `train_instances(seed) -> Iterator[dict]` and
+`eval_instances() -> list[dict]`; an instance's `task_id` is its `task_id` key, else a hash of it.
 
-Tools are plain Python callables; their type hints and Google-style docstrings become the OpenAI tool
-specs (`transformers.utils.get_json_schema`). A reply with tool calls runs them in-process (each
-result, or `error: ...`, goes back as a `tool` message) and the episode goes on without calling
-`step`; a reply without tool calls goes to `step`. An episode ends when `step` says so, or after
-`max_turns` model calls.
+Tools' type hints and Google-style docstrings become their OpenAI tool specs. A reply with tool
+calls runs them (each result, or `error: ...`, goes back as a `tool` message) without calling `step`.
+An episode ends when `step` says so, or after `max_turns` model calls.
 
-A team environment names its `roles` (`roles = ("caller", "reporter")`, each played by the model
-the description's `[tasks.<name>] roles` gives it) and has the shape of the built-in team tasks
-(`base.MultiRoleEnv`): `turn()` gives the next `(role, messages)` (or None once the episode is over),
-`step(reply)` takes that role's reply, and `rewards` (role -> reward), `success`, optionally `done`
-and `metrics`. A role's tool calls are run and answered back to that role before its reply reaches
-`step`; `tools` is then a list for every role, or a dict role -> list.
+A team environment names its `roles` and has the shape of `base.MultiRoleEnv`: `turn()` gives the
+next `(role, messages)` (None once over), `step(reply)` takes that role's reply, then `rewards`
+(role -> reward), `success`, optionally `done` and `metrics`; `tools` is a list for every role, or a
+dict role -> list.
 
-With `sandbox = true` the tools run as python actions through the actions service instead (the
-calculator task's route: isolated workers, scheduled per action): the action is the environment's
-file, run as a program that calls the named function on the call's arguments and prints its result.
-So sandboxed tools are plain functions of that file (a method would need the episode's state,
-which stays in the client) and the file imports only the standard library.
+With `sandbox = true` the tools run as python actions: the environment's file, run as a program
+calling the named function, so they must be plain functions of a file that needs only the stdlib.
 """
 
 from __future__ import annotations
@@ -55,8 +47,7 @@ from swarmrl.agents.config import TaskConf
 from swarmrl.agents.tasks.base import Message, StepResult, TaskSpec, Turn, message_text
 from swarmrl.agents.tasks.dataset import DataRow, DatasetError, load_object, load_rows, train_stream
 
-PROBE_REPLY = {"role": "assistant", "content": "0"}
-"""The reply the start-up probe steps a single-agent environment with."""
+PROBE_REPLY = {"role": "assistant", "content": "0"}  # the start-up probe's reply
 
 
 def tool_spec(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -64,7 +55,7 @@ def tool_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     from transformers.utils import get_json_schema
 
     spec = get_json_schema(fn)
-    spec["function"].pop("return", None)  # not part of OpenAI's tool format
+    spec["function"].pop("return", None)  # not in OpenAI's tool format
     return spec
 
 
@@ -86,12 +77,28 @@ def run_tool(
     return {"role": "tool", "tool_call_id": call.get("id", ""), "name": name, "content": result}
 
 
-class UserEnv:
+def as_messages(opening: str | list[Message]) -> list[Message]:
+    """An environment's opening: a string is one user message."""
+    return [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
+
+
+class _UserEpisode:
     """One episode of an environment task: the user's environment, plus the tool loop and turn cap."""
 
     def __init__(self, task: EnvTask, row: DataRow) -> None:
         self.task, self.row = task, row
         self.env = task.cls(dict(row.columns))
+
+    @property
+    def success(self) -> bool:
+        return bool(self.env.success)
+
+
+class UserEnv(_UserEpisode):
+    """A single-agent environment's episode."""
+
+    def __init__(self, task: EnvTask, row: DataRow) -> None:
+        super().__init__(task, row)
         self.tools = task.bind_tools(self.env)
         self.tool_specs = task.tool_specs
         self.turns = 0
@@ -100,17 +107,11 @@ class UserEnv:
     def reward(self) -> float:
         return float(self.env.reward)
 
-    @property
-    def success(self) -> bool:
-        return bool(self.env.success)
-
     def reset(self) -> list[Message]:
-        opening = self.env.reset()
-        return [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
+        return as_messages(self.env.reset())
 
     def step(self, reply: Message, tool_results: list[str | None] | None = None) -> StepResult:
-        """`tool_results`: the reply's tool calls as run in the sandbox (`EnvTask.tool_actions`),
-        None where this environment runs the call itself."""
+        """`tool_results`: the tool calls' results from the sandbox (None: run here)."""
         self.turns += 1
         calls = reply.get("tool_calls") or []
         if calls and self.tools:
@@ -126,24 +127,18 @@ class UserEnv:
         return result
 
 
-class UserTeamEnv:
-    """One episode of a team environment task: the user's environment, plus each role's tool loop."""
+class UserTeamEnv(_UserEpisode):
+    """A team environment's episode: each role's tool loop."""
 
     def __init__(self, task: EnvTask, row: DataRow) -> None:
-        self.task, self.row = task, row
-        self.env = task.cls(dict(row.columns))
+        super().__init__(task, row)
         self.tools = {role: task.bind_tools(self.env, role) for role in task.roles}
         self.calls = 0
-        self.pending: Turn | None = None
-        """The turn being played: its messages grow with each tool round until the role answers."""
+        self.pending: Turn | None = None  # the turn being played, grown by each tool round
 
     @property
     def done(self) -> bool:
         return bool(getattr(self.env, "done", False)) or self.calls >= self.task.conf.max_turns
-
-    @property
-    def success(self) -> bool:
-        return bool(self.env.success)
 
     @property
     def rewards(self) -> dict[str, float]:
@@ -162,8 +157,7 @@ class UserTeamEnv:
                 raise ValueError(
                     f"env {self.task.conf.env} gave a turn to {role!r}; its roles are {self.task.roles}"
                 )
-            messages = [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening)
-            self.pending = Turn(role, messages, self.task.role_specs.get(role))
+            self.pending = Turn(role, as_messages(opening), self.task.role_specs.get(role))
         return self.pending
 
     def step(self, reply: Message) -> None:
@@ -191,14 +185,14 @@ class EnvTask:
             for method in ("train_instances", "eval_instances"):
                 if not callable(getattr(self.cls, method, None)):
                     raise DatasetError(
-                        f"task {name}: env {conf.env} needs data = [...] or a {method}() method to draw instances from"
+                        f"task {name}: env {conf.env} needs data = [...] or a {method}() method "
+                        "to draw instances from"
                     )
             self.eval = [self._row(inst) for inst in self.cls.eval_instances()]
             self.train_tasks = lambda seed: (self._row(inst) for inst in self.cls.train_instances(seed))
         if not self.eval:
             raise DatasetError(f"task {name}: env {conf.env} has no held-out instances")
-        # Built once from a probe episode (fails at start, not in a client, if the class does not
-        # build or a tool has no spec): the specs are the class's, the same in every episode.
+        # The specs come from a probe episode: a class that does not build fails at start.
         self.roles: tuple[str, ...] = tuple(getattr(self.cls, "roles", None) or ())
         probe = self._probe()
         tools = self.bind_tools(probe)
@@ -213,14 +207,14 @@ class EnvTask:
         self.program = self._sandbox_program(tools) if conf.sandbox else ""
 
     def _probe(self) -> Any:
-        """One instance, checked for the whole shape an episode needs (the methods and attributes
-        of the module docstring; a single-agent one is reset and stepped once with `PROBE_REPLY`),
-        so that a missing piece stops the run at start, not every episode."""
+        """One instance, checked for the shape an episode needs (a single-agent one is reset and
+        stepped once), so a missing piece stops the run at start."""
         where = f"task {self.name}: env {self.conf.env}"
         needed = ("turn", "step") if self.roles else ("reset", "step")
         if missing := [m for m in needed if not callable(getattr(self.cls, m, None))]:
             raise DatasetError(
-                f"{where} has no {' or '.join(f'{m}()' for m in missing)} method (see agents/tasks/environment.py)"
+                f"{where} has no {' or '.join(f'{m}()' for m in missing)} method "
+                "(see agents/tasks/environment.py)"
             )
         probe = self.cls(dict(self.eval[0].columns))
         if self.roles:
@@ -263,8 +257,7 @@ class EnvTask:
         return Path(next(iter(files.values()))).read_text() + SANDBOX_MAIN
 
     def tool_actions(self, reply: Message) -> list[dict[str, Any] | None]:
-        """Per tool call of `reply`, the python action that runs it (None: not a tool of this env,
-        which the environment answers itself)."""
+        """Per tool call of `reply`, the python action that runs it (None: not one of its tools)."""
         out: list[dict[str, Any] | None] = []
         for call in reply.get("tool_calls") or []:
             fn = call.get("function") or {}
@@ -281,8 +274,7 @@ class EnvTask:
         return DataRow(task_id, instance)
 
     def bind_tools(self, env: Any, role: str | None = None) -> dict[str, Callable[..., Any]]:
-        """`tools` of the class (for `role` when it maps roles to tools): method names (bound to this
-        episode's environment) or functions."""
+        """The class's `tools` (for `role` when a dict): methods bound to `env`, or functions."""
         out: dict[str, Callable[..., Any]] = {}
         tools = getattr(self.cls, "tools", None) or []
         if isinstance(tools, dict):
@@ -293,27 +285,18 @@ class EnvTask:
         return out
 
     def spec(self) -> TaskSpec:
-        if self.roles:
-            return TaskSpec(
-                name=self.name,
-                max_tokens=None,
-                make_env=lambda row: UserTeamEnv(self, row),
-                train_tasks=self.train_tasks,
-                eval_tasks=lambda: list(self.eval),
-                demonstration=None,
-                parse_reply=message_text,
-                roles=self.roles,
-                role_demonstrations=lambda row, rng: {},  # a model of the user's needs no warm start
-            )
+        # a team's models are the user's: they need no warm start
+        team: dict[str, Any] = {"roles": self.roles, "role_demonstrations": lambda row, rng: {}}
         return TaskSpec(
             name=self.name,
             max_tokens=None,  # the environment's author says (TaskConf.max_tokens)
-            make_env=lambda row: UserEnv(self, row),
+            make_env=lambda row: (UserTeamEnv if self.roles else UserEnv)(self, row),
             train_tasks=self.train_tasks,
             eval_tasks=lambda: list(self.eval),
             demonstration=None,
             parse_reply=message_text,
             tool_actions=self.tool_actions if self.conf.sandbox else None,
+            **(team if self.roles else {}),
         )
 
 
@@ -331,7 +314,7 @@ if __name__ == "__main__":  # swarmrl: run one tool call from stdin, print its r
     except Exception as _exc:  # the model's bad call, or the tool's own failure: the model sees it
         print(f"error: {type(_exc).__name__}: {_exc}")
 """
-"""Appended to the environment's file to make the sandboxed program (underscored: not the user's names)."""
+"""Appended to the environment's file to make the sandboxed program."""
 
 
 def env_task(name: str, conf: TaskConf) -> TaskSpec:

@@ -1,10 +1,6 @@
-"""`guess_number`: a multi-turn game. The model guesses a secret integer in [1, n] in at most
-`max_turns` replies; the environment answers `higher`, `lower` or `correct` after each one.
-
-Reply format: one integer (any text around it is tolerated, several integers are not). An invalid
-or out-of-range reply wastes the turn. Binary search always wins for n < 2**max_turns, a
-feedback-consistent random guesser wins about half the time at the default (n=64, 6 turns): the gap
-RL is meant to close. Longer variants for benchmarks: `GuessNumber(secret, n=256, max_turns=8)`.
+"""`guess_number`: guess a secret integer in [1, n] in at most `max_turns` replies, told `higher`,
+`lower` or `correct` after each. A reply holds one integer; an invalid one wastes the turn. Binary
+search always wins, a feedback-consistent random guesser about half the time: the gap RL closes.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ SYSTEM_PROMPT = "You are playing a number guessing game. Reply with one integer 
 
 @dataclass(frozen=True)
 class GuessNumber:
-    """One game: the secret and the rules. `task_id` names all three (GRPO groups by it)."""
+    """One game: the secret and the rules, all named by `task_id`."""
 
     secret: int
     n: int = DEFAULT_N
@@ -53,8 +49,6 @@ def parse_reply(reply: Message) -> int | None:
 
 
 class GuessNumberEnv(TurnEnv):
-    """One episode. `reward` is final once a step returns done."""
-
     system_prompt = SYSTEM_PROMPT
     task: GuessNumber
 
@@ -67,7 +61,6 @@ class GuessNumberEnv(TurnEnv):
         elif guess == self.task.secret:
             feedback = "correct"
             self.success = True
-            # Winning is worth 1 - turn_penalty at worst: a small push towards fewer turns.
             late = (self.turns - 1) / max(1, self.task.max_turns - 1)
             self.reward = 1.0 - self.task.turn_penalty * late
         else:
@@ -83,7 +76,7 @@ class GuessNumberEnv(TurnEnv):
 def eval_tasks(n: int = DEFAULT_N, max_turns: int = DEFAULT_TURNS) -> list[GuessNumber]:
     """The held-out secrets: one per stratum of [1, n], so easy and hard secrets are both in it."""
     count = max(2, min(n // 4, 32))
-    rng = random.Random(f"guess_number-eval-{n}")  # fixed: same set on every machine and run
+    rng = random.Random(f"guess_number-eval-{n}")
     edges = [1 + (n * i) // count for i in range(count + 1)]
     return [
         GuessNumber(rng.randint(lo, hi - 1), n, max_turns) for lo, hi in zip(edges, edges[1:], strict=False)
@@ -100,8 +93,8 @@ def train_tasks(seed: int, n: int = DEFAULT_N, max_turns: int = DEFAULT_TURNS) -
 
 
 def demonstration(task: GuessNumber, rng: random.Random) -> list[Message]:
-    """A mediocre but well-formed game: guesses consistent with the feedback, uniform in the
-    feasible range (not binary search), so the warm-started policy wins sometimes, not always."""
+    """A mediocre but well-formed game: guesses uniform in the range the feedback leaves (not binary
+    search), so the warm-started policy wins sometimes, not always."""
     env = GuessNumberEnv(task)
     messages = env.reset()
     lo, hi = 1, task.n

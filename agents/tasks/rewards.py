@@ -1,13 +1,10 @@
 """A dataset task's reward function, called TRL's way: a whole group's completions in one call.
 
-`reward(prompts=[...], completions=[...], **{column: [...]})` gets one entry per completion and
-returns one float each (sync or async). The runner and the evaluator play a group's episodes at once
-inside `group(size)`; each episode's `RewardBatch.score` waits until every episode of the group has
-its reply (or has failed before it, `leave`), and the function is called once for all of them.
-Outside a group an episode is scored alone. A raise, or a list of the wrong length, fails every
-episode of the call; a value that is not a finite number fails its own episode only; each as a
-`RewardError` naming the function, the rows and what came back (the runner aborts that episode with
-it as the reason, and carries on).
+`reward(prompts=[...], completions=[...], **{column: [...]})` returns one float per completion (sync
+or async). Inside `group(size)` each episode's score waits until every episode of the group has its
+reply (or has failed, `leave`); outside one an episode is scored alone. A raise, or a list of the
+wrong length, fails every episode of the call; a value that is not a finite number fails its own
+episode only (a `RewardError` naming the function, the rows and what came back).
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ class Entry:
     columns: Mapping[str, Any]
     task_id: str
     completion: Any
-    result: asyncio.Future[float] | None = None
-    """Where `Scorer` puts the entry's reward or error (None: the start-up probe's)."""
+    result: asyncio.Future[float] | None = None  # None: the start-up probe's
 
 
 @dataclass
@@ -58,7 +54,7 @@ class RewardBatch:
         return await entry.result
 
     async def leave(self) -> None:
-        """An episode of the group is over without a reply to score (it failed): stop waiting for it."""
+        """An episode of the group failed before its reply: stop waiting for it."""
         self.left += 1
         await self._maybe_fire()
 
@@ -85,8 +81,7 @@ def group(size: int) -> Iterator[RewardBatch]:
 
 @contextlib.asynccontextmanager
 async def episode() -> Any:
-    """One episode of the current `group`: if it ends without asking for its reward, the group's
-    call stops waiting for it."""
+    """One episode of the current `group`: ending without asking for its reward, it `leave`s."""
     batch, slot = _GROUP.get(), {"scored": False}
     token = _SLOT.set(slot)
     try:
@@ -165,10 +160,9 @@ class Scorer:
                 entry.result.set_result(value)
 
     def probe(self, columns: Mapping[str, Any], task_id: str, completions: list[Any]) -> list[str]:
-        """Call the function once, at start, on `completions` of one row (in a thread of its own when
-        an event loop runs here). Raises RewardError when what it returns has the wrong shape (not one
-        entry per completion: every episode would fail); returns the other errors (a raise, a
-        non-finite value), which may be the probe's made-up completions' own."""
+        """Call the function once, at start, on `completions` of one row (in a thread of its own).
+        Raises RewardError on a result of the wrong shape (every episode would fail); returns the
+        other errors, which may be the made-up completions' own."""
         entries = [Entry(columns, task_id, c) for c in completions]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             run = pool.submit(asyncio.run, call_reward(self.fn, self.name, self.prompt_column, entries))

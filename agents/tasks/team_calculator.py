@@ -1,33 +1,29 @@
 """`team_calculator`: a two-role team task, each role meant for its own model.
 
-    caller    sees  [system, user "What is 7 * 4 + 8?"] with the calculator tool;
-              must reply with one `calculator({"expression": ...})` call. The env runs the tool.
-    reporter  sees  [system, user "Question: What is 7 * 4 + 8?\\nCalculator result: 36"], no tools;
-              replies with the final number.
+    caller    sees the question with the calculator tool; must reply with one calculator call.
+    reporter  sees "Question: ...\\nCalculator result: 36", no tools; replies with the final number.
 
-The episode ends after the caller when its reply is not exactly one call that the tool turns into a
-number (a text guess, a malformed call, an expression the tool rejects): the team fails and the
-reporter never acts. Rewards are per role and measure each role's own part: the caller gets 1 when
-the tool's value equals the true answer, the reporter gets 1 when it reports the number the tool
-returned (faithfully, right or wrong). The team succeeds when the final answer is the true answer.
-
-Questions are `calculator`'s (one-digit operands, two-digit answers) with their own held-out set.
+Unless the caller's reply is exactly one call the tool turns into a number, the team fails and the
+reporter never acts. Each role's reward is its own part: the caller's 1 when the tool's value is the
+true answer, the reporter's 1 when it reports the tool's number (right or wrong).
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
 from swarmrl.agents.tasks.base import Message, TaskSpec, Turn
 from swarmrl.agents.tasks.calculator import (
     TOOLS,
+    Question,
     _mistype,
     held_out_questions,
     parse_reply,
+    tool_call,
     training_questions,
 )
 
@@ -39,21 +35,8 @@ ROLE_METRICS = {CALLER: "caller_valid", REPORTER: "reporter_correct"}
 
 
 @dataclass(frozen=True)
-class TeamCalculator:
-    """One question. `task_id` is the expression without spaces."""
-
-    expression: str
-
-    @property
-    def task_id(self) -> str:
-        return "team_calculator/" + self.expression.replace(" ", "")
-
-    @property
-    def answer(self) -> Number:
-        return safe_eval(self.expression)
-
-    def question(self) -> str:
-        return f"What is {self.expression}?"
+class TeamCalculator(Question):
+    prefix: ClassVar[str] = "team_calculator"
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -69,8 +52,7 @@ class TeamCalculatorEnv:
         self.success = False
         self.rewards: dict[str, float] = {}
         self.metrics: dict[str, float] = {}
-        self.tool_value: Number | None = None
-        """What the tool returned to the caller's call (None: no valid call, or a tool error)."""
+        self.tool_value: Number | None = None  # None: no valid call, or a tool error
         self.final_answer: float | None = None
         self._turn: Turn | None = Turn(
             CALLER,
@@ -91,7 +73,7 @@ class TeamCalculatorEnv:
 
     def _caller_step(self, reply: Message) -> None:
         expressions = parse_reply(reply).expressions
-        # Exactly one call: several would let the caller hedge and leave the reporter to pick.
+        # exactly one call: several would let the caller hedge
         if len(expressions) == 1 and expressions[0] is not None:
             try:
                 self.tool_value = safe_eval(expressions[0])
@@ -130,18 +112,6 @@ def train_tasks(seed: int) -> Iterator[TeamCalculator]:
     return training_questions(TeamCalculator, seed, eval_tasks())
 
 
-def tool_call(expression: str) -> Message:
-    """The caller's reply calling the calculator on `expression` (OpenAI format)."""
-    arguments = json.dumps({"expression": expression})
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
-        ],
-    }
-
-
 def oracle(task: TeamCalculator, turn: Turn) -> Message:
     """A correct reply for either role: the exact expression, or the tool's result copied."""
     if turn.role == CALLER:
@@ -150,35 +120,23 @@ def oracle(task: TeamCalculator, turn: Turn) -> Message:
     return {"role": "assistant", "content": result}
 
 
-# Demonstration noise, tuned so that each warm-started model scores about half on its own metric
-# offline (`swarmrl bootstrap-model --sources team_calculator.<role> --eval 128`): right format,
-# room for RL. Nominal rates are caller 0.6 * 0.9 = 54%, reporter 0.65 * 0.85 = 55%; measured
-# (seed 0, default steps): caller on `tiny` 54%, reporter on `tiny-llama` 47%.
+# Demonstration noise: each warm-started model scores about half on its own metric (right format,
+# room for RL).
 CALLER_NOISE = {"p_guess": 0.4, "p_mistype": 0.1}
 REPORTER_NOISE = {"p_guess": 0.35, "p_mistype": 0.15}
 
 
-def role_demonstrations(
-    task: TeamCalculator,
-    rng: random.Random,
-    caller: dict[str, float] = CALLER_NOISE,
-    reporter: dict[str, float] = REPORTER_NOISE,
-) -> dict[str, list[Message]]:
-    """Per role, a conversation ending in that role's (noisy) reply.
-
-    Caller: with probability `p_guess` a text guess instead of a call, else a call whose expression
-    has a mistyped digit with probability `p_mistype`. Reporter: it sees the result of the caller's
-    demonstrated call (or of a correct call when the caller guessed: SFT wants a reporter example
-    for every question), then guesses with probability `p_guess`, else copies the result, mistyping
-    a digit with probability `p_mistype`.
-    """
+def role_demonstrations(task: TeamCalculator, rng: random.Random) -> dict[str, list[Message]]:
+    """Per role, a conversation ending in that role's reply: a text guess with `p_guess`, else the
+    call (caller) or the result copied (reporter), a digit mistyped with `p_mistype`. The reporter
+    sees a correct call's result when the caller's gave none."""
     env = TeamCalculatorEnv(task)
     turn = env.turn()
     assert turn is not None
-    if rng.random() < caller["p_guess"]:
+    if rng.random() < CALLER_NOISE["p_guess"]:
         reply: Message = {"role": "assistant", "content": str(rng.randint(10, 99))}
     else:
-        mistyped = rng.random() < caller["p_mistype"]
+        mistyped = rng.random() < CALLER_NOISE["p_mistype"]
         reply = tool_call(_mistype(task.expression, rng) if mistyped else task.expression)
     demos = {CALLER: [*turn.messages, reply]}
     env.step(reply)
@@ -189,10 +147,10 @@ def role_demonstrations(
     assert turn is not None and turn.role == REPORTER
     assert env.tool_value is not None
     result = format_number(env.tool_value)
-    if rng.random() < reporter["p_guess"]:
+    if rng.random() < REPORTER_NOISE["p_guess"]:
         answer = str(rng.randint(10, 99))
     else:
-        answer = _mistype(result, rng) if rng.random() < reporter["p_mistype"] else result
+        answer = _mistype(result, rng) if rng.random() < REPORTER_NOISE["p_mistype"] else result
     demos[REPORTER] = [*turn.messages, {"role": "assistant", "content": answer}]
     return demos
 
@@ -208,9 +166,6 @@ SPEC = TaskSpec(
     role_metrics=ROLE_METRICS,
     role_demonstrations=role_demonstrations,
     role_tools={CALLER: TOOLS},
-    # Default warm starts (`presets.default_steps`): caller 250 rounds x 2 views x 2 = 1000 steps, the
-    # reporter 750. Copying the expression was learned by step 1000 but not always by step 500 (6%
-    # valid calls: right format, wrong digits); the reporter's 250 steps gave 9%, 750 reach its demos.
     role_sft_weights={CALLER: 2, REPORTER: 3},
     role_oracle=oracle,
 )

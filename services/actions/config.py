@@ -1,6 +1,5 @@
-"""Configuration of the actions service and of a standalone action worker (`--help` prints every
-field): `ActionsSettings`, what a swarm description's `[actions]` may set, and `ActionsConfig`, the
-process's whole configuration, which adds the scheduling policy (`[run] actions`)."""
+"""Configuration of the actions service and of a standalone action worker. `ActionsSettings` is what a
+swarm description's `[actions]` may set; `ActionsConfig` adds the policy (`[run] actions`)."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ class ActionsSettings(WorkerLimits):
     aging_s: float = Field(default=30.0, gt=0)
     """Elastic: the waiting time that outweighs the predicted run time (bounds starvation)."""
     trajectory_timeout_s: float = Field(default=600.0, gt=0)
-    """A trajectory with no action for this long is over (static frees its units) even if its client
-    never said so (it died)."""
+    """A trajectory with no action for this long is over (its client died without saying so)."""
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
     """Largest action request; a larger one is rejected and dead-lettered."""
     local_workers: bool = True
@@ -69,8 +67,8 @@ class ActionsSettings(WorkerLimits):
 
 class ActionsConfig(ServiceConfig, ActionsSettings):
     policy: Literal["static", "fifo", "elastic"] = "elastic"
-    """Scheduling: `elastic` (shortest predicted first, pools grow and shrink), `fifo` (a fixed pool,
-    first come first served) or `static` (each trajectory holds its own units for its whole life)."""
+    """`elastic` (shortest predicted first, pools grow and shrink), `fifo` (a fixed pool, first come
+    first served) or `static` (each trajectory holds its own units for its whole life)."""
 
 
 class WorkerConfig(ServiceConfig, WorkerLimits):

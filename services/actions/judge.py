@@ -1,25 +1,11 @@
-"""The model judge resource manager: `judge` actions scored by a model, many actions per engine call.
+"""The model judge resource manager: `judge` actions (`{"prompt", "text"}`) scored by a model.
 
-Consumes: judge payloads `{"prompt": str, "text": str}` through `run()`, and the accelerator slots
-the scheduler grants (`start` / `resize`). Publishes: one `Outcome` per action, with
-`result = {"score", "tokens", "logprob_sum"}`; no NATS here (the service wires it).
-
-What it computes (a likelihood judge): `score` is the mean log-probability per token of `text`
-given `prompt` under the judge model, `sum_i log p(t_i | prompt, t_<i) / n` over the n tokens of
-`text` (prompt and text are tokenized separately and joined, so the boundary is exact). Higher is
-more likely; it is not a preference or a correctness grade.
-
-How it maps to the engine: one SGLang `/generate` call per batch with a list of `input_ids`,
-`sampling_params = {"max_new_tokens": 0, "temperature": 0}` (a prefill-only request; temperature 0
-keeps temperature-scaled logprobs neutral), `return_logprob: true` and per prompt
-`logprob_start_len = len(prompt_ids) - 1`. SGLang returns `meta_info.input_token_logprobs` for
-`input_ids[logprob_start_len:]` with the first value always None, so the entries after it are
-exactly the text's tokens. The embedded CPU engine implements the same fields (`services/engine`).
-
-Batching: concurrent `run()` calls wait in a queue; a batcher takes up to `min(max_batch, free
-slots)` of them, waiting at most `max_wait_s` for more, and sends them as one engine call. Units are
-accelerator slots: at most `units` actions are in flight at once, over all batches. An engine
-failure gives every action of its batch `status="error"`; nothing waits forever.
+`score` is the mean log-probability per token of `text` given `prompt` (tokenized separately and
+joined, so the boundary is exact): a likelihood, not a preference or a correctness grade. Concurrent
+actions are batched into one prefill-only `/generate` call (`max_new_tokens` 0, `return_logprob`,
+`logprob_start_len` at the last prompt token), on SGLang or the embedded engine. Units are
+accelerator slots: at most `units` actions are in flight over all batches. An engine failure fails
+its whole batch; nothing waits forever.
 """
 
 from __future__ import annotations
@@ -40,9 +26,14 @@ from swarmrl.services.engine.client import EngineClient, EngineError, GenerateRe
 
 log = logging.getLogger("swarmrl.actions.judge")
 
-# temperature 0: SGLang rewrites it to 1, so even a server started with SGLANG_TEMP_SCALED_LOGPROBS
-# returns the model's own distribution
+# temperature 0 (SGLang rewrites it to 1): the model's own distribution even with temperature-scaled logprobs
 SCORE_PARAMS = {"max_new_tokens": 0, "temperature": 0}
+MAX_BATCH = 32
+"""Most actions in one engine call."""
+MAX_TOKENS = 2048
+"""Most prompt + text tokens of an action: at most the engine's context length."""
+MAX_CHARS = 200_000
+TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -57,32 +48,19 @@ class JudgeManager:
     """Scores judge actions on one engine (the embedded engine or SGLang), batching concurrent ones."""
 
     def __init__(
-        self,
-        engine_url: str,
-        tokenizer_path: str | None,
-        *,
-        max_batch: int = 32,
-        max_wait_s: float = 0.01,
-        max_tokens: int = 2048,
-        max_chars: int = 200_000,
-        timeout_s: float = 120.0,
-        retries: int = 3,
+        self, engine_url: str, tokenizer_path: str | None, *, max_wait_s: float = 0.01, retries: int = 3
     ) -> None:
-        """`tokenizer_path` None (or ""): the engine's own, from its /get_model_info (same filesystem).
-        `max_tokens` bounds prompt + text tokens and must not exceed the engine's context length."""
-        if max_batch < 1 or max_wait_s < 0:
-            raise ValueError(f"max_batch={max_batch} must be >= 1 and max_wait_s={max_wait_s} >= 0")
+        """`tokenizer_path` None (or ""): the engine's own, from /get_model_info (same filesystem)."""
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s={max_wait_s} must be >= 0")
         self.engine_url = engine_url
         self.tokenizer_path = tokenizer_path or None
-        self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self.max_tokens = max_tokens
-        self.max_chars = max_chars
         self.counts: Counter[str] = Counter()  # batches, actions, engine_errors, rejected
         self.batch_sizes: Counter[int] = Counter()  # engine calls by number of actions in them
         self.units = 0
-        self._client = EngineClient(engine_url, timeout=timeout_s, retries=retries)
-        self._client_args = {"timeout": timeout_s, "retries": retries}
+        self._client: EngineClient | None = None
+        self._client_args = {"timeout": TIMEOUT_S, "retries": retries}
         self._tokenizer: Any = None
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._in_flight = 0
@@ -93,9 +71,6 @@ class JudgeManager:
 
     async def start(self, units: int) -> None:
         """Load the tokenizer and start batching with `units` accelerator slots."""
-        await (
-            self._client.aclose()
-        )  # now that the engine answers, the client for its API (SGLang's or vLLM's)
         self._client = await open_engine(self.engine_url, wait=False, **self._client_args)
         if self.tokenizer_path is None:
             info = await self._client.model_info()
@@ -138,9 +113,8 @@ class JudgeManager:
         await self._calls.close()
         while not self._queue.empty():
             _settle(self._queue.get_nowait(), Outcome(status="error", error="judge closed"))
-        await self._client.aclose()
-
-    # -- internals ------------------------------------------------------------------------------
+        if self._client is not None:
+            await self._client.aclose()
 
     def _prepare(self, payload: Any) -> _Item:
         """Validate and tokenize; ValueError names the offending field and value."""
@@ -156,9 +130,9 @@ class JudgeManager:
                     f"judge payload field '{key}' must be a string, got {type(payload[key]).__name__}"
                 )
         prompt, text = payload["prompt"], payload["text"]
-        if len(prompt) + len(text) > self.max_chars:
+        if len(prompt) + len(text) > MAX_CHARS:
             raise ValueError(
-                f"judge payload has {len(prompt) + len(text)} characters; the limit is {self.max_chars}"
+                f"judge payload has {len(prompt) + len(text)} characters; the limit is {MAX_CHARS}"
             )
         prompt_ids = list(self._tokenizer.encode(prompt))
         text_ids = list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -166,11 +140,10 @@ class JudgeManager:
             raise ValueError("judge payload field 'prompt' is empty: the text's first token needs a context")
         if not text_ids:
             raise ValueError("judge payload field 'text' is empty: nothing to score")
-        n = len(prompt_ids) + len(text_ids)
-        if n >= self.max_tokens:
+        if len(prompt_ids) + len(text_ids) >= MAX_TOKENS:
             raise ValueError(
                 f"judge payload is too long: {len(prompt_ids)} prompt + {len(text_ids)} text tokens, "
-                f"the limit is {self.max_tokens}"
+                f"the limit is {MAX_TOKENS}"
             )
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         return _Item(prompt_ids + text_ids, len(prompt_ids) - 1, len(text_ids), future)
@@ -183,7 +156,7 @@ class JudgeManager:
                 batch.append(await self._queue.get())
                 async with self._slots:
                     await self._slots.wait_for(lambda: self._in_flight < self.units)
-                    cap = min(self.max_batch, self.units - self._in_flight)
+                    cap = min(MAX_BATCH, self.units - self._in_flight)
                 deadline = loop.time() + self.max_wait_s
                 while len(batch) < cap:
                     if not self._queue.empty():
@@ -212,6 +185,7 @@ class JudgeManager:
         self.counts["actions"] += len(batch)
         self.batch_sizes[len(batch)] += 1
         started = time.monotonic()
+        assert self._client is not None
         try:
             results = await self._client.generate_batch(
                 [it.ids for it in batch], SCORE_PARAMS, True, [it.start for it in batch]
@@ -225,7 +199,7 @@ class JudgeManager:
             for item in batch:
                 _settle(item, Outcome(status="error", error=str(exc), run_s=time.monotonic() - started))
         finally:
-            for item in batch:  # cancelled (close) or an unexpected failure: never leave a caller waiting
+            for item in batch:  # cancelled (close) or an unexpected failure: no caller is left waiting
                 _settle(item, Outcome(status="error", error="judge engine call did not complete"))
             async with self._slots:
                 self._in_flight -= len(batch)

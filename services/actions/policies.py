@@ -1,4 +1,4 @@
-"""The scheduling policies (`static`, `fifo`, `elastic`; see `scheduler.py`'s docstring), pure."""
+"""The scheduling policies `static`, `fifo` and `elastic` (pure; what they share: `scheduler.py`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 class Policy:
-    """How waiting actions are ordered and how many units are held. One subclass per policy; each
-    keeps its own queues and units, and calls `Scheduler.start` for every action it starts."""
+    """How waiting actions are ordered and how many units are held. Each policy keeps its own queues
+    and units, and calls `Scheduler.start` for every action it starts."""
 
     name: ClassVar[str]
 
@@ -37,7 +37,7 @@ class Policy:
         raise NotImplementedError
 
     def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
-        """Nothing to do unless units are tied to trajectories (dropped actions are skipped lazily)."""
+        """Dropped actions are skipped lazily by the queues."""
 
     def advance(self, now: float) -> None:
         """Apply the timed changes due by `now`."""
@@ -47,6 +47,9 @@ class Policy:
 
     def allocated(self, resource: str) -> int:
         raise NotImplementedError
+
+
+NO_RESERVATION = {"mem": 0, **{r: 0 for r in RESOURCES}}
 
 
 class SharedUnits(Policy):
@@ -74,8 +77,8 @@ class SharedUnits(Policy):
         raise NotImplementedError
 
     def fits(self, d: Demand, reserved: dict[str, int]) -> bool:
-        """Enough free units and memory for `d`, after what `reserved` keeps for others (a
-        reservation may exceed what is free: it then leaves nothing, but blocks nothing else)."""
+        """Enough free units and memory for `d` after what `reserved` keeps for others (a reservation
+        larger than what is free leaves nothing, but blocks nothing else)."""
         if d.mem_mb > max(0, self.s.mem_free() - reserved["mem"]):
             return False
         return all(d.units(r) <= max(0, u.free - reserved[r]) for r, u in self.units.items())
@@ -83,8 +86,7 @@ class SharedUnits(Policy):
     def run(self, action: Action, now: float, extra: bool = False) -> None:
         """Take `action`'s units and start it, or (`extra`) one more of its parts."""
         for r, u in self.units.items():
-            if action.demand.units(r):
-                u.take(action.demand.units(r), now)
+            u.take(action.demand.units(r), now)
         if extra:
             self.s.start_part(action)
         else:
@@ -93,8 +95,7 @@ class SharedUnits(Policy):
     def finish(self, action: Action, now: float) -> None:
         """A part of `action` ended (its last, or one of several running): its units are free."""
         for r, u in self.units.items():
-            if action.demand.units(r):
-                u.give(action.demand.units(r), now)
+            u.give(action.demand.units(r), now)
 
     def advance(self, now: float) -> None:
         for u in self.units.values():
@@ -108,11 +109,9 @@ class SharedUnits(Policy):
         return self.units[resource].size
 
 
-NO_RESERVATION = {"mem": 0, **{r: 0 for r in RESOURCES}}
-
-
 class Fifo(SharedUnits):
-    """Fixed pool of `ceiling` units; arrival order, head-of-line blocking."""
+    """A fixed pool of `ceiling` units; arrival order, and an action that does not fit blocks the ones
+    behind it (head-of-line)."""
 
     name = "fifo"
 
@@ -143,7 +142,12 @@ class Fifo(SharedUnits):
 
 
 class Elastic(SharedUnits):
-    """Pool between floor and ceiling; shortest predicted first with aging; reservation + backfill."""
+    """A pool between floor and ceiling, grown for the units waiting actions (and unstarted parts)
+    ask for and shrunk by idle release. Waiting actions start in order of `submitted + aging_s * p /
+    (p + PRED_SCALE_S)`, `p` their predicted run time: shortest first, yet none is ordered behind one
+    that arrived more than `aging_s` after it, so none starves. The first that does not fit reserves
+    its demand; the ones after it only backfill what is left, so small ones cannot keep a big one
+    out. Spare units then go to running actions' parts not started yet (`spread`)."""
 
     name = "elastic"
     shrinks = True
@@ -159,19 +163,21 @@ class Elastic(SharedUnits):
         return spec.floor
 
     def key(self, action: Action) -> float:
-        """Start order, fixed at submit (so a heap keeps it): see the module docstring."""
+        """Start order, fixed at submit (so a heap keeps it)."""
         p = self.s.predictor.predict(action.shape, action.hint_s)
         return action.submitted + self.s.aging_s * p / (p + PRED_SCALE_S)
 
+    def want(self, action: Action, sign: int) -> None:
+        for r in RESOURCES:
+            self.wanted[r] += sign * action.demand.units(r) * action.parts
+
     def enqueue(self, action: Action) -> None:
         heapq.heappush(self.queues[queue_of(action.demand)], (self.key(action), next(self.seq), action))
-        for r in RESOURCES:
-            self.wanted[r] += action.demand.units(r) * action.parts
+        self.want(action, +1)
 
     def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
         for action in dropped:
-            for r in RESOURCES:
-                self.wanted[r] -= action.demand.units(r) * action.parts
+            self.want(action, -1)
 
     def grow(self, now: float) -> None:
         for r, u in self.units.items():
@@ -191,8 +197,8 @@ class Elastic(SharedUnits):
         return out
 
     def spread(self, reserved: dict[str, int], now: float, out: list[Action]) -> None:
-        """Units no waiting action could take or reserved go to running actions' parts not started
-        yet, least predicted remaining work first."""
+        """Units no waiting action took or reserved go to running actions' parts not started yet,
+        least predicted remaining work first."""
 
         def remaining(a: Action) -> float:
             return self.s.predictor.predict(a.shape, a.hint_s) * a.parts_left / a.parts
@@ -209,31 +215,24 @@ class Elastic(SharedUnits):
                     break
 
     def drain(
-        self,
-        r: str,
-        queue: list[tuple[float, int, Action]],
-        reserved: dict[str, int],
-        now: float,
+        self, r: str, queue: list[tuple[float, int, Action]], reserved: dict[str, int], now: float,
         out: list[Action],
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Start what fits, in key order. The first action that does not fit reserves its demand in
-        `reserved`; after it, at most BACKFILL_DEPTH more are tried, in what is left."""
+        `reserved`; after it, at most BACKFILL_DEPTH more are tried."""
         skipped: list[tuple[float, int, Action]] = []
-        while queue:
-            # Every action in this queue needs a unit of `r`: none left, none can start.
-            if self.units[r].free - reserved[r] <= 0 or len(skipped) > BACKFILL_DEPTH:
-                break
+        # Every action in this queue needs a unit of `r`: with none left, none can start.
+        while queue and self.units[r].free - reserved[r] > 0 and len(skipped) <= BACKFILL_DEPTH:
             entry = heapq.heappop(queue)
             action = entry[2]
             if not self.s.is_waiting(action):  # dropped by end_trajectory
                 continue
             if self.fits(action.demand, reserved):
                 self.run(action, now)
-                for res in RESOURCES:
-                    self.wanted[res] -= action.demand.units(res) * action.parts
+                self.want(action, -1)
                 out.append(action)
                 continue
-            if not skipped:  # the first that does not fit keeps what it needs from the ones after it
+            if not skipped:
                 reserved["mem"] += action.demand.mem_mb
                 for res in RESOURCES:
                     reserved[res] += action.demand.units(res)
@@ -262,7 +261,11 @@ class Trajectory:
 
 
 class Static(Policy):
-    """A bundle of units per trajectory, held until the trajectory ends."""
+    """A bundle of units per trajectory (`static_bundle`, or its first action's demand with at least
+    one cpu), held from its first action until it ends; its actions run one at a time in it, and
+    trajectories wait first come first served for a bundle. An action bigger than its bundle gives
+    the bundle back and queues for one covering both: a bundle is always taken whole, so two
+    trajectories never wait on each other."""
 
     name = "static"
 
@@ -310,14 +313,11 @@ class Static(Policy):
             tr.poked = True
             self.runnable.append(tr)
 
-    def record(self, now: float) -> None:
+    def add(self, counts: dict[str, int], demand: Demand, sign: int, now: float) -> None:
+        """Add (or take away) `demand`'s units to `held` or `busy`, and meter the change."""
         for r in RESOURCES:
+            counts[r] += sign * demand.units(r)
             self.s.usage[r].record(now, self.held[r], self.busy[r])
-
-    def hold(self, bundle: Demand, sign: int, now: float) -> None:
-        for r in RESOURCES:
-            self.held[r] += sign * bundle.units(r)
-        self.record(now)
 
     def dispatch(self, now: float) -> list[Action]:
         out: list[Action] = []
@@ -343,7 +343,7 @@ class Static(Policy):
                 break
             self.bundle_queue.popleft()
             tr.bundle, tr.want = want, None
-            self.hold(want, +1, now)
+            self.add(self.held, want, +1, now)
             warmup = max((self.s.pools[r].start_s for r in RESOURCES if want.units(r)), default=0.0)
             tr.ready_at = now + warmup
             if warmup > 0:
@@ -359,7 +359,7 @@ class Static(Policy):
             return False
         action = tr.actions[0]
         if any(action.demand.units(r) > tr.bundle.units(r) for r in RESOURCES):
-            self.hold(tr.bundle, -1, now)
+            self.add(self.held, tr.bundle, -1, now)
             self.ask(tr, cover(tr.bundle, action.demand))
             tr.bundle = None
             return True
@@ -370,9 +370,7 @@ class Static(Policy):
             return False
         tr.actions.popleft()
         tr.running = True
-        for r in RESOURCES:
-            self.busy[r] += action.demand.units(r)
-        self.record(now)
+        self.add(self.busy, action.demand, +1, now)
         self.s.start(action)
         out.append(action)
         return False
@@ -380,9 +378,7 @@ class Static(Policy):
     def finish(self, action: Action, now: float) -> None:
         tr = self.trajectories[action.trajectory]
         tr.running = False
-        for r in RESOURCES:
-            self.busy[r] -= action.demand.units(r)
-        self.record(now)
+        self.add(self.busy, action.demand, -1, now)
         free = self.s.mem_free()
         while self.mem_blocked:  # wake the memory-blocked ones that now fit, in order
             head = self.mem_blocked[0]
@@ -408,7 +404,7 @@ class Static(Policy):
 
     def release(self, tr: Trajectory, now: float) -> None:
         if tr.bundle is not None:
-            self.hold(tr.bundle, -1, now)
+            self.add(self.held, tr.bundle, -1, now)
             tr.bundle = None
         del self.trajectories[tr.id]
 
@@ -424,4 +420,3 @@ class Static(Policy):
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Static, Fifo, Elastic)}
-"""The scheduling policies, by name."""

@@ -1,5 +1,5 @@
 """Building blocks of the scheduler (pure): pool limits, unit pools with warm-up and idle release,
-unit-second meters and the per-kind run-time predictor. See `scheduler.py` for how they combine."""
+unit-second meters and the per-kind run-time predictor."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from swarmrl.services.actions.model import Demand
 
 PRED_SCALE_S = 1.0
-"""Run time at which a prediction uses half of `aging_s` in the elastic key (see module docstring)."""
+"""Run time at which a prediction uses half of `aging_s` in the elastic key (`policies.Elastic`)."""
 DEFAULT_PRED_S = 1.0
 """Prediction for an action with no hint whose kind has no finished run yet."""
 EWMA_ALPHA = 0.2
 """Weight of the newest run in the predictor's moving averages."""
 BACKFILL_DEPTH = 32
-"""How many actions behind a reserving one `elastic` tries per dispatch (bounds the cost of a call)."""
+"""How many actions behind a reserving one `elastic` tries per dispatch (bounds its cost)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ class Units:
         self.spec, self.usage = spec, usage
         self.busy = 0
         self.idle: deque[float] = deque()
-        """When each free unit became idle, oldest first (units are taken newest first, so the
-        oldest ones stay idle and are the ones given back)."""
+        """When each free unit became idle, oldest first (taken newest first, given back oldest first)."""
         self.starting: deque[float] = deque()
         """When each starting unit becomes usable, soonest first."""
         self.t = 0.0
@@ -142,13 +141,9 @@ class Units:
 
 
 class Predictor:
-    """Run time of an action, learned online per kind from finished runs.
-
-    With a hint: `hint_s * exp(b)`, where `b` is the kind's moving average of `log(run_s / hint_s)`
-    (0 until the kind has a finished hinted run): the caller's hint orders actions within a kind and
-    the history corrects its bias. Without a hint: the kind's moving average of `run_s`
-    (`DEFAULT_PRED_S` until it has one). Both averages are EWMAs with weight `EWMA_ALPHA`.
-    """
+    """Run time of an action, learned online per kind from finished runs (EWMAs): with a hint,
+    `hint_s * exp(b)`, `b` the kind's mean `log(run_s / hint_s)` (the hint orders actions, the history
+    corrects its bias); without one, the kind's mean `run_s` (`DEFAULT_PRED_S` before it has one)."""
 
     def __init__(self) -> None:
         self.mean_s: dict[str, float] = {}

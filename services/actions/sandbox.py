@@ -1,16 +1,9 @@
 """Code sandbox resource manager (CPU units): runs untrusted Python in warm, isolated workers.
 
-Consumes `PythonSandbox.run(code)` calls from the actions service (one call = one action holding one
-CPU unit); returns one `Outcome` per call (`result`: stdout, stderr, exit_code, signal, cpu_s,
-truncated, leftover_processes). No NATS here.
-
-A unit is one warm worker, a "zygote": a Python process started inside the isolation (bubblewrap,
-or `unshare` plus rlimits) with the common modules already imported. It reads one job at a time as a
-JSON line on stdin and forks a child per job; the child makes a fresh work dir, applies rlimits,
-drops to an unprivileged uid of its own when we are root, and runs the code. The zygote captures the
-output, enforces the wall clock, kills whatever the code left behind and answers one JSON line. The
-manager replaces a worker that dies or stops answering. What each mode isolates: README.md here;
-how a worker is launched and cleaned up after on this host: `sandbox_host.py`.
+A unit is one warm worker, a "zygote" (`sandbox_zygote.py`): a Python process started inside the
+isolation (bubblewrap, or `unshare` plus rlimits) with common modules imported, which forks a child
+per action. The manager replaces a worker that dies or stops answering. What each mode isolates:
+README.md; how a worker is launched and cleaned up after: `sandbox_host.py`.
 """
 
 from __future__ import annotations
@@ -25,22 +18,14 @@ import signal
 import sys
 import tempfile
 import time
+from asyncio.subprocess import PIPE
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from swarmrl.services.actions import sandbox_host as host
 from swarmrl.services.actions.model import Outcome
-from swarmrl.services.actions.sandbox_host import (
-    SandboxError,
-    claim_uid,
-    detect_mode,
-    kill_uid,
-    launch_prefix,
-    process_tree,
-    rebinds,
-    rmtree,
-    worker_env,
-)
+from swarmrl.services.actions.sandbox_host import SandboxError, detect_mode, launch_prefix
 from swarmrl.services.common.tasks import Background
 
 __all__ = ["MODES", "PythonSandbox", "SandboxError", "SandboxLimits", "detect_mode"]
@@ -53,8 +38,8 @@ BASE_PRELOAD: tuple[str, ...] = (
     *("linecache", "math", "random", "re", "socket", "string", "threading", "time", "tokenize"),
     "traceback",
 )
-"""Imported by every worker before it forks: warm for the code, and importable even where the
-dropped uid cannot read the interpreter's directories (rlimit mode as root, see README)."""
+"""Imported by every worker before it forks: warm, and importable even where the dropped uid cannot
+read the interpreter's directories (rlimit mode as root, see README)."""
 MAX_CODE_BYTES = 1 << 20
 START_TIMEOUT_S = 30.0
 BACKSTOP_GRACE_S = 5.0
@@ -64,20 +49,20 @@ _WORKER_MODULE = "swarmrl.services.actions.sandbox_zygote"
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits of one action. The defaults fit a tool call: a short script, a small computation."""
+    """Limits of one action; the defaults fit a tool call."""
 
     cpu_s: float = 5.0
     """CPU seconds per process (RLIMIT_CPU, rounded up; SIGKILL one second later)."""
     mem_mb: int = 256
-    """Address space the code may map on top of the warm worker's (RLIMIT_AS); threads count too."""
+    """Address space the code may map on top of the warm worker's (RLIMIT_AS)."""
     wall_s: float = 10.0
-    """Wall-clock limit, enforced by the worker (and by the manager as a backstop)."""
+    """Wall-clock limit, enforced by the worker (the manager's backstop: `BACKSTOP_GRACE_S`)."""
     nproc: int = 32
     """Processes plus threads the action may have at once (RLIMIT_NPROC of its own uid)."""
     fsize_mb: int = 16
     """Largest file the code may write (RLIMIT_FSIZE)."""
     output_bytes: int = 64 * 1024
-    """Kept of stdout and of stderr each; the rest is read and dropped (`truncated`)."""
+    """Kept of stdout and of stderr each; the rest is dropped (`truncated`)."""
 
     def check(self) -> None:
         for name, value in asdict(self).items():
@@ -85,34 +70,27 @@ class SandboxLimits:
                 raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
 
 
-# ---- the manager ----
-
-
+@dataclass(eq=False)
 class _Worker:
     """One unit: a warm zygote process and what the manager knows about it."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, uid: int | None, lock: int | None, base: str | None):
-        self.proc = proc
-        self.reap_tree = False
-        """No pid namespace: kill the zygote's descendants (it is their subreaper) before it."""
-        self.uid = uid
-        self.lock = lock
-        self.base = base
-        self.retiring = False
-        self.info: dict[str, Any] = {}
+    proc: asyncio.subprocess.Process
+    uid: int | None
+    lock: int | None
+    """The fd of its uid's lock (`claim_uid`)."""
+    base: str | None
+    reap_tree: bool
+    """No pid namespace: kill the zygote's descendants (it is their subreaper) and its uid's
+    processes ourselves."""
+    retiring: bool = False
 
     @property
     def dead(self) -> bool:
         return self.proc.returncode is not None
 
     def kill(self) -> None:
-        for _ in range(50 if self.reap_tree and not self.dead else 0):
-            pids = process_tree(self.proc.pid) - {self.proc.pid}
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        if self.reap_tree and not self.dead:
+            host.kill_all(lambda: host.process_tree(self.proc.pid) - {self.proc.pid})
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -133,30 +111,20 @@ class _Worker:
 
 
 class PythonSandbox:
-    """A pool of warm, isolated Python workers; one action runs on one worker at a time.
-
-    Args:
-        mode: `auto` (bwrap if it works here, else rlimit), `bwrap` or `rlimit`.
-        limits: default limits of an action; `run(limits=...)` overrides them per action.
-        python: the interpreter of the workers (must have swarmrl installed).
-        preload: modules every worker imports before its first action (on top of `BASE_PRELOAD`).
-    """
+    """A pool of warm, isolated Python workers, one action on each at a time. `mode`: `auto` (bwrap if
+    it works here, else rlimit), `bwrap` or `rlimit`; `preload` adds to `BASE_PRELOAD`."""
 
     def __init__(
-        self,
-        mode: str = "auto",
-        limits: SandboxLimits | None = None,
-        python: str = sys.executable,
-        preload: tuple[str, ...] = (),
-    ):
+        self, mode: str = "auto", limits: SandboxLimits | None = None, preload: tuple[str, ...] = ()
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {MODES}, got {mode!r}")
         self.limits = limits or SandboxLimits()
         self.limits.check()
-        self.python = python
+        self.python = sys.executable
         self.preload = BASE_PRELOAD + tuple(preload)
-        self.mode = detect_mode(python) if mode == "auto" else mode
-        self._prefix = launch_prefix(self.mode, python)
+        self.mode = detect_mode(self.python) if mode == "auto" else mode
+        self._prefix = launch_prefix(self.mode, self.python)
         self._root = os.geteuid() == 0
         self.counts: Counter[str] = Counter()
         """Outcome statuses, kills by cause (`killed_cpu`, ...) and worker events (`worker_*`)."""
@@ -183,11 +151,11 @@ class PythonSandbox:
         }
 
     def _imports_reach(self) -> bool:
-        """Can the code import modules not preloaded? Not when it runs as a dropped uid that cannot
-        traverse the interpreter's directories and no mount namespace re-binds them (see README)."""
+        """Can the code import modules not preloaded? Not as a dropped uid that cannot traverse the
+        interpreter's directories, with no mount namespace to re-bind them."""
         if not self._root or self.mode == "bwrap" or "--mount-proc" in self._prefix:
             return True
-        return not rebinds(self.python, tmp=False)
+        return not host.rebinds(self.python, tmp=False)
 
     @property
     def units(self) -> int:
@@ -199,11 +167,10 @@ class PythonSandbox:
         return sorted(w.proc.pid for w in self._workers)
 
     async def start(self, units: int) -> None:
-        """Start `units` warm workers; returns when they are ready."""
         await self.resize(units)
 
     async def resize(self, units: int) -> None:
-        """Grow (start warm workers, wait until ready) or shrink (stop idle workers now, busy ones
+        """Grow (and wait until the new workers are ready) or shrink (idle workers now, busy ones
         when their action ends) to `units` workers."""
         if units < 0:
             raise ValueError(f"units must be >= 0, got {units}")
@@ -220,12 +187,8 @@ class PythonSandbox:
             await self._retire(self._idle.pop())
 
     async def run(self, code: str, *, limits: SandboxLimits | None = None, stdin: str = "") -> Outcome:
-        """Run `code` (a Python script, passed as data) on a free warm worker.
-
-        Returns `ok` when it ran to its end (`result.exit_code` says whether the code succeeded: 1
-        with a traceback in stderr when it raised), `timeout` past `wall_s`, `killed` past the CPU,
-        memory or process limit, `rejected` for bad input, `error` when the worker failed.
-        """
+        """Run `code` (a Python script) on a free warm worker. `ok` when it ran to its end (its
+        `exit_code` is 1, with a traceback in stderr, when it raised); see `Outcome.status`."""
         limits = limits or self.limits
         try:
             limits.check()
@@ -252,25 +215,21 @@ class PythonSandbox:
             self._release(worker)
         run_s = time.monotonic() - began
         if self._closed:  # whatever the worker said, close() cut this action short
-            return self._count(
-                Outcome("error", error="the sandbox was closed while the action ran", run_s=run_s)
-            )
-        if answer is None:
-            if run_s >= limits.wall_s:
-                outcome = Outcome("timeout", error=f"wall-clock limit of {limits.wall_s:g} s (worker killed)")
-            else:
-                outcome = Outcome("error", error=f"sandbox worker died (exit {worker.proc.returncode})")
-            outcome.run_s = run_s
-            return self._count(outcome)
-        return self._count(_outcome(answer, limits, run_s))
+            outcome = Outcome("error", error="the sandbox was closed while the action ran")
+        elif answer is not None:
+            outcome = _outcome(answer, limits)
+        elif run_s >= limits.wall_s:
+            outcome = Outcome("timeout", error=f"wall-clock limit of {limits.wall_s:g} s (worker killed)")
+        else:
+            outcome = Outcome("error", error=f"sandbox worker died (exit {worker.proc.returncode})")
+        outcome.run_s = run_s
+        return self._count(outcome)
 
     async def close(self) -> None:
         """Kill every worker and every process of their actions; wait until they are gone."""
         self._closed = True
         self._target = 0
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_exception(SandboxError("the sandbox is closed"))
+        self._fail_waiters(SandboxError("the sandbox is closed"))
         workers = list(self._workers)
         for w in workers:
             w.retiring = True
@@ -282,7 +241,10 @@ class PythonSandbox:
         self._workers.clear()
         self._idle.clear()
 
-    # -- pool bookkeeping --
+    def _fail_waiters(self, error: SandboxError) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(error)
 
     def _count(self, outcome: Outcome) -> Outcome:
         self.counts[outcome.status] += 1
@@ -315,7 +277,7 @@ class PythonSandbox:
         if worker.dead or worker.retiring or worker not in self._workers:
             return  # the watcher replaces or forgets it
         if self.units > self._target:
-            self._background(self._retire(worker))
+            self._tasks.spawn(self._retire(worker))
             return
         while self._waiters:
             fut = self._waiters.pop(0)
@@ -324,15 +286,6 @@ class PythonSandbox:
                 return
         self._idle.append(worker)
 
-    def _background(self, coro: Any) -> None:
-        self._tasks.spawn(coro)
-
-    def _fail_waiters_if_empty(self, reason: str) -> None:
-        if not self._workers and not self._starting:
-            for fut in self._waiters:
-                if not fut.done():
-                    fut.set_exception(SandboxError(reason))
-
     async def _spawn(self, replacing: bool = False) -> None:
         self._starting += 1
         try:
@@ -340,49 +293,45 @@ class PythonSandbox:
         except BaseException:  # cancelled too: the count and the waiters are put right, then it propagates
             self.counts["worker_start_failed"] += 1
             self._starting -= 1
-            self._fail_waiters_if_empty("sandbox workers fail to start")
+            if not self._workers and not self._starting:
+                self._fail_waiters(SandboxError("sandbox workers fail to start"))
             raise
         self._starting -= 1
         self._workers.add(worker)
         self.counts["worker_started"] += 1
         if replacing:
             self.counts["worker_replaced"] += 1
-        self._background(self._watch(worker))
+        self._tasks.spawn(self._watch(worker))
         self._release(worker)
 
     async def _start_worker(self) -> _Worker:
-        uid, lock = claim_uid() if self._root else (None, None)
+        uid, lock = host.claim_uid() if self._root else (None, None)
         base = None
         if self.mode == "rlimit":
             base = tempfile.mkdtemp(prefix="swarmrl-sandbox-")
             os.chmod(base, 0o711)  # the dropped uid must reach its job dir inside
-        config: dict[str, Any] = {"uid": uid, "base": base or "/tmp", "preload": list(self.preload)}
-        config["guard"] = self.mode == "rlimit"
-        config["guard_net"] = self.mode == "rlimit" and "--net" not in self._prefix
+        rlimit = self.mode == "rlimit"
         # rlimit mode, root, own mount namespace: the zygote hides dirs the dropped uid cannot
         # traverse (e.g. /root holding a pyenv) under a tmpfs with the interpreter bound back.
-        mount_ns = self.mode == "rlimit" and self._root and "--mount-proc" in self._prefix
-        config["rebind"] = rebinds(self.python, tmp=False) if mount_ns else {}
+        mount_ns = rlimit and self._root and "--mount-proc" in self._prefix
+        config = {
+            "uid": uid, "base": base or "/tmp", "preload": list(self.preload), "guard": rlimit,
+            "guard_net": rlimit and "--net" not in self._prefix,
+            "rebind": host.rebinds(self.python, tmp=False) if mount_ns else {},
+        }  # fmt: skip
         argv = [*self._prefix, self.python, "-m", _WORKER_MODULE, json.dumps(config)]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=worker_env(),
-                cwd=base or "/",
-                start_new_session=True,
-                limit=16 << 20,
-            )
+                *argv, stdin=PIPE, stdout=PIPE, stderr=PIPE, env=host.worker_env(), cwd=base or "/",
+                start_new_session=True, limit=16 << 20,
+            )  # fmt: skip
         except BaseException:  # cancelled too: its uid lock and base dir are freed, then it propagates
             if lock is not None:
                 os.close(lock)
             if base:
-                rmtree(base)
+                host.rmtree(base)
             raise
-        worker = _Worker(proc, uid, lock, base)
-        worker.reap_tree = self.mode == "rlimit" and "--pid" not in self._prefix
+        worker = _Worker(proc, uid, lock, base, reap_tree=rlimit and "--pid" not in self._prefix)
         try:
             await self._wait_ready(worker)
         except BaseException:  # cancelled too: the half-started worker is killed, then it propagates
@@ -395,19 +344,15 @@ class PythonSandbox:
     async def _wait_ready(self, worker: _Worker) -> None:
         proc = worker.proc
         assert proc.stdout is not None and proc.stderr is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
-            worker.info = json.loads(line) if line else {}
-        except (TimeoutError, ValueError):
-            worker.info = {}
-        if worker.info.get("ready") is not True:
+        info: Any = {}
+        with contextlib.suppress(TimeoutError, ValueError):
+            info = json.loads(await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S) or "{}")
+        if not isinstance(info, dict) or info.get("ready") is not True:
             worker.kill()
             err = b""
             with contextlib.suppress(TimeoutError):
                 err = await asyncio.wait_for(proc.stderr.read(4000), 5)
-            raise SandboxError(
-                f"sandbox worker did not start ({worker.info or 'no answer'}): {err.decode()!r}"
-            )
+            raise SandboxError(f"sandbox worker did not start ({info or 'no answer'}): {err.decode()!r}")
 
     async def _watch(self, worker: _Worker) -> None:
         assert worker.proc.stderr is not None
@@ -438,34 +383,32 @@ class PythonSandbox:
             await worker.proc.wait()
 
     def _cleanup(self, worker: _Worker) -> None:
-        if self.mode == "rlimit" and worker.uid is not None and "--pid" not in self._prefix:
-            self.counts["leftover_processes"] += kill_uid(worker.uid)
+        if worker.reap_tree and worker.uid is not None:
+            self.counts["leftover_processes"] += host.kill_uid(worker.uid)
             worker.uid = None
         if worker.base:
-            rmtree(worker.base)
+            host.rmtree(worker.base)
             worker.base = None
         if worker.lock is not None:
             os.close(worker.lock)  # only now: its uid's leftovers are gone
             worker.lock = None
 
 
-def _outcome(answer: dict[str, Any], limits: SandboxLimits, run_s: float) -> Outcome:
+def _outcome(answer: dict[str, Any], limits: SandboxLimits) -> Outcome:
     result = {k: answer.get(k) for k in ("stdout", "stderr", "exit_code", "signal", "cpu_s", "truncated")}
     result["leftover_processes"] = answer.get("leftovers", 0)
-    cause = answer.get("cause")
-    result["cause"] = cause
-    messages = {
-        "timeout": f"wall-clock limit of {limits.wall_s:g} s",
+    cause = result["cause"] = answer.get("cause")
+    limit = {
         "cpu": f"CPU time limit of {math.ceil(limits.cpu_s)} s",
         "memory": f"memory limit of {limits.mem_mb} MB",
         "nproc": f"process limit of {limits.nproc} processes",
     }
     if cause == "timeout":
-        return Outcome("timeout", result, messages["timeout"], run_s)
-    if cause in messages:
-        return Outcome("killed", result, f"killed: {messages[cause]}", run_s)
+        return Outcome("timeout", result, f"wall-clock limit of {limits.wall_s:g} s")
+    if cause in limit:
+        return Outcome("killed", result, f"killed: {limit[cause]}")
     if cause == "signal":
-        return Outcome("killed", result, f"killed by {answer.get('signal')}", run_s)
+        return Outcome("killed", result, f"killed by {answer.get('signal')}")
     if cause == "setup":
-        return Outcome("error", result, f"sandbox setup failed: {answer.get('detail')}", run_s)
-    return Outcome("ok", result, "", run_s)
+        return Outcome("error", result, f"sandbox setup failed: {answer.get('detail')}")
+    return Outcome("ok", result)

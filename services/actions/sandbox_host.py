@@ -1,6 +1,6 @@
 """The host side of the code sandbox (`sandbox.py`): which isolation works on this machine, the command
-a worker starts under (bubblewrap's, `unshare`'s or none), the uids its actions run as, and cleaning
-up after them from /proc. Pure functions of the machine; no NATS here."""
+a worker starts under (bubblewrap's, `unshare`'s or none), the uids its actions run as, and killing
+what they leave behind (from /proc)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 UID_BASE = 62000
-"""When the manager runs as root, each unit's actions run as a uid of their own from here (skipping
-uids /etc/passwd names), claimed host-wide with a lock file held while the unit lives, so
-RLIMIT_NPROC (counted per uid) and the cleanup by uid never mix two units, even of two services."""
+"""As root, each unit's actions run as a uid of their own from here (not one /etc/passwd names),
+locked host-wide while the unit lives: RLIMIT_NPROC and the cleanup by uid never mix two units."""
 UID_COUNT = 4096
 UID_LOCK_DIRS = ("/run/swarmrl-sandbox", os.path.join(tempfile.gettempdir(), "swarmrl-sandbox-uids"))
 TMPFS_MB = 256
-"""bwrap mode: size of a worker's private /tmp (its actions' work dirs), RAM-backed; RLIMIT_FSIZE only
-bounds one file, this bounds them all."""
+"""bwrap mode: size of a worker's private, RAM-backed /tmp (RLIMIT_FSIZE only bounds one file)."""
 _PATHS_QUERY = (
     "import importlib.util, json, sys\n"
     "paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *sys.path]\n"
@@ -42,11 +42,11 @@ class SandboxError(RuntimeError):
 
 
 PROBE_CODE = ("-c", "print('ok')")
-"""What a probe runs under an isolation to see that it works (`probe`)."""
 
 
 @functools.cache
 def probe(argv: tuple[str, ...]) -> bool:
+    """Does `argv` (an isolation, `python` and `PROBE_CODE`) run here?"""
     try:
         done = subprocess.run(argv, capture_output=True, timeout=20, check=False, env=worker_env())
     except (OSError, subprocess.SubprocessError):
@@ -87,34 +87,31 @@ def rebinds(python: str, tmp: bool) -> dict[str, list[str]]:
     }
 
 
+def dirs_between(top: str, path: str) -> list[str]:
+    """The directories strictly between `top` and `path` (which is below it), outermost first."""
+    out = []
+    while (path := os.path.dirname(path)) not in (top, "/"):
+        out.append(path)
+    return out[::-1]
+
+
 def bwrap_argv(bwrap: str, python: str) -> list[str]:
-    # A read-only view of the host; hidden tops become empty tmpfs with only the interpreter's
-    # paths bound back (read-only), so the dropped uid can import and /root's secrets stay hidden.
+    """A read-only view of the host; hidden tops become empty tmpfs with only the interpreter's paths
+    bound back, so the dropped uid can import and /root's secrets stay hidden."""
     argv = [bwrap, "--ro-bind", "/", "/"]
     for top, paths in rebinds(python, tmp=True).items():
         size = ["--size", str(TMPFS_MB << 20)] if top == "/tmp" else []
         argv += ["--perms", "0755", *size, "--tmpfs", top]
         made = {top}
         for path in paths:
-            parent = os.path.dirname(path)
-            missing = []
-            while parent not in made:  # bwrap would make them 0700: unreachable after the uid drop
-                missing.append(parent)
-                parent = os.path.dirname(parent)
-            for d in reversed(missing):
-                argv += ["--perms", "0755", "--dir", d]
-                made.add(d)
+            for d in dirs_between(top, path):
+                if d not in made:  # bwrap would make it 0700: unreachable after the uid drop
+                    argv += ["--perms", "0755", "--dir", d]
+                    made.add(d)
             argv += ["--ro-bind", path, path]
     argv += ["--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1"]
     return [*argv, "--chdir", "/tmp", "--"]
-
-
-def unshare_prefixes(unshare: str) -> list[list[str]]:
-    pid_ns = ["--pid", "--fork", "--kill-child", "--mount-proc"]
-    if os.geteuid() == 0:
-        return [[unshare, "--net", *pid_ns], [unshare, "--net"]]
-    return [[unshare, "--user", "--net", *pid_ns], [unshare, "--user", "--net"]]
 
 
 def launch_prefix(mode: str, python: str) -> list[str]:
@@ -125,7 +122,10 @@ def launch_prefix(mode: str, python: str) -> list[str]:
             raise SandboxError("mode 'bwrap' asked for, but no bwrap on PATH (Debian package bubblewrap)")
         return bwrap_argv(bwrap, python)
     unshare = shutil.which("unshare")
-    for prefix in unshare_prefixes(unshare) if unshare else []:
+    if not unshare:
+        return []
+    net = [unshare, "--net"] if os.geteuid() == 0 else [unshare, "--user", "--net"]
+    for prefix in ([*net, "--pid", "--fork", "--kill-child", "--mount-proc"], net):
         if probe((*prefix, python, *PROBE_CODE)):
             return prefix
     return []
@@ -185,28 +185,36 @@ def claim_uid() -> tuple[int, int]:
     raise SandboxError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
 
 
-def kill_uid(uid: int) -> int:
-    """Kill every host process of `uid` (the manager is root): leftovers of a worker killed while
-    its action ran, where no pid namespace took them down with it."""
-    killed = 0
-    for _ in range(50):
-        pids = [pid for pid in proc_pids() if proc_uid(pid) == uid]
+def kill_all(find: Callable[[], Collection[int]], rounds: int = 50, pause_s: float = 0.0) -> int:
+    """SIGKILL what `find` lists until it lists nothing (at most `rounds` times); how many it killed."""
+    killed: set[int] = set()
+    for _ in range(rounds):
+        pids = find()
         if not pids:
             break
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
-    return killed
+                killed.add(pid)
+        time.sleep(pause_s)
+    return len(killed)
 
 
-def process_tree(root: int) -> set[int]:
-    """`root` and its descendants, from /proc."""
+def kill_uid(uid: int) -> int:
+    """Kill every host process of `uid` (as root): what a killed worker's action left where no pid
+    namespace took it down with the worker."""
+    return kill_all(lambda: [pid for pid in proc_pids() if proc_status(pid, "Uid") == uid])
+
+
+def process_tree(root: int, live: bool = False) -> set[int]:
+    """`root` and its descendants, from /proc (`live`: zombies left out)."""
     parents = {}
     for pid in proc_pids():
         with contextlib.suppress(OSError, IndexError, ValueError):
             with open(f"/proc/{pid}/stat", "rb") as f:
-                parents[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
+                state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+            if not live or state != b"Z":
+                parents[pid] = int(ppid)
     found = {root}
     while grown := {pid for pid, ppid in parents.items() if ppid in found and pid not in found}:
         found |= grown
@@ -217,20 +225,18 @@ def proc_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def proc_uid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
+def proc_status(pid: int, field: str) -> int | None:
+    """The (first) number of a field of /proc/<pid>/status (`Uid`, `Threads`); None if it is gone."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(field.encode() + b":"):
+                return int(line.split()[1])
     return None
 
 
 def rmtree(path: str) -> None:
-    """Remove a worker's base dir, also where the code took permissions off its own subdirs
-    (only matters when not root). Never touches anything above `path`."""
+    """Remove a worker's base dir, also where the code took permissions off its own subdirs (not
+    root). Never touches anything above `path`."""
     if not os.path.isdir(path):
         return
     root = os.path.realpath(path)

@@ -1,20 +1,17 @@
-"""The sandbox worker ("zygote"): runs inside the isolation, one action at a time.
+"""The sandbox worker ("zygote"), started by `sandbox.PythonSandbox` inside the isolation as
+`python -m swarmrl.services.actions.sandbox_zygote CONFIG`. After a first {"ready": true} line it
+reads jobs ({"code", "stdin", "limits"}), one JSON line each on stdin, and answers each with one
+JSON line on stdout; its own stderr carries only its own failures.
 
-Started by `sandbox.PythonSandbox` as `python -m swarmrl.services.actions.sandbox_zygote CONFIG`.
-Consumes jobs, one JSON line each on stdin ({"code", "stdin", "limits"}); publishes one JSON line
-per job on stdout (stdout, stderr, exit_code, signal, cpu_s, truncated, cause, leftovers), after a
-first {"ready": true} line. Its own stderr carries only its own failures.
-
-Per job it forks a child that: starts its own session, makes a fresh work dir and chdirs there,
-applies RLIMIT_CPU/AS/NPROC/FSIZE/CORE, drops to the unit's uid when root, sets no_new_privs, in
-rlimit mode installs audit hooks (writes outside the work dir, sockets, new programs), then execs
-the code in a fresh `__main__`. The zygote enforces the wall clock and kills the child's whole
-tree (everything else in its pid namespace, or all its descendants) before it answers.
+Per job it forks a child that makes a fresh work dir, applies rlimits, drops to the unit's uid
+(as root), sets no_new_privs, in rlimit mode installs an audit hook, then runs the code in a fresh
+`__main__`. The zygote enforces the wall clock and kills the child's whole tree before it answers.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import ctypes
 import errno
 import importlib
@@ -33,26 +30,19 @@ import traceback
 import types
 from typing import Any
 
+from swarmrl.services.actions.sandbox_host import dirs_between, kill_all, proc_pids, proc_status, process_tree
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _M_ARENA_MAX = -8
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC = 1, 32, 4096, 8192, 16384
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PATH_EVENTS = {  # audit event -> indexes of the path arguments it writes
-    "os.mkdir": (0,),
-    "os.remove": (0,),
-    "os.rmdir": (0,),
-    "os.rename": (0, 1),
-    "os.replace": (0, 1),
-    "os.link": (1,),
-    "os.symlink": (1,),
-    "os.truncate": (0,),
-    "os.chmod": (0,),
-    "os.chown": (0,),
-    "os.utime": (0,),
-    "os.mkfifo": (0,),
-    "os.mknod": (0,),
+_PATH_EVENTS: dict[str, tuple[int, ...]] = {  # audit event -> indexes of the path arguments it writes
+    **dict.fromkeys(("os.mkdir", "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.chown"), (0,)),
+    **dict.fromkeys(("os.utime", "os.mkfifo", "os.mknod"), (0,)),
+    **dict.fromkeys(("os.rename", "os.replace"), (0, 1)),
+    **dict.fromkeys(("os.link", "os.symlink"), (1,)),
 }
 _EXEC_EVENTS = ("os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "pty.spawn")
 _CTYPES_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function")
@@ -99,7 +89,7 @@ def _rebind(tops: dict[str, list[str]], base: str) -> None:
             staged.append((stage, path))
         _mount("tmpfs", top, "tmpfs", 0, "mode=0755")
         for stage, path in staged:
-            for d in reversed([p for p in _parents(path) if p.startswith(top + "/")]):
+            for d in dirs_between(top, path):
                 if not os.path.isdir(d):
                     os.mkdir(d)
                     os.chmod(d, 0o755)
@@ -107,13 +97,6 @@ def _rebind(tops: dict[str, list[str]], base: str) -> None:
             _mount(stage, path, None, _MS_MOVE)
             _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
             os.rmdir(stage)
-
-
-def _parents(path: str) -> list[str]:
-    out = []
-    while (path := os.path.dirname(path)) != "/":
-        out.append(path)
-    return out
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -129,27 +112,23 @@ def _send(out: Any, message: dict[str, Any]) -> None:
 
 
 def _run_job(job: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    limits = job["limits"]
-    base = config["base"]
-    workdir = tempfile.mkdtemp(prefix="job-", dir=base)
-    fd, stdin_path = tempfile.mkstemp(prefix="stdin-", dir=base)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(job["stdin"])
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    info_r, info_w = os.pipe()
+    workdir = tempfile.mkdtemp(prefix="job-", dir=config["base"])
+    stdin = tempfile.TemporaryFile(dir=config["base"])
+    stdin.write(job["stdin"].encode())
+    stdin.seek(0)
+    (out_r, out_w), (err_r, err_w), (info_r, info_w) = (os.pipe() for _ in range(3))
     began = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(job["code"], workdir, stdin_path, limits, config, (out_w, err_w, info_w))
+        _child(job, workdir, config, (stdin.fileno(), out_w, err_w, info_w))
+    stdin.close()
     for w in (out_w, err_w, info_w):
         os.close(w)
     try:
-        answer = _watch(pid, limits, began, {out_r: "stdout", err_r: "stderr", info_r: "info"})
+        answer = _watch(pid, job["limits"], began, {out_r: "stdout", err_r: "stderr", info_r: "info"})
     finally:
         for r in (out_r, err_r, info_r):
             os.close(r)
-        os.unlink(stdin_path)
         shutil.rmtree(workdir, ignore_errors=True)
     return answer
 
@@ -165,40 +144,33 @@ def _watch(pid: int, limits: dict[str, Any], began: float, streams: dict[int, st
     pidfd = os.pidfd_open(pid)
     sel.register(pidfd, selectors.EVENT_READ)
 
-    def read(fd: int) -> bool:
+    def read(fd: int) -> None:
         nonlocal truncated
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return True
+            return
         if not chunk:
             sel.unregister(fd)
-            return False
+            return
         buf = data[streams[fd]]
         room = cap - len(buf)
         truncated |= len(chunk) > room
         buf += chunk[: max(room, 0)]
-        return True
 
     deadline = began + float(limits["wall_s"])
-    timed_out = False
     exited = False
-    while not exited:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            break
+    while not exited and (left := deadline - time.monotonic()) > 0:
         for key, _ in sel.select(left):
             if key.fd == pidfd:
                 exited = True
             else:
                 read(int(key.fd))
+    timed_out = not exited
     if timed_out:
         for kill in (os.killpg, os.kill):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     _, status, usage = os.wait4(pid, 0)
     sel.unregister(pidfd)
     os.close(pidfd)
@@ -237,92 +209,52 @@ def _watch(pid: int, limits: dict[str, Any], began: float, streams: dict[int, st
     }
 
 
-def _descendants() -> list[int]:
-    """Live processes below us (excluding zombies, which are reaped instead)."""
+def _descendants() -> set[int]:
+    """Live processes below us (everything else in our own pid namespace); zombies are reaped."""
     me = os.getpid()
     if me != 1:
         try:
             with open(f"/proc/{me}/task/{me}/children", "rb") as f:
                 if not f.read().strip():
-                    return []
+                    return set()
         except OSError:
             pass  # no CONFIG_PROC_CHILDREN: scan everything
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != b"Z":
-            parents[int(name)] = int(fields[1])
-    if me == 1:  # our own pid namespace: everything but us is the code's
-        return [p for p in parents if p != 1]
-    found = []
-    for pid in parents:
-        p = pid
-        for _ in range(64):
-            p = parents.get(p, 0)
-            if p == me:
-                found.append(pid)
-                break
-            if p <= 1:
-                break
-    return found
+    return process_tree(me, live=True) - {me}
 
 
 def _kill_tree(main_child: int | None) -> int:
     """SIGKILL until nothing of the code's is left; returns how many leftovers it killed."""
-    killed: set[int] = set()
-    for _ in range(200):
+
+    def leftovers() -> set[int]:
         _reap()
-        pids = [p for p in _descendants() if p != main_child]
-        if not pids:
-            break
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-                killed.add(p)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.001)
+        return _descendants() - {main_child}
+
+    killed = kill_all(leftovers, rounds=200, pause_s=0.001)
     _reap()
-    return len(killed)
+    return killed
 
 
 def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
-# ---- in the forked child ----
-
-
-def _child(
-    code: str,
-    workdir: str,
-    stdin_path: str,
-    limits: dict[str, Any],
-    config: dict[str, Any],
-    fds: tuple[int, int, int],
-) -> None:
-    out_w, err_w, info_w = fds
+def _child(job: dict[str, Any], workdir: str, config: dict[str, Any], fds: tuple[int, ...]) -> None:
+    """In the forked child: set up the process (`fds` become its stdin, stdout, stderr and fd 3, the
+    zygote's info pipe) and run the code; never returns."""
+    info = fds[3]
     try:
         os.setsid()
-        _setup_fds(stdin_path, out_w, err_w, info_w)
-        info_w = 3
+        for dst, src in enumerate(fds):
+            os.dup2(src, dst)
+        os.closerange(4, 1 << 16)
+        info = 3
         uid = config["uid"]
         if uid is not None:
             os.chown(workdir, uid, uid)
         os.chdir(workdir)
-        _apply_limits(limits, uid)
+        _apply_limits(job["limits"], uid)
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -342,16 +274,9 @@ def _child(
         if config["guard"]:
             sys.addaudithook(_guard(os.path.realpath(workdir), config["guard_net"]))
     except BaseException as e:  # any failure: the child reports it and exits, never returns to the loop
-        os.write(info_w, f"setup:{e!r}".encode())
+        os.write(info, f"setup:{e!r}".encode())
         os._exit(125)
-    os._exit(_exec(code, main_module.__dict__))
-
-
-def _setup_fds(stdin_path: str, out_w: int, err_w: int, info_w: int) -> None:
-    stdin_fd = os.open(stdin_path, os.O_RDONLY)
-    for src, dst in ((stdin_fd, 0), (out_w, 1), (err_w, 2), (info_w, 3)):
-        os.dup2(src, dst)
-    os.closerange(4, 1 << 16)
+    os._exit(_exec(job["code"], main_module.__dict__))
 
 
 def _apply_limits(limits: dict[str, Any], uid: int | None) -> None:
@@ -362,7 +287,9 @@ def _apply_limits(limits: dict[str, Any], uid: int | None) -> None:
     nproc = int(limits["nproc"])
     if uid is None:
         # Not root: RLIMIT_NPROC counts all tasks of our uid, so allow ours plus the budget.
-        nproc += _tasks_of(os.getuid())
+        nproc += sum(
+            proc_status(p, "Threads") or 0 for p in proc_pids() if proc_status(p, "Uid") == os.getuid()
+        )
     for which, value in (
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_CPU, cpu),
@@ -372,21 +299,6 @@ def _apply_limits(limits: dict[str, Any], uid: int | None) -> None:
     ):
         hard = value + 1 if which == resource.RLIMIT_CPU else value  # SIGXCPU first, SIGKILL 1 s later
         resource.setrlimit(which, (value, hard))
-
-
-def _tasks_of(uid: int) -> int:
-    count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", "rb") as f:
-                fields = dict(line.split(b":", 1) for line in f if b":" in line)
-            if int(fields[b"Uid"].split()[0]) == uid:
-                count += int(fields[b"Threads"])
-        except (OSError, KeyError, ValueError):
-            continue
-    return count
 
 
 def _guard(workdir: str, block_net: bool) -> Any:
@@ -443,10 +355,8 @@ def _exec(code: str, namespace: dict[str, Any]) -> int:
         if t is not threading.main_thread() and not t.daemon:
             t.join()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(BaseException):  # the code's streams may fail any way: its status stands
             stream.flush()
-        except BaseException:  # the code's streams may fail to flush any way: the exit status stands
-            pass
     return status & 0xFF
 
 

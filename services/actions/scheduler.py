@@ -1,53 +1,18 @@
-"""Action scheduler: which waiting action starts now, and how many units each pool holds (pure, no NATS).
+"""Action scheduler (pure, no NATS): which waiting action starts now, and how many units each pool holds.
 
-Consumes `Action`s (`submit`), finished runs (`finish`) and ended trajectories (`end_trajectory`);
-produces the actions to start (`dispatch`) and the pool sizes the service should keep (`pool_size`).
-Every call takes the clock as `now`, so the same code runs in the service (monotonic seconds) and in
-the simulator (virtual seconds, `simulate.py`). A `now` earlier than one already seen is clamped.
+Every call takes the clock as `now` (monotonic seconds in the service, virtual ones in the simulator,
+`tests/support/actions_simulate.py`); a `now` earlier than one already seen is clamped. The policies
+(`policies.py`, chosen by name) share what is here:
 
-Policies (`POLICIES`, chosen by name):
+- Waiting actions queue per resource (`accel` if they ask for any, else `cpu`), so a judge call never
+  waits behind a code run. Pools start empty; a new unit or `static` bundle is usable `start_s` later.
+- Memory is one budget: the `mem_mb` of running actions never exceeds `mem_budget_mb`.
+- An action may have several independent `parts` (a test suite's cases), each on the action's
+  demand: the next part starts on the units the last one held; `elastic` may also start parts on
+  spare units, which a part that ends while others run gives back. `dispatch` lists every part.
 
-- `static`, the common practice: a trajectory takes its own bundle of units (`static_bundle`, by
-  default the demand of its first action with at least one cpu) at its first action and keeps it,
-  idle through the LLM's think time, until `end_trajectory`. Its actions run one at a time in it.
-  Trajectories wait, first come first served, while the pool has no room for a bundle. An action
-  bigger than its bundle makes the trajectory give the bundle back and queue again for a bundle
-  covering both: taking a whole bundle at once (never holding some units while waiting for more)
-  means two trajectories can never wait on each other.
-- `fifo`: one shared pool of `ceiling` units, allocated from the first submit on. Actions start in
-  arrival order; an action that needs k units waits for k free ones and everything behind it waits.
-- `elastic` (action-level orchestration): the pool holds between `floor` and `ceiling` units. It
-  grows when the units waiting actions ask for exceed the free and starting units (a new unit is
-  usable `start_s` after it is added: the warm-up of a sandbox worker) and gives back units idle for
-  `idle_s`. Waiting actions start in order of `key = submitted + aging_s * p / (p + PRED_SCALE_S)`
-  where `p` is the predicted run time (`Predictor`, fixed at submit so the order is a heap). Shorter
-  predictions go first; waiting counts too, since the key adds at most `aging_s` to the arrival
-  time: no action is ever ordered behind one that arrived more than `aging_s` after it, so nothing
-  starves. The first waiting action in that order that does not fit (say it needs 2 cpus and 1 is
-  free) reserves its whole demand; the ones after it may only use what is left over (backfill), so
-  a stream of small actions cannot keep a big one out. Growth counts units only (not memory).
-
-An action may have several independent `parts` (a test suite's cases), each needing the action's
-demand. `static` and `fifo` run them one after another on the units the action holds (the common
-practice: a suite runs in its sandbox). `elastic` also gives spare units to running actions with
-parts left, after every waiting action had its turn and without touching a reservation, least
-predicted remaining work first, and grows the pool for them; a part that ends while other parts
-of its action still run gives its units back, so the extra units of an action shrink at part
-boundaries when others need them (it always keeps the units of its last running part).
-`dispatch` lists an action once per part started.
-
-Waiting actions are queued per resource (`accel` if the action asks for any, else `cpu`), so a
-judge call never waits behind a code run. Memory is one budget for the whole scheduler: the
-`mem_mb` of running actions never exceeds `mem_budget_mb` (a `static` bundle holds units, not
-memory). Pools start empty; `fifo` allocates its ceiling and `elastic` its floor at the first
-submit. Every new unit, and every new `static` bundle, pays `start_s` before it is usable.
-
-Invariants: for every resource, busy <= allocated <= ceiling (and, elastic, allocated >= floor once
-started); an action starts only when all its units and its memory are free; units that are starting
-count as allocated (they are paid for) but not as free.
-
-Files: `pools.py` (limits, unit pools, meters, the predictor), `policies.py` (the three policies),
-this one (`Scheduler`, what the service and the simulator call).
+Invariants: per resource, busy <= allocated <= ceiling (elastic: allocated >= floor once started);
+an action starts only when all its units and memory are free; starting units are allocated, not free.
 """
 
 from __future__ import annotations
@@ -85,9 +50,8 @@ class Scheduler:
         self.waiting: dict[str, Action] = {}
         self.running: dict[str, Action] = {}
         self.unstarted: dict[str, Action] = {}
-        """Running actions with parts not started yet."""
+        """Running actions with parts not started yet, and the units those parts ask for."""
         self.unstarted_units = {r: 0 for r in RESOURCES}
-        """The units their parts not started yet ask for."""
         self.again: list[Action] = []
         """Parts that start on their action's units at the next `dispatch`."""
         self.waiting_by_trajectory: dict[str, set[str]] = {}
@@ -97,8 +61,6 @@ class Scheduler:
         self.policy: Policy = POLICIES[policy](self)
         if static_bundle is not None:
             self.check_fits(static_bundle, "static_bundle")
-
-    # -- the service's (and the simulator's) calls --
 
     def submit(self, action: Action, now: float) -> None:
         """Queue `action`; raises ValueError (naming the values) if it can never run here."""
@@ -119,17 +81,15 @@ class Scheduler:
         self.policy.submit(action, now)
 
     def dispatch(self, now: float) -> list[Action]:
-        """The parts to start now, one entry per part (an action's first part starts the action);
-        their units and memory are taken."""
+        """The parts to start now, one entry per part; their units and memory are taken."""
         now = self._advance(now)
         out, self.again = self.again, []
         return out + self.policy.dispatch(now)
 
     def finish(self, action_id: str, now: float, run_s: float, ok: bool = True) -> bool:
-        """A part of `action_id` ended after running `run_s` seconds; True if that was the action's
-        last. Its next part, if it has one and no other part runs, starts on the same units at the
-        next `dispatch`; otherwise the part's units are freed. A finished action whose parts all
-        ran ok teaches the predictor (a failed one may have stopped early, or hit its time limit)."""
+        """A part of `action_id` ended; True if that was the action's last. Its next part, if no
+        other part runs, starts on the same units at the next `dispatch`. An action whose parts all
+        ran ok teaches the predictor (a failed one may have stopped early)."""
         now = self._advance(now)
         action = self.running.get(action_id)
         if action is None or action.running_parts < 1:
@@ -154,13 +114,11 @@ class Scheduler:
         return True
 
     def end_trajectory(self, trajectory: str, now: float) -> list[Action]:
-        """The trajectory is over: `static` gives its bundle back (once its running action, if
-        any, finishes). Its actions still waiting are dropped and returned; a running suite of it
-        starts no more parts: the ones running finish it, as failed)."""
+        """The trajectory is over: its waiting actions are dropped and returned, a running suite of it
+        starts no more parts (it finishes as failed), and `static` gives its bundle back."""
         now = self._advance(now)
         for action in [a for a in self.unstarted.values() if a.trajectory == trajectory]:
-            for r in RESOURCES:
-                self.unstarted_units[r] -= action.demand.units(r) * action.parts_left
+            self._unstarted(action, -action.parts_left)
             action.stopped = action.failed = True
             del self.unstarted[action.id]
         dropped = [self.waiting.pop(i) for i in sorted(self.waiting_by_trajectory.pop(trajectory, set()))]
@@ -172,8 +130,7 @@ class Scheduler:
         return self.policy.allocated(resource)
 
     def next_event(self, now: float) -> float | None:
-        """The earliest later time at which something changes with no other call (a unit or bundle
-        becomes usable, an idle unit is given back); None if nothing is pending."""
+        """The next time something changes with no other call (a unit ready, an idle unit given back)."""
         self._advance(now)
         return self.policy.next_event()
 
@@ -196,18 +153,14 @@ class Scheduler:
             out[f"{r}_utilisation"] = busy_s / allocated_s if allocated_s > 0 else 0.0
         return out
 
-    # -- helpers for the policies --
-
     def check_fits(self, demand: Demand, what: str) -> None:
         if demand.mem_mb > self.mem_budget_mb:
             raise ValueError(
                 f"{what} needs {demand.mem_mb} MB, more than the memory budget of {self.mem_budget_mb} MB"
             )
         for r in RESOURCES:
-            if demand.units(r) > self.pools[r].ceiling:
-                raise ValueError(
-                    f"{what} needs {demand.units(r)} {r} units, more than the {r} pool's ceiling of {self.pools[r].ceiling}"
-                )
+            if (n := demand.units(r)) > (ceiling := self.pools[r].ceiling):
+                raise ValueError(f"{what} needs {n} {r} units, more than the {r} pool's ceiling of {ceiling}")
 
     def is_waiting(self, action: Action) -> bool:
         """False once the action was dropped (queues forget dropped actions lazily)."""
@@ -224,8 +177,7 @@ class Scheduler:
         if not ids:
             del self.waiting_by_trajectory[action.trajectory]
         self.running[action.id] = action
-        for r in RESOURCES:
-            self.unstarted_units[r] += action.demand.units(r) * action.parts
+        self._unstarted(action, action.parts)
         self.start_part(action)
 
     def start_part(self, action: Action, again: bool = False) -> None:
@@ -233,8 +185,7 @@ class Scheduler:
         the next `dispatch`), or on units the policy just took for it."""
         action.started_parts += 1
         action.running_parts += 1
-        for r in RESOURCES:
-            self.unstarted_units[r] -= action.demand.units(r)
+        self._unstarted(action, -1)
         if action.parts_left:
             self.unstarted[action.id] = action
         else:
@@ -244,6 +195,10 @@ class Scheduler:
             return
         self.mem_used_mb += action.demand.mem_mb
         assert self.mem_used_mb <= self.mem_budget_mb, (self.mem_used_mb, self.mem_budget_mb)
+
+    def _unstarted(self, action: Action, parts: int) -> None:
+        for r in RESOURCES:
+            self.unstarted_units[r] += action.demand.units(r) * parts
 
     def _advance(self, now: float) -> float:
         now = max(now, self.t)

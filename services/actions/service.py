@@ -5,15 +5,9 @@ by workers, results back to the asker and recorded (`swarm.metrics.action`, the 
        ▲                                                                           │ worker pulls
        └──── reply ◄── record ◄── Scheduler.finish ◄── swarm.actions.done.<id> ◄───┘ runs, publishes
 
-A python action with `cases` (a test suite) is released one work message per case (its parts:
-`code` then the case's code, in a fresh sandbox each), as the scheduler starts its parts; the
-answer has every case's result in order.
-
-Bad input (undecodable, unknown kind, oversized, a demand no pool can meet, someone else's episode)
-is answered with a `rejected` result and dead-lettered with its original bytes. A retried request
-(same episode and action id) gets the first run's result; a trajectory ends on the agent's `end`
-or after `trajectory_timeout_s` without actions. The elastic pool size the scheduler decides is
-applied to the local workers; remote workers (`swarmrl serve action-worker`) add announced units.
+A python action with `cases` (a test suite) is released one work message per case (`code` then the
+case's code); its answer has every case's result in order. Bad input is answered `rejected` and
+dead-lettered; a retried request (same episode and action id) gets the first run's result.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from nats.js import JetStreamContext
 from swarmrl.schemas import ActionRequest, ActionResult, WireError, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.config import KIND_RESOURCE, ActionsConfig
-from swarmrl.services.actions.model import Action, Demand
+from swarmrl.services.actions.model import Action, Demand, Status
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
 from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
 from swarmrl.services.common import bus
@@ -47,6 +41,7 @@ REMOTE_FORGET_S = 3.0
 """A remote worker is forgotten after this many of its heartbeat periods without one."""
 MAX_CASES = 256
 """Most cases (parts) of one python test-suite action."""
+NEVER_RAN = "the episode ended before it ran"
 
 
 def demand_of(req: ActionRequest) -> Demand:
@@ -57,25 +52,21 @@ def demand_of(req: ActionRequest) -> Demand:
 
 
 def cases_of(req: ActionRequest) -> list[str] | None:
-    """The test cases of a python suite action (checked: 1 to MAX_CASES strings); None if it has none."""
+    """The test cases of a python suite action (1 to MAX_CASES strings); None if it has none."""
     cases = req.payload.get("cases") if req.kind == "python" else None
-    if cases is None:
-        return None
-    if (
-        not isinstance(cases, list)
-        or not 1 <= len(cases) <= MAX_CASES
-        or not all(isinstance(c, str) for c in cases)
-    ):
+    valid = (
+        isinstance(cases, list) and 1 <= len(cases) <= MAX_CASES and all(isinstance(c, str) for c in cases)
+    )
+    if cases is not None and not valid:
         raise WireError("schema", f"python payload 'cases' must be a list of 1 to {MAX_CASES} code strings")
     return cases
 
 
 def _ids(data: bytes) -> dict[str, str]:
-    """The string ids of a rejected request, where it has them (for the caller's bookkeeping)."""
-    try:
+    """The string ids of a rejected request, where it has them."""
+    raw: Any = None
+    with contextlib.suppress(Exception):
         raw = msgpack.unpackb(data, raw=False)
-    except Exception:
-        return {}
     if not isinstance(raw, dict):
         return {}
     return {k: v[:128] for k in ("action_id", "episode_id", "kind") if isinstance(v := raw.get(k), str)}
@@ -95,11 +86,7 @@ class Pending:
     """When its first part was released (0: still waiting)."""
     units: int = 0
     released: int = 0
-    """Parts released so far."""
-    inflight: dict[str, tuple[int, float]] = field(default_factory=dict)
-    """Dispatch id -> (part, deadline) of each part released and not done."""
     done: dict[int, ActionResult] = field(default_factory=dict)
-    """Each finished part's result, by part."""
 
 
 @dataclass
@@ -127,19 +114,18 @@ class ActionsService:
         }
         self.scheduler = Scheduler(cfg.policy, pools, mem_budget_mb=cfg.mem_budget_mb, aging_s=cfg.aging_s)
         self.dead_letters = bus.DeadLetters(nc, "actions")
-        self.pending: dict[str, Pending] = {}  # "<episode>.<action>" -> request in flight
-        self.by_dispatch: dict[str, str] = {}  # dispatch id of a released part -> pending key
+        self.pending: dict[str, Pending] = {}  # by "<episode>.<action>"
+        self.inflight: dict[str, tuple[str, int, float]] = {}  # dispatch id -> pending key, part, deadline
         self.recent: OrderedDict[str, ActionResult] = OrderedDict()  # answered, for retries
-        self.last_action: dict[str, float] = {}  # trajectory -> monotonic time of its last action
+        self.last_action: dict[str, float] = {}  # trajectory -> time of its last action
         self.remotes: dict[str, Remote] = {}
         self.workers: dict[str, WorkerLoop] = {}
         self.counts = Counts()
         self._answering = Background()
-        self._recording = Background()  # action metrics being published (`record`)
+        self._recording = Background()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
 
-    # lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
         if self.cfg.local_workers:
             for kind, resource in KIND_RESOURCE.items():
@@ -177,7 +163,6 @@ class ActionsService:
         self._stop.set()
         self._wake.set()
 
-    # requests -------------------------------------------------------------------------------------
     async def _on_request(self, msg: Msg) -> None:
         owner = msg.subject.rsplit(".", 1)[-1]
         try:
@@ -200,9 +185,7 @@ class ActionsService:
         if (done := self.recent.get(key)) is not None:
             await self._reply(msg, done)
             return
-        pending = self.pending.get(key)
-        if pending is None:
-            pending = self._submit(req, owner, key)
+        pending = self.pending.get(key) or self._submit(req, owner, key)
         # Answer from a task: nats-py runs a subscription's callbacks one at a time, and this one
         # would otherwise hold every later request until this action is done.
         self._answering.spawn(self._answer(msg, pending))
@@ -247,13 +230,12 @@ class ActionsService:
 
     async def _reply(self, msg: Msg, result: ActionResult) -> None:
         if msg.reply:
-            with contextlib.suppress(Exception):  # the asker is gone: nothing to tell
+            with contextlib.suppress(Exception):  # the asker is gone
                 await msg.respond(encode(result))
 
-    # scheduling -----------------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
         while not self._stop.is_set():
-            # Cleared before the work, not after: a wake-up set while this pass awaits is kept.
+            # Cleared before the work: a wake-up set while this pass awaits is kept.
             self._wake.clear()
             now = time.monotonic()
             self._expire(now)
@@ -279,17 +261,16 @@ class ActionsService:
         pending.units = self.scheduler.pool_size(KIND_RESOURCE[action.kind])
         wall = min(pending.req.timeout_s or self.cfg.wall_s, self.cfg.max_wall_s)
         # After the deadline, a worker that died mid-run has had its redeliveries.
-        pending.inflight[dispatch_id] = (part, now + wall + 60.0)
-        self.by_dispatch[dispatch_id] = action.id
+        self.inflight[dispatch_id] = (action.id, part, now + wall + 60.0)
         update: dict[str, Any] = {"action_id": dispatch_id}
         if pending.cases is not None:
             payload = {k: v for k, v in pending.req.payload.items() if k != "cases"}
             payload["code"] = f"{payload.get('code', '')}\n{pending.cases[part]}"
             update["payload"] = payload
         work = pending.req.model_copy(update=update)
-        subject = S.action_run_subject(action.kind)
         try:
-            await self.js.publish(subject, encode(work), headers={"Nats-Msg-Id": dispatch_id})
+            headers = {"Nats-Msg-Id": dispatch_id}
+            await self.js.publish(S.action_run_subject(action.kind), encode(work), headers=headers)
         except Exception as exc:
             self._part_done(dispatch_id, "error", error=f"could not queue the action: {exc}")
 
@@ -300,19 +281,18 @@ class ActionsService:
             await self.dead_letters.send(msg, str(exc))
             return
         # Unknown: a second run of a redelivered part, or one that already timed out.
-        if done.action_id in self.by_dispatch:
+        if done.action_id in self.inflight:
             self._part_done(
                 done.action_id, done.status, result=done.result, error=done.error, run_s=done.run_s
             )
 
     def _part_done(
-        self, dispatch_id: str, status: str, *, result: dict[str, Any] | None = None, error: str = "",
+        self, dispatch_id: str, status: Status, *, result: dict[str, Any] | None = None, error: str = "",
         run_s: float = 0.0,
     ) -> None:  # fmt: skip
         """A released part ended; the action is answered when its last part has."""
-        key = self.by_dispatch.pop(dispatch_id)
+        key, part, _ = self.inflight.pop(dispatch_id)
         pending = self.pending[key]
-        part, _ = pending.inflight.pop(dispatch_id)
         pending.done[part] = self._result(pending, status, result=result, error=error, run_s=run_s)
         now = time.monotonic()
         if pending.req.episode_id in self.last_action:  # a long suite is not a silent trajectory
@@ -323,7 +303,7 @@ class ActionsService:
         if pending.cases is None:
             self._finish(key, pending.done[0])
             return
-        never = self._result(pending, "error", error="the episode ended before it ran")
+        never = self._result(pending, "error", error=NEVER_RAN)
         parts = [pending.done.get(i, never) for i in range(len(pending.cases))]
         failed = [p for p in parts if p.status != "ok"]
         cases = [{"status": p.status, "error": p.error, "run_s": p.run_s, **p.result} for p in parts]
@@ -335,12 +315,9 @@ class ActionsService:
         ))  # fmt: skip
 
     def _expire(self, now: float) -> None:
-        for p in list(self.pending.values()):
-            for dispatch_id, (_, deadline) in list(p.inflight.items()):
-                if now > deadline:
-                    self._part_done(dispatch_id, "error", error="no worker reported a result (workers died?)")
-        # Runs on every wake of the schedule loop: one pass over the pending actions, not one per
-        # trajectory.
+        for dispatch_id, (_, _, deadline) in list(self.inflight.items()):
+            if now > deadline:
+                self._part_done(dispatch_id, "error", error="no worker reported a result (workers died?)")
         silent = [t for t, last in self.last_action.items() if now - last > self.cfg.trajectory_timeout_s]
         if silent:
             busy = {p.req.episode_id for p in self.pending.values()}
@@ -351,28 +328,22 @@ class ActionsService:
             if now - remote.seen > REMOTE_FORGET_S * remote.period_s:
                 log.warning("remote worker %s (%d %s units) is gone", name, remote.units, remote.kind)
                 del self.remotes[name]
-                self._apply_remote(remote.kind)
+                self._wake.set()  # the loop gives the local workers the units the remote one had
 
     def _end_trajectory(self, trajectory: str, now: float) -> None:
         """The episode is over: `static` frees its units; its actions still waiting are answered."""
         self.last_action.pop(trajectory, None)
         for action in self.scheduler.end_trajectory(trajectory, now):
-            pending = self.pending[action.id]
-            self._finish(action.id, self._result(pending, "error", error="the episode ended before it ran"))
+            self._finish(action.id, self._result(self.pending[action.id], "error", error=NEVER_RAN))
         self._wake.set()
 
     def _result(
-        self,
-        p: Pending,
-        status: str,
-        *,
-        result: dict[str, Any] | None = None,
-        error: str = "",
+        self, p: Pending, status: Status, *, result: dict[str, Any] | None = None, error: str = "",
         run_s: float = 0.0,
-    ) -> ActionResult:
+    ) -> ActionResult:  # fmt: skip
         now = time.monotonic()
         return ActionResult(
-            action_id=p.req.action_id, episode_id=p.req.episode_id, kind=p.req.kind, status=status,  # type: ignore[arg-type]
+            action_id=p.req.action_id, episode_id=p.req.episode_id, kind=p.req.kind, status=status,
             result=result or {}, error=error, queued_s=(p.started or now) - p.arrived, run_s=run_s,
             act_s=now - p.arrived, cpu=p.req.cpu, mem_mb=p.req.mem_mb, accel=p.req.accel, units=p.units,
             policy=self.cfg.policy, owner=p.owner,
@@ -397,7 +368,6 @@ class ActionsService:
         except Exception as exc:  # the agent has its result; only the ledger row is missing
             log.warning("could not record action %s: %s", msg_id, exc)
 
-    # remote workers ---------------------------------------------------------------------------------
     async def _on_worker(self, msg: Msg) -> None:
         try:
             beat = msgpack.unpackb(msg.data, raw=False)
@@ -413,15 +383,11 @@ class ActionsService:
         self.remotes[name] = Remote(kind, units, time.monotonic(), period)
         if known is None or known.units != units:
             log.info("remote worker %s: %d %s units", name, units, kind)
-            self._apply_remote(kind)
+            self._wake.set()
 
     def _remote_units(self, kind: str) -> int:
+        """The pools' ceilings count every unit: remote ones are taken off the local workers."""
         return sum(r.units for r in self.remotes.values() if r.kind == kind)
-
-    def _apply_remote(self, kind: str) -> None:
-        # The pools' ceilings count every unit, local and remote: remote units are taken off the
-        # local workers (the schedule loop resizes them).
-        self._wake.set()
 
 
 async def run(cfg: ActionsConfig) -> None:

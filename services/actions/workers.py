@@ -1,11 +1,9 @@
 """Action workers: pull released actions from the ACTIONS work queue, run them on a resource manager,
-publish each result to `swarm.actions.done.<dispatch id>`, then ack.
+publish each result to `swarm.actions.done.<dispatch id>`, then ack. The same loop runs in the actions
+service (its local units) and in `swarmrl serve action-worker` (remote units, on any machine).
 
-The same loop runs inside the actions service (its local, elastic units) and in `swarmrl serve
-action-worker` on any machine (remote units, announced on `swarm.actions.workers`). The scheduler
-releases an action only when it has reserved units for it, so the queue stays short and its order is
-the policy's. Execution is at least once: a worker that dies mid-action leaves the message unacked,
-JetStream hands it to another worker after `ACK_WAIT_S`, and the service keeps the first result.
+Execution is at least once: a worker that dies mid-action leaves the message unacked, JetStream
+hands it to another worker after `ACK_WAIT_S`, and the service keeps the first result.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import os
 import socket
 import time
 from collections import Counter
-from typing import Any, Protocol
+from typing import Any
 
 import msgpack
 import nats.errors
@@ -39,19 +37,9 @@ MAX_DELIVER = 3
 """A released action is handed out at most this often (a worker died running it each time)."""
 
 
-class Manager(Protocol):
-    """A resource manager: `units` concurrent actions, grown and shrunk by the scheduler."""
-
-    async def start(self, units: int) -> None: ...
-
-    async def resize(self, units: int) -> None: ...
-
-    async def close(self) -> None: ...
-
-
 class Runner:
-    """Runs one work message (an `ActionRequest` whose `action_id` is the dispatch id) on the
-    manager of its kind: a python sandbox or a judge."""
+    """Runs work messages (`ActionRequest`s whose `action_id` is the dispatch id) of one kind on its
+    resource manager (`PythonSandbox` or `JudgeManager`: `start`, `resize`, `run`, `close`)."""
 
     def __init__(self, kind: str, manager: Any, limits: WorkerLimits) -> None:
         self.kind, self.manager, self.limits = kind, manager, limits
@@ -68,9 +56,9 @@ class Runner:
                 return Outcome("rejected", error="python payload needs 'code' (and optional 'stdin') strings")
             limits = SandboxLimits(cpu_s=self.limits.cpu_s * max(req.cpu, 1), mem_mb=req.mem_mb, wall_s=wall)
             outcome: Outcome = await self.manager.run(code, limits=limits, stdin=stdin)
-            return outcome
-        result: Outcome = await asyncio.wait_for(self.manager.run(req.payload), wall)
-        return result
+        else:
+            outcome = await asyncio.wait_for(self.manager.run(req.payload), wall)
+        return outcome
 
 
 def build_manager(kind: str, limits: WorkerLimits) -> Any:
@@ -166,7 +154,8 @@ class WorkerLoop:
         self.counts[outcome.status] += 1
         done = ActionResult(
             action_id=req.action_id, episode_id=req.episode_id, kind=req.kind, status=outcome.status,
-            result=outcome.result, error=outcome.error[:4000], run_s=outcome.run_s or time.monotonic() - started,
+            result=outcome.result, error=outcome.error[:4000],
+            run_s=outcome.run_s or time.monotonic() - started,
         )  # fmt: skip
         try:
             await self.nc.publish(S.action_done_subject(req.action_id), encode(done))
@@ -194,7 +183,7 @@ async def _keep_alive(msg: Msg) -> None:
 
 
 async def run_worker(cfg: WorkerConfig) -> None:
-    """`swarmrl serve action-worker`: `cfg.units` units of `cfg.kind` on this machine, announced on
+    """`swarmrl serve action-worker`: `cfg.units` units of `cfg.kind`, announced on
     `swarm.actions.workers` every `heartbeat_s` (0 units once it stops), until SIGTERM or SIGINT."""
     name = cfg.name or f"{socket.gethostname()}-{os.getpid()}"
     nc = await bus.connect(cfg.nats, f"action-worker-{name}")

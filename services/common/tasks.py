@@ -44,12 +44,23 @@ class Background:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._failed: list[BaseException] = []  # errors of `spawn(..., watched=True)` tasks
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], name: str | None = None, watched: bool = False
+    ) -> asyncio.Task[Any]:
+        """Run `coro` as a task; a `watched` one that ends with an error has it re-raised by `close()`
+        (a service's watch loop must not die unnoticed)."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if watched:
+            task.add_done_callback(self._keep_error)
         return task
+
+    def _keep_error(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failed.append(task.exception())  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -60,10 +71,13 @@ class Background:
             task.cancel()
 
     async def close(self) -> None:
-        """Cancel every running task and wait until all have ended."""
+        """Cancel every running task and wait until all have ended; then re-raise the first error of a
+        watched task."""
         tasks = list(self._tasks)
         self.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._failed:
+            raise self._failed[0]
 
 
 class Service(Protocol):

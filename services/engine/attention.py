@@ -1,15 +1,6 @@
-"""The embedded engine's attention on the CPU: grouped-query attention as two batched matmuls.
-
-On the CPU, torch's `scaled_dot_product_attention` costs far more than its arithmetic at the shapes
-an engine meets: a decode step (one query per row) over a short KV cache, in bf16 most of all
-(`bench/results/real-model.md`: 0.7-10 ms a call where two matmuls take 0.1-0.7 ms), and it wants
-the KV heads repeated for grouped-query attention. Here each KV head's group of query heads is one
-matrix: scores `[B, kv_heads, groups * q, L]` = one matmul, softmax in float32, one matmul with the
-values. No KV copy, no repeat.
-
-Plugged into transformers through its public attention registry: the engine loads CPU models with
-`attn_implementation=ENGINE_ATTENTION`; the mask is transformers' own boolean SDPA mask (padding,
-causality, sliding windows), so every model that runs under `sdpa` runs under this.
+"""The embedded engine's CPU attention: each KV head's group of query heads as one matrix, two batched
+matmuls, no KV repeat (SDPA costs far more than its arithmetic at decode shapes on the CPU,
+`bench/results/real-model.md`). Registered with transformers under `ENGINE_ATTENTION`, with its SDPA mask.
 """
 
 from __future__ import annotations
@@ -39,8 +30,8 @@ def engine_attention(
     softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: query [B, Hq, q, D], key/value [B, Hkv, L, D], mask [B, 1, q, L]
-    (True = attend) or None (causal) -> [B, q, Hq, D]."""
+    """transformers' attention signature: query [B, Hq, q, D], key/value [B, Hkv, L, D], mask
+    [B, 1, q, L] (True = attend) or None (causal) -> [B, q, Hq, D]."""
     if dropout:
         raise ValueError(f"{ENGINE_ATTENTION} attention serves models in eval mode (no dropout)")
     q, d, length = query.shape[2], query.shape[3], key.shape[2]
@@ -64,8 +55,7 @@ def grouped_attention(
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of query [B, Hq, q, D] over key/value [B, Hkv, L, D] with a boolean mask that
-    broadcasts to [B, 1, q, L] (True = attend), each KV head's query heads as one matrix; -> [B, q, Hq, D].
+    """Attention with a boolean mask broadcasting to [B, 1, q, L] (True = attend); -> [B, q, Hq, D].
     Differentiable (the trainer's short rows run through it too)."""
     b, hq, q, d = query.shape
     hkv, length = key.shape[1], key.shape[2]

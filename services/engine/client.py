@@ -1,11 +1,7 @@
-"""Async client for SGLang's native HTTP API: drives the embedded engine and a real SGLang server alike.
-
-Consumes HTTP responses of `/generate` (plain, and SSE with `stream: true`),
-`/update_weights_from_disk`, `/health`, `/health_generate`, `/get_model_info`, `/flush_cache` (field
-names: see `server.py`). Publishes nothing; returns `GenerateResult`s. Connection failures are
-retried (exponential backoff, `services/common/retry.py`); a stream only until its answer begins. An answer the server
-gave (4xx/5xx, or an `{"error": ...}` event in a stream) is raised at once as `EngineError` with the
-server's own message.
+"""Async client for SGLang's native HTTP API (`server.py` has the fields): drives the embedded engine
+and a real SGLang server alike. Connection failures are retried with backoff (a stream only until its
+answer begins); an answer the server gave (4xx/5xx, or an `{"error": ...}` stream event) is raised
+at once as `EngineError` with the server's own message.
 """
 
 from __future__ import annotations
@@ -21,15 +17,10 @@ import httpx
 
 from swarmrl.services.common.retry import backoff
 
-# Failures where the request may never have reached the engine; generation has no side effects,
-# so resending is safe.
+# The request may never have reached the engine; generation has no side effects, so resending is safe.
 _RETRYABLE = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-)
+    httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError
+)  # fmt: skip
 
 
 class EngineError(RuntimeError):
@@ -89,11 +80,9 @@ class GenerateResult:
 class StreamAccumulator:
     """Folds SGLang's streamed `/generate` events into cumulative `GenerateResult`s.
 
-    A real SGLang server sends cumulative events by default (`text`, `output_ids` and
-    `meta_info.output_token_logprobs` hold everything so far); launched with
-    `--incremental-streaming-output`, each event holds only what is new since the previous one.
-    `meta_info.completion_tokens` counts all tokens so far in both, which tells the two apart, so
-    results are the same either way. Input logprobs are read from the final event only.
+    SGLang's events are cumulative by default and hold only what is new with
+    `--incremental-streaming-output`; `meta_info.completion_tokens` (all tokens so far, in both) tells
+    them apart. Input logprobs are read from the final event only.
     """
 
     def __init__(self) -> None:
@@ -132,17 +121,13 @@ class StreamAccumulator:
             result = GenerateResult.from_response(whole)
             return replace(result, output_logprobs=list(self.logprobs) if entries is not None else [])
         partial = {**whole, "meta_info": {**meta, "output_token_logprobs": [], "input_token_logprobs": []}}
-        return replace(
-            GenerateResult.from_response(partial),
-            output_logprobs=list(self.logprobs),
-            finish_reason="",
-            finished=False,
-        )
+        result = GenerateResult.from_response(partial)
+        return replace(result, output_logprobs=list(self.logprobs), finish_reason="", finished=False)
 
 
 def raise_stream_error(item: dict[str, Any]) -> None:
-    """Raise the EngineError of a stream event that reports a refused request (`{"error": ...}`: how
-    SGLang and vLLM end a stream they refuse mid-way)."""
+    """Raise the EngineError of an `{"error": ...}` stream event (how SGLang and vLLM end a stream
+    they refuse mid-way)."""
     if "error" in item:
         err = item["error"]
         raise EngineError(400, str(err.get("message", err) if isinstance(err, dict) else err))
@@ -170,18 +155,15 @@ class EngineClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.adapter = adapter
-        """A LoRA adapter of the engine: generations run with it (SGLang's `lora_path`), weight
-        reloads load it (`/load_lora_adapter`), `model_info` reports its version. None: the base."""
+        """A LoRA adapter of the engine that generations run with (`lora_path`), reloads load and
+        `model_info` reports the version of. None: the base."""
         self.retries = retries
         self.retry_s = retry_s
         """Retry connection failures this long instead of `retries` times: ride out an engine restart."""
         self.max_inflight = max_inflight
-        """Requests sent at once (0: no bound); more wait here, first come first served. Every request
-        in flight holds a connection, and httpx looks at every connection of its pool at each
-        request's start and end: at 64 calls in flight that took a third of a gateway's CPU
-        (bench/results/load.md). Each request has a connection of its own kept alive (httpx's default
-        of 20 kept alive reopened connections under load); idle ones close before the server's
-        keep-alive ends."""
+        """Requests sent at once (0: no bound); more wait here, first come first served. httpx's pool
+        costs CPU per connection in flight (bench/results/load.md); each request in flight keeps its
+        own connection alive, closed when idle before the server's keep-alive ends."""
         self._slots = asyncio.Semaphore(max_inflight) if max_inflight > 0 else None
         cap = max_inflight or None
         limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap, keepalive_expiry=30)
@@ -203,34 +185,24 @@ class EngineClient:
         self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
     ) -> GenerateResult:
         """Generate from one prompt of token ids."""
-        body = {
+        body = self._generate_body(input_ids, sampling_params, return_logprob)
+        return GenerateResult.from_response(await self._call("POST", "/generate", body))
+
+    def _generate_body(self, input_ids: Any, sampling_params: Any, return_logprob: bool) -> dict[str, Any]:
+        return {
             "input_ids": input_ids,
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
-            **self._lora(),
+            **({} if self.adapter is None else {"lora_path": self.adapter}),
         }
-        data = await self._call("POST", "/generate", body)
-        return GenerateResult.from_response(data)
-
-    def _lora(self) -> dict[str, Any]:
-        return {"lora_path": self.adapter} if self.adapter is not None else {}
 
     async def generate_stream(
         self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
     ) -> AsyncIterator[GenerateResult]:
-        """Generate from one prompt of token ids, streamed: a cumulative result after each event
-        (`finished` False), the last one final, equal to what `generate` returns.
-
-        Leaving the iteration early (`aclose()`, or cancelling the reader) closes the connection;
-        the server then aborts the request (SGLang's abort task; the embedded engine at once).
-        """
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params or {},
-            "return_logprob": return_logprob,
-            "stream": True,
-            **self._lora(),
-        }
+        """Generate from one prompt, streamed: a cumulative result after each event (`finished`
+        False), the last one what `generate` returns. Leaving early closes the connection, which
+        makes the server abort the request."""
+        body = {**self._generate_body(input_ids, sampling_params, return_logprob), "stream": True}
         acc = StreamAccumulator()
         final: GenerateResult | None = None
         async for item in self._events("/generate", body):
@@ -249,7 +221,9 @@ class EngineClient:
         """POST `body` for a server-sent event stream and yield each `data:` event, decoded, up to
         `[DONE]`; an HTTP error is an EngineError. Leaving early closes the connection."""
         async with self._slot():
-            resp = await self._open_stream(path, body)
+            resp = await self._retrying(
+                lambda: self._http.send(self._http.build_request("POST", path, json=body), stream=True)
+            )
             try:
                 if resp.status_code >= 400:
                     await resp.aread()
@@ -276,17 +250,10 @@ class EngineClient:
         return_logprob: bool = True,
         logprob_start_len: int | list[int] | None = None,
     ) -> list[GenerateResult]:
-        """Generate from several prompts in one request (the server batches them).
-
-        `logprob_start_len` (one, or one per prompt) also asks for the prompt's input logprobs from
-        that position (`GenerateResult.input_logprobs`); with `max_new_tokens: 0` nothing is generated.
-        """
-        body: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params or {},
-            "return_logprob": return_logprob,
-            **self._lora(),
-        }
+        """Generate from several prompts in one request (the server batches them). `logprob_start_len`
+        (one, or one per prompt) also asks for input logprobs from that position; with
+        `max_new_tokens: 0` nothing is generated."""
+        body = self._generate_body(input_ids, sampling_params, return_logprob)
         if logprob_start_len is not None:
             body["logprob_start_len"] = logprob_start_len
         data = await self._call("POST", "/generate", body)
@@ -296,7 +263,7 @@ class EngineClient:
 
     async def update_weights_from_disk(self, path: str, version: int | str | None = None) -> str:
         """Reload weights from an HF directory (with `adapter`: that adapter from a peft adapter
-        directory); raises EngineError if the engine refused them."""
+        directory); EngineError if the engine refused them."""
         if self.adapter is not None:
             return await self.load_lora_adapter(self.adapter, path, version)
         return await self._load_weights(path, version)
@@ -306,8 +273,8 @@ class EngineClient:
         return await self._reload("/update_weights_from_disk", {"model_path": str(path)}, version)
 
     async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
-        """Load LoRA adapter `name` from peft adapter directory `path` (SGLang's `/load_lora_adapter`;
-        the embedded engine replaces a loaded one in place and reports `version` as its weight_version)."""
+        """Load LoRA adapter `name` from a peft adapter directory (the embedded engine replaces a
+        loaded one in place)."""
         return await self._reload("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, version)
 
     async def _reload(self, endpoint: str, body: dict[str, Any], version: int | str | None) -> str:
@@ -326,9 +293,9 @@ class EngineClient:
         if self.adapter is not None and isinstance(info, dict):
             versions = info.get("adapters") or {}
             if self.adapter not in versions:
+                have = sorted(versions)
                 raise EngineError(
-                    404,
-                    f"engine at {self.base_url} serves no LoRA adapter {self.adapter!r} (has {sorted(versions)})",
+                    404, f"engine at {self.base_url} serves no LoRA adapter {self.adapter!r} (has {have})"
                 )
             info = {**info, "weight_version": versions[self.adapter]}
         return info
@@ -338,14 +305,14 @@ class EngineClient:
 
     async def health(self) -> bool:
         """True if the server answers /health now (no retries)."""
-        try:
-            return (await self._http.get("/health")).status_code == 200
-        except httpx.TransportError:
-            return False
+        return await self._answers("/health")
 
     async def health_generate(self) -> bool:
+        return await self._answers("/health_generate")
+
+    async def _answers(self, path: str) -> bool:
         try:
-            return (await self._http.get("/health_generate")).status_code == 200
+            return (await self._http.get(path)).status_code == 200
         except httpx.TransportError:
             return False
 
@@ -380,22 +347,13 @@ class EngineClient:
             return resp.text
         return resp.json()
 
-    async def _open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST and return the response once its headers arrived (retried until then); the caller
-        reads the body and closes it."""
-        return await self._retrying(
-            lambda: self._http.send(self._http.build_request("POST", path, json=body), stream=True)
-        )
-
 
 async def open_engine(
     url: str, *, backend: str = "auto", timeout_s: float = 600.0, wait: bool = True, **kwargs: Any
 ) -> EngineClient:
-    """A client for the engine at `url`: `EngineClient` for SGLang's API (the embedded engine, SGLang),
-    `VLLMClient` for vLLM's. `backend="auto"` asks the server (only an SGLang-API server answers
-    `GET /get_model_info`), once it answers `/health` (`wait`, up to `timeout_s`); without `wait`, an
-    engine that does not answer gets the SGLang-API client, whose calls then say it is unreachable.
-    `kwargs` go to the client."""
+    """A client for the engine at `url`: `EngineClient` for SGLang's API, `VLLMClient` for vLLM's.
+    `backend="auto"` asks the server (only SGLang's API answers `/get_model_info`), after waiting up
+    to `timeout_s` for `/health` if `wait`; an engine that does not answer gets `EngineClient`."""
     probe = EngineClient(url, **kwargs)
     try:
         if wait:
@@ -416,7 +374,7 @@ async def open_engine(
 
 
 def _error_message(resp: httpx.Response) -> str:
-    """SGLang errors are `{"error": {"message": ...}}`; failed reloads `{"success": false, "message": ...}`."""
+    """SGLang's errors are `{"error": {"message": ...}}`, failed reloads `{"success": false, "message"}`."""
     try:
         data = resp.json()
     except ValueError:

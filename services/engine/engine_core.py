@@ -1,17 +1,9 @@
-"""The embedded engine (the CPU or one CUDA device): any HF causal LM, continuous batching over a KV
-cache, no HTTP.
-
-Consumes: generation requests (`submit` / `generate` / `stream`: prompt token ids +
-`SamplingParams`) and weight reloads (`update_weights_from_disk`, `load_lora_adapter`). Publishes: one
-`GenerationOutput` per request, shaped after SGLang's `/generate` response (`server.py`); a streamed
-request also gets a `Step` after every decode step that did not finish it.
+"""The embedded engine: any HF full-attention causal LM on the CPU or one CUDA device, continuous
+batching over a KV cache, outputs shaped after SGLang's `/generate` (`server.py`).
 
 One scheduler thread owns the model: between decode steps it admits pending requests, prefills them
-from the prefix cache (`prefix_cache.py`, in waves and buckets: `prefill_plan.py`) and joins their KV
-to the running batch (`kv_batch.py`); each row leaves the batch when it finishes (`rows.py`) or its
-caller cancels it. Logprobs are SGLang's (`sampling.py`). Weights change only when no request runs,
-so every output comes from one `weight_version`. Full-attention decoder models only. The README
-(`services/engine/README.md`, "The embedded engine") says what each part buys and where it was measured.
+(`prefill_plan.py`) from the prefix cache (`prefix_cache.py`) and joins them to the running batch
+(`kv_batch.py`). Weights change only when no request runs, so every output comes from one version.
 """
 
 from __future__ import annotations
@@ -48,7 +40,6 @@ from swarmrl.services.engine.sampling import SamplingParams, sample
 
 log = logging.getLogger("swarmrl.engine.core")
 
-
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """The attention kernels a CUDA engine's forwards may use: all of torch's but cuDNN's (see `_loop`)."""
 
@@ -75,8 +66,7 @@ class EngineCore(Reloads):
         self.model_path = str(model_path)
         self.max_batch = max_batch
         self.device = torch.device(device)
-        # On the CPU: `attention.py` (two matmuls per call) instead of SDPA, which costs more than its
-        # arithmetic at decode shapes; on CUDA, torch's fused kernels.
+        # on the CPU `attention.py`, which beats SDPA at decode shapes; on CUDA torch's fused kernels
         attn = {"attn_implementation": ENGINE_ATTENTION} if self.device.type == "cpu" else {}
         self.dtype = resolve_dtype(dtype, self.model_path)
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -98,31 +88,24 @@ class EngineCore(Reloads):
         """The HF model; `model` becomes peft's wrapper of it once a LoRA adapter is loaded."""
         self._cache_arg = cache_argument(self.base)
         self.adapter_versions: dict[str, str] = dict.fromkeys(adapters, self.weight_version)
-        """Adapter name -> the version of its weights; one not loaded yet runs as the base (a fresh
+        """Adapter name -> its weights' version; one not loaded yet runs as the base (a fresh
         adapter's B is 0: the same outputs)."""
         self._merged = Merged(self.base) if merge_lora and len(adapters) == 1 else None
-        """With one adapter and `merge_lora`: it is merged into the weights (`lora.py`), and every
-        request must name it."""
+        """With one adapter and `merge_lora`: merged into the weights; every request must name it."""
         self._generator = torch.Generator(self.device).manual_seed(seed)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._batch: KVBatch[Row] = KVBatch(self.device)
         self._swap: Swap | None = None
-        self._prefix = PrefixCache(prefix_cache_mib << 20)
-        """KV of prompts and finished requests, reused by later prompts; owned by the scheduler
-        thread, cleared whenever weights change."""
+        self._prefix = PrefixCache(prefix_cache_mib << 20)  # the scheduler thread's
         self._closed = False
-        # Counters read by tests and benchmarks (`stats()`); written by the scheduler thread only.
+        # `stats()`' counters, written by the scheduler thread only
         self.batch_sizes: Counter[int] = Counter()  # decode steps by batch size
         self.score_batch_sizes: Counter[int] = Counter()  # score-only forwards (max_new_tokens=0) by size
         self._stats_lock = threading.Lock()  # stats() copies batch_sizes while the scheduler adds keys
-        self.tokens_generated = 0
-        self.requests_finished = 0
-        self.requests_aborted = 0
+        self.tokens_generated = self.requests_finished = self.requests_aborted = 0
         self.prefill_forwards = 0
-        self.prefill_tokens = 0
-        """Prompt tokens prefilled (those not served by the prefix cache)."""
-        self.prefill_padded_tokens = 0
-        """Positions the prefill forwards computed, pads included."""
+        self.prefill_tokens = 0  # those not served by the prefix cache
+        self.prefill_padded_tokens = 0  # positions the prefill forwards computed, pads included
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
         log.info(
@@ -142,13 +125,9 @@ class EngineCore(Reloads):
         future: cf.Future[GenerationOutput] | None = None,
         adapter: str | None = None,
     ) -> cf.Future[GenerationOutput]:
-        """Queue one request; ValueError at once if the prompt or `logprob_start_len` is unusable.
-
-        `logprob_start_len` >= 0 also returns the input logprobs of `input_ids[logprob_start_len:]`.
-        `on_step` is called from the scheduler thread after every decode step that leaves the request
-        running; it must be quick and must not raise. Cancelling the returned future aborts it.
-        `adapter` names one of the engine's LoRA adapters (`adapters`) to generate with.
-        """
+        """Queue one request (ValueError at once if unusable); cancelling the future aborts it.
+        `logprob_start_len` >= 0 also asks for input logprobs from there; `on_step` is called from the
+        scheduler thread after every step that leaves the request running (quick, never raising)."""
         if self._closed:
             raise RuntimeError("engine is closed")
         self.check_adapter(adapter)
@@ -157,15 +136,9 @@ class EngineCore(Reloads):
         fut: cf.Future[GenerationOutput] = future or cf.Future()
         gen = torch.Generator(self.device).manual_seed(params.seed) if params.seed is not None else None
         row = Row(
-            rid or uuid.uuid4().hex,
-            list(input_ids),
-            params,
-            fut,
-            gen,
-            logprob_start=logprob_start_len,
-            on_step=on_step,
-            adapter=adapter,
-        )
+            rid or uuid.uuid4().hex, list(input_ids), params, fut, gen,
+            logprob_start=logprob_start_len, on_step=on_step, adapter=adapter,
+        )  # fmt: skip
         if params.max_new_tokens == 0 and logprob_start_len < 0:  # SGLang allows it: nothing to generate
             row.finish = {"type": "length", "length": 0}
             fut.set_result(self._output(row))
@@ -173,33 +146,14 @@ class EngineCore(Reloads):
             self._queue.put(row)
         return fut
 
-    async def generate(
-        self,
-        input_ids: list[int],
-        params: SamplingParams,
-        rid: str | None = None,
-        logprob_start_len: int = -1,
-        adapter: str | None = None,
-    ) -> GenerationOutput:
-        return await asyncio.wrap_future(
-            self.submit(input_ids, params, rid, logprob_start_len, adapter=adapter)
-        )
+    async def generate(self, input_ids: list[int], params: SamplingParams, **kw: Any) -> GenerationOutput:
+        """`submit`, awaited."""
+        return await asyncio.wrap_future(self.submit(input_ids, params, **kw))
 
-    def stream(
-        self,
-        input_ids: list[int],
-        params: SamplingParams,
-        rid: str | None = None,
-        logprob_start_len: int = -1,
-        adapter: str | None = None,
-    ) -> RequestStream:
-        """Queue one request now (errors at once, as `submit`) and follow it step by step from the
-        running event loop: see `RequestStream`."""
+    def stream(self, input_ids: list[int], params: SamplingParams, **kw: Any) -> RequestStream:
+        """`submit` now (errors at once), followed step by step from the running event loop."""
         stream = RequestStream(asyncio.get_running_loop())
-        self.submit(
-            input_ids, params, rid, logprob_start_len, on_step=stream.on_step, future=stream.future,
-            adapter=adapter,
-        )  # fmt: skip
+        self.submit(input_ids, params, on_step=stream.on_step, future=stream.future, **kw)
         return stream
 
     def encode(self, text: str) -> list[int]:
@@ -241,7 +195,7 @@ class EngineCore(Reloads):
         self._thread.join(timeout)
 
     def check_prompt(self, ids: list[int]) -> None:
-        """ValueError unless `ids` is a usable prompt: non-empty, in the vocabulary, shorter than the context."""
+        """ValueError unless `ids` is non-empty, in the vocabulary and shorter than the context."""
         if not ids:
             raise ValueError("input_ids is empty")
         bad = [
@@ -251,7 +205,8 @@ class EngineCore(Reloads):
             raise ValueError(f"input_ids contain {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         if len(ids) >= self.context_length:
             raise ValueError(
-                f"input has {len(ids)} tokens; the context length is {self.context_length}, leaving no room to generate"
+                f"input has {len(ids)} tokens; the context length is {self.context_length}, "
+                "leaving no room to generate"
             )
 
     @staticmethod
@@ -259,15 +214,15 @@ class EngineCore(Reloads):
         """ValueError unless `start` is -1 (no input logprobs) or a position in the prompt (SGLang's rule)."""
         if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start < n_prompt:
             raise ValueError(
-                f"logprob_start_len={start!r} must be -1 or in [0, {n_prompt}): the prompt has {n_prompt} tokens"
+                f"logprob_start_len={start!r} must be -1 or in [0, {n_prompt}): "
+                f"the prompt has {n_prompt} tokens"
             )
 
     # -- scheduler thread -----------------------------------------------------------------------
 
     def _loop(self) -> None:
-        # cuDNN's attention kernel builds a plan for every new shape (50-100 ms a step for a 0.5B
-        # model on an H200 against 16 ms warm), and a decode batch meets a new KV length at every
-        # step: the scheduler leaves it out (`bench/gpu_attention.py`). The flags are the process's.
+        # cuDNN's attention plans every new shape, and a decode step meets a new KV length each time:
+        # left out (`bench/gpu_attention.py`)
         cuda = self.device.type == "cuda"
         with sdpa_kernel(_SDPA_BACKENDS) if cuda else contextlib.nullcontext():
             self._schedule()
@@ -278,7 +233,7 @@ class EngineCore(Reloads):
             if not self._batch and self._swap is None:
                 if not self._take(self._queue.get(), new):
                     return
-            # Admit whatever else is pending; a queued reload closes the door behind it.
+            # admit whatever else is pending; a queued reload closes the door behind it
             while self._swap is None and len(self._batch) + len(new) < self.max_batch:
                 try:
                     item = self._queue.get_nowait()
@@ -328,8 +283,7 @@ class EngineCore(Reloads):
 
     @torch.inference_mode()
     def _prefill(self, new: list[Row]) -> None:
-        """Prefill the new rows and join them to the running batch (`prefill_plan.py` says how the
-        rows are split into forwards: waves share uncached tokens, buckets group similar lengths)."""
+        """Prefill the new rows, in the forwards `prefill_plan.py` plans, and join them to the batch."""
         scored = [r for r in new if r.params.max_new_tokens == 0]  # score-only: one forward, no cache
         if scored:
             self._score(scored)
@@ -362,51 +316,44 @@ class EngineCore(Reloads):
     def _forward(
         self, rows: list[Row], hits: list[tuple[int, Any]]
     ) -> tuple[Cache, torch.Tensor, torch.Tensor]:
-        """One prefill forward of `rows`, each from its prefix-cache hit; their prompts' KV go into
-        the prefix cache. Returns the rows' cache and mask and their last position's logits."""
-        # no config: plain full-attention layers, which KVBatch can pad and cut
+        """One prefill forward of `rows`, each from its prefix-cache hit, their prompts' KV then cached.
+        Returns the rows' cache and mask and their last position's logits."""
         cache, past_mask = past_cache(hits, self.device)
         ids, mask, positions = left_padded([r.prompt[r.cached :] for r in rows], self.device)
         positions += torch.tensor([[r.cached] for r in rows], device=self.device)
         mask = torch.cat([past_mask, mask], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=tail(rows),
-            **{self._cache_arg: cache},
-            **self._lora(rows),
-        )
+        logits = self._prompt_forward(rows, ids, mask, positions, use_cache=True, **{self._cache_arg: cache})
         self.prefill_forwards += 1
         self.prefill_tokens += sum(len(r.prompt) - r.cached for r in rows)
         self.prefill_padded_tokens += ids.numel()
-        self._input_logprobs(rows, out.logits)
         for i, row in enumerate(rows):
             self._prefix.insert(row.prompt, partial(row_kv, cache, mask, i), row.adapter)
-        return cache, mask, out.logits[:, -1, :]
+        return cache, mask, logits[:, -1, :]
 
     def _score(self, rows: list[Row]) -> None:
         """Input logprobs for `max_new_tokens=0` rows, batched in one forward; they finish at once."""
         with self._stats_lock:
             self.score_batch_sizes[len(rows)] += 1
         ids, mask, positions = left_padded([r.prompt for r in rows], self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=False,
-            logits_to_keep=tail(rows),
-            **self._lora(rows),
-        )
-        self._input_logprobs(rows, out.logits)
+        self._prompt_forward(rows, ids, mask, positions, use_cache=False)
         for row in rows:
             row.finish = {"type": "length", "length": 0}
             self.requests_finished += 1
             settle(row.future, self._output(row))
 
+    def _prompt_forward(
+        self, rows: list[Row], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, **kw: Any
+    ) -> torch.Tensor:
+        """A forward of left-padded prompts that fills the rows' input logprobs; returns the logits kept."""
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tail(rows),
+            **kw, **self._lora(rows),
+        ).logits  # fmt: skip
+        self._input_logprobs(rows, logits)
+        return logits
+
     def _input_logprobs(self, rows: list[Row], logits: torch.Tensor) -> None:
-        """Fill `input_logprobs` of rows that asked; `logits` holds each (left-padded) row's last k positions."""
+        """Fill `input_logprobs` of rows that asked; `logits` holds each row's last k positions."""
         k = logits.shape[1]
         for i, row in enumerate(rows):
             if row.logprob_start < 0:
@@ -452,13 +399,12 @@ class EngineCore(Reloads):
             row.logprobs.append(lp)
             check_finished(row, self.eos_ids, self.context_length, self.tokenizer)
         self.tokens_generated += len(rows)
-        first = len(self._batch) - len(rows)  # `rows` are the batch's last rows
+        first = len(self._batch) - len(rows)
         for i, row in enumerate(rows):
             if row.finish is not None and len(row.output_ids) > 1:
                 # its cache holds the prompt and every output token but the last, which was never fed
-                fed = row.prompt + row.output_ids[:-1]
                 kv_of = partial(row_kv, self._batch.cache, self._batch.mask, first + i)
-                self._prefix.insert(fed, kv_of, row.adapter)
+                self._prefix.insert(row.prompt + row.output_ids[:-1], kv_of, row.adapter)
         for row in rows:
             if row.finish is not None:
                 self.requests_finished += 1

@@ -1,15 +1,8 @@
-"""The running batch of the embedded engine: rows that decode together over one left-padded KV cache.
+"""The embedded engine's running batch: rows that decode together over one left-padded KV cache.
 
-Consumes: prefilled rows (their HF `Cache` and attention mask) to join, and the indices of
-rows to keep after each step. Publishes nothing; pure tensor bookkeeping for `engine_core`.
-
-Layout: every row's cache is right-aligned at the same length; `mask[i, j] == 0` marks column j as
-padding for row i. Joining pads the shorter side on the left; retiring rows drops them and then any
-leading columns that are padding for every remaining row, so the cache never keeps dead columns.
-Only full-attention layers are handled; the engine creates its caches with `new_cache`, whose
-`RoomyLayer`s keep spare columns so a decode step writes its token in place (transformers'
-`DynamicLayer` concatenates, copying the whole cache every step; `bench/results/engine-decode.md`:
-a 16-row step 1.14x faster at 200 tokens, 1.45x at 800).
+Rows are right-aligned at the same length (`mask[i, j] == 0`: column j is padding for row i); when
+rows leave, columns that are padding for all the rest are cut. Full-attention layers only, as
+`RoomyLayer`s, which write a decode step's token in place (`bench/results/engine-decode.md`).
 """
 
 from __future__ import annotations
@@ -36,13 +29,8 @@ def left_padded(
 
 
 class RoomyLayer(DynamicLayer):
-    """A full-attention cache layer whose keys and values are views of buffers with spare columns.
-
-    `update` writes the new columns into the room after the used ones; only when there is none, or
-    when `keys`/`values` were replaced from outside (`batch_select_indices`, `KVBatch.join`), does it
-    copy into fresh buffers with `ROOM` more columns. Anything that only reads `keys`/`values` or
-    replaces them with new tensors keeps working: the next update notices and copies once.
-    """
+    """A full-attention cache layer whose keys and values are views of buffers with `ROOM` spare
+    columns; they are copied into new buffers only when full or replaced from outside."""
 
     ROOM = 128
 
@@ -73,8 +61,8 @@ class RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
     def _end_in_buffers(self) -> int | None:
-        """The buffer column just after `keys`/`values` when they are still views of the buffers
-        (any leading columns may have been cut off), else None."""
+        """The buffer column just after `keys`/`values` if they are still views of the buffers (maybe
+        with leading columns cut off), else None."""
         if self._buffers is None or self.keys is None or self.values is None:
             return None
         for used, buffer in zip((self.keys, self.values), self._buffers, strict=True):
@@ -116,8 +104,8 @@ class KVBatch(Generic[R]):
         return len(self.rows)
 
     def join(self, pieces: list[tuple[list[R], Cache, torch.Tensor]]) -> None:
-        """Append freshly prefilled rows (one piece per prefill forward: its rows, cache and mask),
-        left-padding every cache to the longest; the running batch's cache is copied once."""
+        """Append prefilled rows (a piece per prefill forward: its rows, cache and mask), left-padding
+        every cache to the longest."""
         if self.cache is not None and self.rows:
             pieces = [(self.rows, self.cache, self.mask), *pieces]
         self.rows = [row for rows, _, _ in pieces for row in rows]
@@ -202,6 +190,6 @@ def row_kv(cache: Cache, mask: torch.Tensor, i: int) -> list[tuple[torch.Tensor,
 
 
 def cache_argument(model: torch.nn.Module) -> str:
-    """The keyword a model's forward takes its KV cache by: transformers 5.x renamed
-    `past_key_values` to `cache` (the old name goes in 5.40); the versions before know only the old one."""
+    """The keyword a model's forward takes its KV cache by: `cache` in transformers 5.x, before it
+    `past_key_values`."""
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"

@@ -1,8 +1,5 @@
-"""A third-party engine server started as a subprocess (SGLang, vLLM): start, wait for health, stop.
-
-Consumes: the command line and environment a subclass gives (`command()`, `env()`). Publishes: the
-server's HTTP API on `url`. The engine package is never imported here: it runs in its own process
-(possibly another Python, see `python`) and is only looked up, so this module imports anywhere.
+"""A third-party engine server (SGLang, vLLM) run as a subprocess: start, wait for health, stop.
+The engine package is never imported here (it may live in another Python), so this imports anywhere.
 """
 
 from __future__ import annotations
@@ -12,24 +9,30 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
 log = logging.getLogger("swarmrl.engine.launched")
 
 
+@dataclass
 class LaunchedServer:
-    """One server process group: `start()` waits for `GET /health` == 200, `stop()` ends the group."""
+    """One server process group serving `model_path`: `start()` waits for `GET /health` == 200,
+    `stop()` ends the group."""
 
-    name = "engine"
-    """Shown in logs and errors."""
-
-    def __init__(self, *, host: str, port: int, log_path: str | Path | None = None) -> None:
-        self.host, self.port = host, port
-        self.log_path = Path(log_path) if log_path else None
-        """The server's output; None: this process's own stdout and stderr (under `up`, the engine's log)."""
-        self.proc: subprocess.Popen[bytes] | None = None
+    name: ClassVar[str] = "engine"  # shown in logs and errors
+    model_path: str | Path
+    _: KW_ONLY
+    host: str = "127.0.0.1"
+    port: int = 30000
+    extra_args: Sequence[str] = ()
+    log_path: str | Path | None = None
+    """The server's output; None: this process's stdout and stderr."""
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -76,7 +79,7 @@ class LaunchedServer:
         """SIGTERM the process group, SIGKILL it if it outlives `timeout`."""
         if self.proc is None:
             return
-        # start_new_session made the server a group leader: its pgid is its pid, even after it exits
+        # start_new_session made the server a group leader: its pgid is its pid
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -92,6 +95,6 @@ class LaunchedServer:
         if self.log_path is None:
             return "(its output is in this process's log, just above)"
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"

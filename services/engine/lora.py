@@ -1,15 +1,9 @@
-"""LoRA adapters in the embedded engine: merged into the weights, or served beside the base by peft.
+"""LoRA adapters in the embedded engine, loaded by its scheduler thread between batches.
 
-Consumes: an adapter's tensors (peft's `adapter_model.safetensors` keys) and its `LoraConfig`.
-Publishes nothing; called by the engine's scheduler thread between batches.
-
-- `Merged`: an engine that serves one adapter only (`merge_lora`, the default) adds it into the
-  base weights, W = W0 + (alpha / r) B A, from a copy of the adapted modules' base weights kept at
-  the first load, so every version is merged from the base and nothing drifts. Decoding then costs
-  what the base's does; peft's unmerged layers cost 1.2-2.4x a decode step of a 135M model
-  (`bench/results/real-model.md`). Requests must name the adapter: the base weights are gone.
-- `peft_load`: several adapters (or `merge_lora` off) run through peft's mixed-adapter forward,
-  each row with its own adapter or the base.
+- `Merged`: an engine serving one adapter only (`merge_lora`) adds it into the base weights,
+  W = W0 + (alpha / r) B A, always from the base weights kept at the first load, so nothing drifts
+  and decoding costs what the base's does. Requests must name the adapter: the base is gone.
+- `peft_load`: several adapters (or `merge_lora` off) run through peft's mixed-adapter forward.
 """
 
 from __future__ import annotations
@@ -34,23 +28,19 @@ class Merged:
     @torch.no_grad()
     def load(self, tensors: dict[str, torch.Tensor], config: Any) -> None:
         """Merge the adapter (`tensors` keyed as peft saves them); ValueError, changing nothing, if it
-        does not fit the model or uses what a merge cannot express."""
+        does not fit the model or cannot be merged."""
         if getattr(config, "use_dora", False) or getattr(config, "modules_to_save", None):
             raise ValueError(
                 "a DoRA adapter or one with modules_to_save cannot be merged; set merge_lora = false"
             )
-        scale = config.lora_alpha / (
-            math.sqrt(config.r) if getattr(config, "use_rslora", False) else config.r
-        )
+        rank = math.sqrt(config.r) if getattr(config, "use_rslora", False) else config.r
+        scale = config.lora_alpha / rank
         pairs = _pairs(tensors)
         weights: dict[str, torch.Tensor] = {}
         for name, (a, b) in pairs.items():
             weight = getattr(self.model.get_submodule(name), "weight", None)
-            if (
-                not isinstance(weight, torch.Tensor)
-                or weight.shape != (b.shape[0], a.shape[1])
-                or a.shape[0] != b.shape[1]
-            ):
+            expected = (b.shape[0], a.shape[1]) if a.shape[0] == b.shape[1] else None
+            if not isinstance(weight, torch.Tensor) or weight.shape != expected:
                 raise ValueError(f"adapter tensors for {name} do not fit its weight")
             weights[name] = weight
         shape = (int(config.r), float(scale), tuple(sorted(pairs)))
@@ -95,11 +85,8 @@ def peft_load(
         model.add_adapter(name, config)
     else:
         old = model.peft_config[name]
-        if (old.r, old.lora_alpha, old.target_modules) != (
-            config.r,
-            config.lora_alpha,
-            config.target_modules,
-        ):
+        shape = (config.r, config.lora_alpha, config.target_modules)
+        if (old.r, old.lora_alpha, old.target_modules) != shape:
             raise ValueError(
                 f"adapter {name!r} changed shape (rank {old.r} -> {config.r}, alpha "
                 f"{old.lora_alpha} -> {config.lora_alpha}, targets); restart the engine for it"

@@ -1,8 +1,5 @@
-"""Reading an HF model directory: tokenizer, EOS ids, and safetensors for `update_weights_from_disk`.
-
-Consumes: a directory written by `save_pretrained` (one `model.safetensors` or shards with an
-index). Publishes nothing. Weights are checked in full before the first tensor is copied, so a bad
-checkpoint leaves the served weights untouched.
+"""Reading an HF model directory: tokenizer, EOS ids, and safetensors for `update_weights_from_disk`,
+checked in full before the first tensor is copied, so a bad checkpoint leaves the weights untouched.
 """
 
 from __future__ import annotations
@@ -19,11 +16,8 @@ log = logging.getLogger("swarmrl.engine.model_dir")
 
 
 def load_checked(model: torch.nn.Module, model_path: str | Path) -> dict[str, torch.Tensor]:
-    """Read every `*.safetensors` in `model_path`; ValueError unless it matches `model` exactly.
-
-    Returns the tensors to copy, cast to each parameter's dtype. Tied aliases (e.g. `lm_head.weight`
-    tied to the embeddings) may be absent from the files; if present they are ignored.
-    """
+    """Every `*.safetensors` tensor of `model_path`, cast to its parameter's dtype; ValueError unless
+    they match `model` exactly. Tied aliases (`lm_head.weight`) may be absent; present, they are ignored."""
     root = Path(model_path)
     if not root.is_dir():
         raise ValueError(f"{root} is not a directory")
@@ -33,7 +27,6 @@ def load_checked(model: torch.nn.Module, model_path: str | Path) -> dict[str, to
     loaded: dict[str, torch.Tensor] = {}
     for f in files:
         loaded.update(load_file(str(f)))
-
     # named_parameters/buffers drop duplicates, so a tied alias is not "required"
     state_keys = set(model.state_dict())
     targets: dict[str, torch.Tensor] = dict(model.named_parameters())

@@ -1,8 +1,5 @@
-"""What the embedded engine hands back (no torch, no HTTP): a finished request's `GenerationOutput`,
-a streamed request's `Step`s, and the `RequestStream` an async reader iterates over.
-
-`EngineCore` (`engine_core.py`) fills them from its scheduler thread; `server.py` turns them into
-SGLang's `/generate` responses and stream events.
+"""What the embedded engine hands back: a finished request's `GenerationOutput`, a streamed request's
+`Step`s, and the `RequestStream` an async reader iterates over (`server.py` makes SGLang's JSON of them).
 """
 
 from __future__ import annotations
@@ -15,46 +12,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
-class GenerationOutput:
+@dataclass(kw_only=True)
+class Step:
+    """A streamed request's output so far, after a decode step that did not finish it."""
+
+    rid: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    prompt_tokens: int
+    weight_version: str
+    input_logprobs: list[float | None] = field(default_factory=list)
+    """SGLang's `input_token_logprobs` for `prompt[logprob_start_len:]`, first None; empty if not asked."""
+    input_logprob_ids: list[int] = field(default_factory=list)
+    """The prompt tokens `input_logprobs` belong to."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
+
+
+@dataclass(kw_only=True)
+class GenerationOutput(Step):
     """One finished request. `finish_reason` is SGLang's dict: {"type": "stop"|"length"|"abort", ...}."""
 
-    rid: str
-    output_ids: list[int]
-    output_logprobs: list[float]
     text: str
     finish_reason: dict[str, Any]
-    prompt_tokens: int
-    weight_version: str
-    input_logprobs: list[float | None] = field(default_factory=list)
-    """SGLang's `input_token_logprobs` values for `prompt[logprob_start_len:]`; first None; empty if not asked."""
-    input_logprob_ids: list[int] = field(default_factory=list)
-    """The prompt tokens `input_logprobs` belong to (`prompt[logprob_start_len:]`)."""
-    cached_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
-
-
-@dataclass
-class Step:
-    """A streamed request's output so far, after a decode step that did not finish it (lists are copies)."""
-
-    rid: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    prompt_tokens: int
-    weight_version: str
-    input_logprobs: list[float | None] = field(default_factory=list)
-    input_logprob_ids: list[int] = field(default_factory=list)
-    cached_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
 
 
 class RequestStream:
     """One streamed request: `async for item in stream` gives a `Step` after each decode step, then
-    the final `GenerationOutput` (or raises what failed the forward). Steps are cumulative, so a
-    slow reader skips the ones it missed and gets the newest. `abort()`, or closing the iteration
-    (asyncio closes one left early soon after), drops the request from the engine before its next
-    decode step."""
+    the final `GenerationOutput` (or raises what failed the forward). Steps are cumulative: a slow
+    reader gets only the newest. `abort()`, or leaving the iteration, drops the request."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

@@ -1,18 +1,6 @@
-"""How the embedded engine splits one prefill into forwards (pure logic, no tensors).
-
-Consumes: the rows admitted together (their prompts, adapters, and how much of each the prefix
-cache already holds). Publishes nothing; `engine_core._prefill` runs the plan.
-
-Two things make a single left-padded forward over all new rows wasteful on CPU, where a forward
-costs about what its tokens cost, pads included:
-
-- Rows that share uncached tokens compute them once each. The eight episodes of a GRPO group
-  arrive together with the same prompt, and right after a weight update (which clears the prefix
-  cache) every prompt of a task repeats the same system prompt and tool specs. `waves` lets one
-  row compute what others share and the others follow in a later wave, from the prefix cache.
-- Rows of very different lengths pad to the longest: a cache miss of 250 tokens next to seven
-  hits of 20 makes every row compute 250. `buckets` groups rows of similar length, weighing the
-  pads a merge costs against a forward's fixed cost.
+"""How the embedded engine splits one prefill into forwards. On the CPU a forward costs about its
+tokens, pads included: `waves` lets one row compute the uncached tokens others share (a GRPO group's
+prompt), the others following from the prefix cache; `buckets` groups rows of similar length.
 """
 
 from __future__ import annotations
@@ -29,13 +17,8 @@ tiny model on 2 CPU cores takes ~3 ms for a 1-token forward and ~0.2 ms per furt
 def waves(
     prompts: Sequence[Sequence[int]], cached: Sequence[int], adapters: Sequence[Hashable]
 ) -> tuple[list[int], list[int]]:
-    """Split rows into those to prefill now and those that wait for them (indices, in order).
-
-    A row waits when a row taken before it (in order) holds at least one more full block of its
-    prompt than the prefix cache does (`cached[i]` tokens): once that row's KV is in the cache, the
-    waiting row computes only what follows. Blocks are the prefix cache's (`BLOCK` tokens, chained
-    hashes, per adapter), so what a waiting row expects is what its next lookup finds.
-    """
+    """Split rows into those to prefill now and those that wait (indices, in order): a row waits when
+    an earlier one holds at least one more of its prompt's prefix-cache blocks than the cache does."""
     now: list[int] = []
     later: list[int] = []
     seen: set[tuple[Hashable, int]] = set()
@@ -56,8 +39,7 @@ def buckets(lengths: Sequence[int], forward_tokens: int = FORWARD_TOKENS) -> lis
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     n = len(order)
     # best[j]: the cheapest cost of the first j rows (longest first); cut[j]: where its last forward starts
-    best = [0] + [0] * n
-    cut = [0] * (n + 1)
+    best, cut = [0] * (n + 1), [0] * (n + 1)
     for j in range(1, n + 1):
         best[j], cut[j] = min((best[i] + forward_tokens + (j - i) * lengths[order[i]], i) for i in range(j))
     out: list[list[int]] = []

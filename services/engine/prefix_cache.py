@@ -1,23 +1,8 @@
-"""The embedded engine's prefix cache: KV of token sequences already computed, reused by later prompts.
+"""The embedded engine's prefix cache: KV of token sequences already computed, reused by later prompts
+that share a prefix (a task's system prompt, a GRPO group's prompt, an episode's earlier turns).
 
-Consumes: the KV of prompts the engine prefilled and of requests it finished (`insert`), prompts to
-look up (`lookup`), and `clear` whenever the weights change. Publishes nothing; pure tensor
-bookkeeping for `engine_core`, as SGLang's radix cache and vLLM's automatic prefix caching are for
-theirs (both on by default there).
-
-Why: an agent's calls repeat themselves. Every call of a task starts with the same system prompt and
-tool specs, the eight episodes of a GRPO group share their whole first prompt, and a turn's prompt
-is the previous turn's prompt and reply plus a tool result. Without a cache the engine computes all
-of it again on every call; on the calculator task prefill took 64% of the scheduler's time.
-
-How: an entry holds a token sequence and its KV, per layer `[kv_heads, n, head_dim]`. It is indexed
-by the chained hash of each of its full blocks of `BLOCK` tokens (vLLM's scheme), so a lookup hashes
-the prompt's blocks, takes the entry that holds the longest run of them, checks the tokens (a hash
-collision is a miss) and then extends the match token by token past the last full block. Entries
-are evicted least recently used once their KV passes `capacity_bytes`; an entry that is a prefix of
-a new one is replaced by it. KV depends on the weights (and the LoRA adapter): entries are keyed by
-adapter, and the engine clears the cache when any weights change, so a cached prefix is always the
-one the current weights would compute.
+Entries are indexed per adapter by the chained hash of each full block of `BLOCK` tokens (vLLM's
+scheme), evicted least recently used past `capacity_bytes`, and cleared whenever weights change.
 """
 
 from __future__ import annotations
@@ -68,8 +53,6 @@ class PrefixCache:
         """The longest cached prefix of `tokens` (at most `limit` tokens): its length and KV (views).
         `count=False` leaves it out of the stats (a lookup the caller repeats before using it)."""
         n, entry = self._match(tokens, adapter, len(tokens) if limit is None else limit)
-        if entry is None:
-            n = 0
         if count:
             self.record(len(tokens), n)
         return (n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]) if entry is not None and n else (0, [])
@@ -81,9 +64,8 @@ class PrefixCache:
         self.hit_tokens += hit
 
     def insert(self, tokens: list[int], kv_of: Callable[[], KV], adapter: str | None = None) -> None:
-        """Store `tokens` with their KV (`kv_of()`: `[kv_heads, len(tokens), head_dim]` per layer,
-        copied only when stored), unless a cached entry already holds them all; an entry that is a
-        prefix of `tokens` is replaced."""
+        """Store `tokens` with their KV (`kv_of()`, called only if stored), unless an entry already holds
+        them all; an entry that is a prefix of `tokens` is replaced."""
         if self.capacity_bytes <= 0 or len(tokens) < BLOCK:
             return
         n, old = self._match(tokens, adapter, len(tokens), touch=False)

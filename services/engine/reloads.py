@@ -1,10 +1,8 @@
 """Weight reloads of the embedded engine: full weights from a checkpoint, or a LoRA adapter.
 
-Consumes: an HF directory of safetensors (`update_weights_from_disk`) or a peft adapter directory
-(`load_lora_adapter`). Publishes nothing: the tensors are read and checked in the caller's thread
-while decoding goes on; the scheduler applies them between batches (`_apply_swap`), when no request
-runs, so every output comes from one version. A failed check or copy leaves the served weights as
-they were and says why.
+The tensors are read and checked in the caller's thread while decoding goes on; the scheduler applies
+them when no request runs (`_apply_swap`), so every output comes from one version. A failed check or
+copy leaves the served weights as they were and says why.
 """
 
 from __future__ import annotations
@@ -54,11 +52,8 @@ class Reloads:
     def update_weights_from_disk(
         self, model_path: str, weight_version: str | None = None
     ) -> tuple[bool, str]:
-        """Load safetensors from `model_path` into the live model between batches (blocking).
-
-        Files are read and checked in the caller's thread while decoding goes on; the copy waits
-        until no request is running. Without `weight_version`, a numeric version is bumped by one.
-        """
+        """Load safetensors from `model_path` into the live model between batches (blocking). Without
+        `weight_version`, a numeric version is bumped by one."""
         if self.adapter_versions:
             return False, (
                 f"this engine serves LoRA adapters {sorted(self.adapter_versions)} of its base "
@@ -98,14 +93,25 @@ class Reloads:
         return True, f"loaded {what} from {swap.path}; weight_version={version}"
 
     def _apply_swap(self, swap: Swap) -> None:
-        if swap.adapter is not None:
-            return self._apply_adapter(swap)
+        name = swap.adapter
         try:
-            model_dir.copy_into(self.model, swap.tensors)
-        except Exception as exc:  # reported to the caller; the engine keeps serving the old weights
+            if name is None:
+                model_dir.copy_into(self.model, swap.tensors)
+            elif self._merged is not None:
+                self._merged.load(swap.tensors, swap.lora_config)
+            else:
+                self.model = peft_load(self.model, self.base, name, swap.tensors, swap.lora_config)
+        except Exception as exc:  # reported to the caller; the engine keeps serving what it had
             swap.done.set_exception(exc)
             return
         self._prefix.clear()  # every cached prefix was computed by the old weights
+        if name is not None:
+            old = self.adapter_versions[name]
+            version = str(int(old) + 1) if swap.version is None else str(swap.version)
+            self.adapter_versions[name] = version
+            log.info("LoRA adapter %s reloaded from %s weight_version=%s", name, swap.path, version)
+            swap.done.set_result(version)
+            return
         if swap.version is not None:
             self.weight_version = str(swap.version)
         elif self.weight_version.isdigit():
@@ -113,21 +119,3 @@ class Reloads:
         self.model_path = swap.path
         log.info("weights reloaded from %s weight_version=%s", swap.path, self.weight_version)
         swap.done.set_result(self.weight_version)
-
-    def _apply_adapter(self, swap: Swap) -> None:
-        """Load adapter `swap.adapter`: merged into the weights (`lora.Merged`) or through peft."""
-        name = swap.adapter
-        assert name is not None
-        try:
-            if self._merged is not None:
-                self._merged.load(swap.tensors, swap.lora_config)
-            else:
-                self.model = peft_load(self.model, self.base, name, swap.tensors, swap.lora_config)
-        except Exception as exc:  # reported to the caller; the engine keeps serving what it had
-            swap.done.set_exception(exc)
-            return
-        self._prefix.clear()
-        version = swap.version if swap.version is not None else str(int(self.adapter_versions[name]) + 1)
-        self.adapter_versions[name] = str(version)
-        log.info("LoRA adapter %s reloaded from %s weight_version=%s", name, swap.path, version)
-        swap.done.set_result(str(version))

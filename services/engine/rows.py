@@ -1,8 +1,5 @@
-"""A request inside the embedded engine: its decoding state, when it is done, what it returns.
-
-Consumes: the scheduler's view of one request (`Row`) and of a weight reload (`Swap`). Publishes
-nothing: pure bookkeeping for `engine_core`, no torch compute.
-"""
+"""A request inside the embedded engine (`Row`): its decoding state, when it is done, what it returns;
+and a weight reload waiting its turn (`Swap`)."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ class Swap:
 
 
 def check_finished(row: Row, eos_ids: set[int], context_length: int, tokenizer: Any) -> None:
-    """Set `row.finish` if its last token ends it. SGLang's order: length first, then EOS /
-    stop_token_ids, then stop strings."""
+    """Set `row.finish` if its last token ends it (SGLang's order: length, EOS, stop strings)."""
     p, n, tok = row.params, len(row.output_ids), row.output_ids[-1]
     if n >= p.max_new_tokens or len(row.prompt) + n >= context_length:
         row.finish = {"type": "length", "length": n}
@@ -69,12 +65,7 @@ def check_finished(row: Row, eos_ids: set[int], context_length: int, tokenizer: 
 
 def step(row: Row, version: str) -> Step:
     """What a streamed request is told after a step that did not finish it."""
-    return Step(
-        row.rid, list(row.output_ids), list(row.logprobs), len(row.prompt), version,
-        input_logprobs=row.input_logprobs,
-        input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
-        cached_tokens=row.cached,
-    )  # fmt: skip
+    return Step(**_so_far(row, version))
 
 
 def output(row: Row, version: str, tokenizer: Any) -> GenerationOutput:
@@ -88,12 +79,20 @@ def output(row: Row, version: str, tokenizer: Any) -> GenerationOutput:
         text = tokenizer.decode(ids, skip_special_tokens=row.params.skip_special_tokens)
         if row.stop_at is not None and not row.params.no_stop_trim:
             text = text[: row.stop_at]
-    return GenerationOutput(
-        row.rid, row.output_ids, row.logprobs, text, row.finish, len(row.prompt), version,
-        input_logprobs=row.input_logprobs,
-        input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
-        cached_tokens=row.cached,
-    )  # fmt: skip
+    return GenerationOutput(**_so_far(row, version), text=text, finish_reason=row.finish)
+
+
+def _so_far(row: Row, version: str) -> dict[str, Any]:
+    return {
+        "rid": row.rid,
+        "output_ids": list(row.output_ids),
+        "output_logprobs": list(row.logprobs),
+        "prompt_tokens": len(row.prompt),
+        "weight_version": version,
+        "input_logprobs": row.input_logprobs,
+        "input_logprob_ids": row.prompt[row.logprob_start :] if row.input_logprobs else [],
+        "cached_tokens": row.cached,
+    }
 
 
 def settle(
@@ -108,8 +107,8 @@ def settle(
 
 
 def reusable(row: Row) -> int:
-    """How many of a row's prompt tokens may come from the prefix cache: all but the last (its
-    logits pick the first output token), and none from `logprob_start` on (their logits are needed)."""
+    """How many of a row's prompt tokens may come from the prefix cache: all but the last (its logits
+    pick the first output token), and none from `logprob_start` on (their logits are needed)."""
     n = len(row.prompt) - 1
     return n if row.logprob_start < 0 else min(n, row.logprob_start)
 

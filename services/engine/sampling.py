@@ -1,20 +1,7 @@
 """Sampling parameters (SGLang's names and defaults) and the batched sampler of the embedded engine.
 
-Consumes: one `sampling_params` dict per request, as SGLang's `/generate` takes it; a `[B, vocab]`
-logits tensor per decode step. Publishes nothing: pure logic, no I/O.
-
-Which distribution the returned logprob comes from, checked against sgl-project/sglang 0.5.x
-(`python/sglang/version.py` 0.5.3rc2 @0175ceec): `srt/layers/sampler.py` `Sampler.forward` with
-`SGLANG_RETURN_ORIGINAL_LOGPROB` unset (its default), and `srt/sampling/sampling_params.py`
-(`_SAMPLING_EPS`, greedy rewrite, defaults; `sampling_seed` is the 0.5.x name of the seed):
-
-- temperature < 1e-6 is greedy: SGLang rewrites it to temperature 1 and top_k 1, so the logprob is
-  `log_softmax(logits)` at the argmax token;
-- otherwise the logprob is `log_softmax(logits / temperature)` at the sampled token, taken before
-  top-k / top-p / min-p filtering, so it is NOT renormalised over the kept tokens.
-
-A trainer that recomputes logprobs for PPO ratios must therefore divide its logits by the same
-temperature and must not apply top-k / top-p.
+The logprob is SGLang 0.5's: `log_softmax(logits / temperature)` at the token (temperature 1 when
+greedy, below 1e-6), before top-k / top-p / min-p, so NOT renormalised over the kept tokens.
 """
 
 from __future__ import annotations
@@ -27,23 +14,12 @@ import torch
 SAMPLING_EPS = 1e-6
 """Below this temperature sampling is greedy (SGLang's `_SAMPLING_EPS`)."""
 
-# SGLang sampling params we accept but do not implement: allowed only at their neutral value, so a
-# request that relies on one fails loudly (400) instead of being silently sampled differently.
+# SGLang sampling params accepted only at their neutral value: a request relying on one fails (400)
 _NEUTRAL = {
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_new_tokens": 0,
-    "n": 1,
-    "spaces_between_special_tokens": True,
-    "json_schema": None,
-    "regex": None,
-    "ebnf": None,
-    "structural_tag": None,
-    "logit_bias": None,
-    "custom_params": None,
-    "stream_interval": None,
-}
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1,
+    "spaces_between_special_tokens": True, "stream_interval": None,
+    **dict.fromkeys(["json_schema", "regex", "ebnf", "structural_tag", "logit_bias", "custom_params"]),
+}  # fmt: skip
 
 
 @dataclass
@@ -119,20 +95,9 @@ def sample(
     *,
     scratch: bool = False,
 ) -> tuple[list[int], list[float]]:
-    """Pick one token per row of `logits` [B, V]; return the tokens and their logprobs.
-
-    The generators are on the device of `logits` (a CUDA engine's are CUDA generators: a [B, vocab]
-    draw on the CPU costs milliseconds per row at a 150k vocabulary). A row with its own generator
-    (a seeded request) draws from it alone, so its tokens do not depend on its batch; the others
-    draw together, in one call, from `shared` (torch's default generator when None). The logprob
-    is `log_softmax(logits / T)` at the chosen token (T = 1 when greedy), before any top-k / top-p /
-    min-p filtering: SGLang's default, see the module docstring.
-
-    Memory: at most one float32 [B, V] tensor besides `logits` (none when `logits` is float32 and
-    `scratch` lets this overwrite it): the tempered logits become unnormalised probabilities in
-    place, and `draw` works a vocabulary slice at a time. Only the B picks and their logprobs leave
-    the device.
-    """
+    """Pick one token per row of `logits` [B, V]; return the tokens and their logprobs. A row with its
+    own generator (a seeded request) draws from it alone, the others together from `shared`;
+    `scratch` lets a float32 `logits` be overwritten."""
     if logits.dtype == torch.float32:
         x = logits if scratch else logits.clone()
     else:
@@ -161,10 +126,9 @@ def draw(
     probs: torch.Tensor, generator: torch.Generator | None, rows: list[int] | None = None
 ) -> torch.Tensor:
     """One index per row of `probs` [B, V] (unnormalised, >= 0; of `rows` only, if given), drawn in
-    proportion to it: the inverse CDF at one uniform number per row, found first among vocabulary
-    slices of `CHUNK` entries, then inside the chosen slice. `torch.multinomial` draws V random
-    numbers per row on the CPU (3.7 ms a row at V = 152k on one core, against about 0.3 ms for
-    this). Sums are float64, so a token of probability 0 is never picked."""
+    proportion to it: the inverse CDF at one uniform number per row, found first among slices of
+    `CHUNK` entries, then inside the chosen one (`torch.multinomial` draws V numbers per row on the
+    CPU). Sums are float64, so a token of probability 0 is never picked."""
     vocab, dev = probs.shape[-1], probs.device
     picked = probs if rows is None or len(rows) == len(probs) else probs[rows]
     n_rows, starts = len(picked), range(0, vocab, CHUNK)
@@ -173,12 +137,10 @@ def draw(
     u = torch.rand(n_rows, 1, generator=generator, dtype=torch.float64, device=dev) * cum[:, -1:]
     chunk = _pick(cum, sums, u[:, 0])
     before = (cum - sums).gather(1, chunk[:, None])  # mass of the slices before the chosen one
-    index = (chunk[:, None] * CHUNK + torch.arange(CHUNK, device=dev)).clamp_(max=vocab - 1)
-    values = picked.gather(1, index).double()
-    values[(chunk[:, None] * CHUNK + torch.arange(CHUNK, device=dev)) >= vocab] = 0.0
-    inner = values.cumsum(-1)
-    pos = _pick(inner, values, (u - before)[:, 0])
-    return chunk * CHUNK + pos
+    columns = chunk[:, None] * CHUNK + torch.arange(CHUNK, device=dev)
+    values = picked.gather(1, columns.clamp(max=vocab - 1)).double()
+    values[columns >= vocab] = 0.0
+    return chunk * CHUNK + _pick(values.cumsum(-1), values, (u - before)[:, 0])
 
 
 def _pick(cum: torch.Tensor, mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -192,14 +154,11 @@ def _pick(cum: torch.Tensor, mass: torch.Tensor, u: torch.Tensor) -> torch.Tenso
 def _filtered_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Zero the tokens top-k, top-p and min-p exclude (in SGLang's order) from a row of probabilities
     (unnormalised: top-p measures against the row's total); `draw` renormalises."""
-    if p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0.0:
-        return probs
     total = float(probs.sum(dtype=torch.float64))
     sorted_probs, order = probs.sort(descending=True)
     if p.top_k != -1:
         sorted_probs[p.top_k :] = 0.0
-    if p.top_p < 1.0:
-        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+    if p.top_p < 1.0:  # the smallest prefix whose mass reaches top_p (the first token always)
         before = sorted_probs.cumsum(0) - sorted_probs
         sorted_probs[before > p.top_p * total] = 0.0
     if p.min_p > 0.0:

@@ -1,36 +1,12 @@
-"""SGLang's native HTTP API, the subset swarmrl uses, served by the embedded engine (FastAPI).
+"""SGLang's native HTTP API, the subset swarmrl uses, served by the embedded engine (FastAPI), so that
+`EngineClient` drives it and a real SGLang server alike; plus `GET /engine_stats`, swarmrl's counters.
 
-Consumes HTTP: `POST /generate`, `POST /update_weights_from_disk`, `POST /load_lora_adapter`, `GET /health`,
-`GET /health_generate`, `GET /get_model_info`, `POST /flush_cache`; plus `GET /engine_stats`,
-a swarmrl extension (batching and prefix-cache counters). Publishes HTTP responses shaped like SGLang's, so
-`EngineClient` and the gateway drive this server and a real SGLang server with the same code.
-
-Field names checked against sgl-project/sglang 0.5.x (`managers/io_struct.py` GenerateReqInput /
-UpdateWeightFromDiskReqInput @001067ff, `entrypoints/http_server.py`, `managers/tokenizer_manager.py`
-meta_info): `meta_info.output_token_logprobs` is `[[logprob, token_id, text_or_null], ...]`,
-`finish_reason` is `{"type": "stop"|"length"|"abort", "matched"|"length"|"message": ...}`,
-`weight_version` is a string. Errors are HTTP 400 with `{"error": {"message": ...}}`, as SGLang's.
-
-Input logprobs (`return_logprob` with `logprob_start_len` >= 0, an int or one per prompt) follow
-SGLang's scheduler (`managers/scheduler.py` handle_generate_request and
-`scheduler_output_processor_mixin.py` `_process_input_token_logprobs` @004ec010):
-`meta_info.input_token_logprobs` has one `[logprob, token_id, text_or_null]` per token of
-`input_ids[logprob_start_len:]`, the first logprob always None; entry i is log p(token i | tokens
-before it). A start past the prompt is refused (SGLang aborts it). `-1`, the default, returns none
-(`[]`). With `max_new_tokens: 0` the prompt is only scored: one batched forward, no decoding.
-
-Streaming (`"stream": true`, one prompt) follows SGLang's default stream, checked against
-sgl-project/sglang `entrypoints/http_server.py` generate_request @0025436e and
-`managers/tokenizer_manager.py` `_handle_batch_output` / `_wait_one_response` @001067ff: an SSE
-body of `data: {...}\n\n` events, one per decode step, then `data: [DONE]\n\n`. Each event is
-shaped like the non-streamed response and is cumulative (SGLang's default,
-`incremental_streaming_output=False`): `text` and `output_ids` hold everything generated so far,
-`meta_info.output_token_logprobs` every logprob so far, `completion_tokens` their count, and
-`finish_reason` is null until the last event, which equals the non-streamed response. Text that
-ends inside a multi-byte character is held back until the character is complete, as SGLang's
-detokenizer does. A failed forward sends `data: {"error": {"message": ...}}` before `[DONE]`, as
-SGLang does; unlike SGLang, a request refused by validation is a plain HTTP 400 before any event.
-A client that disconnects aborts its request, like SGLang's `create_abort_task`.
+Shapes are SGLang 0.5's (`managers/io_struct.py`): `output_token_logprobs` `[[logprob, token_id,
+text_or_null], ...]`, `finish_reason` `{"type": "stop"|"length"|"abort", ...}`, errors
+`{"error": {"message": ...}}`. With `logprob_start_len` >= 0, `input_token_logprobs` covers
+`input_ids[logprob_start_len:]`, the first None; `max_new_tokens: 0` only scores the prompt.
+`"stream": true` sends SGLang's cumulative SSE events, one per decode step (text ending inside a
+character held back), then `data: [DONE]`; a client that disconnects aborts its request.
 """
 
 from __future__ import annotations
@@ -71,9 +47,11 @@ def create_app(engine: EngineCore) -> FastAPI:
         try:
             body = await request.json()
             prompts, params, want_logprob, rids, single, starts, loras = _parse_generate(engine, body)
+            text_in_lp = bool(body.get("return_text_in_logprobs"))
             if body.get("stream"):
-                stream = engine.stream(prompts[0], params[0], rids[0], starts[0], loras[0])
-                text_in_lp = bool(body.get("return_text_in_logprobs"))
+                stream = engine.stream(
+                    prompts[0], params[0], rid=rids[0], logprob_start_len=starts[0], adapter=loras[0]
+                )
                 events = _sse(engine, stream, want_logprob[0], text_in_lp, params[0].skip_special_tokens)
                 # the background task runs even when the client left mid-stream (SGLang's abort task)
                 return StreamingResponse(
@@ -91,7 +69,6 @@ def create_app(engine: EngineCore) -> FastAPI:
             outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except RuntimeError as exc:  # the forward pass failed; the engine logged it
             return _error(str(exc), 500)
-        text_in_lp = bool(body.get("return_text_in_logprobs"))
         out = [_to_sglang(engine, o, lp, text_in_lp) for o, lp in zip(outputs, want_logprob, strict=True)]
         return JSONResponse(out[0] if single else out)
 
@@ -107,8 +84,7 @@ def create_app(engine: EngineCore) -> FastAPI:
 
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
-        # SGLang's body {lora_name, lora_path}, plus `weight_version` (the adapter's version to report);
-        # loading a name that is loaded replaces its weights in place (SGLang wants an unload first).
+        # SGLang's body plus `weight_version`; a loaded name is replaced in place (SGLang wants an unload)
         parsed = await _reload_body(request, "load_lora_adapter", "lora_name", "lora_path")
         if isinstance(parsed, Response):
             return parsed
@@ -210,51 +186,38 @@ def _parse_generate(
             raise ValueError("text must be a string or a non-empty list of strings")
         prompts = [engine.encode(t) for t in texts]
     n = len(prompts)
-    raw_params = body.get("sampling_params")
-    if isinstance(raw_params, list):
-        if len(raw_params) != n:
-            raise ValueError(f"sampling_params has {len(raw_params)} entries for {n} prompts")
-    else:
-        raw_params = [raw_params] * n
-    params = [SamplingParams.from_dict(p, engine.vocab_size) for p in raw_params]
-    lp = body.get("return_logprob") or False
-    want = lp if isinstance(lp, list) else [bool(lp)] * n
-    if len(want) != n:
-        raise ValueError(f"return_logprob has {len(want)} entries for {n} prompts")
+    params = [SamplingParams.from_dict(p, engine.vocab_size) for p in _each(body, "sampling_params", n)]
+    want = [bool(w) for w in _each(body, "return_logprob", n, False)]
     rid = body.get("rid")
-    rids = (
-        rid
-        if isinstance(rid, list)
-        else ([rid] if single else [f"{rid}_{i}" if rid else None for i in range(n)])
-    )
-    if len(rids) != n:
-        raise ValueError(f"rid has {len(rids)} entries for {n} prompts")
-    for i, p in enumerate(prompts):
+    if single or isinstance(rid, list):
+        rids = _each(body, "rid", n)
+    else:
+        rids = [f"{rid}_{i}" if rid else None for i in range(n)]
+    starts = _each(body, "logprob_start_len", n, -1)
+    starts = [s if w else -1 for s, w in zip(starts, want, strict=True)]  # SGLang: only with return_logprob
+    for i, (p, start) in enumerate(zip(prompts, starts, strict=True)):
         if not isinstance(p, list):
             raise ValueError(f"input_ids[{i}] must be a list of token ids")
-        try:
+        try:  # all checked before any is queued: a bad item must not cost compute
             engine.check_prompt(p)
-        except ValueError as exc:  # checked before any is queued: a bad item must not cost compute
-            raise ValueError(f"prompt {i}: {exc}" if n > 1 else str(exc)) from None
-    raw_start = body.get("logprob_start_len")
-    starts = raw_start if isinstance(raw_start, list) else [-1 if raw_start is None else raw_start] * n
-    if len(starts) != n:
-        raise ValueError(f"logprob_start_len has {len(starts)} entries for {n} prompts")
-    starts = [s if w else -1 for s, w in zip(starts, want, strict=True)]  # SGLang: only with return_logprob
-    for i, (s, p) in enumerate(zip(starts, prompts, strict=True)):
-        try:
-            engine.check_logprob_start(s, len(p))
+            engine.check_logprob_start(start, len(p))
         except ValueError as exc:
             raise ValueError(f"prompt {i}: {exc}" if n > 1 else str(exc)) from None
     if stream and not single:
         raise ValueError(f"stream=true takes one prompt, got a batch of {n}: send one request per prompt")
-    lora = body.get("lora_path")
-    loras = lora if isinstance(lora, list) else [lora] * n
-    if len(loras) != n:
-        raise ValueError(f"lora_path has {len(loras)} entries for {n} prompts")
+    loras = _each(body, "lora_path", n)
     for name in loras:
         engine.check_adapter(name)
-    return prompts, params, [bool(w) for w in want], rids, single, starts, loras
+    return prompts, params, want, rids, single, starts, loras
+
+
+def _each(body: dict[str, Any], key: str, n: int, default: Any = None) -> list[Any]:
+    """Field `key` per prompt: given as a list of one per prompt, or one value (or `default`) for all."""
+    value = body.get(key)
+    values = value if isinstance(value, list) else [default if value is None else value] * n
+    if len(values) != n:
+        raise ValueError(f"{key} has {len(values)} entries for {n} prompts")
+    return values
 
 
 async def _sse(
@@ -283,10 +246,10 @@ def _to_sglang(
     skip_special: bool = True,
 ) -> dict[str, Any]:
     """SGLang's `{text, output_ids, meta_info}` for a finished request, or for a running one's `Step`."""
-    if isinstance(out, Step):
-        text, finish = _partial_text(engine, out.output_ids, skip_special), None
-    else:
+    if isinstance(out, GenerationOutput):
         text, finish = out.text, out.finish_reason
+    else:
+        text, finish = _partial_text(engine, out.output_ids, skip_special), None
     meta: dict[str, Any] = {
         "id": out.rid,
         "finish_reason": finish,
@@ -297,15 +260,14 @@ def _to_sglang(
     }
     if with_logprobs:
         tok = engine.tokenizer if text_in_lp else None
-        meta["output_token_logprobs"] = [
-            [lp, tid, tok.decode([tid]) if tok is not None else None]
-            for lp, tid in zip(out.output_logprobs, out.output_ids, strict=True)
-        ]
-        # empty when logprob_start_len=-1 (SGLang's default): none asked for
-        meta["input_token_logprobs"] = [
-            [lp, tid, tok.decode([tid]) if tok is not None else None]
-            for lp, tid in zip(out.input_logprobs, out.input_logprob_ids, strict=True)
-        ]
+
+        def entries(lps: list[Any], ids: list[int]) -> list[list[Any]]:
+            return [
+                [lp, t, tok.decode([t]) if tok is not None else None] for lp, t in zip(lps, ids, strict=True)
+            ]
+
+        meta["output_token_logprobs"] = entries(out.output_logprobs, out.output_ids)
+        meta["input_token_logprobs"] = entries(out.input_logprobs, out.input_logprob_ids)  # [] if not asked
     return {"text": text, "output_ids": out.output_ids, "meta_info": meta}
 
 

@@ -1,9 +1,6 @@
-"""The engine service: an SGLang-API backend plus the weight watcher, in one asyncio loop.
-
-Consumes: KV `swarm-models[<model>]` (via `WeightWatcher`, when `--nats` is set; with `adapters`, one
-watcher per adapter's key, each loading that LoRA adapter over the shared base). Publishes: an
-engine HTTP API on `--host:--port`: SGLang's native one (the embedded backend, or a launched SGLang
-server) or vLLM's (a launched vLLM server); or drives an external server at `--server-url`. Stops cleanly on SIGINT/SIGTERM.
+"""The engine service: an engine's HTTP API (the embedded engine's, a launched SGLang or vLLM
+server's, or an external one at `--server-url`) plus, with `--nats`, a `WeightWatcher` per served
+model or LoRA adapter, in one asyncio loop.
 """
 
 from __future__ import annotations
@@ -31,9 +28,9 @@ class EngineService(Loops):
         self.cfg = cfg
         self.url = ""
         self.client: EngineClient | None = None
-        self._engine: Any = None  # EngineCore (embedded)
-        self._server: Any = None  # uvicorn server (embedded)
-        self._launcher: LaunchedServer | None = None  # SGLang or vLLM, launched here
+        self._engine: Any = None  # embedded: EngineCore
+        self._server: Any = None  # embedded: uvicorn server
+        self._launcher: LaunchedServer | None = None
         self._nc: Any = None
         self._adapter_clients: list[EngineClient] = []
 
@@ -47,9 +44,9 @@ class EngineService(Loops):
             )
         if cfg.backend != "embedded" and len(cfg.adapters) > 1:
             raise ValueError(
-                f"backend={cfg.backend} keeps one weight version per server, so it serves one trainable LoRA "
-                f"adapter, not {len(cfg.adapters)} ({cfg.adapters}): run several adapters on one base with the "
-                "embedded engine, or give each model its own engine"
+                f"backend={cfg.backend} keeps one weight version per server, so it serves one trainable "
+                f"LoRA adapter, not {len(cfg.adapters)} ({cfg.adapters}): run several adapters on one base "
+                "with the embedded engine, or give each model its own engine"
             )
         if cfg.backend == "embedded":
             await self._start_embedded()
@@ -129,9 +126,9 @@ def launcher(cfg: EngineConfig) -> LaunchedServer:
 
     return VLLMServer(
         cfg.model_path, served_name=cfg.model, host=cfg.host, port=cfg.port, python=cfg.vllm_python,
-        extra_args=args, dtype=resolve_dtype(cfg.dtype, cfg.model_path), seed=cfg.seed, max_model_len=cfg.context_length,
-        max_num_seqs=cfg.max_batch, kv_cache_gib=cfg.vllm_kv_cache_gib, threads=cfg.torch_threads,
-        max_loras=len(cfg.adapters),
+        extra_args=args, dtype=resolve_dtype(cfg.dtype, cfg.model_path), seed=cfg.seed,
+        max_model_len=cfg.context_length, max_num_seqs=cfg.max_batch, kv_cache_gib=cfg.vllm_kv_cache_gib,
+        threads=cfg.torch_threads, max_loras=len(cfg.adapters),
     )  # fmt: skip
 
 

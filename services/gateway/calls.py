@@ -1,17 +1,9 @@
-"""Each agent identity's call rate, held across every gateway: the gateways tell each other the
-calls they served.
+"""Each agent identity's call rate, held across every gateway.
 
-An identity's calls may reach any gateway: over NATS request/reply the gateways answer in one queue
-group, and an identity's episodes may have been granted by different gateways. Each gateway keeps
-its own token bucket per identity (`limits.py`), and every `TALLY_EVERY_S` it publishes what it
-served since the last tally on `swarm.gw.calls` (core NATS: nothing stored, nothing to clean up);
-every other gateway takes those calls from its own buckets too. So each bucket sees the calls of the
-whole swarm, and the bound is the same with one gateway or ten. It is exact in the long run; within
-one tally's time the gateways cannot see each other's calls, so N gateways may together serve up to
-N bursts at the very start; a bucket may then go into debt (down to one burst), which the identity
-pays back by waiting.
-A tally lost (a gateway restarting, a slow subscriber) is calls the others do not take: the bound
-then errs on the side of serving.
+Each gateway keeps a token bucket per identity (`limits.py`) and, every `TALLY_EVERY_S`, publishes the
+calls it served on `swarm.gw.calls` (core NATS); the others take them from their buckets too, so the
+bound is the same with one gateway or ten. Within one tally N gateways may serve N bursts (a bucket
+may go into debt, paid back by waiting); a lost tally errs on the side of serving.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.tasks import Background
 from swarmrl.services.gateway.limits import AgentLimits
 
 log = logging.getLogger("swarmrl.gateway")
@@ -42,7 +35,7 @@ class SharedCalls:
     def __init__(self, nc: NATS, limits: AgentLimits, gateway: str) -> None:
         self.nc, self.limits, self.gateway = nc, limits, gateway
         self._sub: Subscription | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Background()
 
     @property
     def active(self) -> bool:
@@ -50,13 +43,10 @@ class SharedCalls:
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(S.GATEWAY_CALLS, cb=self._on_tally)
-        self._task = asyncio.create_task(self._tell())
+        self._tasks.spawn(self._tell())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._tasks.close()
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()

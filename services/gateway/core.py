@@ -1,13 +1,9 @@
-"""The gateway's completion logic: verify the episode token, build the exact prompt, generate, record.
+"""The gateway's completion logic, shared by the HTTP (`app.py`) and NATS (`service.py`) front ends.
 
-Shared by the HTTP front end (`app.py`) and the NATS request/reply front end (`service.py`). The
-`publish` callback receives the `LlmEvent` of every successful call and must make it durable before
-the caller answers the agent, so an agent's later `end` always lands after its `llm` events.
-
-A call is `prepare`d (token, request, exact prompt ids, sampling), generated, then `record`ed (the
-reply parsed, the llm event published, the OpenAI response built). `complete` does the three in one
-go; a streamed call (`streaming.py`) streams between the first two and records the engine's final
-result with the same `record`, so what is captured does not depend on streaming.
+A call is `prepare`d (token, request, exact prompt ids, sampling), generated, then `record`ed (reply
+parsed, llm event published, OpenAI response built). A streamed call (`streaming.py`) records the
+engine's final result with the same `record`. `publish` must make the event durable before the agent
+is answered, so an agent's later `end` always lands after its `llm` events.
 """
 
 from __future__ import annotations
@@ -16,7 +12,8 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,22 +47,17 @@ class ChatMessage(BaseModel):
 
 
 INLINE_DECODE_TOKENS = 256
-"""Replies up to this many tokens are decoded on the event loop (about 0.1 ms with the `tiny`
-tokenizer); longer ones in a worker thread. A thread hand-off costs more CPU than a short decode
-(py-spy under `just up`: 15% of the gateway's samples were in the thread pool's workers)."""
+"""Replies up to this many tokens are decoded on the event loop (a thread hand-off costs more than a
+short decode); longer ones in a worker thread."""
 
 MAX_INT32 = 2**31 - 1
 MAX_SEED = 2**63 - 1
-"""Seeds are int64 in the engines (a torch generator, SGLang's seeded sampling); negative ones too
-are refused rather than wrapped."""
+"""Seeds are int64 in the engines; negative ones too are refused rather than wrapped."""
 
 
 class ChatRequest(BaseModel):
     """The subset of OpenAI's chat completion request the gateway honours (other fields are ignored).
-
-    Every number is bounded here (JSON also allows NaN and Infinity): a value the engine cannot take
-    is the client's 400, never the engine's 500.
-    """
+    Every number is bounded: a value the engine cannot take is the client's 400, not the engine's 500."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str
@@ -162,20 +154,32 @@ class EpisodeMemory:
         self.seqs: OrderedDict[str, int] = OrderedDict()
 
     def history(self, episode_id: str, model: str) -> list[CallRecord]:
-        key = (episode_id, model)
-        records = self.calls.setdefault(key, [])
-        self.calls.move_to_end(key)
-        while len(self.calls) > self.max_episodes:
-            self.calls.popitem(last=False)
+        records = self.calls.setdefault((episode_id, model), [])
+        _keep_recent(self.calls, (episode_id, model), self.max_episodes)
         return records
 
     def next_seq(self, episode_id: str) -> int:
-        seq = self.seqs.get(episode_id, -1) + 1
-        self.seqs[episode_id] = seq
-        self.seqs.move_to_end(episode_id)
-        while len(self.seqs) > 4 * self.max_episodes:
-            self.seqs.popitem(last=False)
+        seq = self.seqs[episode_id] = self.seqs.get(episode_id, -1) + 1
+        _keep_recent(self.seqs, episode_id, 4 * self.max_episodes)
         return seq
+
+
+def _keep_recent(entries: OrderedDict[Any, Any], key: Any, most: int) -> None:
+    """Mark `key` the most recently used, and forget the least recently used past `most`."""
+    entries.move_to_end(key)
+    while len(entries) > most:
+        entries.popitem(last=False)
+
+
+@contextmanager
+def engine_errors(model: str) -> Iterator[None]:
+    """An engine's failure as the agent's `ApiError`."""
+    try:
+        yield
+    except EngineError as exc:
+        raise engine_failed(model, exc.status, exc.message) from exc
+    except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
+        raise engine_failed(model, 0, repr(exc)) from exc
 
 
 class Gateway:
@@ -188,13 +192,11 @@ class Gateway:
         history_episodes: int = 20_000,
         limits: AgentLimits | None = None,
     ) -> None:
-        self.models = models
+        self.models, self.secret, self.publish = models, secret, publish
         self.limits = limits or AgentLimits()
-        self.secret = secret
-        self.publish = publish
         self.default_max_tokens = default_max_tokens
         self.memory = EpisodeMemory(history_episodes)
-        # A fresh id per gateway process keeps llm event seqs unique even across restarts.
+        # a fresh id per process keeps llm event seqs unique across restarts
         self.client_id = f"gateway-{uuid.uuid4().hex[:12]}"
 
     def authorize(self, api_key: str | None) -> Claims:
@@ -224,14 +226,10 @@ class Gateway:
 
     async def generate(self, call: PreparedCall) -> Completion:
         """Generate a prepared call in one piece and record it."""
-        try:
+        with engine_errors(call.req.model):
             result = await call.handle.engine.generate(
-                call.prompt_ids, call.sampling, return_logprob=True, key=call.claims.episode_id
+                call.prompt_ids, call.sampling, key=call.claims.episode_id
             )
-        except EngineError as exc:
-            raise engine_failed(call.req.model, exc.status, exc.message) from exc
-        except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
-            raise engine_failed(call.req.model, 0, repr(exc)) from exc
         return await self.record(call, result)
 
     async def prepare(self, body: Any, api_key: str | None) -> PreparedCall:
@@ -239,10 +237,8 @@ class Gateway:
         claims = self.authorize(api_key)
         identity, now = S.episode_owner(claims.episode_id), time.monotonic()
         if wait := self.limits.call(identity, now):
-            raise rate_limited(
-                f"agent {identity!r} is past its rate of {self.limits.rate:g} calls/s: retry in {wait:.2f} s",
-                wait,
-            )
+            rate = f"{self.limits.rate:g} calls/s"
+            raise rate_limited(f"agent {identity!r} is past its rate of {rate}: retry in {wait:.2f} s", wait)
         self.limits.seen(identity, claims.episode_id, now)
         req = self.parse(body)
         handle = self.models.get(req.model)
@@ -250,12 +246,10 @@ class Gateway:
             raise not_found(f"model {req.model!r} does not exist; available: {sorted(self.models)}")
         if not claims.allows(req.model):
             raise forbidden(f"episode {claims.episode_id} may call {list(claims.models)}, not {req.model!r}")
-
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [] if req.tool_choice == "none" else list(req.tools or [])
         history = self.memory.history(claims.episode_id, req.model)
-        # Rendering and tokenizing a long prompt takes a while: off the event loop, so other calls
-        # and /health go on meanwhile. A copy of history: the loop may append to it meanwhile.
+        # off the event loop (a long prompt takes a while), on a copy of history (the loop may append)
         prompt_ids, reused = await asyncio.to_thread(handle.builder.build, messages, tools, list(history))
         room = handle.context_len - len(prompt_ids)
         if room < 1:
@@ -283,14 +277,13 @@ class Gateway:
 
     async def record(self, call: PreparedCall, result: GenerateResult) -> Completion:
         """Parse the engine's final result, publish the call's llm event (durably), build the response."""
-        claims, req, handle, messages, tools = call.claims, call.req, call.handle, call.messages, call.tools
-        prompt_ids = call.prompt_ids
+        claims, req, handle, prompt_ids = call.claims, call.req, call.handle, call.prompt_ids
         out_ids = list(result.output_ids)
         if len(out_ids) <= INLINE_DECODE_TOKENS:
             text = handle.reply_text(out_ids)
-        else:  # a long reply: decoded off the event loop, so other calls go on meanwhile
+        else:
             text = await asyncio.to_thread(handle.reply_text, out_ids)
-        reply = handle.fmt.parse(text, with_tools=bool(tools), opened=call.opened)
+        reply = handle.fmt.parse(text, with_tools=bool(call.tools), opened=call.opened)
         tool_calls = reply.tool_calls
         finish = "tool_calls" if tool_calls else ("length" if result.finish_reason == "length" else "stop")
         message: dict[str, Any] = {
@@ -302,8 +295,7 @@ class Gateway:
         if tool_calls:
             message["tool_calls"] = tool_calls
         call_id = call.call_id
-        call.history.append(CallRecord(call_id, messages, tools, prompt_ids, out_ids, message))
-
+        call.history.append(CallRecord(call_id, call.messages, call.tools, prompt_ids, out_ids, message))
         event = LlmEvent(
             episode_id=claims.episode_id,
             seq=self.memory.next_seq(claims.episode_id),
@@ -316,8 +308,8 @@ class Gateway:
             output_ids=out_ids,
             output_logprobs=[float(x) for x in result.output_logprobs],
             policy_version=int(result.weight_version or 0),
-            messages=messages,
-            tools=tools,
+            messages=call.messages,
+            tools=call.tools,
             output_text=text,
             finish_reason=finish,
         )

@@ -1,20 +1,11 @@
 """Each agent identity's open episodes, shared by every gateway through NATS KV `swarm-groups`.
 
-An identity may have `max_episodes` episodes open at once however many gateways grant its tokens
-(`limits.py`). Its episodes hold slots, keys `e.<digest of the identity>.<slot>` (value: the
-identity, the episode and the gateway that granted it):
-
-- a gateway grants a token for a new episode only once it has taken a free slot with a KV `create`,
-  which the server grants once: two gateways can never put two episodes in one slot, so the bound is
-  exact across gateways;
-- the episode's `end` or `abort` event reaches one gateway (a queue group), which deletes the key;
-- an episode that two gateways gave a slot each at once (it asked both before either saw the other's
-  key) keeps the lower slot: every gateway that sees both frees the higher one;
-- a gateway that served calls of an episode writes its key again at most every `idle_s / 4`; a key
-  not written for `idle_s`, by an episode no gateway saw a call of, is deleted by whichever gateway
-  finds it idle first (a delete against the revision it saw, so a key written since stays).
-
-Every gateway watches the keys and keeps the view in its `AgentLimits`.
+An identity's episodes hold slots, keys `e.<digest of the identity>.<slot>` (value: identity, episode,
+granting gateway), at most `max_episodes` (`limits.py`). A gateway grants a new episode's token only
+once its KV `create` of a free slot won, so the bound is exact across gateways. The episode's `end` or
+`abort` frees the slot; an episode given two slots at once keeps the lower. A gateway that served an
+episode's calls writes its key again every `idle_s / 4`; a key idle for `idle_s` is deleted (as of the
+revision seen, so a key written since stays). Every gateway watches the keys into its `AgentLimits`.
 """
 
 from __future__ import annotations
@@ -56,8 +47,7 @@ class SharedEpisodes:
         self.ready = asyncio.Event()
         """Set once the watch has delivered the live slots."""
         self._keys: dict[str, tuple[str, str]] = {}  # key -> (identity, episode), for deletes
-        self._tasks: list[asyncio.Task[None]] = []
-        self._frees = Background()  # deletes of an episode's second slot
+        self._tasks = Background()  # the watch, the sweep and deletes of an episode's second slot
 
     @property
     def active(self) -> bool:
@@ -70,26 +60,21 @@ class SharedEpisodes:
 
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
-        self._tasks = [
-            asyncio.create_task(follow_kv(self.js, self.kv, "e.>", self._apply, self.ready, "episodes")),
-            asyncio.create_task(self._sweep()),
-        ]
+        self._tasks.spawn(
+            follow_kv(self.js, self.kv, "e.>", self._apply, self.ready, "episodes"), watched=True
+        )
+        self._tasks.spawn(self._sweep(), watched=True)
         await self.ready.wait()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self._frees.close()
+        await self._tasks.close()
 
     def _value(self, identity: str, episode_id: str) -> bytes:
         """A slot's value: whose episode holds it, granted (or last called) by this gateway."""
         return json.dumps({"identity": identity, "episode": episode_id, "by": self.gateway}).encode()
 
     async def take(self, identity: str, episode_id: str, now: float) -> float:
-        """0.0 once `episode_id` holds a slot of `identity` (now, or already), else the seconds to
-        wait before asking again."""
+        """0.0 once `episode_id` holds a slot of `identity` (now, or already), else the seconds to wait."""
         free = self.limits.free_slots(identity, episode_id, now)
         if free is None:
             return 0.0
@@ -119,7 +104,7 @@ class SharedEpisodes:
             if episode is None:
                 return
         self.limits.closed(identity, episode_id)
-        await self._free(slot_key(identity, episode.slot), episode.revision)
+        await self._free(episode)
 
     async def _lookup(self, identity: str, episode_id: str) -> OpenEpisode | None:
         for slot in range(self.limits.max_episodes):
@@ -153,21 +138,20 @@ class SharedEpisodes:
         self._hold(OpenEpisode(identity, episode_id, slot, entry.revision or 0, written_at(entry)))
 
     def _hold(self, episode: OpenEpisode) -> None:
-        """Record that `episode` holds its slot (taken here, or seen written). An episode that two
-        gateways gave a slot each at once (it asked both before either saw the other's) keeps the
-        lower: every gateway that sees both frees the higher (first come; the rest find it gone)."""
+        """Record that `episode` holds its slot (taken here, or seen written). An episode given two
+        slots at once (by two gateways) keeps the lower: every gateway that sees both frees the higher."""
         known = self.limits.find(episode.identity, episode.episode_id)
         if known is not None and known.slot != episode.slot:
             drop = episode if episode.slot > known.slot else known
-            self._frees.spawn(self._free(slot_key(drop.identity, drop.slot), drop.revision))
+            self._tasks.spawn(self._free(drop))
             if drop is episode:
                 return
         self.limits.opened(episode)
 
-    async def _free(self, key: str, revision: int) -> None:
-        """Delete a slot's key as of `revision`: one deleted, taken or written since is not ours to free."""
+    async def _free(self, episode: OpenEpisode) -> None:
+        """Delete its slot's key as of its revision: one deleted, taken or written since is not ours."""
         with contextlib.suppress(*KV_ERRORS):
-            await self.kv.delete(key, last=revision)
+            await self.kv.delete(slot_key(episode.identity, episode.slot), last=episode.revision)
 
     async def _sweep(self) -> None:
         """Write again the keys of episodes called here; delete the keys of idle ones."""

@@ -49,6 +49,10 @@ def rate_limited(message: str, retry_after_s: float) -> ApiError:
     return exc
 
 
+def server_error(exc: Exception) -> ApiError:
+    return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
 def engine_failed(model: str, status: int, message: str) -> ApiError:
     """The engine refused the request (its 4xx: 400 here) or failed or was unreachable (502)."""
     if 400 <= status < 500:

@@ -1,9 +1,6 @@
-"""Token requests (`swarm.auth.token.<client>`, the wire's `TokenRequest`): check one and resolve which
-models each agent may call.
-
-An episode names its models; by default every agent may call all of them. `agent_models` narrows
-that per agent (a team where the caller runs on one model and the reporter on another): each agent's
-token then names only its own models. Pure logic, no NATS; see schemas/README.md "Episode tokens".
+"""Token requests (`swarm.auth.token.<client>`): check one and resolve which models each agent may
+call: all the episode's, unless `agent_models` narrows them per agent. Pure logic, no NATS; see
+schemas/README.md "Episode tokens".
 """
 
 from __future__ import annotations
@@ -32,14 +29,11 @@ class Grant:
 
 
 def check_token_request(data: bytes, served: Collection[str]) -> Grant:
-    """Decode a token request (the wire's `TokenRequest`) and check it against the models this swarm
-    serves; ValueError (a `WireError` for a malformed one) says what is wrong, naming the entry."""
+    """Decode a token request and check it against the models served; ValueError says what is wrong."""
     req = decode(data, TokenRequest, max_bytes=MAX_REQUEST_BYTES)
     S.check_token(req.episode_id, "episode id")
     per_agent = {a: list(dict.fromkeys(ms)) for a, ms in req.agent_models.items()}
-    models = list(dict.fromkeys(req.models)) or list(
-        dict.fromkeys(m for ms in per_agent.values() for m in ms)
-    )
+    models = list(dict.fromkeys(req.models or [m for ms in per_agent.values() for m in ms]))
     if not models:
         raise ValueError(
             f"token request for episode {req.episode_id} names no models: send `models` (or `agent_models`) "
@@ -65,9 +59,8 @@ def check_token_request(data: bytes, served: Collection[str]) -> Grant:
 
 
 def check_task(task: str, owner: str, tasks: Collection[str], own: Collection[str], outside: bool) -> None:
-    """Raise ValueError unless identity `owner` may send episodes of `task`: a task the swarm's own
-    clients play (`own`) is theirs alone; any other declared task (`tasks`) is open to every agent;
-    an undeclared one only where the description allows outside tasks. No `tasks`: nothing checked."""
+    """Raise ValueError unless identity `owner` may send episodes of `task`: one of `own` is its
+    clients' alone; an undeclared one needs `outside`. No `tasks`: nothing checked."""
     if not tasks:
         return
     if task in own and not S.plays_own_task(owner, task):

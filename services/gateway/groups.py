@@ -1,26 +1,19 @@
 """Admitted groups and task activity, shared by every gateway through NATS KV `swarm-groups`.
 
-Gateways answer token requests in one queue group, so the episodes of one GRPO group reach different
-gateways. They must admit a group whole and mix tasks by one count, so what admission and mixing
-decide is written where all of them see it:
+The episodes of one GRPO group reach different gateways, which must admit the group whole and mix
+tasks by one count. Keys:
 
-- `g.<digest of the group key>`: the group is admitted (value: its task and the gateway that admitted
-  it). Admitting a new group is a KV `create`, which the server grants once: of two gateways
-  admitting one group at once, one wins and the other finds it admitted. An episode of a group any
-  gateway admitted is admitted (`known`; before holding one, a gateway reads the key to be sure);
-- `a.<task>`: the task asked for a token (value: the gateway), written by each gateway at most every
-  `window_s / 4` per task.
+- `g.<digest of the group key>`: the group is admitted (value: its task and the gateway). Admitting
+  is a KV `create`, which the server grants once: of two gateways admitting a group at once, one wins;
+- `a.<task>`: the task asked for a token, written by each gateway at most every `window_s / 4`.
 
-Every gateway watches the bucket and applies what the others wrote to its own `TaskMixer` (`charge`,
-`seen`); its own writes it applied when it made them. A (re)started gateway's watch begins with the
-bucket's live keys, so it knows (and charges) the groups admitted within `bus.GROUPS_TTL_S` instead
-of forgetting which groups it admitted. The bucket's TTL forgets the rest.
+Every gateway watches the bucket and applies the others' writes to its `TaskMixer`. A (re)started
+gateway's watch begins with the live keys, so it remembers the groups admitted within the bucket's TTL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -33,6 +26,7 @@ from nats.js.kv import KeyValue
 
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common.kv_watch import follow_kv, written_at
+from swarmrl.services.common.tasks import Background
 from swarmrl.services.gateway.mixing import TaskMixer
 
 log = logging.getLogger("swarmrl.gateway")
@@ -62,20 +56,17 @@ class GroupBook:
         """Groups this gateway admitted (won the KV create of), for logs and tests."""
         self._remember = remember
         self._announced: dict[str, float] = {}  # task -> when this gateway last wrote a.<task>
-        self._watch: asyncio.Task[None] | None = None
+        self._tasks = Background()
         self.ready = asyncio.Event()
         """Set once the watch has delivered the bucket's live keys."""
 
     async def start(self) -> None:
         self.kv = await self.js.key_value(S.GROUPS_BUCKET)
-        self._watch = asyncio.create_task(follow_kv(self.js, self.kv, ">", self._apply, self.ready, "groups"))
+        self._tasks.spawn(follow_kv(self.js, self.kv, ">", self._apply, self.ready, "groups"), watched=True)
         await self.ready.wait()
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        await self._tasks.close()
 
     def known(self, group: str) -> bool:
         return group_key(group) in self._known

@@ -1,24 +1,10 @@
 """Per-agent fairness: each agent identity's LLM call rate and concurrent episodes, bounded.
 
-An agent identity is the NATS identity a client connects with (`swarmrl credentials mint NAME`):
-the owner part of its episode ids, which the gateway checks when it mints the episode's tokens. One
-busy or broken client must not take the engines from every other one, so the gateway bounds, per
-identity:
-
-- **calls**: a token bucket of `rate` LLM calls per second with room for `burst` at once; a call
-  past it is refused with 429 `rate_limit_exceeded` and a `Retry-After` (the OpenAI SDKs wait that
-  long and retry by themselves). Each gateway keeps the buckets, and takes from them the calls
-  every other gateway served too, as the gateways tell each other (`calls.py`): the rate holds
-  across gateways;
-- **episodes**: at most `max_episodes` open at once, across every gateway; a token request for one
-  more is answered with `retry_after_s` (the SDK waits and asks again, as for admission control).
-  An episode is open from its first token until its `end` or `abort` event, or until no call of it
-  came for `idle_s` (a client that died without ending it). Each open episode holds one of its
-  identity's `max_episodes` slots, a key in NATS KV that every gateway sees (`episodes.py`); this
-  class holds the view of them, `OpenEpisode`s, as the gateways wrote them.
-
-Pure and clock-driven (`now` is passed in): no NATS here; `service.py`, `calls.py` and `episodes.py`
-feed it. 0 turns a bound off.
+An identity is the owner part of its episode ids. Per identity: **calls**, a token bucket of `rate`
+calls per second with room for `burst` (past it: 429 with `Retry-After`), which also takes the calls
+other gateways served (`calls.py`); **episodes**, at most `max_episodes` open at once (past it the
+token request is told to retry), each holding a slot in NATS KV (`episodes.py`) until its `end` or
+`abort`, or `idle_s` without a call. Pure and clock-driven (`now` is passed in); 0 turns a bound off.
 """
 
 from __future__ import annotations
@@ -64,10 +50,8 @@ class AgentLimits:
     retry_after_s: float = 1.0
     """What a token request past `max_episodes` is told to wait before it asks again."""
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
-    _served: Counter[str] = field(default_factory=Counter)
-    """identity -> calls served here since `take_served` last took them."""
-    _open: dict[str, dict[str, OpenEpisode]] = field(default_factory=dict)
-    """identity -> episode -> its slot."""
+    _served: Counter[str] = field(default_factory=Counter)  # identity -> calls since `take_served`
+    _open: dict[str, dict[str, OpenEpisode]] = field(default_factory=dict)  # identity -> episode -> it
     refused_calls: int = 0
     refused_episodes: int = 0
 
@@ -77,9 +61,7 @@ class AgentLimits:
 
     def _bucket(self, identity: str, now: float) -> _Bucket:
         """`identity`'s bucket, refilled up to `now`."""
-        b = self._buckets.get(identity)
-        if b is None:
-            b = self._buckets[identity] = _Bucket(self.capacity, now)
+        b = self._buckets.setdefault(identity, _Bucket(self.capacity, now))
         b.tokens = min(self.capacity, b.tokens + (now - b.at) * self.rate)
         b.at = now
         return b
@@ -97,9 +79,8 @@ class AgentLimits:
         return (1.0 - b.tokens) / self.rate
 
     def spent(self, identity: str, calls: int, now: float) -> None:
-        """`calls` of `identity` that another gateway served: taken from this bucket too. It may go
-        into debt (down to -capacity: what gateways that could not yet see each other served at once),
-        which this gateway's refusals then pay back."""
+        """`calls` of `identity` that another gateway served: taken from this bucket too, which may go
+        into debt (down to -capacity)."""
         if self.rate > 0:
             b = self._bucket(identity, now)
             b.tokens = max(-self.capacity, b.tokens - calls)
@@ -110,9 +91,8 @@ class AgentLimits:
         return served
 
     def free_slots(self, identity: str, episode_id: str, now: float) -> list[int] | None:
-        """None if `episode_id` may go on without a new slot (no bound, or it holds one already);
-        else the slots no live episode of `identity` holds, lowest first (empty: it must wait, and
-        the refusal is counted). Records nothing: a slot is the gateway's once its KV create won."""
+        """None if `episode_id` needs no new slot (no bound, or it holds one); else the slots no live
+        episode of `identity` holds, lowest first (empty: it must wait, and the refusal is counted)."""
         if self.max_episodes <= 0:
             return None
         episodes = self._open.get(identity, {})
@@ -155,17 +135,14 @@ class AgentLimits:
 
     def idle(self, now: float) -> list[OpenEpisode]:
         """Open episodes without a call or a write for `idle_s`: their slots are to be freed."""
-        return [e for eps in self._open.values() for e in eps.values() if now - e.last > self.idle_s]
+        return [e for e in self._episodes() if now - e.last > self.idle_s]
+
+    def _episodes(self) -> list[OpenEpisode]:
+        return [e for eps in self._open.values() for e in eps.values()]
 
     def due(self, now: float, every_s: float) -> list[OpenEpisode]:
-        """Episodes called here since their key was last written, and not written for `every_s`:
-        their keys are to be written again, so that no gateway takes them as idle."""
-        return [
-            e
-            for eps in self._open.values()
-            for e in eps.values()
-            if e.seen > e.written and now - e.written >= every_s
-        ]
+        """Episodes called here since their key was written, not written for `every_s`: to write again."""
+        return [e for e in self._episodes() if e.seen > e.written and now - e.written >= every_s]
 
     def open_count(self, identity: str) -> int:
         return len(self._open.get(identity, ()))

@@ -1,22 +1,11 @@
 """Task mixing ("cocktail" training): admit new GRPO groups so each task gets its weight's share.
 
-The clients of each task may be separate processes, in other languages, that know nothing of each
-other; the only place that sees every task is the gateway, where every episode asks for its tokens.
-So the gateway holds back new groups of a task that is ahead of its share, and the held client
-waits and asks again (`retry_after_s`, as admission control does). Pure logic, no NATS.
-
-The rule, per token request for a *new* group of task `t` at time `now`:
-
-- a task is *active* while it has asked (any token request) within the last `window_s`; only
-  active tasks share: a task whose clients are gone never holds the others back for longer;
-- share(t) = weight(t) / sum of the active tasks' weights; n = groups charged to the active tasks;
-- hold when another task is active and charged(t) > share(t) * n + `slack`, else admit and charge t.
-
-At least one active task is always under its share, so active tasks never hold each other forever.
-A task that becomes active (first ask, or first after a gap over `window_s`) is charged as if it had
-its share all along: it starts level with the others instead of owing them a burst of catch-up
-groups. `slack` (in groups) lets a task run a little ahead while the others' next ask is in
-flight; the long-run mix does not depend on it.
+Every episode asks the gateway for its tokens, so the gateway is where all tasks meet: it holds back
+new groups of a task ahead of its share (the client waits, `retry_after_s`). Pure logic, no NATS.
+For a new group of task `t`: tasks that asked within `window_s` are *active*; share(t) = weight(t) /
+the active tasks' weights; n = groups charged to them; hold when another task is active and
+charged(t) > share(t) * n + `slack`. A task that (re)joins is charged as if it had had its share all
+along, so it owes no burst of catch-up groups.
 """
 
 from __future__ import annotations
@@ -75,14 +64,14 @@ class TaskMixer:
         return [t for t, at in self._last_ask.items() if now - at <= self.window_s]
 
     def seen(self, task: str, now: float) -> None:
-        """Record that `task` asked for a token (it is alive), e.g. for an episode of an admitted group.
-        `now` may lie in the past (an ask another gateway reported): the latest ask counts."""
+        """Record that `task` asked for a token (it is alive); `now` may lie in the past (another
+        gateway's ask): the latest ask counts."""
         self.check(task)
         last = self._last_ask.get(task)
         self._last_ask[task] = max(now, last) if last is not None else now
         if last is not None and now - last <= self.window_s:
             return
-        # (Re)joining: start level with the active tasks, never owed a burst of catch-up groups.
+        # (re)joining: start level with the active tasks
         active = self._active(now)
         share = self.weights[task] / sum(self.weights[t] for t in active)
         if share < 1.0:
@@ -90,7 +79,7 @@ class TaskMixer:
             self._charged[task] = max(self._charged[task], share * others / (1.0 - share))
 
     def ahead(self, task: str, now: float) -> bool:
-        """Whether a new group of `task` would be held now (another task is active and `task` is past its share)."""
+        """Whether a new group of `task` would be held now."""
         active = self._active(now)
         if task not in active or len(active) < 2:
             return False
@@ -108,8 +97,7 @@ class TaskMixer:
         return True
 
     def charge(self, task: str) -> None:
-        """Count one admitted group of `task`: what `admit` does once it admits, and what a gateway
-        does for each group another gateway admitted (`groups.py`), so all of them judge one mix."""
+        """Count one admitted group of `task` (admitted here, or by another gateway: `groups.py`)."""
         self.check(task)
         self._charged[task] += 1.0
         self.admitted[task] += 1

@@ -1,20 +1,11 @@
 """A model's engines as one pool: calls spread by load, an episode's calls kept on one engine, a dead
 engine left out and its calls retried on another.
 
-- **Load** is the calls this gateway has in flight on an engine.
-- **Affinity**: an episode's *home* is the engine with the highest hash of (episode id, engine URL)
-  among those up (rendezvous hashing: every gateway finds the same home, and an engine that leaves
-  moves only its own episodes). Its earlier calls left the episode's prefix in that engine's cache
-  (the embedded engine's and SGLang's radix cache, vLLM's prefix cache), so the next call goes there,
-  unless the home has `slack` more calls in flight than the least loaded engine: then that one takes
-  it (a queue costs more than a cache miss).
-- **Failover**: an engine that cannot be reached (refused or dropped connection) is *down* for
-  `down_s` and the call goes at once to the next engine. Nothing of a call is recorded before its
-  result arrives, so a call the dead engine had accepted is simply made again elsewhere; a stream is
-  moved only before its first event (after that the agent is already reading it). When every engine
-  is down the call waits for one to come back, up to `retry_s` (an engine restarting), then fails.
-
-`choose` is the pure rule; `EnginePool` makes the calls through each engine's `EngineClient`.
+An episode's *home* is the engine up with the highest hash of (episode id, URL) (rendezvous hashing:
+every gateway finds the same home), whose prefix cache holds its earlier calls, unless the home has
+`slack` more calls in flight here than the least loaded engine. An engine that cannot be reached is
+*down* for `down_s` and the call goes to the next (a stream only before its first event); when all
+are down the call waits up to `retry_s` for one to come back.
 """
 
 from __future__ import annotations
@@ -24,7 +15,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -75,7 +66,7 @@ class EnginePool:
         up = [m for url, m in self.members.items() if self.down_until[url] <= now]
         return (up or list(self.members.values()))[0]
 
-    def pick(self, key: str, now: float, avoid: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+    def pick(self, key: str, now: float, avoid: Collection[str] = ()) -> str | None:
         up = {u: n for u, n in self.loads.items() if self.down_until[u] <= now and u not in avoid}
         return choose(key, up, self.slack) if up else None
 
@@ -99,8 +90,7 @@ class EnginePool:
         self.failovers += 1
 
     async def _next(self, key: str, tried: set[str], deadline: float) -> str:
-        """The engine for the next try: an untried one that is up, else (every engine tried or down)
-        the first to come back, waiting until `deadline`."""
+        """An untried engine that is up, else any that is up, else the first back before `deadline`."""
         while True:
             now = time.monotonic()
             url = self.pick(key, now, tried) or self.pick(key, now)
@@ -113,31 +103,22 @@ class EnginePool:
             await asyncio.sleep(min(0.5, max(0.0, min(self.down_until.values()) - now)))
 
     async def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: dict[str, Any],
-        return_logprob: bool = True,
-        *,
-        key: str = "",
+        self, prompt_ids: list[int], sampling: dict[str, Any], *, key: str = ""
     ) -> GenerateResult:
         deadline, tried = time.monotonic() + self.retry_s, set[str]()
         while True:
             url = await self._next(key, tried, deadline)
             try:
                 with self._busy(url) as engine:
-                    return await engine.generate(input_ids, sampling_params, return_logprob=return_logprob)  # type: ignore[no-any-return]
+                    result: GenerateResult = await engine.generate(prompt_ids, sampling, return_logprob=True)
+                    return result
             except (EngineError, httpx.HTTPError) as exc:
                 if not _unreachable(exc):
                     raise
                 self._failed_over(url, exc, tried)
 
     async def generate_stream(
-        self,
-        input_ids: list[int],
-        sampling_params: dict[str, Any],
-        return_logprob: bool = True,
-        *,
-        key: str = "",
+        self, prompt_ids: list[int], sampling: dict[str, Any], *, key: str = ""
     ) -> AsyncIterator[Any]:
         deadline, tried = time.monotonic() + self.retry_s, set[str]()
         while True:
@@ -145,7 +126,7 @@ class EnginePool:
             started = False
             try:
                 with self._busy(url) as engine:
-                    stream = engine.generate_stream(input_ids, sampling_params, return_logprob=return_logprob)
+                    stream = engine.generate_stream(prompt_ids, sampling, return_logprob=True)
                     async with contextlib.aclosing(stream):  # closed at once: the engine aborts the call
                         async for item in stream:
                             started = True

@@ -1,17 +1,12 @@
 """Prompt construction with exact token reuse (pure logic, no NATS, no HTTP).
 
-The gateway owns tokenization. The first call of an episode is rendered with the model's chat
-template. A later call whose messages start with an earlier call's messages followed by that call's
-own reply reuses the earlier call's exact `prompt_ids + output_ids`, and only the new tail is
-tokenized, so the new prompt extends the old one token for token (no re-tokenization drift). That is
-what lets the merger fold the earlier call into the later one.
+The first call of an episode is rendered with the model's chat template. A later call whose messages
+extend an earlier call's messages and reply reuses that call's exact `prompt_ids + output_ids` and
+tokenizes only the new tail, so the merger can fold the earlier call into the later one.
 
-Tools for templates without them (`tool_prompt`): many small chat models' templates drop `tools`
-(SmolLM2's ChatML among them), so an agent's tools would never reach the model. With `hermes` the
-gateway writes them into the system message itself, in Hermes' `<tool_call>` JSON convention,
-renders the assistant's earlier tool calls as `<tool_call>` blocks and tool results as
-`<tool_response>` user turns, then applies the template to those plain messages. `auto` does so
-exactly when the template ignores tools (`renders_tools`). The ids captured are the rendered ones.
+`tool_prompt` `hermes` (`auto`: when the template drops `tools`, as SmolLM2's does) writes the tools into
+the system message in Hermes' `<tool_call>` convention, with earlier calls as `<tool_call>` blocks and
+results as `<tool_response>` user turns, and applies the template to those plain messages.
 """
 
 from __future__ import annotations
@@ -37,12 +32,10 @@ def text_of(content: Any) -> str:
 
 
 def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            return raw
-    return raw
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        return raw
 
 
 def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -56,10 +49,12 @@ def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
             }
             for tc in m["tool_calls"]
         ]
-    for key in ("tool_call_id", "name"):
-        if m.get(key):
-            out[key] = m[key]
-    return out
+    return _with_ids(out, m)
+
+
+def _with_ids(out: dict[str, Any], m: dict[str, Any]) -> dict[str, Any]:
+    """`out` with `m`'s `tool_call_id` and `name`, where it has them."""
+    return out | {key: m[key] for key in ("tool_call_id", "name") if m.get(key)}
 
 
 def template_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +72,7 @@ def template_message(m: dict[str, Any]) -> dict[str, Any]:
             }
             for tc in m["tool_calls"]
         ]
-    for key in ("tool_call_id", "name"):
-        if m.get(key):
-            out[key] = m[key]
-    return out
+    return _with_ids(out, m)
 
 
 @dataclass
@@ -100,7 +92,7 @@ class CallRecord:
 
 
 TOOL_PROMPTS = ("auto", "template", "hermes")
-"""How tools reach the model: its chat template, or the gateway's Hermes system prompt (see above)."""
+"""How tools reach the model: its chat template, or the gateway's Hermes system prompt."""
 
 _PROBE_TOOL = "swarmrl_probe_tool_5c1e"
 
@@ -178,9 +170,8 @@ class PromptBuilder:
         norm = [normalize_message(m) for m in messages]
         for rec in reversed(history):
             k = len(rec.messages)
-            if len(messages) <= k or rec.tools != tools or norm[:k] != rec.norm:
-                continue
-            if norm[k] != normalize_message(rec.response):
+            extends = len(messages) > k and rec.tools == tools and norm[:k] == rec.norm
+            if not extends or norm[k] != normalize_message(rec.response):
                 continue
             tail = self._tail_ids(messages, tools, rec)
             if tail is not None:
@@ -195,9 +186,8 @@ class PromptBuilder:
         marked = [*messages[:k], {"role": "assistant", "content": PLACEHOLDER}, *messages[k + 1 :]]
         text = self.render(marked, tools, gen_prompt=True)
         at = text.find(PLACEHOLDER)
-        # The text before the reply must be what the earlier prompt rendered, else the template is
-        # not prefix-stable here and reuse would splice mismatched contexts. Whitespace between the
-        # two (Mistral's templates put a space before a reply) belongs to the reply the model wrote.
+        # Reuse only where the text before the reply is what the earlier prompt rendered (whitespace
+        # between them, as Mistral's templates put, belongs to the reply the model wrote).
         before = self.render(rec.messages, tools, gen_prompt=True)
         if at < 0 or not text.startswith(before) or text[len(before) : at].strip():
             return None

@@ -1,30 +1,20 @@
 """Generated text to an OpenAI assistant message, per model family (pure logic, no NATS, no HTTP).
 
-A chat model writes its tool calls and its reasoning in its own family's syntax; the gateway turns
-them into the OpenAI fields `tool_calls` and `reasoning_content` (SGLang's and vLLM's name for it),
-and leaves the rest as `content`. The token ids are captured untouched whatever the parse: parsing
-only shapes the reply the agent reads.
+Tool calls and reasoning become `tool_calls` and `reasoning_content`; the rest is `content` (the token
+ids are captured untouched whatever the parse). Tool-call formats (named as vLLM's and SGLang's
+`--tool-call-parser`):
 
-Tool-call formats (the names follow vLLM's and SGLang's `--tool-call-parser`):
+- `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (a JSON list in one
+  block is several calls), text around them is content (Qwen2.5, Qwen3, SmolLM2);
+- `llama3`: the whole reply is JSON calls `{"name": ..., "parameters": {...}}` separated by `;`,
+  optionally after `<|python_tag|>`;
+- `mistral`: content, then `[TOOL_CALLS]` and a JSON array, or `[TOOL_CALLS]name[ARGS]{...}` per call
+  (tokenizer v11 on); its tool call ids are 9 letters and digits, as Mistral's templates insist;
+- `none`: the whole reply is content.
 
-- `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of them, text
-  around them is content (Qwen2.5, Qwen3, Hermes, the project's bootstrap models); a JSON list of
-  such calls inside one block is several calls (SmolLM2's function-calling convention).
-- `llama3`: the whole reply is one JSON call `{"name": ..., "parameters": {...}}`, or several
-  separated by `;`, optionally after `<|python_tag|>` (Llama 3.1 / 3.2 / 3.3 JSON tool calling).
-- `mistral`: content, then `[TOOL_CALLS]` and a JSON array of `{"name", "arguments"}` (tokenizers
-  up to v7), or `[TOOL_CALLS]name[ARGS]{...}` once per call (v11 and later). Mistral's templates
-  insist on tool call ids of 9 letters and digits, so this format makes its ids that way.
-- `none`: no tool calls are parsed; the whole reply is content.
-
-Reasoning (`think`): text inside `<think>...</think>` at the start of a reply is the reasoning.
-A template that opens the block in the generation prompt (DeepSeek-R1, Qwen3 thinking models) makes
-the reply start inside it: the caller says so with `opened`. A reply cut off inside the block is
-all reasoning.
-
-`auto` (the default) reads the family off the chat template: the markers it renders tell which.
-A call whose text does not parse in its format (bad JSON, unknown shape) keeps that text as content,
-so nothing the model wrote is lost.
+Reasoning (`think`): `<think>...</think>` at the start of a reply, or from the start when the template
+opened the block (`opened`). `auto` reads the family off the chat template. Text that does not parse
+in its format stays content, so nothing the model wrote is lost.
 """
 
 from __future__ import annotations
@@ -97,11 +87,8 @@ class ReplyFormat:
             reasoning=seen_reasoning if reasoning == "auto" else reasoning,
         )
 
-    # -- whole replies --------------------------------------------------------------------------
-
     def parse(self, text: str, with_tools: bool, opened: bool = False) -> Reply:
-        """The reply `text` as content, reasoning and tool calls. `opened`: the prompt opened a
-        `<think>` block, so the reply starts inside it."""
+        """The reply `text` as content, reasoning and tool calls (`opened`: it starts inside `<think>`)."""
         reasoning, rest = self.split_reasoning(text, opened)
         if not with_tools or self.tools == "none":
             return Reply(rest, reasoning)
@@ -117,16 +104,10 @@ class ReplyFormat:
         inner, closed, after = body.partition(THINK_CLOSE)
         return inner.strip(), after.lstrip() if closed else ""
 
-    # -- replies still being generated ----------------------------------------------------------
-
     def visible(self, text: str, with_tools: bool, opened: bool = False) -> tuple[str, str]:
-        """(reasoning, content) of a reply that is still growing, as far as they can be sent now.
-
-        Held back: a trailing piece that may be the start of a marker (`</think>`, a tool call's
-        opening), everything from a tool call's opening on (tool calls go out whole, parsed from the
-        full reply), and trailing whitespace (which the final parse may strip). What this returns
-        only grows as `text` grows, and ends as a prefix of `parse`'s fields.
-        """
+        """(reasoning, content) of a growing reply, as far as they can be sent now: a trailing piece of a
+        marker, everything from a tool call on and trailing whitespace are held back. What this returns
+        only grows as `text` grows, and ends as a prefix of `parse`'s fields."""
         reasoning, rest = "", text
         if self.reasoning == "think":
             if not opened and THINK_OPEN.startswith(text.lstrip()):
@@ -149,8 +130,7 @@ class ReplyFormat:
 
 
 def _reasoning_body(text: str, opened: bool) -> str | None:
-    """What of `text` follows the opening of its reasoning block (all of it when the prompt opened
-    the block); None when the reply opens none."""
+    """What of `text` follows the opening of its reasoning block; None when the reply opens none."""
     if opened:
         return text
     stripped = text.lstrip()
@@ -168,36 +148,32 @@ def _before_partial(text: str, marker: str) -> str:
 def _call(name: Any, args: Any) -> dict[str, Any] | None:
     if not isinstance(name, str) or not name:
         return None
-    if args is None:
-        args = {}
+    args = {} if args is None else args
     return {
         "type": "function",
         "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
     }
 
 
+def _calls(objs: list[Any], args: str = "arguments") -> list[dict[str, Any]] | None:
+    """Each of `objs` (`{"name": ..., args: {...}}`) as a call; None unless every one is one."""
+    calls = [
+        _call(o.get("name"), o.get(args, o.get("arguments"))) if isinstance(o, dict) else None for o in objs
+    ]
+    return None if None in calls else [c for c in calls if c is not None]
+
+
 def _hermes(text: str) -> tuple[str, list[dict[str, Any]]]:
     calls: list[dict[str, Any]] = []
     kept, at = [], 0
-    while (start := text.find(HERMES_OPEN, at)) >= 0:
-        end = text.find(HERMES_CLOSE, start)
-        if end < 0:
-            break
-        raw = text[start + len(HERMES_OPEN) : end].strip()
-        call = None
+    while (start := text.find(HERMES_OPEN, at)) >= 0 and (end := text.find(HERMES_CLOSE, start)) >= 0:
         try:
-            obj = json.loads(raw)
-            objs = obj if isinstance(obj, list) else [obj]
-            parsed = [
-                c for o in objs if isinstance(o, dict) and (c := _call(o.get("name"), o.get("arguments", {})))
-            ]
-            if objs and len(parsed) == len(objs):  # every element a call, else the block is content
-                call = parsed
+            obj = json.loads(text[start + len(HERMES_OPEN) : end])
+            block = _calls(obj if isinstance(obj, list) else [obj])
         except json.JSONDecodeError:
-            pass
-        kept.append(text[at:start] if call else text[at : end + len(HERMES_CLOSE)])
-        if call:
-            calls.extend(call)
+            block = None
+        kept.append(text[at:start] if block else text[at : end + len(HERMES_CLOSE)])
+        calls += block or []
         at = end + len(HERMES_CLOSE)
     kept.append(text[at:])
     return "".join(kept), calls
@@ -219,48 +195,37 @@ def _json_values(text: str) -> list[Any] | None:
 
 
 def _llama3(text: str) -> tuple[str, list[dict[str, Any]]]:
-    body = text.strip()
-    if body.startswith(PYTHON_TAG):
-        body = body[len(PYTHON_TAG) :]
-    values = _json_values(body)
-    if not values:
-        return text, []
-    objs = [v for value in values for v in (value if isinstance(value, list) else [value])]
-    calls = [
-        _call(o.get("name"), o.get("parameters", o.get("arguments"))) if isinstance(o, dict) else None
-        for o in objs
-    ]
-    if not calls or any(c is None for c in calls):
-        return text, []
-    return "", [c for c in calls if c is not None]
+    values = _json_values(text.strip().removeprefix(PYTHON_TAG)) or []
+    calls = _calls(
+        [v for value in values for v in (value if isinstance(value, list) else [value])], "parameters"
+    )
+    return ("", calls) if calls else (text, [])
 
 
 def _mistral(text: str) -> tuple[str, list[dict[str, Any]]]:
     at = text.find(MISTRAL_OPEN)
-    if at < 0:
-        return text, []
-    calls: list[dict[str, Any] | None] = []
-    decoder = json.JSONDecoder()
-    for piece in text[at:].split(MISTRAL_OPEN)[1:]:
+    calls: list[dict[str, Any]] = []
+    for piece in text[at:].split(MISTRAL_OPEN)[1:] if at >= 0 else []:
         piece = piece.strip()
         if piece.startswith("["):  # [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]
             values = _json_values(piece)
-            objs = values[0] if values and len(values) == 1 and isinstance(values[0], list) else None
-            if objs is None:
-                return text, []
-            calls += [_call(o.get("name"), o.get("arguments")) if isinstance(o, dict) else None for o in objs]
-            continue
-        name, sep, raw = piece.partition(MISTRAL_ARGS)  # [TOOL_CALLS]name[ARGS]{...}
-        if not sep:
-            brace = piece.find("{")
-            name, raw = (piece[:brace], piece[brace:]) if brace > 0 else (piece, "")
-        try:
-            args, end = decoder.raw_decode(raw.strip())
-        except json.JSONDecodeError:
+            found = _calls(values[0]) if values and len(values) == 1 and isinstance(values[0], list) else None
+        else:  # [TOOL_CALLS]name[ARGS]{...}
+            found = _mistral_call(piece)
+        if found is None:
             return text, []
-        if raw.strip()[end:].strip():
-            return text, []
-        calls.append(_call(name.strip(), args))
-    if not calls or any(c is None for c in calls):
-        return text, []
-    return text[:at], [c for c in calls if c is not None]
+        calls += found
+    return (text[:at], calls) if calls else (text, [])
+
+
+def _mistral_call(piece: str) -> list[dict[str, Any]] | None:
+    name, sep, raw = piece.partition(MISTRAL_ARGS)
+    if not sep:
+        brace = piece.find("{")
+        name, raw = (piece[:brace], piece[brace:]) if brace > 0 else (piece, "")
+    try:
+        args, end = json.JSONDecoder().raw_decode(raw.strip())
+    except json.JSONDecodeError:
+        return None
+    call = _call(name.strip(), args)
+    return [call] if call is not None and not raw.strip()[end:].strip() else None

@@ -1,18 +1,10 @@
-"""Gateway service: HTTP server + NATS responders in one asyncio loop.
+"""Gateway service: the HTTP server (`app.py`) and NATS responders in one asyncio loop.
 
-Consumes: requests on `swarm.auth.token.<client>` (mint episode tokens, one per agent naming its
-models, for an episode the client owns, after admission control and task mixing; msgpack) and
-`swarm.llm.<model>`
-(chat completions over NATS; JSON `{"api_key": ..., "request": {...}}` → `{"response": ...}` or
-`{"error": ..., "status": ...}`; `stream` is ignored there: the reply is the whole completion), both
-in queue group `gateway` so several gateways share the load (admitted groups and the task mix are
-shared through KV `swarm-groups`, `groups.py`; a model's engines are a pool, `pool.py`). Streaming is
-HTTP's (`app.py`).
-Per-agent limits (`limits.py`), both across gateways: the call rate (each gateway's served calls told
-to the others on `swarm.gw.calls`, `calls.py`); the open episodes, slots in
-KV `swarm-groups` (`episodes.py`) freed by each episode's `end` or `abort` event (`swarm.ep.*.*.{end,abort}`,
-in queue group `gateway`).
-Publishes: one `llm` event per completion to `swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
+Answers, in queue group `gateway`: token requests on `swarm.auth.token.<client>` (msgpack; after the
+agent limits, admission control and task mixing) and chat completions on `swarm.llm.<model>` (JSON
+`{"api_key", "request"}` -> `{"response"}` or `{"error", "status"}`; never streamed), and frees episode
+slots on `end` and `abort` events. Publishes one `llm` event per completion to
+`swarm.ep.<owner>.<episode_id>.llm` (Nats-Msg-Id = event.msg_id).
 """
 
 from __future__ import annotations
@@ -62,12 +54,10 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 
 async def _open_pool(urls: list[str], cfg: GatewayConfig) -> EnginePool:
-    """The engines of one model: waits for the first to answer, gives the others a little longer (a
-    dead one starts out of the pool and joins once it answers)."""
+    """The engines of one model, once the first answers; one not answering 30 s later starts down."""
     from swarmrl.services.engine.client import open_engine
 
-    # in a pool an unreachable engine is left at once (the pool rides out restarts); alone, the
-    # engine's client rides them out itself
+    # alone, the engine's client rides out restarts; in a pool, the pool does
     kw: dict[str, Any] = {"timeout": cfg.request_timeout_s, "max_inflight": cfg.engine_max_inflight}
     kw |= {"retry_s": cfg.engine_retry_s} if len(urls) == 1 else {"retries": 2}
     opening = {url: asyncio.create_task(open_engine(url, timeout_s=600, **kw)) for url in urls}
@@ -84,7 +74,7 @@ async def _open_pool(urls: list[str], cfg: GatewayConfig) -> EnginePool:
             members.append(await open_engine(url, backend=backend, wait=False, **kw))
             late.append(url)
     pool = EnginePool(members, slack=cfg.engine_slack, retry_s=cfg.engine_retry_s)
-    for url in late:  # it joins the pool once it answers (a call tries it again after down_s)
+    for url in late:  # a call tries it again after down_s
         pool.mark_down(url, RuntimeError("not ready at the gateway's start"))
     return pool
 
@@ -99,24 +89,16 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     tokenizers = _pairs(cfg.tokenizer, "tokenizer")
     if not engines:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
-    tool_parsers = _pairs(cfg.tool_parser, "tool-parser")
-    reasoning_parsers = _pairs(cfg.reasoning_parser, "reasoning-parser")
-    tool_prompts = _pairs(cfg.tool_prompt, "tool-prompt")
-    named_models = (
-        ("tool-parser", tool_parsers),
-        ("reasoning-parser", reasoning_parsers),
-        ("tool-prompt", tool_prompts),
-        ("lora", cfg.lora),
-    )
-    for what, named in named_models:
-        if unknown := sorted(set(named) - set(engines)):
+    options = ("tool-parser", "reasoning-parser", "tool-prompt")  # ModelHandle's fields, in order
+    named = {what: _pairs(getattr(cfg, what.replace("-", "_")), what) for what in options}
+    for what, models in {**named, "lora": cfg.lora}.items():
+        if unknown := sorted(set(models) - set(engines)):
             raise SystemExit(f"--{what} names {unknown}, which have no --engine; models: {sorted(engines)}")
     handles = {}
     for name, urls in engines.items():
         pool = await _open_pool(urls, cfg)
         path = tokenizers.get(name) or (await pool.first.model_info()).get("tokenizer_path")
-        # a LoRA adapter of the engine's base: every request names it (set after model_info, which on
-        # vLLM would refuse an adapter not loaded yet)
+        # after model_info, which vLLM would refuse for an adapter not loaded yet
         if name in cfg.lora:
             for member in pool.members.values():
                 member.adapter = name
@@ -125,9 +107,8 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
             getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or tok.model_max_length
         )
         handles[name] = handle = ModelHandle(
-            name, tok, pool, ctx, tool_parsers.get(name, "auto"), reasoning_parsers.get(name, "auto"),
-            tool_prompts.get(name, "auto"),
-        )  # fmt: skip
+            name, tok, pool, ctx, *(named[w].get(name, "auto") for w in options)
+        )
         log.info(
             "model=%s engines=%s tokenizer=%s context=%d tools=%s (%s) reasoning=%s",
             name, urls, path, ctx, handle.fmt.tools,
@@ -137,45 +118,35 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
 
 
 LLM_PUBLISH_S = 60.0
-"""How long a completion retries its llm event's publish before the call fails: long enough to ride
-out a partition of tens of seconds (`bench/results/partitions.md`), well inside the EPISODES duplicate
-window (`bus.DUPLICATE_WINDOW_S`, 120 s), so a retried publish is never stored twice."""
+"""How long a completion retries its llm event's publish: past a partition of tens of seconds
+(`bench/results/partitions.md`), inside the duplicate window, so a retry is never stored twice."""
 
 
 class GatewayService:
     def __init__(self, cfg: GatewayConfig, nc: NATS, models: dict[str, ModelHandle]) -> None:
         self.cfg, self.nc, self.js = cfg, nc, nc.jetstream()
-        secret = cfg.secret or secrets.token_urlsafe(32)
+        secret = (cfg.secret or secrets.token_urlsafe(32)).encode()
         self.limits = AgentLimits(
             cfg.agent_rate, cfg.agent_burst, cfg.agent_max_episodes, idle_s=cfg.agent_episode_idle_s
         )
         self.gateway = Gateway(
-            models,
-            secret.encode(),
-            self.publish_llm,
-            cfg.default_max_tokens,
-            cfg.history_episodes,
-            self.limits,
+            models, secret, self.publish_llm, cfg.default_max_tokens, cfg.history_episodes, self.limits
         )
         if not cfg.port:
             with socket.socket() as s:
                 s.bind((cfg.host, 0))
                 cfg.port = s.getsockname()[1]
         self.base_url = cfg.public_url or f"http://{cfg.host}:{cfg.port}/v1"
-        mixer = None
-        if cfg.task_weight:
-            mixer = TaskMixer(parse_weights(cfg.task_weight), slack=cfg.mix_slack, window_s=cfg.mix_window_s)
-            log.info(
-                "task mixing weights=%s slack=%s window_s=%s", mixer.weights, mixer.slack, mixer.window_s
-            )
-        self.mixer = mixer
-        self.admission = Admission(self.js, cfg.max_backlog, GroupBook(self.js, mixer))
+        weights = parse_weights(cfg.task_weight)
+        self.mixer = TaskMixer(weights, slack=cfg.mix_slack, window_s=cfg.mix_window_s) if weights else None
+        if self.mixer is not None:
+            log.info("task mixing weights=%s slack=%s window_s=%s", weights, cfg.mix_slack, cfg.mix_window_s)
+        self.admission = Admission(self.js, cfg.max_backlog, GroupBook(self.js, self.mixer))
         self.episodes = SharedEpisodes(self.js, self.limits, self.admission.groups.gateway)
         self.calls = SharedCalls(nc, self.limits, self.admission.groups.gateway)
 
     async def publish_llm(self, event: LlmEvent) -> None:
-        """Publish a call's llm event durably, retried through NATS failures for `LLM_PUBLISH_S` (the
-        call waits): a node cut off from the stream's leader fails a publish until the network heals."""
+        """Publish a call's llm event durably, retried through NATS failures for `LLM_PUBLISH_S`."""
         subject, headers = S.episode_subject(event.episode_id, "llm"), {"Nats-Msg-Id": event.msg_id}
         payload = encode(event)
         await backoff(lambda: self.js.publish(subject, payload, headers=headers), seconds=LLM_PUBLISH_S)
@@ -194,9 +165,7 @@ class GatewayService:
             if self.mixer is not None and not req.eval:
                 self.mixer.check(req.task)  # an unweighted task would slip past the mix
             held = self.limits.find(owner, req.episode_id) is not None  # asking again (another agent's token)
-            wait = await self.episodes.take(
-                owner, req.episode_id, time.monotonic()
-            )  # before admission counts it
+            wait = await self.episodes.take(owner, req.episode_id, time.monotonic())  # before admission
             if not wait:
                 wait = await self.admission.check(
                     list(grant.models), req.group_key, req.eval, req.task, req.episode_id
@@ -249,12 +218,12 @@ class GatewayService:
     async def start_nats(self) -> None:
         """Create streams if needed and answer token and completion requests."""
         await bus.ensure_streams(self.js)
-        if self.admission.active:  # the groups other gateways admitted, and the mix's counts
+        if self.admission.active:
             await self.admission.groups.start()
         await self.nc.subscribe(S.TOKEN_REQUESTS, queue="gateway", cb=self.on_token)
-        if self.calls.active:  # the calls the other gateways served count against each agent's rate here
+        if self.calls.active:
             await self.calls.start()
-        if self.episodes.active:  # every gateway's view of the open episodes; one of them frees a slot
+        if self.episodes.active:
             await self.episodes.start()
             for kind in ("end", "abort"):
                 await self.nc.subscribe(

@@ -1,30 +1,12 @@
 """Real token streaming for `/v1/chat/completions` with `stream: true` (pure logic, no NATS, no HTTP).
 
-Consumes: a `PreparedCall` (`core.py`) and its engine's streamed results
-(`EngineClient.generate_stream`: SGLang's SSE `/generate`, from the embedded engine or a real SGLang
-server alike). Publishes: OpenAI `chat.completion.chunk` dicts while the engine decodes, and, once
-the engine's final result is in, the call's llm event through `Gateway.record`: the same capture
-(token ids, logprobs, policy version, `output_text`) as a call that is not streamed, because it is
-taken from the same final result by the same code. Nothing is captured from the chunks.
-
-Text. Every engine event carries all output ids so far; `TextDeltas` decodes them a window at a time
-and a content chunk carries the text that is new. A trailing U+FFFD (a multi-byte character whose
-last bytes are still to come, or tokens that merge into one character) is held back until it
-resolves. The last content chunk sends whatever of the final `message.content` (the non-streamed
-path's parse of the full decode) the deltas have not, so the deltas add up to it. With tools,
-text from a tool call's opening on (and a trailing prefix of one, and trailing whitespace) is held
-back: tool calls are parsed from the whole reply and sent as `tool_calls` deltas before the finish.
-A model that reasons in `<think>` streams its reasoning as `reasoning_content` deltas the same way
-(`replies.ReplyFormat.visible` says what of each can go out).
-
-Order at the end: the llm event is published (durably), then the rest of the content, the tool calls,
-the finish chunk and, with `stream_options.include_usage`, the usage chunk. A client that saw a call
-finish can rely on its event, as with a call that is not streamed.
-
-A client that leaves mid-stream: the engine stream is closed, so the engine aborts the request (the
-embedded engine at its next decode step, SGLang through its abort task); nothing is recorded: no llm
-event, no episode history, no seq used. If the engine had already finished, the recording is shielded
-and completes: the event is published though the client never read the end of the reply.
+OpenAI `chat.completion.chunk`s go out while the engine decodes; the engine's final result is recorded
+by `Gateway.record`, as for a call not streamed, so nothing is captured from the chunks. Content and
+reasoning deltas carry only what `ReplyFormat.visible` says may go out (a partial character, marker,
+tool call or trailing whitespace is held back); the last deltas send the rest of the final parse, so
+the deltas add up to it. At the end: the llm event is published, then the rest, the tool calls, the
+finish chunk and (`include_usage`) the usage chunk. A client that leaves mid-stream closes the engine
+stream (the engine aborts the request) and nothing is recorded, unless the engine had finished.
 """
 
 from __future__ import annotations
@@ -34,11 +16,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
-
-from swarmrl.services.engine.client import EngineError, GenerateResult
-from swarmrl.services.gateway.core import Completion, Gateway, PreparedCall
-from swarmrl.services.gateway.errors import ApiError, engine_failed
+from swarmrl.services.engine.client import GenerateResult
+from swarmrl.services.gateway.core import Completion, Gateway, PreparedCall, engine_errors
+from swarmrl.services.gateway.errors import ApiError
 from swarmrl.services.gateway.prompts import text_of
 
 log = logging.getLogger("swarmrl.gateway.stream")
@@ -47,10 +27,8 @@ log = logging.getLogger("swarmrl.gateway.stream")
 class TextDeltas:
     """The text of a growing list of token ids, in complete characters, decoded a window at a time.
 
-    The scheme of SGLang's and vLLM's incremental detokenizers: `ids[prefix:read]` were decoded
-    already and are kept as left context; decoding `ids[prefix:]` and cutting that context's text off
-    gives the new text with its spacing right (a piece decoded alone can lose a leading space). Each
-    `push` costs a window, not the whole reply.
+    As SGLang's and vLLM's incremental detokenizers: `ids[prefix:read]`, decoded already, are kept as
+    left context, so the new text keeps its spacing; each `push` costs a window, not the whole reply.
     """
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
@@ -73,22 +51,17 @@ class TextDeltas:
 
 class ChatStream:
     """One streamed call: `await start()`, then iterate `chunks()`; `aclose()` releases the engine.
-
-    `start()` waits for the engine's first event, so an engine that refuses the request (or cannot
-    be reached) is the caller's HTTP error, not an error inside a stream that already began.
-    """
+    `start()` waits for the engine's first event, so an engine's refusal is still a plain HTTP error."""
 
     def __init__(self, gateway: Gateway, call: PreparedCall, include_usage: bool) -> None:
         self.gateway, self.call, self.include_usage = gateway, call, include_usage
         handle = call.handle
         self._results = handle.engine.generate_stream(
-            call.prompt_ids, call.sampling, return_logprob=True, key=call.claims.episode_id
+            call.prompt_ids, call.sampling, key=call.claims.episode_id
         )
         self._text = TextDeltas(lambda ids: handle.tokenizer.decode(ids, skip_special_tokens=False))
-        self._sent = ""
-        self._thought = ""
+        self._sent = self._thought = self._fingerprint = ""
         self._first: GenerateResult | None = None
-        self._fingerprint = ""
         self.completion: Completion | None = None
         """Set once the call is recorded (its llm event published)."""
 
@@ -101,8 +74,7 @@ class ChatStream:
         await self._results.aclose()
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """The OpenAI chunks: the role, content deltas as tokens arrive, then the end (module docstring).
-        An engine failure mid-stream raises `ApiError`."""
+        """The OpenAI chunks (see the module docstring); an engine failure mid-stream raises `ApiError`."""
         assert self._first is not None, "await start() before chunks()"
         result = self._first
         try:
@@ -118,7 +90,7 @@ class ChatStream:
                 result = await self._next()
         finally:
             await self.aclose()
-        # Shielded: once the engine has finished, the call is captured even if the client leaves now.
+        # shielded: once the engine has finished, the call is captured even if the client leaves now
         self.completion = done = await asyncio.shield(self.gateway.record(self.call, result))
         choice = done.response["choices"][0]
         message = choice["message"]
@@ -144,30 +116,28 @@ class ChatStream:
 
     async def _next(self) -> GenerateResult:
         model = self.call.req.model
-        try:
-            return await anext(self._results)
-        except EngineError as exc:
-            raise engine_failed(model, exc.status, exc.message) from exc
-        except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
-            raise engine_failed(model, 0, repr(exc)) from exc
-        except StopAsyncIteration:  # generate_stream raises rather than end unfinished; be sure
-            raise ApiError(502, f"engine of model {model!r} ended the stream early", "server_error") from None
+        with engine_errors(model):
+            try:
+                return await anext(self._results)
+            except StopAsyncIteration:  # generate_stream raises rather than end unfinished; be sure
+                raise ApiError(
+                    502, f"engine of model {model!r} ended the stream early", "server_error"
+                ) from None
 
     def _visible(self, output_ids: list[int]) -> tuple[str, str]:
-        # The engine ends at the first stop token, so only the last id can be one (`reply_text`
-        # leaves stop ids out too); checking just it keeps each event's cost off the reply's length.
+        # the engine ends at the first stop token, so only the last id can be one
         if output_ids and output_ids[-1] in self.call.handle.stops:
             output_ids = output_ids[:-1]
         text = self._text.push(output_ids)
         return self.call.handle.fmt.visible(text, bool(self.call.tools), self.call.opened)
 
     def _send(self, text: str) -> str:
-        """What of the content `text` was not sent yet; nothing if it does not extend what was sent."""
+        """What of the content `text` was not sent yet."""
         delta, self._sent = _extension(self._sent, text)
         return delta
 
     def _think(self, text: str) -> str:
-        """As `_send`, for the reasoning."""
+        """What of the reasoning `text` was not sent yet."""
         delta, self._thought = _extension(self._thought, text)
         return delta
 

@@ -1,8 +1,7 @@
 """Signed episode tokens: the OpenAI `api_key` an agent uses names its episode, agent and models.
 
-Format: `swt1.<b64url(msgpack claims)>.<b64url(HMAC-SHA256(secret, "swt1." + payload))>`. The claims are
-readable by anyone (like a JWT) but cannot be forged or altered without the gateway's secret; every
-call verifies the signature and the expiry. Pure logic, no NATS.
+Format: `swt1.<b64url(msgpack claims)>.<b64url(HMAC-SHA256(secret, "swt1." + payload))>`: readable by
+anyone (like a JWT), unforgeable without the secret. Pure logic, no NATS.
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ def _sign(secret: bytes, signed_part: str) -> str:
 
 
 def check_ttl(ttl_s: Any, max_s: float) -> float:
-    """A token lifetime asked for by a client, as seconds; ValueError unless a finite number in
-    (0, max_s]. NaN would make a token that never expires (every comparison with it is false)."""
+    """A client's token lifetime in seconds; ValueError unless a finite number in (0, max_s]."""
     if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float):
         raise ValueError(f"ttl_s must be a number of seconds, got {ttl_s!r}")
     if not (math.isfinite(ttl_s) and 0 < ttl_s <= max_s):
@@ -92,12 +90,7 @@ def verify(secret: bytes, token: str, now: float | None = None) -> Claims:
     try:
         raw = msgpack.unpackb(_unb64(parts[1]), raw=False)
         claims = Claims(
-            episode_id=raw["e"],
-            agent=raw["a"],
-            models=tuple(raw["m"]),
-            expires_at=float(raw["x"]),
-            client_id=raw.get("c", ""),
-            client_version=raw.get("v", ""),
+            raw["e"], raw["a"], tuple(raw["m"]), float(raw["x"]), raw.get("c", ""), raw.get("v", "")
         )
     except Exception as exc:  # signed but unreadable: only a secret holder could make this
         raise TokenError("invalid", f"episode token claims unreadable: {exc}") from exc

@@ -1,9 +1,7 @@
-"""Rows of one table buffered column by column until a flush, then handed to Arrow in one piece.
+"""Rows of one table buffered until a flush, then handed to Arrow in one piece (pure logic).
 
-Pure logic (no NATS, no files). Token ids and logprobs dominate the ledger's volume; they arrive as
-`array.array` (see `tables.check_ints`) and are appended to one flat array per column, which Arrow
-wraps without copying or looking at each value. Converting Python lists value by value instead
-(`pa.Table.from_pylist`) was the largest single cost of a flush.
+Token ids and logprobs, the bulk of the ledger, arrive as `array.array` (`tables.check_ints`) and
+are joined into one flat buffer per column, which Arrow wraps without looking at each value.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ class TableBuffer:
         # Scalars stay in the row dicts: Arrow's converter reads them faster than a Python loop.
         self._struct = pa.struct([f for f in self.schema if f.name not in numeric])
         self._rows: list[Row] = []
-        # Each row's array, joined once at the flush: appending to one growing array instead copied
-        # it again at every reallocation (a sixteenth over-allocated each time).
+        # Each row's array, joined once at the flush (cheaper than one growing array).
         self._chunks: dict[str, list[array]] = {name: [] for name in numeric}
 
     @property
@@ -40,8 +37,7 @@ class TableBuffer:
         self._rows.append(row)
 
     def to_arrow(self) -> pa.Table:
-        # One C++ pass over the row dicts (as a struct array): ~3x cheaper than from_pylist's
-        # per-column Python lists.
+        # One C++ pass over the row dicts (as a struct array), much cheaper than from_pylist.
         scalars = pa.Table.from_struct_array(pa.array(self._rows, type=self._struct))
         columns: list[pa.Array | pa.ChunkedArray] = []
         for f in self.schema:

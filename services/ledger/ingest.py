@@ -1,12 +1,7 @@
-"""One message of EPISODES, SAMPLES or METRICS -> one ledger row, or a dead-letter reason.
+"""One message of EPISODES, SAMPLES or METRICS -> `(table, row)`, or a dead-letter reason (pure logic).
 
-Pure logic (no NATS): the handlers pass subject, bytes and stream position in and get `(table, row)`
-back, or a `Rejected`/`WireError` whose text is `<code>: <detail>` (codes in
-`swarmrl.services.common.lifecycle.DEAD_LETTER_CODES`). DLQ messages need no validation: they are
-recorded as they are (`tables.dead_letter_row`).
-
-Decoding is the wire codec's (`swarmrl.schemas.decode`), as for every other consumer, so a bad
-message gets exactly the codec's reason.
+Failures raise `Rejected` or the wire codec's `WireError`, whose text is `<code>: <detail>` (codes in
+`lifecycle.DEAD_LETTER_CODES`). DLQ messages are recorded as they are (`tables.dead_letter_row`).
 """
 
 from __future__ import annotations
@@ -46,10 +41,8 @@ class Ingest:
             )
         table, row = event_row(ev, stream, seq)
         # The ordering check comes last: it mutates the state, so only a row we will keep may pass it.
-        if self.tracker.late_call(ev):  # a call that finished after its client gave up: still a real call
-            return table, row
-        reason = self.tracker.check(ev, received)
-        if reason is not None:
+        # A late call (finished after its client gave up) is still a real call.
+        if not self.tracker.late_call(ev) and (reason := self.tracker.check(ev, received)) is not None:
             raise Rejected(reason)
         return table, row
 

@@ -1,20 +1,14 @@
 """`swarmrl query "SQL"`: run SQL with DuckDB over a run's ledger and print the result.
 
-Reads the Parquet files the ledger wrote under `<run_dir>/ledger/`; needs no NATS and no running
-service. `--remote` asks a running ledger over NATS instead, which answers from its own files (a
-ledger on another host: `services/ledger/remote.py`). `connect(run_dir)` gives the same views to Python code (report writer, tests, notebooks).
-Without a run dir it reads `$SWARMRL_RUN_DIR`, else the latest run (`swarmrl.core.rundir.latest_run_dir`:
-`./runs/latest`, else the run recorded in `$SWARMRL_HOME/latest-run`), so it works from any directory.
-
-The table format never cuts a cell: on a terminal long cells wrap inside their column; into a pipe or
-file the table is as wide as its widest row (one line per row, for grep and `less -S`). A reader
-that stops early (`| head`) ends the output quietly with status 0: the query succeeded.
+Reads the Parquet files under `<run_dir>/ledger/` (no NATS needed); `--remote` asks a running ledger
+over NATS instead (`remote.py`). `connect(run_dir)` gives the same views to Python code.
+The table format never cuts a cell unless `--width` asks; into a pipe it prints one line per row.
+A reader that stops early (`| head`) ends the output quietly with status 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
 import json
 import os
@@ -27,6 +21,7 @@ from typing import Any
 import duckdb
 
 from swarmrl.core.rundir import LATEST_LINK, latest_pointer, latest_run_dir
+from swarmrl.services.ledger.remote import jsonable
 from swarmrl.services.ledger.views import register_views
 
 VIEW_HELP = {
@@ -45,11 +40,7 @@ VIEW_HELP = {
 
 
 def default_run_dir() -> Path:
-    """`$SWARMRL_RUN_DIR`, else the latest run (`./runs/latest`, else `$SWARMRL_HOME/latest-run`).
-
-    Raises:
-        FileNotFoundError: none of them names a run.
-    """
+    """`$SWARMRL_RUN_DIR`, else the latest run (`./runs/latest`, else `$SWARMRL_HOME/latest-run`)."""
     if os.environ.get("SWARMRL_RUN_DIR"):
         return Path(os.environ["SWARMRL_RUN_DIR"])
     latest = latest_run_dir()
@@ -62,15 +53,7 @@ def default_run_dir() -> Path:
 
 
 def connect(run_dir: Path | str | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with every ledger view registered over `run_dir`'s Parquet files.
-
-    Args:
-        run_dir: the run directory (holding `ledger/`); default `default_run_dir()`:
-            `$SWARMRL_RUN_DIR`, else the latest run.
-
-    Raises:
-        FileNotFoundError: `run_dir` does not exist, or no run was given or found.
-    """
+    """In-memory DuckDB with every ledger view over `run_dir` (default: `default_run_dir()`)."""
     path = Path(run_dir) if run_dir is not None else default_run_dir()
     if not path.is_dir():
         raise FileNotFoundError(
@@ -81,17 +64,11 @@ def connect(run_dir: Path | str | None = None) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    return str(value)
-
-
 def _csv_cell(value: Any) -> Any:
     if isinstance(value, list | dict):
-        return json.dumps(value, default=_jsonable)
+        return json.dumps(value, default=jsonable)
     if isinstance(value, bytes | bytearray | memoryview):
-        return _jsonable(value)  # base64, as in the JSON output
+        return jsonable(value)  # base64, as in the JSON output
     return value
 
 
@@ -103,7 +80,7 @@ def _cell(value: Any, width: int) -> str:
         raw = bytes(value)
         text = f"<{len(raw)} bytes> {raw[:16].hex()}"
     elif isinstance(value, list | dict):
-        text = json.dumps(value, default=_jsonable)
+        text = json.dumps(value, default=jsonable)
     else:
         text = str(value)
     return text if width <= 0 or len(text) <= width else text[: width - 1] + "…"
@@ -112,7 +89,7 @@ def _cell(value: Any, width: int) -> str:
 def _print(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, width: int, run_dir: str = "") -> None:
     if fmt == "json":
         records = [dict(zip(columns, row, strict=True)) for row in rows]
-        json.dump(records, sys.stdout, default=_jsonable, indent=1)
+        json.dump(records, sys.stdout, default=jsonable, indent=1)
         sys.stdout.write("\n")
     elif fmt == "csv":
         out = csv.writer(sys.stdout)
@@ -149,6 +126,7 @@ def _print(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, width: int
         console.print(table)
         # a line of its own, not a caption: a caption wraps at the table's width
         console.print(Text(footer, style="dim"))
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     with _quiet_broken_pipe():
         # name the run in the caption when it was found rather than given: which "latest" it was
         _print(columns, rows, args.format, args.width, "" if args.run_dir is not None else str(run_dir))
-        sys.stdout.flush()
     return 0
 
 
@@ -221,22 +198,16 @@ def _remote(args: argparse.Namespace) -> int:
     with _quiet_broken_pipe():
         rows = [tuple(r) for r in reply["rows"]]
         _print(list(reply["columns"]), rows, args.format, args.width, f"{reply.get('run_dir', '')} (remote)")
-        sys.stdout.flush()
     return 0
 
 
 @contextmanager
 def _quiet_broken_pipe() -> Iterator[None]:
-    """Stop writing, without a traceback, when the reader has gone (`swarmrl query ... | head`).
-
-    The exit status stays 0 (not 141, as a process killed by SIGPIPE would get): the query ran and
-    the reader chose to stop, so `set -o pipefail` scripts do not fail on `| head`.
-    """
+    """Stop writing, without a traceback and with status 0, when the reader has gone (`| head`)."""
     try:
         yield
     except BrokenPipeError:
-        # Python flushes stdout again at exit, which would raise (and print) once more: point the
-        # descriptor at /dev/null so that flush goes nowhere.
+        # Python flushes stdout again at exit: point it at /dev/null so that flush goes nowhere.
         with suppress(OSError, ValueError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())

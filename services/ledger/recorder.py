@@ -1,11 +1,9 @@
-"""One consumer of the ledger, top to bottom: fetch -> rows -> flush when due -> ack what is durable.
+"""One consumer of the ledger: fetch -> rows -> flush when due -> ack what is durable.
 
-A `Recorder` reads one stream (or one partition of LEDGER_PARTS) in stream order. Each message is
-buffered as a row in its `StreamSink` (`sink.py`), skipped (a redelivery of one handled already) or
-dead-lettered, before the next one is looked at; buffered rows are written in the background (one
-write at a time, in order: the highest sequence on disk means everything below it is there too)
-and the messages they cover are acked once their files are durable. The recorder is the only code
-that acks its consumer's messages (`service.py` says why a restart neither loses nor doubles rows).
+A `Recorder` reads one stream (or one partition of LEDGER_PARTS) in stream order: each message is
+buffered in its `StreamSink`, skipped (a redelivery) or dead-lettered before the next is looked at.
+Buffers are written in the background, one write at a time and in order, and the messages they
+cover are acked once their files are durable. It is the only code that acks its consumer's messages.
 """
 
 from __future__ import annotations
@@ -64,10 +62,8 @@ class Recorder:
         self.to_row = row_maker(sink.stream, ingest)
 
     async def run(self) -> None:
-        """fetch -> rows -> flush when due -> ack what is durable, until stopped."""
         cfg, sink = self.cfg, self.sink
-        # No poison check (one ack acks every earlier message); after a stop, what the stream held
-        # is still recorded (`stop_drain_s`).
+        # No poison check: one ack acks every earlier message.
         batches = bus.batches(
             self.sub,
             self.stop,
@@ -102,8 +98,7 @@ class Recorder:
         await self.ack_settled()
 
     async def _still_ours(self) -> None:
-        """A partition's consumer deleted means another replica took the partition: stop (a fetch
-        from a deleted consumer would only time out, and the partition would stall)."""
+        """A partition's consumer deleted means another replica took the partition: stop."""
         try:
             await self.sub.consumer_info()
         except NotFoundError as exc:
@@ -119,7 +114,6 @@ class Recorder:
         while queue or sink.last_seq + 1 in sink.early:  # plain: no coroutine per message
             held = sink.early.pop(sink.last_seq + 1, None)  # next in order, if it came early
             msg = held if held is not None else queue.popleft()
-            # nats-py raises NotJSMessageError for a non-JetStream one
             seq = bus.source_seq(msg) if sink.sourced else msg.metadata.sequence.stream
             if seq <= sink.last_seq:  # redelivered (its ack was late): already handled, its ack will come
                 self.counts["redelivered"] += 1
@@ -127,8 +121,8 @@ class Recorder:
                     await self._ack(msg)
                 continue
             if not sink.sourced and sink.last_seq and seq > sink.last_seq + 1:
-                # An earlier fetch's reply is late or was lost (a partition): acking past the gap would
-                # ack the missing messages unwritten (cumulative acks). Hold this one until they come.
+                # An earlier fetch's reply is late or lost: acking past the gap would ack the missing
+                # messages unwritten (cumulative acks). Hold this one until they come.
                 self.counts["held_for_order"] += 1
                 sink.early[seq] = msg
                 continue
@@ -153,8 +147,7 @@ class Recorder:
         return True
 
     async def dead_letter(self, msg: Msg, reason: str) -> bool:
-        """Retry until the DLQ takes it (False: stopped first): acking without that would drop the
-        message silently, and recording later messages first would break the restart rule."""
+        """Retry until the DLQ takes it (False: stopped first): acking without that would drop it."""
         try:
             await backoff(
                 partial(self.dlq.send, msg, reason), transient=(Exception,), stop=self.stop, first_s=0.2,
@@ -165,8 +158,7 @@ class Recorder:
             return False
 
     async def start_flush(self) -> None:
-        """Write what is buffered in the background while the consumer goes on decoding; one write per
-        stream at a time, in order, so a later file never lands before an earlier one."""
+        """Write what is buffered in the background; one write per stream at a time, in order."""
         sink = self.sink
         await self.finish_flush()
         if not sink.rows:
@@ -174,8 +166,7 @@ class Recorder:
         buffers, rows = sink.take(self.cfg)
         covering = sink.take_acks()  # this write owns the ack of everything up to it
         if sink.owned is not None and not sink.owned():
-            # Write nothing more and stop reading: the partition's next owner (maybe this replica
-            # again, with a fresh consumer) replays these from the files' end, in order.
+            # Write nothing more: the partition's next owner replays these from the files' end.
             raise LeaseLost(f"partition lease lost: {rows} rows of {sink.stream} left to its next owner")
         sink.writing = asyncio.create_task(self._write(buffers, rows, sink.last_seq, covering))
 
@@ -186,8 +177,7 @@ class Recorder:
 
     async def _write(self, buffers: dict[str, TableBuffer], rows: int, top: int, covering: list[Msg]) -> None:
         sink = self.sink
-        # Disk full, permissions: the messages stay unacked while it retries. Stopped, it raises (a
-        # later write's cumulative ack would cover these rows too) and JetStream redelivers them.
+        # Disk full, permissions: the messages stay unacked while it retries; stopped, it raises.
         paths = await backoff(
             partial(asyncio.to_thread, write_files, buffers, self.writer, sink.owned), transient=(OSError,),
             stop=self.stop, first_s=0.5, max_s=10.0, what=f"flush of {sink.stream}",
@@ -217,9 +207,8 @@ class Recorder:
 def write_files(
     buffers: dict[str, TableBuffer], writer: PartWriter, owned: Callable[[], bool] | None
 ) -> list:
-    """In a worker thread: Arrow conversion, compression and fsync mostly release the GIL. A replica's
-    partition is checked once more before its files take their place: a write begun while it was ours
-    lands only if it still is (a stalled process wakes up fenced)."""
+    """In a worker thread (Arrow, compression and fsync release the GIL); a replica's files land only
+    if `owned()` still holds once they are written."""
     return writer.write_group({table: buffer.to_arrow() for table, buffer in buffers.items()}, owned)
 
 

@@ -1,22 +1,15 @@
 """SQL over NATS: a ledger answers queries from its own Parquet files, so no other host needs them.
 
-Served by every ledger process as the `nats.micro` service `swarmrl-ledger` on `swarm.ctl.query`
-(`S.LEDGER_QUERY`; a control subject: the operator's credentials only, agents never reach it), in
-the queue group of the ledger replicas: one of them answers. `swarmrl query --remote "SQL"` is the
-client (`ask`).
+Every ledger process serves `swarmrl-ledger` (`nats.micro`) on `S.LEDGER_QUERY`, a control subject,
+in the replicas' queue group; `swarmrl query --remote` is the client (`ask`).
 
     request  {"sql": "SELECT status, count(*) FROM episodes GROUP BY status"}
     reply    {"ok": true, "columns": ["status", "count_star()"], "rows": [["ok", 12]], "run_dir": "..."}
              {"ok": false, "error": "..."}
 
-A query runs in a thread on its own DuckDB connection (`views.register_views`) that may read nothing
-but the run's ledger directory (`enable_external_access` off, `allowed_directories`, locked), and
-only one statement of a reading kind (`SELECT`, `DESCRIBE`, `SHOW`, `EXPLAIN`...: no `COPY`, no
-`ATTACH`, no `INSTALL`). It is interrupted after `QUERY_TIMEOUT_S`; a reply larger than
-`MAX_REPLY_BYTES` is refused (with its size: add a LIMIT). Bytes travel as base64, other values as
-JSON or their text. Ledger replicas on different hosts each hold only their partitions' files:
-this answers from the replica that takes the request, so keep a swarm's ledgers on one host (as
-`infra/multihost.md` does) to query them whole.
+A query runs on its own DuckDB connection locked to the run's ledger directory, as one reading
+statement, interrupted after `QUERY_TIMEOUT_S`. Replicas on different hosts each hold only their
+partitions' files, so keep a swarm's ledgers on one host to query them whole.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ import duckdb
 
 from swarmrl.schemas import subjects as S
 from swarmrl.services.ledger.store import ledger_dir
-from swarmrl.services.ledger.views import register_views
+from swarmrl.services.ledger.views import quote, register_views
 
 log = logging.getLogger("swarmrl.ledger")
 
@@ -44,28 +37,29 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 READING = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """JSON `default=`: bytes as base64, anything else as its text."""
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     return str(value)
 
 
 def run_query(run_dir: Path, sql: str, timeout_s: float = QUERY_TIMEOUT_S) -> dict[str, Any]:
-    """The reply to `sql` over `run_dir`'s ledger (the module docstring): pure DuckDB, no NATS."""
+    """The reply to `sql` over `run_dir`'s ledger (pure DuckDB, no NATS)."""
     con = duckdb.connect()
     try:
         register_views(con, run_dir)
         roots = {str(ledger_dir(run_dir)), str(ledger_dir(run_dir).resolve())}  # as the views name it
-        quoted = ", ".join("'" + r.replace("'", "''") + "'" for r in sorted(roots))
-        con.execute(f"SET allowed_directories = [{quoted}]")
+        con.execute(f"SET allowed_directories = [{', '.join(map(quote, sorted(roots)))}]")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         statements = con.extract_statements(sql)
         kinds = [s.type for s in statements]
         if len(statements) != 1 or kinds[0] not in READING:
+            names = [k.name for k in kinds]
             return {
                 "ok": False,
-                "error": f"one reading statement (SELECT, DESCRIBE, SHOW, EXPLAIN) per query, not {[k.name for k in kinds]}",
+                "error": f"one reading statement (SELECT, DESCRIBE, SHOW, EXPLAIN) per query, not {names}",
             }
         timer = threading.Timer(timeout_s, con.interrupt)
         timer.start()
@@ -83,7 +77,7 @@ def run_query(run_dir: Path, sql: str, timeout_s: float = QUERY_TIMEOUT_S) -> di
 
 
 def encode_reply(reply: dict[str, Any]) -> bytes:
-    data = json.dumps(reply, default=_jsonable).encode()
+    data = json.dumps(reply, default=jsonable).encode()
     if len(data) > MAX_REPLY_BYTES:
         rows = len(reply.get("rows", []))
         return json.dumps({"ok": False, "error": f"result of {rows} rows is {len(data)} bytes, more than "

@@ -1,33 +1,17 @@
-"""NATS side of the ledger: one durable pull consumer per stream, ack / dead-letter decisions, flushes.
+"""NATS side of the ledger: one durable pull consumer per stream, each a `Recorder` (`recorder.py`).
 
-Consumes: EPISODES (`swarm.ep.>`; replicas: LEDGER_PARTS, `swarm.lep.<p>.>`), SAMPLES (`swarm.samples.>`), METRICS (`swarm.metrics.>`) and
-DLQ (`swarm.dlq.>`), each with its durable consumer `ledger-<stream>` (`bus.durable_pull`), read in
-batches with nats-py's `PullSubscription.fetch` (`bus.batches`).
-Publishes: `swarm.dlq.ledger` (bad input, original bytes and reason).
-Writes: Parquet part files under `<run_dir>/ledger/` (`store.PartWriter`); a message is acked only
-after the file holding its row is durable.
+Consumes: EPISODES (replicas: LEDGER_PARTS), SAMPLES, METRICS and DLQ, each with its durable consumer
+`ledger-<stream>`. Publishes: `swarm.dlq.ledger`. Writes: Parquet part files under
+`<run_dir>/ledger/`; a message is acked only after the file holding its row is durable.
 
-Why a restart (even after SIGKILL) neither loses nor duplicates rows: each consumer handles messages
-in stream order; each is buffered, or dead-lettered (the DLQ publish confirmed) before the next one
-is looked at. Acks are cumulative (`AckPolicy.ALL`, one per flush) and only ever sent for a message
-whose predecessors are all written or dead-lettered. So when a flush holding stream sequence N is
-durable, every message of that stream up to N is on disk or in the DLQ: the Parquet files, not the
-consumer's ack floor, say where the ledger is. On start we read that N per stream
-(`views.high_water_marks`) and recreate the durable consumer at N + 1. Merely binding to the old
-consumer would not do: the messages the killed process had fetched but not acked stay pending for
-`ack_wait_s` and come back only after newer ones, so an episode's events would arrive before its
-`begin`. The ordering state is rebuilt from the written events (`views.restore_tracker`), so events
-of episodes begun before the restart are still accepted. A flush cut halfway (several tables) is
-deleted by `PartWriter.prepare`. A message dead-lettered just before a crash is dead-lettered again
-after it; the DLQ publish carries a Nats-Msg-Id, so JetStream drops that copy within its window.
-
-A reply to a fetch can come late or not at all (a network partition between the ledger and the
-consumer's leader) while the next fetch's messages arrive: a message past a gap in the sequence is
-held (`StreamSink.early`) until the missing ones come, late or redelivered after `ack_wait_s`, so no
-cumulative ack ever covers a message that was not written.
-
-Each consumer is one `Recorder` (`recorder.py`): fetch -> rows -> flush when due -> ack what is
-durable. Replicas (`--replica`): the same per partition of LEDGER_PARTS, held by lease (`_own`).
+Why a restart (even after SIGKILL) neither loses nor duplicates rows: messages are handled in stream
+order, each buffered or dead-lettered before the next, and a cumulative ack (`AckPolicy.ALL`) is
+only sent for a message whose predecessors are all written or dead-lettered. So the Parquet files,
+not the consumer's ack floor, say where the ledger is: on start the highest sequence per stream
+(`views.high_water_marks`) is read and the durable consumer recreated right after it (binding to the
+old one would replay the killed process's unacked messages after newer ones). The ordering state is
+rebuilt from the written events (`views.restore_tracker`). A repeated dead letter carries a
+Nats-Msg-Id, so JetStream drops the copy.
 """
 
 from __future__ import annotations
@@ -55,7 +39,7 @@ from swarmrl.services.common import bus
 from swarmrl.services.common.leases import LeasedWork, Leases, take_consumer
 from swarmrl.services.common.lifecycle import EpisodeTracker
 from swarmrl.services.common.retry import TRANSIENT
-from swarmrl.services.common.tasks import Loops
+from swarmrl.services.common.tasks import Loops, on_signals
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest
 from swarmrl.services.ledger.recorder import Recorder
@@ -68,7 +52,7 @@ from swarmrl.services.ledger.views import high_water_marks, register_views, rest
 log = logging.getLogger("swarmrl.ledger")
 SERVICE = "ledger"
 GC_THRESHOLD = 100_000
-"""The collector's first threshold while the ledger runs (Python's default is 700); see `run`."""
+"""The collector's first threshold while the ledger runs (Python's default is 700)."""
 
 
 class Ledger(Loops):
@@ -123,8 +107,7 @@ class Ledger(Loops):
         stop: asyncio.Event,
         owned: Callable[[], bool] | None = None,
     ) -> list[asyncio.Task[None]]:
-        """Consume `streams` from where the files end (the module docstring), until `stop`. `owned`:
-        a replica's lease on them (fresh sinks, fenced as partitions are)."""
+        """Consume `streams` from where the files end, until `stop`; `owned`: a replica's lease on them."""
         if owned is not None:
             for stream in streams:
                 self.sinks[stream] = StreamSink(stream, owned=owned)
@@ -140,33 +123,23 @@ class Ledger(Loops):
                     f"{self.writer.root} holds {stream} messages up to seq {sink.durable_seq}, but the stream "
                     f"ends at seq {last}: it was recreated; give this run a fresh --run-dir"
                 )
+        resumed = {s: self.sinks[s].durable_seq for s in streams}
         log.info(
             "ledger writing to %s; resuming after %s; removed %d partial files; %d open episodes",
-            self.writer.root,
-            {s: self.sinks[s].durable_seq for s in streams},
-            len(removed),
-            len(self.ingest.tracker.open),
-        )
+            self.writer.root, resumed, len(removed), len(self.ingest.tracker.open),
+        )  # fmt: skip
         tasks = []
         for stream in streams:
             sink, durable = self.sinks[stream], S.durable_name(SERVICE, stream)
-            try:  # reposition (see the module docstring): the consumer's own position is not the truth
+            with contextlib.suppress(NotFoundError):  # reposition: the consumer's position is not the truth
                 await js.delete_consumer(stream, durable)
-            except NotFoundError:
-                pass
+            # Unfiltered (a filter costs the server a match per message); no byte cap: a message
+            # nats-py dropped as a slow consumer would be acked by a later cumulative ack, and lost.
             sub = await bus.durable_pull(
-                js,
-                stream,
-                durable,
-                ">",  # the whole stream, unfiltered: a filter costs the server a match per message
-                ack_wait_s=self.cfg.ack_wait_s,
-                max_ack_pending=self._max_ack_pending,
-                start_seq=sink.durable_seq + 1,
-                ack_policy=AckPolicy.ALL,
-                # No byte cap (a fetch is `fetch_batch` messages): a message nats-py dropped as a slow
-                # consumer would be acked by the cumulative ack of a later one, and so lost.
-                pending_bytes_limit=0,
-            )
+                js, stream, durable, ">", ack_wait_s=self.cfg.ack_wait_s,
+                max_ack_pending=self._max_ack_pending, start_seq=sink.durable_seq + 1,
+                ack_policy=AckPolicy.ALL, pending_bytes_limit=0,
+            )  # fmt: skip
             recorder = Recorder(self, sink, sub, stop, self.ingest, self.writer)
             tasks.append(asyncio.create_task(recorder.run(), name=f"ledger-{stream}"))
         return tasks
@@ -184,13 +157,10 @@ class Ledger(Loops):
                 restore_tracker(con, tracker)
             return high_water_marks(con)
 
-    # Replicas -----------------------------------------------------------------------------------------
-    # Leases 0..15 are the episode partitions of LEDGER_PARTS, lease 16 the other streams (SAMPLES,
-    # METRICS, DLQ: small ones, read as by the one ledger). A partition's owner writes its rows under
-    # `<table>/p<partition>/`, with EPISODES' own sequence numbers (`bus.source_seq`): its files say
-    # how far it got, as the one ledger's do, and the rows read the same. LEDGER_PARTS is a work queue
-    # (acks per message, once its row is durable): a new owner starts a fresh consumer, which delivers
-    # every unacked message in order, and skips those its files already hold.
+    # Replicas: leases 0..15 are the episode partitions of LEDGER_PARTS, lease 16 the other streams.
+    # A partition's owner writes under `<table>/p<partition>/` with EPISODES' own sequence numbers
+    # (`bus.source_seq`). LEDGER_PARTS is a work queue: a new owner starts a fresh consumer, which
+    # delivers every unacked message in order, and skips those its files already hold.
 
     async def _replica(self, js: JetStreamContext) -> None:
         kv = await js.key_value(S.LEASES_BUCKET)
@@ -198,9 +168,8 @@ class Ledger(Loops):
         log.info(
             "replica %s consuming %s and the other streams by lease", self.cfg.replica, S.LEDGER_PARTS_STREAM
         )
-        # Fenced, or a NATS call that timed out (a stall makes every request then in flight time out):
-        # the partition's next round starts afresh, if it is still ours. Anything else is a bug or a
-        # fatal state: fail as a crash would.
+        # Fenced, or a NATS call timed out: the partition's next round starts afresh, if still ours.
+        # Anything else fails as a crash would.
         work = LeasedWork(leases, partial(self._own, js), margin_s=1.0, survive=(Fenced, *TRANSIENT))
         try:
             while not self._stop.is_set():
@@ -229,14 +198,13 @@ class Ledger(Loops):
             self.cfg.run_dir, compression=self.cfg.compression, fsync=self.cfg.fsync, sub=f"p{p}"
         )
         await asyncio.to_thread(writer.prepare)
-        # Its own ordering state, from its files alone: what an earlier ownership here held
-        # unwritten must not count as seen when the partition's unacked messages come again.
+        # Its own ordering state, from its files alone: what an earlier ownership held unwritten
+        # must not count as seen.
         ingest = self.partition_ingests[p] = Ingest(max_event_bytes=self.cfg.max_event_bytes)
         hwm = (await asyncio.to_thread(self._recover, ingest.tracker, writer.sub)).get(S.EPISODES_STREAM, 0)
         sink = StreamSink(S.EPISODES_STREAM, sourced=True, owned=owned)
         sink.durable_seq = sink.last_seq = hwm
-        # a fresh consumer per takeover, its name new: a stalled earlier run of this partition here
-        # (stopping, fenced) must never read from it
+        # a fresh consumer per takeover, its name new: a stalled earlier run here must never read from it
         prefix = f"ledger-p{p}-"
         sub, _ = await take_consumer(
             js, S.LEDGER_PARTS_STREAM, prefix, f"{prefix}{self.cfg.replica}-{next(self._takeovers)}",
@@ -256,8 +224,7 @@ class Ledger(Loops):
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.nc is not None and not self.nc.is_closed:
-            # flush, not drain: the acks just sent must reach the server, but draining waits on the
-            # pull subscriptions' expired fetch requests for its whole timeout.
+            # flush, not drain: draining waits on the expired fetch requests for its whole timeout
             try:
                 await self.nc.flush(timeout=5)
             except (nats.errors.Error, TimeoutError) as exc:  # unacked ones come back, skipped at restart
@@ -274,7 +241,6 @@ class Ledger(Loops):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
             assert self.dlq is not None
             ingests = [self.ingest, *self.partition_ingests.values()]
-            # Vanished clients' episodes: the ordering state stays bounded by the tracker's max_closed.
             for ingest in ingests:
                 forgotten = ingest.tracker.expire(time.time(), self.cfg.open_episode_ttl_s)
                 self.counts["forgotten_open_episodes"] += len(forgotten)
@@ -286,8 +252,7 @@ class Ledger(Loops):
 
 def lower_priority(nice: int) -> int | None:
     """Lower this thread's CPU priority to niceness `nice` (never raise it); return the niceness now
-    (None where the platform has no niceness). Call it before any thread is started: on Linux the
-    niceness is per thread, and threads inherit it from the one that starts them."""
+    (None without niceness). Call it before any thread starts: on Linux threads inherit it."""
     if not hasattr(os, "setpriority"):
         return None
     current = os.getpriority(os.PRIO_PROCESS, 0)
@@ -298,26 +263,17 @@ def lower_priority(nice: int) -> int | None:
 
 async def run(cfg: LedgerConfig) -> None:
     """Run the ledger until SIGINT/SIGTERM."""
-    import signal
-
     log.info("ledger at niceness %s", lower_priority(cfg.nice))  # before the writer threads start
     ledger = Ledger(cfg)
     await ledger.start()
     assert ledger.nc is not None
     queries = await QueryService.start(ledger.nc, cfg.run_dir)  # SQL over NATS (`swarmrl query --remote`)
-    # What start loaded (pyarrow, duckdb, nats) lives as long as the process: keep it out of the
-    # collector's full passes, which otherwise walk it again every few thousand messages.
+    # What start loaded lives as long as the process: keep it out of the collector's full passes.
     gc.freeze()
-    # Each buffered row is a dict (with arrays, for an llm call) that lives until its flush, about two
-    # container objects per message. At the default threshold (700 more of them alive than freed) the
-    # collector ran every ~300 messages and walked the buffered rows again each time, finding nothing
-    # to free: ~10% of the ledger's CPU. A flush frees its rows, so above what one flush holds the
-    # collector runs only when objects really pile up.
+    # Buffered rows live until their flush: at the default threshold the collector kept walking them.
     threshold = gc.get_threshold()
     gc.set_threshold(GC_THRESHOLD, *threshold[1:])
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, ledger.request_stop)
+    on_signals(ledger.request_stop)
     try:
         await ledger.wait()
     finally:

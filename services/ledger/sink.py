@@ -1,7 +1,4 @@
-"""What one stream's consumer holds between flushes: buffered rows and the position they cover.
-
-Pure logic (no I/O); its `Recorder` (`recorder.py`) decides when to add, flush and ack.
-"""
+"""What one stream's consumer holds between flushes: buffered rows and the position they cover (no I/O)."""
 
 from __future__ import annotations
 
@@ -19,11 +16,8 @@ from swarmrl.services.ledger.tables import Row
 
 @dataclass
 class StreamSink:
-    """Rows of one stream waiting for their flush, and the message whose ack will cover them.
-
-    The consumer acks cumulatively (`AckPolicy.ALL`): messages are handled strictly in stream order,
-    so acking the latest handled message once its predecessors are durable acks them all.
-    """
+    """Rows of one stream waiting for their flush, and the message whose ack will cover them (acks
+    are cumulative, `AckPolicy.ALL`, and messages are handled strictly in stream order)."""
 
     stream: str
     sourced: bool = False
@@ -54,10 +48,9 @@ class StreamSink:
     def add(self, table: str, row: Row, msg: Msg, seq: int) -> None:
         if not self.rows:
             self.first_at = time.monotonic()
-        buffer = self.buffers.get(table)
-        if buffer is None:
-            buffer = self.buffers[table] = TableBuffer(table)
-        buffer.append(row)
+        if table not in self.buffers:
+            self.buffers[table] = TableBuffer(table)
+        self.buffers[table].append(row)
         self.rows += 1
         self.nbytes += len(msg.data)
         self.last, self.last_seq = msg, seq
@@ -72,11 +65,7 @@ class StreamSink:
 
     def due(self, cfg: LedgerConfig, idle: bool = False) -> bool:
         """Time to write: `flush_rows` or `flush_bytes` waiting, or rows `flush_interval_s` old; or,
-        `idle` (a poll found nothing new), at least `flush_idle_rows`, or the tail of a burst (a write
-        of the last `flush_interval_s` had at least `flush_idle_rows` rows, however few are left now).
-        A trickle thus makes one file per `flush_interval_s`, while a burst is durable as soon as the
-        ledger has caught up with it. (Looking at the last write alone left a burst's last rows waiting
-        `flush_interval_s` when a small write came between: a second on some benchmark runs.)"""
+        `idle` (a poll found nothing new), `flush_idle_rows` waiting or the tail of a burst."""
         if not self.rows:
             return False
         if self.rows >= cfg.flush_rows or self.nbytes >= cfg.flush_bytes:
@@ -84,10 +73,8 @@ class StreamSink:
         now = time.monotonic()
         if now - self.first_at >= cfg.flush_interval_s:
             return True
-        if not idle:
-            return False
         burst = now - self.large_at < cfg.flush_interval_s
-        return burst or self.rows >= cfg.flush_idle_rows
+        return idle and (burst or self.rows >= cfg.flush_idle_rows)
 
     def take(self, cfg: LedgerConfig) -> tuple[dict[str, TableBuffer], int]:
         """Hand over the buffers and their row count; start afresh."""

@@ -1,12 +1,10 @@
-"""Parquet part files of the ledger: `<run_dir>/ledger/<table>/part-*.parquet` (ledger replicas: their
-partitions' files in `<table>/p<partition>/`). Pure file logic, no NATS.
+"""Parquet part files of the ledger: `<run_dir>/ledger/<table>/part-*.parquet` (replicas: in
+`<table>/p<partition>/`). Pure file logic, no NATS.
 
-A flush writes the rows of one stream, which may span several tables (EPISODES feeds `events` and
-`llm_calls`). The files of one flush form a *group*: they share a group id and each names the group's
-size (`part-<group>-n<files>.parquet`). Each file is written to a temporary name, fsynced and renamed,
-so a reader never sees half a file; a crash between two renames leaves an incomplete group, which
-`recover()` deletes on the next start. Its messages were never acked (acks follow the flush), so
-JetStream redelivers them and the group is written again whole.
+A flush writes one stream's rows, which may span several tables; its files form a *group*
+(`part-<group>-n<files>.parquet`). Each file is written to a temporary name, fsynced and renamed;
+a crash between two renames leaves an incomplete group, which `recover()` deletes on the next
+start. Its messages were never acked, so JetStream redelivers them and the group is written again.
 """
 
 from __future__ import annotations
@@ -34,19 +32,17 @@ _TMP_SUFFIX = ".tmp"
 _SCALARS = {
     table: [f.name for f in schema if not pa.types.is_list(f.type)] for table, schema in TABLES.items()
 }
-"""Per table, the columns written dictionary-encoded and with min/max statistics: the scalars. Names,
-kinds and ids repeat within a file, and readers skip row groups by `stream_seq`, `ts`, ... The lists
-(token ids, logprobs) get neither: pyarrow would take their leaves by path (`prompt_ids.list.element`),
-dictionary-encoding the ids made llm_calls files only 3.5% smaller (`default-15min`'s), logprobs
-hardly ever repeat, and nothing skips by the min and max of token ids, which cost ~4% of an llm
-row's write."""
+"""Per table, the columns written dictionary-encoded and with min/max statistics: the scalars (names
+and ids repeat, readers skip row groups by `stream_seq`, `ts`). Token ids and logprobs gain little
+from either and cost write time."""
 
 
 def ledger_dir(run_dir: Path | str) -> Path:
     return Path(run_dir) / LEDGER_DIR
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a folder."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -74,19 +70,17 @@ class PartWriter:
         self._epoch = time.time_ns()
 
     def prepare(self) -> list[Path]:
-        """Create the table folders, write the empty schema files, delete leftovers of a crash.
-
-        Returns the deleted files (temporary files and the parts of incomplete groups).
-        """
+        """Create the table folders and empty schema files; delete (and return) leftovers of a crash."""
         for table in TABLES:
             self.folder(table).mkdir(parents=True, exist_ok=True)
         removed = self.recover()
         if not self.sub:  # the table's own folder holds its schema file
             for table, schema in TABLES.items():
-                self._write_file(self.root / table / EMPTY_FILE, schema.empty_table())
+                path = self.root / table / EMPTY_FILE
+                os.replace(self._write_tmp(path, schema.empty_table()), path)
         if self.fsync:
             for table in TABLES:
-                _fsync_dir(self.folder(table))
+                _fsync(self.folder(table))
         return removed
 
     def folder(self, table: str) -> Path:
@@ -109,10 +103,8 @@ class PartWriter:
             if len(paths) != sizes[gid]:
                 log.warning(
                     "incomplete flush group %s (%d of %d files): removing, it will be redelivered",
-                    gid,
-                    len(paths),
-                    sizes[gid],
-                )
+                    gid, len(paths), sizes[gid],
+                )  # fmt: skip
                 removed.extend(paths)
         for path in removed:
             path.unlink()
@@ -129,7 +121,10 @@ class PartWriter:
             return []
         gid = f"{self._epoch:020d}-{next(self._ids):08d}"
         paths = [self.folder(name) / f"part-{gid}-n{len(tables)}.parquet" for name in tables]
-        tmps = [self._write_tmp(path, table, _SCALARS[name], _SCALARS[name]) for path, (name, table) in zip(paths, tables.items(), strict=True)]  # fmt: skip
+        tmps = [
+            self._write_tmp(path, table, _SCALARS[name])
+            for path, (name, table) in zip(paths, tables.items(), strict=True)
+        ]
         if commit is not None and not commit():
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
@@ -138,34 +133,16 @@ class PartWriter:
             os.replace(tmp, path)
         if self.fsync:  # make the renames durable before the caller acks the messages
             for path in paths:
-                _fsync_dir(path.parent)
+                _fsync(path.parent)
         return paths
 
-    def _write_file(
-        self,
-        path: Path,
-        table: pa.Table,
-        dictionary: list[str] | bool = True,
-        statistics: list[str] | bool = True,
-    ) -> None:
-        os.replace(self._write_tmp(path, table, dictionary, statistics), path)
-
-    def _write_tmp(
-        self,
-        path: Path,
-        table: pa.Table,
-        dictionary: list[str] | bool = True,
-        statistics: list[str] | bool = True,
-    ) -> Path:
-        """`table` written and fsynced under `path`'s temporary name, which is returned."""
+    def _write_tmp(self, path: Path, table: pa.Table, scalars: list[str] | bool = True) -> Path:
+        """`table` written and fsynced under `path`'s temporary name, which is returned; `scalars`: the
+        columns with dictionary encoding and statistics."""
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         pq.write_table(
-            table, tmp, compression=self.compression, use_dictionary=dictionary, write_statistics=statistics
+            table, tmp, compression=self.compression, use_dictionary=scalars, write_statistics=scalars
         )
         if self.fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
         return tmp

@@ -1,8 +1,7 @@
 """The ledger's tables: one Arrow schema per table and the functions that turn records into rows.
 
-Pure logic (no NATS, no files). Every row carries `stream` and `stream_seq`, the JetStream position of
-the message it came from: that is what makes restarts exact (see `service.py`). Column meanings are
-documented in `services/ledger/README.md`.
+Pure logic. Every row carries `stream` and `stream_seq`, the JetStream position of its message,
+which makes restarts exact (`service.py`). Columns are documented in `services/ledger/README.md`.
 """
 
 from __future__ import annotations
@@ -43,209 +42,75 @@ _EVENT_BASE = [
     ("client_version", STR),
 ]
 
+
+def _schema(*columns: tuple[str, pa.DataType]) -> pa.Schema:
+    """Every row starts with the position of the message it came from."""
+    return pa.schema([*_POSITION, *columns])
+
+
+# fmt: off
 TABLES: dict[str, pa.Schema] = {
-    "events": pa.schema(
-        _POSITION
-        + _EVENT_BASE
-        + [
-            ("kind", STR),
-            # begin
-            ("task_id", STR),
-            ("group_key", STR),
-            ("group_size", I64),
-            ("task", STR),
-            ("models", STRS),
-            ("agents", STRS),
-            ("eval", BOOL),
-            # env / reward
-            ("agent", STR),
-            ("name", STR),
-            ("data", STR),
-            ("value", F64),
-            # end / abort
-            ("metrics", STR),
-            ("reason", STR),
-        ]
+    "events": _schema(
+        *_EVENT_BASE,
+        ("kind", STR),
+        # begin
+        ("task_id", STR), ("group_key", STR), ("group_size", I64), ("task", STR), ("models", STRS),
+        ("agents", STRS), ("eval", BOOL),
+        # env / reward
+        ("agent", STR), ("name", STR), ("data", STR), ("value", F64),
+        # end / abort
+        ("metrics", STR), ("reason", STR),
     ),
-    "llm_calls": pa.schema(
-        _POSITION
-        + _EVENT_BASE
-        + [
-            ("call_id", STR),
-            ("agent", STR),
-            ("model", STR),
-            ("policy_version", I64),
-            ("prompt_ids", INTS),
-            ("output_ids", INTS),
-            ("output_logprobs", FLOATS),
-            ("n_prompt", I64),
-            ("n_output", I64),
-            ("messages", STR),
-            ("tools", STR),
-            ("output_text", STR),
-            ("finish_reason", STR),
-        ]
+    "llm_calls": _schema(
+        *_EVENT_BASE,
+        ("call_id", STR), ("agent", STR), ("model", STR), ("policy_version", I64), ("prompt_ids", INTS),
+        ("output_ids", INTS), ("output_logprobs", FLOATS), ("n_prompt", I64), ("n_output", I64),
+        ("messages", STR), ("tools", STR), ("output_text", STR), ("finish_reason", STR),
     ),
-    "samples": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("sample_id", STR),
-            ("model", STR),
-            ("episode_id", STR),
-            ("agent", STR),
-            ("task_id", STR),
-            ("group_key", STR),
-            ("group_size", I64),
-            ("task", STR),
-            ("client_id", STR),
-            ("client_version", STR),
-            ("token_ids", INTS),
-            ("loss_mask", INTS),
-            ("logprobs", FLOATS),
-            ("policy_versions", INTS),
-            ("reward", F64),
-            ("index", I64),
-            ("n_samples", I64),
-            ("n_calls", I64),
-            ("n_tokens", I64),
-            ("n_trained", I64),
-            ("ts", F64),
-        ]
+    "samples": _schema(
+        ("v", I64), ("sample_id", STR), ("model", STR), ("episode_id", STR), ("agent", STR),
+        ("task_id", STR), ("group_key", STR), ("group_size", I64), ("task", STR), ("client_id", STR),
+        ("client_version", STR), ("token_ids", INTS), ("loss_mask", INTS), ("logprobs", FLOATS),
+        ("policy_versions", INTS), ("reward", F64), ("index", I64), ("n_samples", I64), ("n_calls", I64),
+        ("n_tokens", I64), ("n_trained", I64), ("ts", F64),
     ),
-    "lost_episodes": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("episode_id", STR),
-            ("model", STR),
-            ("group_key", STR),
-            ("status", STR),
-            ("reason", STR),
-            ("ts", F64),
-        ]
+    "lost_episodes": _schema(
+        ("v", I64), ("episode_id", STR), ("model", STR), ("group_key", STR), ("status", STR),
+        ("reason", STR), ("ts", F64),
     ),
-    "train_steps": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("model", STR),
-            ("step", I64),
-            ("policy_version", I64),
-            ("loss", F64),
-            ("reward_mean", F64),
-            ("reward_std", F64),
-            ("samples", I64),
-            ("tokens", I64),
-            ("trained_tokens", I64),
-            ("tokens_per_s", F64),
-            ("staleness_mean", F64),
-            ("staleness_max", I64),
-            ("wall_s", F64),
-            ("extra", STR),
-            ("sample_ids", STR),
-            ("dropped", STR),
-            ("ts", F64),
-        ]
+    "train_steps": _schema(
+        ("v", I64), ("model", STR), ("step", I64), ("policy_version", I64), ("loss", F64),
+        ("reward_mean", F64), ("reward_std", F64), ("samples", I64), ("tokens", I64),
+        ("trained_tokens", I64), ("tokens_per_s", F64), ("staleness_mean", F64), ("staleness_max", I64),
+        ("wall_s", F64), ("extra", STR), ("sample_ids", STR), ("dropped", STR), ("ts", F64),
     ),
-    "sample_drops": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("model", STR),
-            ("step", I64),
-            ("dropped", STR),
-            ("ts", F64),
-        ]
+    "sample_drops": _schema(("v", I64), ("model", STR), ("step", I64), ("dropped", STR), ("ts", F64)),
+    "group_outcomes": _schema(
+        ("v", I64), ("model", STR), ("owner", STR), ("group_key", STR), ("task", STR), ("client_id", STR),
+        ("outcome", STR), ("reason", STR), ("step", I64), ("reward_std", F64), ("episodes", I64),
+        ("ts", F64),
     ),
-    "group_outcomes": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("model", STR),
-            ("owner", STR),
-            ("group_key", STR),
-            ("task", STR),
-            ("client_id", STR),
-            ("outcome", STR),
-            ("reason", STR),
-            ("step", I64),
-            ("reward_std", F64),
-            ("episodes", I64),
-            ("ts", F64),
-        ]
+    "evals": _schema(
+        ("v", I64), ("model", STR), ("step", I64), ("task", STR), ("success_rate", F64), ("n", I64),
+        ("temperature", F64), ("metric", STR), ("ts", F64),
     ),
-    "evals": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("model", STR),
-            ("step", I64),
-            ("task", STR),
-            ("success_rate", F64),
-            ("n", I64),
-            ("temperature", F64),
-            ("metric", STR),
-            ("ts", F64),
-        ]
+    "merges": _schema(
+        ("v", I64), ("episode_id", STR), ("status", STR), ("agents", I64), ("calls", I64),
+        ("timelines_kept", I64), ("tokens_before", I64), ("tokens_after", I64),
+        ("trained_tokens_before", I64), ("trained_tokens_after", I64), ("reason", STR), ("group_key", STR),
+        ("models", STRS), ("sample_models", STRS), ("eval", BOOL), ("ts", F64),
     ),
-    "merges": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("episode_id", STR),
-            ("status", STR),
-            ("agents", I64),
-            ("calls", I64),
-            ("timelines_kept", I64),
-            ("tokens_before", I64),
-            ("tokens_after", I64),
-            ("trained_tokens_before", I64),
-            ("trained_tokens_after", I64),
-            ("reason", STR),
-            ("group_key", STR),
-            ("models", STRS),
-            ("sample_models", STRS),
-            ("eval", BOOL),
-            ("ts", F64),
-        ]
+    "actions": _schema(
+        ("v", I64), ("action_id", STR), ("episode_id", STR), ("kind", STR), ("status", STR),
+        ("result", STR), ("error", STR), ("queued_s", F64), ("run_s", F64), ("act_s", F64), ("cpu", I64),
+        ("mem_mb", I64), ("accel", I64), ("units", I64), ("policy", STR), ("owner", STR), ("ts", F64),
     ),
-    "actions": pa.schema(
-        _POSITION
-        + [
-            ("v", I64),
-            ("action_id", STR),
-            ("episode_id", STR),
-            ("kind", STR),
-            ("status", STR),
-            ("result", STR),
-            ("error", STR),
-            ("queued_s", F64),
-            ("run_s", F64),
-            ("act_s", F64),
-            ("cpu", I64),
-            ("mem_mb", I64),
-            ("accel", I64),
-            ("units", I64),
-            ("policy", STR),
-            ("owner", STR),
-            ("ts", F64),
-        ]
-    ),
-    "dead_letters": pa.schema(
-        _POSITION
-        + [
-            ("service", STR),
-            ("subject", STR),
-            ("code", STR),
-            ("reason", STR),
-            ("data", BLOB),
-            ("size", I64),
-            ("dlq_subject", STR),
-            ("ts", F64),
-        ]
+    "dead_letters": _schema(
+        ("service", STR), ("subject", STR), ("code", STR), ("reason", STR), ("data", BLOB), ("size", I64),
+        ("dlq_subject", STR), ("ts", F64),
     ),
 }
+# fmt: on
 
 # Which tables each stream feeds; a flush writes one stream's tables together (see store.py).
 STREAM_TABLES: dict[str, tuple[str, ...]] = {

@@ -1,13 +1,9 @@
 """DuckDB over the ledger's Parquet files: the views `swarmrl query` offers and the queries a restart needs.
 
-Pure logic (no NATS). Each table is a view over `read_parquet('<ledger>/<table>/**/*.parquet',
-union_by_name=true)` (ledger replicas' partition folders included), so new part files show up in the next query and older files missing a newer
-column read it as NULL. A table without any file yet is a typed empty SELECT, so a query never fails
-on a fresh run. `episodes` is derived from `events` and `llm_calls`; its `task` is the task name the
-`begin` event's `task` map carries (`task.name` when it is a string, else ""), as the merger puts it
-on the episode's samples (`Sample.task`), so episodes and samples group by the same name. `groups`
-is every trained or dropped group (`group_outcomes`), and the groups whose every episode was aborted,
-which no trainer sees.
+Each table is a view over its `**/*.parquet` files (replicas' partition folders included,
+`union_by_name`, so older files read a newer column as NULL); a table without files yet is a typed
+empty SELECT. `episodes` is derived from `events` and `llm_calls` (its `task` is the name the merger
+puts on samples); `groups` is `group_outcomes` plus the groups whose every episode was aborted.
 """
 
 from __future__ import annotations
@@ -74,7 +70,8 @@ GROUP BY e.group_key, m.model HAVING bool_and(e.status = 'aborted')
 VIEWS = (*TABLES, "episodes", "groups")
 
 
-def _quote(s: str) -> str:
+def quote(s: str) -> str:
+    """`s` as a SQL string literal."""
     return "'" + s.replace("'", "''") + "'"
 
 
@@ -84,13 +81,12 @@ def empty_select(table: str) -> str:
 
 
 def register_views(con: duckdb.DuckDBPyConnection, run_dir: Path | str, sub: str = "") -> None:
-    """(Re)create every ledger view on `con` over the Parquet files under `<run_dir>/ledger/` (those of
-    ledger replicas' partitions, in the tables' subfolders, included); `sub`: one such subfolder only."""
+    """(Re)create every ledger view on `con` over `<run_dir>/ledger/`; `sub`: one partition folder only."""
     root = ledger_dir(run_dir)
     for table in TABLES:
         folder = root / table / sub if sub else root / table
         if folder.is_dir() and any(folder.rglob("*.parquet")):
-            files = _quote(str(folder / "**" / "*.parquet"))
+            files = quote(str(folder / "**" / "*.parquet"))
             source = f"SELECT * FROM read_parquet({files}, union_by_name=true)"
         else:
             source = empty_select(table)
@@ -109,12 +105,8 @@ def high_water_marks(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
 
 
 def restore_tracker(con: duckdb.DuckDBPyConnection, tracker: EpisodeTracker) -> None:
-    """Rebuild the ordering state from the written events, as if they had been replayed through `tracker`.
-
-    Rejected events never changed the state and were never written, so the written rows are exactly
-    the accepted history: closed episodes (latest `max_closed` of them), open ones, and the last seq
-    of every client in every open episode.
-    """
+    """Rebuild the ordering state from the written events, as if they had been replayed through `tracker`
+    (rejected events were never written, so the rows are exactly the accepted history)."""
     closed = con.execute(
         "SELECT episode_id, kind FROM events WHERE kind IN ('end', 'abort') ORDER BY stream_seq DESC LIMIT ?",
         [tracker.max_closed],

@@ -1,24 +1,12 @@
-"""One finished episode → its training samples and merge statistics (pure logic, no NATS).
+"""One finished episode → its training samples and merge statistics (pure logic).
 
-Consumes the episode's `BeginEvent`, its `LlmEvent`s in stream order and its `RewardEvent`s.
-Produces one `Sample` per surviving timeline (see `timelines.py`) and one `MergeStats`.
-
-- sample_id = `<episode_id>.<agent>.<model>.<index>` (`sample_id()`): index counts the samples of
-  one (agent, model) in call order, and n_samples is their count. A trainer sees only its own
-  model's samples and waits for n_samples of each agent, so an agent that calls two models completes
-  in both trainers. The id is unique across the episode's models (episode ids and model names hold
-  no dots, so it parses from both ends even when an agent name does), and it depends only on the
-  events in stream order: a replay yields the same ids and JetStream's duplicate window drops the
-  republished copies.
-- task = the begin event's `task["name"]` when it is a string, else "" (`task_name()`): lets the
-  trainer report rewards per task when tasks are mixed (cocktail training).
-- reward of an agent's samples = sum of the reward events for that agent plus the team rewards
-  (events whose `agent` is empty).
-- group_key is the begin event's resolved group (`group_key`, or `task_id` when empty), so the
-  trainer never has to know the fallback.
-- Eval episodes are recorded, never trained on: no samples, and MergeStats with status `merged`,
-  `timelines_kept` 0, `tokens_after` 0 and reason `eval`, so that counts over MergeStats add up to
-  what reached SAMPLES while tokens_before still shows what the eval cost.
+- sample_id = `<episode_id>.<agent>.<model>.<index>`: index counts one (agent, model)'s samples in
+  call order, n_samples their count (a trainer waits for n_samples of each agent). It depends only
+  on the events in stream order, so a replay yields the same ids and JetStream drops the copies.
+- task = the begin event's `task["name"]` when it is a string, else "".
+- group_key is the begin event's resolved group (`group_key`, else `task_id`).
+- An agent's reward = its own reward events plus the team's (events whose `agent` is empty).
+- Eval episodes are never trained on: no samples; MergeStats `merged`, reason `eval`, nothing kept.
 - An ended episode without LLM calls gets status `empty`.
 """
 
@@ -29,8 +17,6 @@ from typing import Any, Literal
 
 from swarmrl.schemas import BeginEvent, LlmEvent, LostEpisode, MergeStats, RewardEvent, Sample
 from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
-
-EVAL_REASON = "eval"
 
 
 def agent_rewards(rewards: list[RewardEvent], agents: set[str]) -> dict[str, float]:
@@ -51,11 +37,19 @@ def task_name(begin: BeginEvent) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _identity(begin: BeginEvent | None) -> dict[str, Any]:
-    """The group, models and eval flag every MergeStats carries (empty when begin is unknown)."""
-    if begin is None:
-        return {}
-    return {"group_key": begin.group, "models": list(begin.models), "eval": begin.eval}
+def _stats(episode_id: str, begin: BeginEvent | None, calls: list[LlmEvent], **fields: Any) -> MergeStats:
+    """MergeStats with what every episode carries: its group, models and eval flag (when begin is
+    known), and what its calls cost."""
+    identity = {"group_key": begin.group, "models": list(begin.models), "eval": begin.eval} if begin else {}
+    return MergeStats(
+        episode_id=episode_id,
+        **identity,
+        agents=len({c.agent for c in calls}),
+        calls=len(calls),
+        tokens_before=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
+        trained_tokens_before=sum(len(c.output_ids) for c in calls),
+        **fields,
+    )
 
 
 def dropped_stats(
@@ -66,16 +60,7 @@ def dropped_stats(
     begin: BeginEvent | None = None,
 ) -> MergeStats:
     """Stats of an episode dropped without samples: what it cost, and why it was dropped."""
-    return MergeStats(
-        episode_id=episode_id,
-        **_identity(begin),
-        status=status,
-        agents=len({c.agent for c in calls}),
-        calls=len(calls),
-        tokens_before=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
-        trained_tokens_before=sum(len(c.output_ids) for c in calls),
-        reason=reason,
-    )
+    return _stats(episode_id, begin, calls, status=status, reason=reason)
 
 
 def assemble(
@@ -87,7 +72,6 @@ def assemble(
     """Merge an ended episode's calls into samples; `calls` must be in stream order."""
     initial = [Timeline.from_call(c, i) for i, c in enumerate(calls)]
     kept = [] if begin.eval else merge_timelines(initial, opts)
-
     by_role: dict[tuple[str, str], list[Timeline]] = defaultdict(list)
     for t in kept:  # already in call order
         by_role[t.agent, t.model].append(t)
@@ -118,28 +102,23 @@ def assemble(
                     n_calls=t.n_calls,
                 )
             )
-
-    stats = MergeStats(
-        episode_id=begin.episode_id,
-        **_identity(begin),
+    stats = _stats(
+        begin.episode_id,
+        begin,
+        calls,
         status="merged" if calls else "empty",
-        agents=len({c.agent for c in calls}),
-        calls=len(calls),
         timelines_kept=len(samples),
-        tokens_before=sum(len(t.tokens) for t in initial),
         tokens_after=sum(len(s.token_ids) for s in samples),
-        trained_tokens_before=sum(t.trained_tokens for t in initial),
         trained_tokens_after=sum(sum(s.loss_mask) for s in samples),
-        reason=EVAL_REASON if begin.eval else "",
+        reason="eval" if begin.eval else "",
         sample_models=sorted({s.model for s in samples}),
     )
     return samples, stats
 
 
 def lost_episodes(stats: MergeStats) -> list[LostEpisode]:
-    """One record per trainable model of a training episode that sends that model no sample (the
-    episode was dropped, or the model's role never acted): its trainer counts the episode out of
-    its group instead of waiting for it until the group timeout."""
+    """One record per model a training episode sends no sample, so that its trainer counts the
+    episode out of its group instead of waiting for it."""
     if stats.eval:
         return []
     sent = set(stats.sample_models or []) if stats.status == "merged" else set()

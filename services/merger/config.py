@@ -1,6 +1,5 @@
-"""Configuration of the merger service: `MergerSettings`, what a swarm description's `[merger]` may
-set, and `MergerConfig`, the process's whole configuration (`swarmrl serve merger --help` prints
-every field), which adds the replica name `swarmrl up` gives it."""
+"""Merger configuration: `MergerSettings` (a swarm description's `[merger]`) and `MergerConfig`, the
+process's whole configuration (`swarmrl serve merger --help`)."""
 
 from __future__ import annotations
 
@@ -23,20 +22,13 @@ class MergerSettings(Settings):
     ignore_tools: bool = False
     """Text mode: a changed `tools` list does not stop a call from being absorbed."""
     ack_wait_s: float = Field(default=30.0, gt=0)
-    """Ack wait of the partition consumers. Events of open episodes are held unacked and kept alive
-    with in-progress acks (every `ack_wait_s / 4`), so this bounds only how long a merger stalled
-    past it takes to see its held events again (it keeps the newest handle; each redelivery counts
-    toward `bus.MAX_DELIVERIES`). A merger's death does not wait for it: a partition's new owner
-    starts a fresh consumer, which delivers every unacked event at once (`service.py`). Keep it well
-    under the SAMPLES duplicate window (`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min): a crash between
-    publishing an episode's samples and acking its events is then healed by de-duplication on replay."""
+    """Ack wait of the partition consumers (held events are kept alive every `ack_wait_s / 4`). Keep it
+    well under the SAMPLES duplicate window (`bus.SERVICE_DUPLICATE_WINDOW_S`), which heals a crash
+    between publishing an episode's samples and acking its events."""
     lease_interval_s: float = Field(default=2.0, gt=0, le=3.0)
-    """How often the partition leases are renewed and rebalanced: at most half of `bus.LEASE_TTL_S`
-    (6 s), after which a dead replica's partitions are free to take; a replica whose renewals have
-    failed for the TTL less this stops working on its partitions (another may own them by then)."""
+    """How often the partition leases are renewed and rebalanced (at most half of `bus.LEASE_TTL_S`)."""
     max_ack_pending: int = Field(default=200_000, gt=0)
-    """Most unacked messages the server hands out: must exceed all events of all open episodes, or
-    delivery stalls until episodes time out."""
+    """Most unacked messages the server hands out: must exceed all events of all open episodes."""
     fetch_batch: int = Field(default=256, gt=0)
     """Messages per pull request."""
     stats_interval_s: float = Field(default=30.0, gt=0)

@@ -1,13 +1,7 @@
-"""What a merger partition holds between delivery and ack.
-
-- `OpenEpisode`: the events of an episode that has begun and not yet ended, aborted or timed out.
-- `Held`: a delivered message we owe an ack, with the last time we told the server it is in work.
-- `RecentAcks`: stream sequences we acked lately. JetStream acks are fire-and-forget; one lost on a
-  connection blip comes back as a redelivery, which must be acked again, not dead-lettered as an
-  event of a closed episode (nor, for a message we never saw, acked without a trace).
-- `Inflight`: every unacked event of a partition, held or parked; the only code that acks, naks or
-  keeps them alive.
-"""
+"""What a merger partition holds between delivery and ack: open episodes (`OpenEpisode`), the
+messages owed an ack (`Held`, `Parked`), lately acked sequences (`RecentAcks`: a lost ack comes
+back as a redelivery, to be acked again), and `Inflight`, the only code that acks, naks or keeps
+them alive."""
 
 from __future__ import annotations
 
@@ -31,9 +25,8 @@ K = TypeVar("K", bound=Hashable)
 class OpenEpisode:
     begin: BeginEvent
     call_seqs: list[int] = field(default_factory=list)
-    """Stream sequences of the LLM calls, in stream order (sample ids depend on it, so a replay yields
-    the same ids). The calls themselves stay msgpack in the held messages until the episode closes:
-    decoded, their token lists take about six times the memory."""
+    """Stream sequences of the LLM calls, in stream order (sample ids depend on it). The calls stay
+    msgpack in the held messages until the episode closes: decoded, they take far more memory."""
     rewards: list[RewardEvent] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
     """Stream sequences of the held events, begin first."""
@@ -57,8 +50,7 @@ class Parked(Held):
 
 
 class RecentAcks(Generic[K]):
-    """Keys (stream sequences acked, episodes closed) seen within the last `keep_s` seconds (a lost ack
-    returns within the ack wait)."""
+    """Keys (stream sequences acked, episodes closed) seen within the last `keep_s` seconds."""
 
     def __init__(self, keep_s: float) -> None:
         self.keep_s = keep_s
@@ -80,8 +72,7 @@ class RecentAcks(Generic[K]):
 
 class Inflight:
     """Every unacked event of one partition, by stream sequence: `held` (of open episodes) and
-    `parked` (of episodes whose begin has not come). Held ones get an in-progress ack once untouched
-    for half the ack wait; on a stop all are nak'ed, so the partition's next owner replays them."""
+    `parked` (begin not come yet). On a stop all are nak'ed for the partition's next owner."""
 
     def __init__(self, ack_wait_s: float, counts: Counter[str]) -> None:
         self.ack_wait_s = ack_wait_s
@@ -106,8 +97,7 @@ class Inflight:
         self.held[seq] = Held(msg, time.monotonic(), episode_id)
 
     def park(self, seq: int, msg: Msg, episode_id: str, reason: str) -> None:
-        """Hold an event whose begin has not come, for two ack waits; `reason` (`unknown_episode: ...`)
-        is what it is dead-lettered with then."""
+        """Hold an event whose begin has not come, for two ack waits; then dead-letter it with `reason`."""
         self.park_until.setdefault(episode_id, time.monotonic() + 2 * self.ack_wait_s)
         self.parked[seq] = Parked(msg, time.monotonic(), episode_id, reason)
         self.counts["parked"] += 1
@@ -135,8 +125,8 @@ class Inflight:
                 await self.ack(held.msg, seq)
 
     async def keep_alive(self, now: float) -> bool:
-        """An in-progress ack for every event untouched for half the ack wait, every quarter of it
-        (True: this was such a round)."""
+        """Every quarter ack wait, an in-progress ack for each event untouched for half of it (True:
+        this was such a round)."""
         if now - self.kept_alive <= self.ack_wait_s / 4:
             return False
         self.kept_alive = now

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-
 from swarmrl.core.config import parse_config
 from swarmrl.core.log import setup_logging
 from swarmrl.services.common import loop as aio
+from swarmrl.services.common.tasks import on_signals
 from swarmrl.services.merger.config import MergerConfig
 
 
@@ -15,9 +13,7 @@ async def _serve(cfg: MergerConfig) -> None:
     from swarmrl.services.merger.service import Merger  # lazy: keeps `--help` fast
 
     merger = Merger(cfg)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, merger.request_stop)
+    on_signals(merger.request_stop)
     await merger.run()
 
 

@@ -1,15 +1,9 @@
-"""Text-level comparison of OpenAI chat messages, for the merger's `text` mode (pure logic, no NATS).
+"""Text-level comparison of OpenAI chat messages, for the merger's `text` mode (pure logic).
 
-A timeline's text is the request's messages plus the reply the model produced. Two things make the
-comparison lenient where it must be and strict elsewhere:
-
-- Earlier messages are compared by role, content and tool calls (name + parsed arguments) after
-  normalising whitespace and JSON, so a client that re-serialises arguments or re-indents text
-  still counts as repeating the same history. Ids (`tool_call_id`, call ids) are ignored: clients
-  regenerate them.
-- The reply is only known as the raw generated text (`LlmEvent.output_text`, tool-call markup
-  included), while the next request echoes the *parsed* assistant message. The echoed message
-  matches when its content and every tool call (name, arguments as JSON) are found in the raw text.
+Earlier messages are compared by role, content and tool calls after normalising whitespace and
+JSON (ids are ignored: clients regenerate them). The reply is known only as the raw generated text,
+while the next request echoes the *parsed* assistant message: it matches when its content and every
+tool call (name, arguments as JSON) are found in the raw text.
 """
 
 from __future__ import annotations
@@ -50,9 +44,8 @@ def canonical_json(value: Any) -> str:
 def _tool_calls(message: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     calls = []
     for call in message.get("tool_calls") or []:
-        fn = (call.get("function") or {}) if isinstance(call, dict) else {}
-        if not isinstance(fn, dict):
-            fn = {}
+        fn = call.get("function") if isinstance(call, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
         calls.append((str(fn.get("name", "")), canonical_json(fn.get("arguments", {}))))
     return tuple(calls)
 
@@ -61,16 +54,9 @@ def normalise(message: dict[str, Any]) -> NormalMessage:
     return (str(message.get("role", "")), squash(text_of(message.get("content"))), _tool_calls(message))
 
 
-def canonical_tools(tools: list[dict[str, Any]]) -> str:
-    return canonical_json(tools)
-
-
 def _json_values(raw: str) -> set[str]:
-    """Canonical JSON of every object found in `raw`, plus their `arguments`/`parameters` values.
-
-    Tool calls appear in generated text as JSON (`<tool_call>{"name": ..., "arguments": {...}}`
-    and similar); this finds them without knowing the chat template's markup.
-    """
+    """Canonical JSON of every object found in `raw`, plus their `arguments`/`parameters` values: the
+    tool calls of generated text, whatever the chat template's markup."""
     decoder = json.JSONDecoder()
     found: set[str] = set()
     start = raw.find("{")
@@ -118,7 +104,7 @@ def is_text_prefix(
     k = len(a_request)
     if len(b_request) <= k:
         return False
-    if not ignore_tools and canonical_tools(a_tools) != canonical_tools(b_tools):
+    if not ignore_tools and canonical_json(a_tools) != canonical_json(b_tools):
         return False
     if any(normalise(x) != normalise(y) for x, y in zip(a_request, b_request[:k], strict=True)):
         return False

@@ -1,16 +1,10 @@
 """One partition of EPISODE_PARTS, merged by one merger replica: its consumer, open episodes and the loop.
 
-The loop, per fetched batch: `handle` each event (held in its open episode, parked until its begin
-comes, acked or dead-lettered), `settle` the episodes that batch closed (publish, then ack), then
-`tick` (time out silent episodes, dead-letter events whose begin never came, keep held events
-alive). The events it holds are in one `Inflight` (`inflight.py`). See `service.py` for the
-guarantees (ack discipline, takeover, all or none across models).
-
-A begin can come after its episode's later events: a delivery lost in flight with a broker node comes
-back only after the ack wait, behind whatever was delivered since. So an event of an episode whose
-begin has not come is parked (kept unacked and alive, counted `parked`) for two ack waits; if its
-begin comes, the parked events follow it in stream order (`unparked`), else they are dead-lettered
-as `unknown_episode`.
+Per fetched batch: `handle` each event (held, parked, acked or dead-lettered), `settle` the
+episodes the batch closed (publish, then ack), then `tick` (time-outs, keep-alives). Guarantees:
+`service.py`. A begin can come after its episode's later events (a lost delivery comes back after
+the ack wait), so such events are parked for two ack waits: they follow their begin if it comes
+(`unparked`), else they are dead-lettered as `unknown_episode`.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -75,13 +69,11 @@ class Partition:
         self.replay_upto = 0
         """The partition's last stream sequence when we took it: what our consumer replays up to."""
         self.leftovers_upto = 0
-        """`replay_upto` when we took the partition from an earlier owner (its consumer existed), else 0:
-        a replayed event of an episode we never saw begin is what that owner left of an episode it
-        closed (`_accept`)."""
+        """`replay_upto` when an earlier owner's consumer existed, else 0: up to it, an event of an
+        episode we never saw begin is a leftover of one that owner closed (`_accept`)."""
 
     async def run(self) -> None:
-        """fetch -> handle -> settle -> tick, from a fresh consumer (`service.py`) until stopped; on
-        the way out hand back what is held."""
+        """fetch -> handle -> settle -> tick until stopped; on the way out hand back what is held."""
         try:  # a cluster electing leaders answers 503 for a while: wait it out, as for publishes
             sub = await retry(self._stop, self._fresh_consumer)
         except Stopping:
@@ -109,8 +101,6 @@ class Partition:
         )  # fmt: skip
         self.leftovers_upto = self.replay_upto if existed else 0  # an owner before us may have left some
         return sub
-
-    # -- one message ---------------------------------------------------------------------------
 
     async def handle(self, msg: Msg) -> None:
         """Decide what one event becomes: held, parked, dead-lettered (and acked), or acked."""
@@ -143,24 +133,23 @@ class Partition:
             self.counts["redelivered_acked"] += 1
             return await self.inflight.ack(msg, seq)
         if seq <= self.replay_upto and eid not in self.episodes and eid in self.merger.closed:
-            # this process closed the episode under an earlier consumer of the partition, and some of
-            # its acks were lost with that consumer (a broker outage): handled already
+            # closed by this process under an earlier consumer, whose acks were lost: handled already
             self.counts["replayed_closed"] += 1
             return await self.inflight.ack(msg, seq)
         if self.tracker.late_call(ev):  # finished after its client aborted: dropped with the episode
             self.counts["late_calls"] += 1
             return await self.inflight.ack(msg, seq)
         reason = self.tracker.check(ev, received=time.monotonic())
-        if reason is not None and reason.startswith("unknown_episode") and seq <= self.leftovers_upto:
-            # An earlier owner closed this episode and acked its begin, but not this event: it died
-            # between the acks, or they were lost with a broker node. An open episode's events are
-            # all unacked, begin included, so the replay would have brought its begin first.
+        unknown = reason is not None and reason.startswith("unknown_episode")
+        if unknown and seq <= self.leftovers_upto:
+            # An earlier owner closed this episode and acked its begin, but not this event (an open
+            # episode's replay would have brought its begin first).
             self.counts["replayed_leftovers"] += 1
             log.info(
                 "subject=%s seq=%d: left over from an episode closed before the takeover", msg.subject, seq
             )
             return await self.inflight.ack(msg, seq)
-        if reason is not None and reason.startswith("unknown_episode"):
+        if unknown:
             return self.inflight.park(seq, msg, eid, reason)
         if reason is not None:
             held = self.episodes[eid].seqs if eid in self.episodes else None
@@ -194,32 +183,22 @@ class Partition:
         await self.dlq.send(msg, reason)
         await self.inflight.ack(msg, msg.metadata.sequence.stream)
 
-    # -- episode outcomes ----------------------------------------------------------------------
-
     async def settle(self) -> None:
-        """Publish and ack the episodes closed by the last batch, all at once: a merger is bound by
-        publish round trips, not CPU. Each episode still acks only after its own publishes."""
+        """Publish and ack the episodes closed by the last batch, all at once (a merger is bound by
+        publish round trips); each episode acks only after its own publishes."""
         due, self._due = self._due, []
-        # Let every closing finish before raising: none is left half-done behind our back.
-        for result in await asyncio.gather(*(close() for close in due), return_exceptions=True):
-            if isinstance(result, BaseException):
-                raise result
+        await _all_done(close() for close in due)
 
     async def _finish(self, ep: OpenEpisode, end: Msg) -> None:
-        """Publish the samples (every model's) and stats of an ended episode, then ack its events.
-
-        Whatever fails before the first publish drops the episode whole: none of it was published.
-        From the first publish on a failure is not caught: some samples may be stored, so the episode
-        must stay unacked for a replay that publishes all of them again (`service.py`).
-        """
+        """Publish the samples (every model's) and stats of an ended episode, then ack its events. A
+        failure before the first publish drops the episode; after it, it propagates (`service.py`)."""
         eid = ep.begin.episode_id
         calls: list[LlmEvent] = []
         try:
             calls = self._calls(ep)
             samples, stats = assemble(ep.begin, calls, ep.rewards, self.opts)
             out = [(S.samples_subject(s.model), encode(s), s.sample_id) for s in samples]
-            # Headers count against both limits; a sample rejected after its siblings were stored
-            # would make the episode fail on every replay, so oversized ones are caught here.
+            # Caught here: a sample rejected after its siblings were stored would fail every replay.
             limit = self.merger.max_payload - HEADER_MARGIN
             big = [(msg_id, len(data)) for _, data, msg_id in out if len(data) + len(msg_id) > limit]
             if big:
@@ -254,14 +233,7 @@ class Partition:
             ),
             (S.MERGE_METRICS_SUBJECT, encode(stats), f"merge-{stats.episode_id}"),
         ]
-        results = await asyncio.gather(
-            *(self.merger.publish(subject, data, msg_id) for subject, data, msg_id in out),
-            return_exceptions=True,
-        )
-        # Every publish has finished (none is left running behind a failure); ack only if all held.
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        await _all_done(self.merger.publish(subject, data, msg_id) for subject, data, msg_id in out)
         if stats.status in ("aborted", "timeout"):
             self.counts[stats.status] += 1
             log.info("episode=%s %s: %s", stats.episode_id, stats.status, stats.reason)
@@ -270,20 +242,13 @@ class Partition:
     async def _ack_episode(self, episode_id: str) -> None:
         self.merger.closed.add(episode_id, time.monotonic())
         ep = self.episodes.pop(episode_id, None)
-        # Begin first: if we die halfway (or a broker node loses some acks), the rest come back to the
-        # partition's next owner without their begin, which acks them as leftovers (`_accept`),
-        # instead of rebuilding a partial episode.
+        # Begin first: if we die halfway, the rest come back without their begin, and the next owner
+        # acks them as leftovers (`_accept`) instead of rebuilding a partial episode.
         await self.inflight.ack_held(ep.seqs if ep else [])
 
-    # -- housekeeping ----------------------------------------------------------------------------
-
     async def tick(self, caught_up: bool = True) -> None:
-        """Between batches: time out silent episodes, dead-letter the parked events whose begin did
-        not come, keep held messages alive.
-
-        Episodes time out only while we are caught up with the stream: with a backlog on our side,
-        their next events may be waiting in it, and our lag must not look like the agent's silence.
-        """
+        """Between batches: time out silent episodes (only when `caught_up`: our lag must not look like
+        the agent's silence), dead-letter the parked events whose begin did not come, keep alive."""
         now = time.monotonic()
         for eid in self.tracker.expire(now, self.cfg.episode_timeout_s) if caught_up else []:
             ep = self.episodes.get(eid)
@@ -297,3 +262,10 @@ class Partition:
         if await self.inflight.keep_alive(now) and len(self.inflight.held) > 0.9 * self.cfg.max_ack_pending:
             log.warning("partition %d holds %d unacked events, near max_ack_pending=%d", self.partition,
                         len(self.inflight.held), self.cfg.max_ack_pending)  # fmt: skip
+
+
+async def _all_done(aws: Iterable[Awaitable[object]]) -> None:
+    """Await all of `aws`, then raise the first failure: none is left running behind it."""
+    for result in await asyncio.gather(*aws, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result

@@ -1,46 +1,23 @@
 """The merger: hold each episode's events, merge at `end`, publish, then ack.
 
-Consumes: EPISODE_PARTS (`swarm.epp.<partition>.<owner>.<episode_id>.<kind>`: EPISODES, partitioned by
-episode by JetStream itself, `schemas/subjects.py`), one durable pull consumer
+Consumes: EPISODE_PARTS (EPISODES partitioned by episode, `schemas/subjects.py`), one pull consumer
 `merger-p<partition>-<replica>` per partition this replica holds the lease of (`partition.py`).
-Publishes: `swarm.samples.<model>` (one `Sample` per surviving timeline, Nats-Msg-Id = sample_id),
-`swarm.samples.<model>.lost` (one `LostEpisode` per trainable model a training episode sends no
-sample, Nats-Msg-Id = `lost-<episode_id>-<model>`: its trainer counts it out of its group),
-`swarm.metrics.merge` (one `MergeStats` per episode, Nats-Msg-Id = `merge-<episode_id>`),
-`swarm.dlq.merger` (bad input with the original bytes and the reason).
+Publishes (Nats-Msg-Id in brackets): `swarm.samples.<model>` (one `Sample` per surviving timeline
+[sample_id]), `swarm.samples.<model>.lost` (a `LostEpisode` per trainable model an episode sends no
+sample [`lost-<episode_id>-<model>`]), `swarm.metrics.merge` (a `MergeStats` per episode
+[`merge-<episode_id>`]), `swarm.dlq.merger`.
 
-Replicas. Any number of mergers (`[replicas] merger = N`, or `swarmrl serve merger` on more machines)
-share the partitions through leases in NATS KV (`common/leases.py`): each takes its fair share, a new
-one makes the others give some back, a dead one's partitions are taken over once its leases expire
-(`bus.LEASE_TTL_S`). Every event of an episode is in one partition, so one merger sees all of it.
+Replicas share the partitions through leases in NATS KV (`common/leases.py`). Taking a partition
+over, a merger replaces its consumer: EPISODE_PARTS is a work queue, so the new one delivers at once,
+in stream order, exactly the unacked events: those of every episode still open. An episode's begin
+is acked first, so what an old owner left of an episode it closed comes without its begin and is
+acked as `replayed_leftovers`.
 
-Taking a partition over, a merger deletes the partition's consumers and creates its own. EPISODE_PARTS
-is a work queue: an acked event is gone from it, so the new consumer delivers, at once and in stream
-order, exactly the events nobody has acked: those of every episode still open when the last owner
-stopped or died. No wait for the old owner's ack wait, and no begin after its own episode's later
-events. The one other thing it can deliver is what the old owner left of an episode it closed: the
-owner acks an episode's begin first, so events it died before acking (or whose acks a broker node
-lost) come without their begin; they are acked and counted (`replayed_leftovers`).
-
-Ack discipline: the events of an open episode stay unacked (kept alive with in-progress acks). At
-`end` the samples and the stats are published, each confirmed by JetStream, and only then are the
-episode's events acked; `abort` or `episode_timeout_s` without events publishes stats and acks. A
-merger killed at any point leaves every unfinished episode unacked, the partition's next owner
-replays it, and the republished samples carry the same msg ids, which the duplicate window on SAMPLES
-(`bus.SERVICE_DUPLICATE_WINDOW_S`, 30 min) drops: nothing lost, nothing doubled.
-
-All or none across models: an episode's samples for several models (`swarm.samples.<model>`) cannot
-be stored atomically, so the guarantee is about what the streams end up holding. Ended and merged:
-every model's samples and the stats are published concurrently, each confirmed, before the first of
-its events is acked. A failure before the first publish (undecodable calls, a merge error, a sample
-over the size limit) drops the episode whole (stats `aborted`, dead letter, no sample for any model);
-from the first publish on a failure is never turned into a drop: it propagates out of `run()` with
-the episode unacked, like a crash. Aborted or timed out: stats and a `LostEpisode` per model. A
-merger that dies between two models' publishes leaves the episode unacked; the partition's next owner
-merges the same events into the same samples with the same ids and publishes all of them again: the
-duplicate window drops the copies already stored, the missing ones land. (Between the crash and the
-replay one model's stream may hold its samples while another's does not yet; a replay later than the
-duplicate window after the first publish stores the surviving copies a second time.)
+Ack discipline: an open episode's events stay unacked (kept alive). At `end` every model's samples
+and the stats are published, each confirmed, before its events are acked. A failure before the
+first publish drops the episode whole (stats `aborted`, a dead letter); from the first publish on it
+propagates like a crash, leaving the episode unacked. The next owner replays it into the same
+samples with the same msg ids, which the SAMPLES duplicate window drops: nothing lost or doubled.
 """
 
 from __future__ import annotations
@@ -70,13 +47,11 @@ from swarmrl.services.merger.partition import Partition
 log = logging.getLogger("swarmrl.merger")
 SERVICE = "merger"
 CLOSED_KEEP_S = 600.0
-"""How long a replica remembers the episodes it closed: a partition it takes back within this time
-acks their replayed events instead of dead-lettering them as unknown (`Partition._accept`)."""
+"""How long a replica remembers the episodes it closed, to ack their replayed events (`Partition._accept`)."""
 
 
 class Merger:
-    """The merger service (one replica): `await run()` until `request_stop()`. Works on the partitions
-    it holds the leases of, one `Partition` each (`LeasedWork`)."""
+    """One merger replica: `await run()` until `request_stop()`; one `Partition` per lease held."""
 
     def __init__(self, cfg: MergerConfig) -> None:
         self.cfg = cfg
@@ -110,8 +85,7 @@ class Merger:
         self._stop.set()
 
     async def run(self) -> None:
-        """Renew the leases and keep one `Partition` at work per partition held, until stopped; then
-        hand the unfinished work back (the partitions' next owners replay it) and leave."""
+        """Renew the leases and work the partitions held until stopped; then hand unfinished work back."""
         nc = await bus.connect(self.cfg.nats, SERVICE)
         try:
             self.js = js = nc.jetstream()
@@ -157,8 +131,7 @@ class Merger:
                     await asyncio.wait_for(work.leases.leave(), timeout=10)
         self.log_stats()
         if not nc.is_closed:
-            # flush, not drain: the acks and naks must reach the server, but draining waits on the
-            # pull subscriptions' expired fetch requests for their whole timeout.
+            # flush, not drain: draining waits on the expired fetch requests for their whole timeout
             try:
                 await nc.flush(timeout=5)
             except (nats.errors.Error, TimeoutError) as exc:  # what did not reach the server comes back

@@ -1,33 +1,19 @@
-"""Timelines of one episode and how they merge (pure logic, no NATS).
+"""Timelines of one episode and how they merge (pure logic).
 
-Consumes the `LlmEvent`s of one episode; produces the timelines that survive merging, which the
-assembler turns into `Sample`s.
+Every LLM call starts as its own timeline: prompt_ids + output_ids, trainable (loss mask 1) exactly
+on the output. The gateway builds a later prompt from the exact token ids of earlier calls, so a
+timeline A is often a prefix of a longer one B: A is then *absorbed* into B (B's copy of A's output
+becomes trainable with A's logprobs and policy version). Shortest first, so absorption is transitive.
 
-Every LLM call starts as its own timeline: tokens = prompt_ids + output_ids, trainable (loss mask 1)
-exactly on the output. The gateway builds a later prompt from the exact token ids of the episode's
-earlier calls, so in a multi-turn conversation call k+1 starts with call k's prompt + output. Such a
-timeline A is *absorbed* into the longer timeline B that extends it: B's copy of A's generated tokens
-becomes trainable with A's original logprobs and policy version, and A is no longer a sample of its
-own. Shortest timelines are absorbed first, so absorption is transitive (a 6-turn game becomes one
-sample with all six outputs trainable).
-
-Rules, and why:
-- Only timelines of the same (agent, model) merge: one agent's context is not another's.
-- A is absorbed into the *shortest* longer timeline that extends it (ties: earliest call). When
-  several branches extend A (a retried turn), A's output is trained once, in one branch.
-- Absorption never overwrites a trainable token: if A's trainable positions are already trainable in
-  B (B generated them itself, or absorbed another call there), the next candidate is tried, else A
-  survives on its own. So every generated token is trained exactly once, with the logprob and policy
-  version of the call that generated it (trained tokens before == after).
-- `token` mode (default): B extends A iff B.tokens[:len(A.tokens)] == A.tokens.
-- `text` mode: additionally B's request must repeat A's request and A's reply (role, content, tool
-  calls after normalisation; see `messages.py`) and use the same tools unless `ignore_tools`.
-  When the text says "prefix" but the tokens drift (the client edited the history, or a gateway
-  without this episode's cache re-tokenised it), A is kept as its own sample. B's re-tokenised copy of
-  A's reply is not what the model generated, so marking it trainable would break "loss mask 1
-  exactly on model-generated tokens", and placing it needs the tokenizer (the gateway owns it).
-- Divergent histories (a retry that edited earlier context, per-agent private context) are not
-  prefixes of each other, so all of them survive.
+- Only timelines of the same (agent, model) merge.
+- A goes into the shortest longer timeline that extends it (ties: earliest call), so a retried turn
+  is trained once.
+- Absorption never overwrites a trainable token (the next candidate is tried, else A survives), so
+  every generated token is trained exactly once (trained tokens before == after).
+- `token` mode: B extends A iff B.tokens[:len(A.tokens)] == A.tokens. `text` mode: B's request must
+  also repeat A's request and reply (`messages.py`) with the same tools unless `ignore_tools`; when
+  the text matches but the tokens drift, A is kept on its own (B's re-tokenised copy of A's reply
+  is not what the model generated).
 """
 
 from __future__ import annotations
@@ -92,18 +78,11 @@ class Timeline:
             spans=[(p, p + n)] if n else [],
         )
 
-    @property
-    def trained_tokens(self) -> int:
-        return sum(e - s for s, e in self.spans)
-
     def copy(self) -> Timeline:
         return dataclasses.replace(
-            self,
-            loss_mask=list(self.loss_mask),
-            logprobs=list(self.logprobs),
-            policy_versions=list(self.policy_versions),
-            spans=list(self.spans),
-        )
+            self, loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
+            policy_versions=list(self.policy_versions), spans=list(self.spans),
+        )  # fmt: skip
 
 
 def token_prefix(a: Timeline, b: Timeline) -> bool:

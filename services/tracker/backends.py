@@ -1,18 +1,11 @@
 """The trackers the exporter writes rows to, each through its library's public API, all offline.
 
-- `tensorboard`: `torch.utils.tensorboard.SummaryWriter` event files in `<run>/track/tensorboard/`;
-  each value at its row's step, with the record's wall-clock time.
-- `wandb`: a W&B run in offline mode under `<run>/track/wandb/` (`wandb sync` uploads it later);
-  each tag is plotted against its row's axis (`define_metric(tag, step_metric=axis)`), since W&B
-  keeps one step counter per run and the axes here are several. W&B stamps each row with the time
-  it was written, not the record's.
-- `mlflow`: an MLflow run in the local SQLite store `<run>/track/mlflow.db` (MLflow 3 keeps its
-  plain-file store for old data only), written with `MlflowClient.log_batch`; each value at its
-  row's step, with the record's time.
+- `tensorboard`: `SummaryWriter` event files in `<run>/track/tensorboard/`, with the record's time.
+- `wandb`: an offline W&B run under `<run>/track/wandb/` (`wandb sync` uploads it); each tag is
+  plotted against its row's axis (`define_metric(step_metric=axis)`): W&B has one step per run.
+- `mlflow`: an MLflow run in the SQLite store `<run>/track/mlflow.db` (`MlflowClient.log_batch`).
 
-A restarted exporter goes on in the same W&B run (`resume="allow"`; another offline folder, which
-`wandb sync` joins) and the same MLflow run (the ids are in `TrackState`); TensorBoard reads every
-event file of its folder.
+A restarted exporter goes on in the same W&B and MLflow runs (their ids are in `TrackState`).
 """
 
 from __future__ import annotations
@@ -104,13 +97,12 @@ class MLflow:
             self.client.update_run(run_id, status="RUNNING")
             return
         experiment = self.client.get_experiment_by_name(project)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else self.client.create_experiment(
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            experiment_id = self.client.create_experiment(
                 project, artifact_location=(root / "mlflow-artifacts").as_uri()
             )
-        )
         self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
     def write(self, rows: list[Row]) -> None:
@@ -132,7 +124,7 @@ class MLflow:
 
 def open_backends(cfg: TrackerConfig, run_ids: dict[str, str]) -> list[Backend]:
     """A backend per tracker of `cfg.track`, going on in the runs of `run_ids` (tracker -> id) if
-    given. The libraries are imported here, not before: each costs seconds."""
+    given. The libraries are imported here: each costs seconds."""
     root = cfg.track_dir()
     root.mkdir(parents=True, exist_ok=True)
     about = {"run_dir": str(cfg.run_dir.resolve())}

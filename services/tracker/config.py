@@ -1,6 +1,5 @@
-"""Configuration of the tracker service: `TrackerSettings`, what a swarm description's `[tracker]`
-may set, and `TrackerConfig`, the process's whole configuration (`swarmrl serve tracker --help`
-prints every field), which adds the run directory."""
+"""Tracker configuration: `TrackerSettings` (a swarm description's `[tracker]`) and `TrackerConfig`,
+the process's whole configuration (`swarmrl serve tracker --help`)."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ def check_names(names: list[str]) -> list[str]:
 
 
 def check_installed(names: list[str]) -> None:
-    """A SwarmConfigError naming the missing package and the extra that has it, unless every tracker
-    of `names` can run here. Checked where the tracker runs (`up`, `serve tracker`), not by every
-    reader of a swarm description: a trainer's machine needs no tracker package."""
+    """A SwarmConfigError naming the missing package, unless every tracker of `names` can run here
+    (checked only where the tracker runs)."""
     for name in names:
         missing = [m for m in TRACKERS[name] if importlib.util.find_spec(m) is None]
         if missing:
@@ -48,9 +46,8 @@ class TrackerSettings(Settings):
     """Which trackers get the metrics, under which names, and how the stream is read."""
 
     track: Annotated[list[str], NoDecode] = []  # SWARMRL_TRACK=tensorboard,wandb: split below
-    """Trackers that get every metric of the swarm: any of tensorboard, wandb, mlflow (a list, or
-    comma-separated: `--track tensorboard,wandb`). Empty: `swarmrl up` starts no tracker. They need
-    `pip install 'swarmrl[track]'`; all three write offline, W&B in its offline mode."""
+    """Trackers that get every metric of the swarm, all offline: any of tensorboard, wandb, mlflow (a
+    list, or `--track tensorboard,wandb`; needs `swarmrl[track]`). Empty: `swarmrl up` starts none."""
     project: str = "swarmrl"
     """W&B project and MLflow experiment the run is logged under."""
     run_name: str = ""
@@ -60,8 +57,7 @@ class TrackerSettings(Settings):
     poll_interval_s: float = Field(default=0.5, gt=0)
     """Once caught up, wait at most this long for new metrics before looking again (seconds)."""
     stop_drain_s: float = Field(default=10.0, ge=0)
-    """On a stop (SIGTERM), go on exporting for up to this many seconds, until caught up with the
-    stream: `swarmrl up` stops the tracker last, after the final evaluation is published."""
+    """On a stop, go on exporting for up to this many seconds, until caught up with the stream."""
     ack_wait_s: float = Field(default=60.0, gt=0)
     """JetStream redelivers a metric not acked within this many seconds."""
     stats_interval_s: float = Field(default=30.0, gt=0)
@@ -70,8 +66,7 @@ class TrackerSettings(Settings):
     @field_validator("track", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
-        """`"tensorboard,wandb"` (a flag, an environment variable, a TOML string) or a JSON list as a
-        list; `--track a,b --track c` arrives as ["a,b", "c"]."""
+        """`"tensorboard,wandb"`, a JSON list, or `["a,b", "c"]` (`--track a,b --track c`) as a list."""
         if isinstance(v, str):
             v = json.loads(v) if v.lstrip().startswith("[") else [v]
         if isinstance(v, list):
@@ -86,9 +81,8 @@ class TrackerSettings(Settings):
 
 class TrackerConfig(ServiceConfig, TrackerSettings):
     run_dir: Path = Path("runs/latest")
-    """Run directory; the trackers write under `<run_dir>/track/`: `tensorboard/` (event files),
-    `wandb/` (offline runs) and `mlflow.db` (MLflow's local SQLite store), and the exporter's own
-    position in `state.json` (env SWARMRL_RUN_DIR)."""
+    """Run directory; the trackers and the exporter's `state.json` write under `<run_dir>/track/`
+    (env SWARMRL_RUN_DIR)."""
 
     def track_dir(self) -> Path:
         return self.run_dir / "track"

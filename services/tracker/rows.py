@@ -1,19 +1,17 @@
-"""Metric records -> tracker rows: named values that share one point of one x-axis (pure, no NATS).
+"""Metric records -> tracker rows: named values that share one point of one x-axis (pure logic).
 
-Every record of the METRICS stream becomes one or more `Row`s. A tag is `<family>/<...>/<name>`, and
-each family has its own x-axis:
+A tag is `<family>/<...>/<name>`; each family has its own x-axis (its tag in brackets):
 
-| record (subject) | tags | x-axis (its tag) |
-| --- | --- | --- |
-| `TrainStep` (`swarm.metrics.train.<m>`) | `train/<m>/<field>` (loss, reward_mean, tokens_per_s, ...; `extra` by its keys), `train/<m>/dropped/<reason>` | trainer step (`train/<m>/step`) |
-| `SampleDrops` (`swarm.metrics.drops.<m>`) | `train/<m>/dropped/<reason>` (samples dropped) | the trainer's last step (`train/<m>/step`) |
-| `EvalResult` (`swarm.metrics.eval.<m>`) | `eval/<m>/<task>/<metric>` (success rate), `.../<metric>_n` (episodes) | policy version (`eval/<m>/version`) |
-| `MergeStats` (`swarm.metrics.merge`) | `merge/<field>` (calls, tokens before and after, ...), `merge/<status>` (running total) | merged episodes so far (`merge/episodes`) |
-| `ActionResult` (`swarm.metrics.action`) | `action/<kind>/<field>` (act_s, queued_s, run_s, units), `action/<kind>/<status>` (running total) | actions so far (`action/actions`) |
+- `TrainStep`: `train/<m>/<field>` (and `extra` by its keys), `train/<m>/dropped/<reason>`;
+  trainer step [`train/<m>/step`]. `SampleDrops`: `train/<m>/dropped/<reason>`, same axis.
+- `EvalResult`: `eval/<m>/<task>/<metric>` (success rate), `.../<metric>_n`; policy version
+  [`eval/<m>/version`].
+- `MergeStats`: `merge/<field>`, `merge/<status>` (running total); episodes so far [`merge/episodes`].
+- `ActionResult`: `action/<kind>/<field>`, `action/<kind>/<status>` (running total); actions so far
+  [`action/actions`].
 
-Running counts (the merge and action axes, the status totals) go on in stream order across restarts:
-they are part of the exporter's state (`TrackState`), saved with its stream position, so a replay
-after a crash gives every record the step it had the first time.
+The running counts are saved with the stream position (`TrackState`), so a replay after a crash
+gives every record the step it had the first time.
 """
 
 from __future__ import annotations

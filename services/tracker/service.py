@@ -1,22 +1,18 @@
 """NATS side of the tracker: export every metric of the swarm to TensorBoard, W&B and MLflow.
 
-Consumes: METRICS (`swarm.metrics.>`: train steps, drops, evaluations, merges, actions) with the
-durable pull consumer `tracker-metrics`, in stream order, decoded with the wire codec
-(`schemas.decode_metric`, as the ledger does).
-Publishes: `swarm.dlq.tracker` (a metric that does not decode, with its bytes and the reason).
-Writes: the trackers' files under `<run_dir>/track/` (`backends.py`) and its position there
-(`state.py`).
+Consumes: METRICS with the durable pull consumer `tracker-metrics`, in stream order.
+Publishes: `swarm.dlq.tracker` (a metric that does not decode). Writes: `<run_dir>/track/`.
 
-Each fetched batch becomes rows (`rows.RowMaker`), is written to every tracker and flushed, then the
-position is saved and the batch acked (one cumulative ack, `AckPolicy.ALL`). As in the ledger, the
-saved position, not the consumer's ack floor, says where the export is: at start the durable consumer
-is recreated right after it, so a restart goes on in stream order (metrics fetched but not acked
-by the process that died would otherwise come back only after newer ones).
+Each fetched batch becomes rows (`rows.RowMaker`), is written and flushed to every tracker, then
+the position is saved and the batch acked (one cumulative ack). As in the ledger, the saved position
+says where the export is: at start the consumer is recreated right after it, so a restart goes on
+in stream order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 
@@ -69,10 +65,8 @@ class Tracker(Loops):
                 f"ends at seq {last}: it was recreated; give this run a fresh --run-dir"
             )
         durable = S.durable_name(SERVICE, S.METRICS_STREAM)
-        try:  # reposition right after the saved position (see the module docstring)
+        with contextlib.suppress(NotFoundError):  # reposition right after the saved position
             await js.delete_consumer(S.METRICS_STREAM, durable)
-        except NotFoundError:
-            pass
         sub = await bus.durable_pull(
             js, S.METRICS_STREAM, durable, ack_wait_s=self.cfg.ack_wait_s,
             start_seq=self.state.seq + 1, ack_policy=AckPolicy.ALL,
@@ -102,10 +96,9 @@ class Tracker(Loops):
 
     async def _consume(self, sub: JetStreamContext.PullSubscription) -> None:
         cfg = self.cfg
-        batches = bus.batches(
+        async for msgs in bus.batches(
             sub, self._stop, cfg.fetch_batch, cfg.poll_interval_s, dead_letters=None, drain_s=cfg.stop_drain_s
-        )
-        async for msgs in batches:
+        ):
             if msgs:
                 await self._export(msgs)
 

@@ -1,10 +1,6 @@
-"""Where the exporter is: the last METRICS sequence written to every tracker, the running counts of
-the axes that count (`rows.RowMaker`), and each tracker's run id, in `<run_dir>/track/state.json`.
-
-Saved after every written batch, before its ack (an atomic rename), and read at start: the service
-resumes the stream right after `seq`, with the same counts and into the same tracker runs. A batch
-written but not saved when the process died is written again, at the same steps (at least once).
-"""
+"""Where the exporter is, in `<run_dir>/track/state.json`: saved (atomically) after every written
+batch, before its ack, and read at start to resume right after `seq`, with the same counts and
+runs. A batch written but not saved when the process died is written again, at the same steps."""
 
 from __future__ import annotations
 

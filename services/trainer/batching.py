@@ -1,24 +1,15 @@
-"""Sequence packing (pure torch, no NATS): scored samples in, packed micro-batches out.
+"""Sequence packing (pure torch): scored samples in, micro-batches out, one row of at most
+`max_tokens` computed tokens each (a longer sample gets a row of its own), never padded.
 
-One micro-batch is one row of at most `max_tokens` computed tokens (a longer sample gets a row of its
-own); nothing is padded. Two layouts:
+- `pack`: samples side by side (first-fit decreasing); each is a segment without ancestors, its
+  position ids restarting at 0, so packed samples never attend to each other.
+- `pack_shared`: samples in token order, each adding only the tokens past its common prefix with the
+  previous one: the row is the prefix tree of its samples, a token's position id its depth, attending
+  to its ancestors only (`tree_attention.py`). A shared prefix is computed once; loss and gradients
+  equal the packed layout's (`tests/unit/trainer/test_prefix_sharing.py`).
 
-- **Packed** (`pack`): samples side by side (first-fit decreasing by length). Each sample's position ids
-  restart at 0 and each is a segment of its own with no ancestors, so packed samples never attend to
-  each other.
-- **Prefix-shared** (`pack_shared`): samples sorted by their token ids, so samples that share a prefix
-  (the samples of one GRPO group, the timelines of one episode, tasks with one system prompt) are
-  neighbours; each sample adds only the tokens past its longest common prefix with the previous one.
-  The row is the prefix tree of its samples in depth-first order: a token's position id is its depth
-  and it attends to its ancestors only (the row's `segments`, attended segment by segment by
-  `tree_attention.py`: no [L, L] mask is ever built). A shared prefix is
-  computed once, and its gradient accumulates once from every continuation: the loss and gradients
-  equal the packed layout's (`tests/unit/trainer/test_prefix_sharing.py`), the computed tokens do not.
-
-Targets are described per trained token, not per position: entry k says that the logits at row
-position `pred_pos[k]` predict `targets[k]`. In a tree one position predicts a different next token
-for each branch below it, and a shared generated token is trained once per sample that holds it, with
-that sample's advantage, exactly as if the samples were computed apart.
+Targets are per trained token: logits at row position `pred_pos[k]` predict `targets[k]`, since in a
+tree one position predicts a different token for each branch below it.
 """
 
 from __future__ import annotations
@@ -46,7 +37,7 @@ class MicroBatch:
     position_ids: torch.Tensor
     """[1, L] each token's index in its sample (its depth in the prefix tree)."""
     segments: list[Segment]
-    """What each token attends to: per sample, the positions it adds and the shared prefix before them."""
+    """Per sample: the positions it adds and the shared prefix they attend to."""
     pred_pos: torch.Tensor
     """[T] per trained token: the row position whose logits predict it."""
     targets: torch.Tensor
@@ -74,7 +65,7 @@ class MicroBatch:
 
 
 def truncate(sample: Sample, max_tokens: int) -> Sample:
-    """Cut a sample to its first `max_tokens` tokens (causal: earlier tokens' logprobs are unchanged)."""
+    """Cut a sample to its first `max_tokens` tokens (causal: earlier logprobs are unchanged)."""
     if len(sample.token_ids) <= max_tokens:
         return sample
     return sample.model_copy(
@@ -86,8 +77,7 @@ def truncate(sample: Sample, max_tokens: int) -> Sample:
 
 
 def plan_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """First-fit decreasing: indices of `lengths` grouped into rows of at most `max_tokens` tokens
-    (a longer one alone in its row)."""
+    """First-fit decreasing: indices of `lengths` in rows of at most `max_tokens` tokens."""
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -112,23 +102,17 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def plan_shared_rows(token_ids: list[list[int]], max_tokens: int) -> list[list[tuple[int, int]]]:
-    """Rows of (sample index, tokens shared with the row's previous sample), in sorted token order.
-
-    In lexicographic order the previous sample shares the longest prefix with a sample of all the ones
-    before it, so a sample costs `len - shared` tokens; a row is closed when the next one does not fit
-    (a sample longer than `max_tokens` starts a row and closes it).
-    """
+    """Rows of (sample index, tokens shared with the row's previous sample), in token order: in
+    lexicographic order the previous sample shares the longest prefix of all before it."""
     rows: list[list[tuple[int, int]]] = []
     used = 0
     prev: list[int] = []
     for i in sorted(range(len(token_ids)), key=lambda i: token_ids[i]):
         ids = token_ids[i]
-        shared = common_prefix(prev, ids) if rows else 0
-        if rows and used + len(ids) - shared > max_tokens:
+        shared = common_prefix(prev, ids)
+        if not rows or used + len(ids) - shared > max_tokens:
             rows.append([])
             used, shared = 0, 0
-        elif not rows:
-            rows.append([])
         rows[-1].append((i, shared))
         used += len(ids) - shared
         prev = ids
@@ -138,17 +122,17 @@ def plan_shared_rows(token_ids: list[list[int]], max_tokens: int) -> list[list[t
 def pack(items: list[Scored], max_tokens: int) -> list[MicroBatch]:
     """Pack scored samples side by side, one micro-batch per row."""
     rows = plan_rows([len(it.sample.token_ids) for it in items], max_tokens)
-    return [_row([(items[i], 0) for i in row], tree=False) for row in rows]
+    return [_row([(items[i], 0) for i in row]) for row in rows]
 
 
 def pack_shared(items: list[Scored], max_tokens: int) -> list[MicroBatch]:
     """Lay scored samples out as prefix trees, each row at most `max_tokens` computed tokens."""
     rows = plan_shared_rows([it.sample.token_ids for it in items], max_tokens)
-    return [_row([(items[i], shared) for i, shared in row], tree=True) for row in rows]
+    return [_row([(items[i], shared) for i, shared in row]) for row in rows]
 
 
-def _row(items: list[tuple[Scored, int]], tree: bool) -> MicroBatch:
-    """One row from (item, tokens shared with the previous item); `tree`: a prefix tree (else packed)."""
+def _row(items: list[tuple[Scored, int]]) -> MicroBatch:
+    """One row from (item, tokens shared with the previous item)."""
     ids: list[int] = []
     pos: list[int] = []
     paths: list[list[int]] = []
@@ -192,12 +176,9 @@ def _row(items: list[tuple[Scored, int]], tree: bool) -> MicroBatch:
 
 
 def shard(items: list[Scored], n: int, rank: int, by_prefix: bool) -> list[Scored]:
-    """Process `rank`'s share of a step among `n`, balanced by tokens.
-
-    `by_prefix`: a contiguous run of the samples in token order, cut where neighbours share the least
-    (within a quarter share of the even split), so the samples of a group stay on one process. Else
-    sorted by length and dealt round-robin.
-    """
+    """Process `rank`'s share of a step among `n`, balanced by tokens. `by_prefix`: a run of the
+    samples in token order, cut where neighbours share least (within a quarter share of the even
+    split), so a group stays on one process; else dealt round-robin by length."""
     if not by_prefix:
         return sorted(items, key=lambda it: -len(it.sample.token_ids))[rank::n]
     ordered = sorted(items, key=lambda it: it.sample.token_ids)

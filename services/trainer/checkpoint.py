@@ -1,16 +1,12 @@
-"""Checkpoint layout on disk (pure file logic, no NATS, no torch).
+"""Checkpoint layout on disk (pure file logic):
 
     <run_dir>/checkpoints/<model>/step-<N>/
-        config.json, model.safetensors ...   written by `save_pretrained` (what engines load), or with
-                                             LoRA adapter_config.json, adapter_model.safetensors
+        config.json, model.safetensors ...   `save_pretrained`'s (with LoRA: adapter_*), what engines load
         tokenizer files                      copied from the base model directory
-        optimizer-rank<R>.pt                 optimizer state of each training process (every
-                                             `optimizer_state_every` steps: for full weights it is
-                                             twice their size)
-        trainer_state.json                   TrainerState: step, version, last step's sample ids
+        optimizer-rank<R>.pt                 each process's optimizer state (every `optimizer_state_every`)
+        trainer_state.json                   TrainerState
 
-A checkpoint is written to `step-<N>.tmp` and renamed when complete, so `latest` never sees a
-half-written one.
+A checkpoint is written to `step-<N>.tmp` and renamed when complete.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from pathlib import Path
 
 STATE_FILE = "trainer_state.json"
 ADAPTER_CONFIG = "adapter_config.json"
-"""What peft's `save_pretrained` writes beside `adapter_model.safetensors`: a checkpoint of a LoRA adapter."""
+"""Written by peft's `save_pretrained`: the checkpoint holds a LoRA adapter."""
 _STEP_RE = re.compile(r"^step-(\d+)$")
 # Written by save_pretrained (or not wanted): never copied over from the base model directory.
 _NOT_TOKENIZER = re.compile(
@@ -37,7 +33,7 @@ class TrainerState:
     step: int
     version: int
     sample_ids: list[str] = field(default_factory=list)
-    """Samples trained in this step: if the trainer died before acking them, their redelivery is skipped."""
+    """Samples trained in this step: their redelivery after a crash is skipped."""
     counts: dict[str, int] = field(default_factory=dict)
     """Cumulative counters (dropped, dead-lettered, ...) at this step."""
 
@@ -80,7 +76,7 @@ def has_optimizer(checkpoint: Path) -> bool:
 
 def optimizer_source(checkpoint: Path) -> Path | None:
     """The checkpoint whose optimizer state a resume from `checkpoint` loads: itself, else the newest
-    older one that has it (optimizer state is saved every `optimizer_state_every` steps)."""
+    older one that has it."""
     m = _STEP_RE.match(checkpoint.name)
     step = int(m.group(1)) if m else None
     for s, p in reversed(list_checkpoints(checkpoint.parent)):
@@ -90,8 +86,8 @@ def optimizer_source(checkpoint: Path) -> Path | None:
 
 
 def prune(root: Path, keep: int, pinned: int | None = None) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints (and `.tmp` leftovers), the step `pinned` (a
-    rollback target, `guard.py`), and the newest one holding optimizer state; return what was deleted."""
+    """Delete all but the newest `keep` checkpoints, the step `pinned` (a rollback target) and the
+    newest with optimizer state, and `.tmp` leftovers; return what was deleted."""
     found = list_checkpoints(root)
     with_state = [step for step, p in found if has_optimizer(p)]
     kept = {pinned, with_state[-1] if with_state else None}

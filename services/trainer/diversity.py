@@ -1,12 +1,7 @@
-"""How varied the training groups are (pure logic, no NATS): distinct task instances among each
-task's last groups.
-
-A training distribution that narrows (clients that replay the first questions of their streams
-after every restart, a dataset task looping over a few rows) shows here as fewer distinct
-instances per window. The model then memorises them: held-out success falls while the train reward
-holds, and nothing else in the metrics says why. The trainer reports each task's share as
-`distinct.<task>` on its train steps and logs a warning when it falls well below the task's own
-earlier level.
+"""How varied the training groups are (pure logic): distinct task instances among each task's last
+groups. A narrowing distribution (clients replaying their streams after restarts, a dataset looping
+over a few rows) gets memorised: held-out success falls while the train reward holds. The trainer
+reports each share as `distinct.<task>` and warns when it falls well below the task's best.
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ class Diversity:
     warned: set[str] = field(default_factory=set)
 
     def observe(self, task: str, instance: str) -> str | None:
-        """Count one group of `task` on `instance` (its `task_id`). Returns a warning when this makes
-        the task's share fall below `warn_below` of its best, once per fall (again only after it
-        recovered)."""
+        """Count one group of `task` on `instance` (its `task_id`); a warning when the task's share
+        falls below `warn_below` of its best, once per fall."""
         last = self.recent.setdefault(task, deque(maxlen=self.window))
         last.append(instance)
         if len(last) < self.window:

@@ -1,38 +1,23 @@
-"""GRPO group formation (pure logic, no NATS): samples in, ready groups and dropped samples out.
+"""GRPO group formation (pure logic): samples in, ready groups and dropped samples out.
 
 Samples are keyed by `group_key`, then by episode. An episode is complete once every agent seen in it
-has delivered all `n_samples` of its samples (the merger publishes an episode's samples together).
-A trainer holds one model's samples only, and the merger counts `index`/`n_samples` per (agent,
-model), so an agent that also calls other models completes here with this model's samples alone.
+delivered all `n_samples` of its samples (counted per agent and model by the merger).
 
-Policy:
-- a group's size is what its client declared on `begin` (`Sample.group_size`), else the trainer's
-  `num_repeat`; a sample whose declared size disagrees with its group's is refused (`mismatch`: the
-  caller dead-letters it, code `group_size`) rather than re-slicing the group;
-- a group is ready once it holds its size of complete episodes; exactly that many of the oldest
-  complete episodes are emitted, the rest stay and start the next group of the same key;
-- a group not ready `timeout_s` after its oldest pending sample arrived is flushed: with at least
-  `min_group_size` complete episodes it is emitted as a partial group; otherwise all its samples are
-  dropped. Incomplete episodes of a flushed group are always dropped.
-- a redelivered sample (same episode, agent and index) replaces the handle it was held with; it is never counted twice.
-- an episode of the group that will never deliver samples (the merger dropped it, or this model's
-  role never acted: a `LostEpisode` record on `swarm.samples.<model>.lost`) is counted out by
-  `note_lost`, and the group is emitted as soon as complete + lost episodes reach its size (dropped
-  at once if fewer than `min_group_size` are complete), instead of waiting for the timeout. Each
-  such group uses up the credits it needed and carries their handles (`Group.lost`), so the lost
-  records are acked with the group's samples: a trainer that restarts before that gets both again.
-  A record whose key has no pending episode is held only `hold_s` (its group's samples usually
-  follow within seconds): then it is acked (`spent`) and its credit kept in memory until
-  `timeout_s`. Held longer, the records of groups lost whole (every episode of a killed client)
-  counted as backlog for admission control, and the gateway held every new group for the group
-  timeout (no episode begun for minutes after a client was killed). A lost record
-  redelivered for an episode already counted is spent at once.
-- an episode the trainer itself drops on arrival (a stale sample: `discard`) is lost the same way,
-  and its other samples go with it: without this its group never completes, its held siblings count
-  as backlog for admission control, and the swarm idles until the group timeout.
+- A group's size is what its client declared on `begin`, else `num_repeat`; a sample declaring
+  another size than its group's is refused (`mismatch`), not re-sliced.
+- A group is ready once it holds its size of complete episodes; the oldest that many are emitted, the
+  rest start the next group of the key.
+- A group not ready `timeout_s` after its oldest sample is flushed: emitted as partial with at least
+  `min_group_size` complete episodes, else dropped; its incomplete episodes are always dropped.
+- A redelivered sample replaces the handle it was held with; it never counts twice.
+- An episode that will never deliver (a `LostEpisode` record: `note_lost`, or a stale sample of it:
+  `discard`) counts towards its group's size, so the group is emitted (or dropped, if too few are
+  complete) without waiting for the timeout; the records' handles go with the group (`Group.lost`).
+  A record whose group has no pending episode is acked after `hold_s` (held longer, it counts as
+  backlog for admission control) and its credit kept until `timeout_s`.
 
-Every sample is held with an opaque `handle` (the key its message is held under, `unacked.py`) so
-the caller can ack it later; a handle this buffer lets go of is returned, or left in `spent`.
+Every sample is held with an opaque `handle` (its message's key, `intake.py`); a handle this buffer
+lets go of is returned, or left in `spent`.
 """
 
 from __future__ import annotations
@@ -77,8 +62,8 @@ class Stall:
 class Episode:
     episode_id: str
     first_seen: float
-    # agent -> {index: Held}; an agent's samples are complete when len == n_samples
     agents: dict[str, dict[int, Held]] = field(default_factory=dict)
+    """agent -> index -> sample."""
 
     def complete(self) -> bool:
         return all(len(by_index) >= _expected(by_index) for by_index in self.agents.values())
@@ -130,15 +115,13 @@ class GroupBuffer:
         self.max_gone = 100_000
         self.warned: set[str] = set()  # group keys already reported by `stalled`
         self.dropped_groups: list[tuple[str, list[Held], str]] = []
-        """(key, samples, reason) of each group dropped whole (`failed_episodes`, `timeout`), until
-        `take_dropped_groups`: what the trainer tells the group's owner."""
+        """(key, samples, reason) of each group dropped whole, for its owner's outcome."""
         self.spent: list[Any] = []
-        """Handles of lost records no group will use (see the module docstring), and the caller's of
-        groups it dropped: the caller acks them with its next drop report or step."""
+        """Handles of lost records no group will use: the caller acks them."""
 
     def note_lost(self, group_key: str, episode_id: str, handle: Any = None, now: float = 0.0) -> list[Any]:
         """Episode `episode_id` of `group_key` will never deliver samples; `handle` acks its record.
-        Returns the handle of an earlier copy of the record it replaces (the caller acks it)."""
+        Returns the handle of an earlier copy it replaces."""
         if (credit := self.credits.get(episode_id)) is not None:  # a copy held: keep the newest
             replaced, credit.handle = credit.handle, handle
             return [replaced] if replaced is not None and replaced != handle else []
@@ -155,8 +138,8 @@ class GroupBuffer:
         return []
 
     def discard(self, sample: Sample, now: float = 0.0) -> list[Held]:
-        """`sample` will not be trained (the caller drops it): its whole episode is lost to its group.
-        Returns the episode's samples held so far, which the caller drops with it."""
+        """`sample` will not be trained: its whole episode is lost to its group. Returns the
+        episode's samples held so far, which the caller drops with it."""
         episode = sample.episode_id
         if episode in self.gone:
             return []
@@ -182,8 +165,8 @@ class GroupBuffer:
         if held is None or held == size:
             return None
         return (
-            f"group_size: episode {sample.episode_id} declares {size} episodes for group {sample.group_key!r}, "
-            f"whose other episodes declared {held}"
+            f"group_size: episode {sample.episode_id} declares {size} episodes for group "
+            f"{sample.group_key!r}, whose other episodes declared {held}"
         )
 
     def __len__(self) -> int:
@@ -201,11 +184,8 @@ class GroupBuffer:
             return [replaced] if replaced != handle else []
         episodes = self.pending.setdefault(sample.group_key, {})
         self.sizes.setdefault(sample.group_key, self.size(sample))
-        if sample.episode_id not in episodes:
-            episodes[sample.episode_id] = Episode(sample.episode_id, first_seen=now)
-        episodes[sample.episode_id].agents.setdefault(sample.agent, {})[sample.index] = Held(
-            sample, handle, now
-        )
+        episode = episodes.setdefault(sample.episode_id, Episode(sample.episode_id, first_seen=now))
+        episode.agents.setdefault(sample.agent, {})[sample.index] = Held(sample, handle, now)
         self.held[slot] = sample.group_key
         return []
 
@@ -254,9 +234,7 @@ class GroupBuffer:
         return ready, dropped
 
     def stalled(self, now: float, after_s: float) -> list[Stall]:
-        """Groups that have had no new episode for `after_s` while short of their size, each once: a
-        client that plays fewer episodes per group than the group size trains nothing, and should
-        hear so in seconds, not at the group timeout."""
+        """Groups short of their size with no new episode for `after_s`, each once."""
         out = []
         self.warned &= set(self.pending)
         for key, episodes in self.pending.items():
@@ -279,8 +257,7 @@ class GroupBuffer:
 
     def _expire_credits(self, now: float) -> None:
         """For keys without a pending episode: ack their records after `hold_s` (the credit stays),
-        and forget their credits after `timeout_s` (the group was emitted without them, by its
-        timeout, or its samples never came)."""
+        and forget their credits after `timeout_s`."""
         for key in [k for k in self.lost if k not in self.pending]:
             credits = self.lost[key]
             for c in credits:

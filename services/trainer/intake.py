@@ -1,29 +1,17 @@
-"""Every sample message from its delivery to its settlement: what it becomes (`SampleIntake`), and the
-one book of the messages not yet settled (`Unacked`), the only code that acks, naks, dead-letters or
-keeps a message alive.
+"""Every sample message from delivery to settlement: what it becomes (`SampleIntake`), and the book of
+messages not yet settled (`Unacked`), the only code that acks, naks, dead-letters or keeps one alive.
 
-Consumes: `swarm.samples.<model>` and `swarm.samples.<model>.lost` (stream SAMPLES, in stream order)
-through the trainer's durable pull consumer.
-Publishes: bad messages to `swarm.dlq.trainer` (original bytes + reason), then acks them.
-
-A sample is either
-- held in the `GroupBuffer` until the step that trains it is checkpointed, its version put and its
-  TrainStep published (then acked),
-- dropped with a reason and counted: stale on arrival (its episode then leaves its group, siblings
-  and all), or later when its group is dropped (timeout, zero advantage, too small after
-  staleness); acked once a TrainStep or a SampleDrops report names it (`Unacked.take_report`),
-- acked at once when its last checkpointed step already trained it (a redelivery),
-- dead-lettered (malformed, wrong model, untrainable) and acked; so are, after their step, the
-  samples of an optimizer update the learner did not apply for a non-finite loss or gradient.
-A lost-episode record (`LostEpisode`: an episode that sends this model no sample) is held as a
-credit of its group (`GroupBuffer.note_lost`) and acked with the group's samples, or with the next
-report when no group will use it (`Unacked.spend`); a malformed one is dead-lettered. Nothing is
-terminated: what the trainer will not train leaves a trace in the DLQ or in a report.
-
-Messages are held by stream sequence (the pure cores hold these keys, never a message); a
-redelivery of one still held only refreshes its handle. Every held message gets an in-progress
-signal every third of the ack wait; on a stop all are nak'ed, so the next trainer gets them at once.
-One that could not be settled is forgotten: JetStream redelivers it after the ack wait.
+Consumes `swarm.samples.<model>` and `swarm.samples.<model>.lost` through the trainer's durable
+consumer; publishes bad messages to `swarm.dlq.trainer`. A sample is
+- held in the `GroupBuffer` until its step is checkpointed, its version put and its TrainStep
+  published, then acked;
+- dropped with a reason (stale on arrival, with its episode; later, with its group), acked once a
+  TrainStep or SampleDrops report names it;
+- acked at once when the last checkpointed step trained it (a redelivery);
+- dead-lettered and acked when malformed or untrainable (so are, after their step, the samples of an
+  update the learner refused for a non-finite loss or gradient).
+A lost-episode record is a credit of its group (`GroupBuffer.note_lost`), acked with the group's
+samples or with the next report. Messages are held by stream sequence; on a stop all are nak'ed.
 """
 
 from __future__ import annotations
@@ -89,8 +77,7 @@ class Unacked:
         self.spent.extend(keys)
 
     def report_due(self, now: float) -> bool:
-        """Drops wait `report_s` for a step to report them; held longer, they count as backlog for
-        admission control, which then holds the very groups the next step needs."""
+        """Drops wait `report_s` for a step to report them (until acked they count as backlog)."""
         return bool(self.dropped) and now - self.dropped_since > self.report_s
 
     def take_report(self) -> tuple[list[Dropped], list[int]]:
@@ -146,8 +133,7 @@ class SampleIntake:
         self.model, self.lost_subject = model, S.lost_subject(model)
         self.buffer, self.unacked, self.counts = buffer, unacked, counts
         self.vocab_size, self.max_tokens, self.max_staleness = vocab_size, max_tokens, max_staleness
-        # Sample ids of the last checkpointed step: redelivered if we died between saving and acking.
-        self.already_trained = set(already_trained)
+        self.already_trained = set(already_trained)  # the last checkpointed step's samples
 
     async def handle(self, msg: Msg, version: int, now: float) -> None:
         """Hold, drop or dead-letter one sample message; never raises."""
@@ -183,8 +169,7 @@ class SampleIntake:
             log.warning("subject=%s could not %s a sample; it will be redelivered", msg.subject, action)
 
     def _classify(self, msg: Msg, version: int) -> tuple[str, Sample | LostEpisode | str]:
-        """("hold"|"stale", sample) | ("lost", record) | ("drop", counter) | ("dead", reason). Raises
-        WireError on bad bytes."""
+        """("hold"|"stale", sample) | ("lost", record) | ("drop", counter) | ("dead", reason)."""
         if msg.subject == self.lost_subject:
             lost = decode(msg.data, LostEpisode)
             if lost.model != self.model:

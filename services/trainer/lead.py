@@ -1,20 +1,13 @@
-"""Which of a model's trainer processes trains: the lead, by lease; the others wait as standbys.
+"""Which of a model's trainer processes trains: the lead, by lease; the others stand by with the model
+loaded (most of a restart's cost, `bench/results/recovery-trainer.md`) and take over from the newest
+checkpoint when it dies.
 
-A standby has imported torch and loaded the model already, which is most of what a restarted
-trainer spends before its next step on a busy machine (`bench/results/recovery-trainer.md`); when
-the lead dies it takes over with the newest checkpoint (`Learner.restore`) and the durable consumer,
-as a restart would.
-
-- The lease is the key `trainer.lead.<model>` of KV `swarm-leases` (TTL `bus.LEASE_TTL_S`). Taking
-  it is a KV `create`, which the server grants to one process; the lead renews it every `RENEW_S`
-  with an `update` against the revision it wrote, which fails once anyone else holds it.
-- The lead answers on `swarm.lead.trainer.<model>`. A standby asks every `PROBE_S`; when nobody has
-  answered for `GONE_S` (NATS says "no responders" as soon as the lead's connection is closed, as
-  SIGKILL closes it) it deletes the dead lead's key (against its revision, so only that key) and
-  takes it, seconds before the TTL would have freed it.
-- A lead that loses the key (it stalled, or it was cut off long enough to look dead) stops at once:
-  `confirm` runs before every version it would publish, and `hold` raises `LostLead`; the process
-  exits and its restart becomes a standby.
+- The lease is the key `trainer.lead.<model>` of KV `swarm-leases`, taken with a `create` (granted to
+  one process) and renewed every `RENEW_S` with an `update` against the revision the lead wrote.
+- The lead answers on `swarm.lead.trainer.<model>`; a standby asks every `PROBE_S`, and when nobody
+  answered for `GONE_S` it deletes the dead lead's key (that revision only) and takes it.
+- A lead that loses the key stops: `confirm` runs before every version it publishes, and `hold`
+  raises `LostLead`.
 """
 
 from __future__ import annotations
@@ -39,8 +32,7 @@ RENEW_S = 1.0
 PROBE_S = 0.25
 """How often a standby asks whether the lead is there."""
 GONE_S = 1.0
-"""A lead no one has heard for this long is gone: a NATS node's restart moves its connection in
-well under this; a SIGKILL is heard at the first probe."""
+"""A lead no one has heard for this long is gone (a NATS node's restart moves it in well under)."""
 
 
 class LostLead(RuntimeError):
@@ -124,7 +116,7 @@ class Lead:
 
     async def hold(self, stop: asyncio.Event) -> None:
         """Renew every `RENEW_S` until `stop`; LostLead when another process took the lead. A broker
-        away is retried: without NATS the lead publishes nothing either."""
+        away is retried (without NATS the lead publishes nothing either)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), RENEW_S)

@@ -1,17 +1,11 @@
-"""The optimizer step (torch + Accelerate, no NATS): scored samples in, updated weights and stats out.
+"""The optimizer step (torch + Accelerate): scored samples in, updated weights and stats out.
 
-`Learner` owns the model, the optimizer and the optional frozen reference model, all prepared by
-`Accelerator()` (CPU here; DDP/FSDP under `accelerate launch`). It is synchronous: the service calls
-it through `asyncio.to_thread` so the NATS loop stays alive during an update.
-
-Several processes: process 0 owns NATS and hands each step's samples to the others with
-`broadcast`; every process trains its shard (`shard`) and they all take part in `save`.
-Every process runs the same number of forward/backward passes (short shards get empty
-micro-batches) because FSDP gathers parameters collectively in every forward.
-
-Bad values never reach the weights: an optimizer update whose loss or gradient norm is not finite is
-not applied (`StepResult.skipped` names its samples), and `save` refuses non-finite weights
-(`NonFiniteWeights`). Both decisions are collective, so every process takes the same one.
+`Learner` owns the model, the optimizer and the optional frozen reference model, prepared by
+`Accelerator()` (DDP/FSDP under `accelerate launch`); the service calls it in a worker thread. With
+several processes, process 0 `broadcast`s each step, every process trains its `shard` with the same
+number of forward passes (FSDP gathers collectively), and all take part in `save`. An update whose
+loss or gradient norm is not finite is not applied, and non-finite weights are never saved: both
+decisions are collective.
 """
 
 from __future__ import annotations
@@ -47,18 +41,8 @@ from swarmrl.services.trainer.tree_attention import TREE_ATTENTION, tree_for
 
 log = logging.getLogger("swarmrl.trainer.learner")
 
-# Per-step sums reduced over processes in one collective: names of the slots of the stats vector.
-_SUMS = (
-    "loss",
-    "tokens",
-    "computed_tokens",
-    "trained_tokens",
-    "clipped",
-    "kl",
-    "off_tokens",
-    "is_weight",
-    "unknown_behaviour",
-)
+# Per-step sums, reduced over processes in one collective.
+_SUMS = "loss tokens computed_tokens trained_tokens clipped kl off_tokens is_weight unknown_behaviour".split()
 
 
 class NonFiniteWeights(RuntimeError):
@@ -72,8 +56,7 @@ class StepResult:
     stats: dict[str, float]
     """Step statistics, over the applied optimizer updates only (so they are finite)."""
     skipped: dict[str, str]
-    """Sample id -> reason (`nonfinite: ...`) for every sample of an update that was not applied,
-    over all processes."""
+    """Sample id -> reason (`nonfinite: ...`) for every sample of an update not applied."""
 
     @property
     def learned(self) -> bool:
@@ -91,24 +74,20 @@ class Learner:
         )
         set_seed(cfg.seed)
         model = load_trainable(cfg, weights)
-        self.vocab_size = cast(
-            torch.nn.Embedding, model.get_input_embeddings()
-        ).num_embeddings  # padding incl.
+        self.vocab_size = cast(torch.nn.Embedding, model.get_input_embeddings()).num_embeddings
         self.context_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
-        """The longest sample the model can take (its config's max_position_embeddings); None: not said."""
-        # Computing logits only where a token is trained saves most of the [tokens x vocab] memory.
-        plain = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's wrapper
+        """The longest sample the model can take; None: its config does not say."""
+        # Logits only where a token is trained save most of the [tokens x vocab] memory.
+        plain = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
         self._keep_logits = "logits_to_keep" in inspect.signature(plain.forward).parameters
         trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's
         big = sum(p.numel() for p in trainable) >= BF16_MIN_PARAMETERS
         self._optimizer_every = cfg.optimizer_state_every or (10 if big else 1)
-        # fused: one kernel over all tensors (CPU and CUDA) instead of several ops per tensor
         optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())
         """The optimizer's state before any update: what a rollback to the base model restores."""
-        # Stepped once per trainer step, on every process alike (not prepared: Accelerate would step
-        # it once per process); its state is checkpointed beside the optimizer's.
+        # Not prepared: Accelerate would step it once per process, not once per trainer step.
         schedule = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
         self.scheduler = get_scheduler(
             schedule, self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps
@@ -146,12 +125,8 @@ class Learner:
 
     # Training ------------------------------------------------------------------------------------
     def train_step(self, items: list[Scored], version: int) -> StepResult:
-        """One policy step on this process's `items`: all its optimizer updates; returns step stats.
-
-        `version` is the current policy version: tokens generated by an older one are off-policy.
-        An update whose loss or gradient norm is not finite is not applied (`_apply`): its samples
-        are returned in `StepResult.skipped` and its numbers are left out of the stats.
-        """
+        """One policy step on this process's `items`, all its optimizer updates; tokens generated by
+        a version older than `version` are off-policy."""
         started = time.perf_counter()
         cfg, acc = self.cfg, self.accelerator
         mbs = (pack_shared if cfg.prefix_sharing else pack)(items, cfg.max_tokens_per_micro_batch)
@@ -161,8 +136,7 @@ class Learner:
         updates = [list(range(i, min(i + per_update, n_mb))) for i in range(0, n_mb, per_update)]
         updates *= cfg.epochs
         self.model.train()  # gradient checkpointing only runs in train mode; RL models have no dropout
-        # With one update the proximal policy is the current one (logp detached); with several, later
-        # updates need the logprobs of the weights the step started from.
+        # Several updates need the proximal logprobs of the weights the step started from.
         prox = [self._logprobs(self.model, mb) for mb in mbs] if len(updates) > 1 else [None] * n_mb
         sums = dict.fromkeys(_SUMS, 0.0)
         grad_norms = []
@@ -215,11 +189,10 @@ class Learner:
         return sums
 
     def _apply(self, loss: float, update: str) -> tuple[float, str | None]:
-        """Clip and apply the accumulated gradients, or drop them if this update's loss (summed over
-        processes) or gradient norm is not finite; returns the norm and the reason for a drop."""
-        (total,) = self._all_sum([loss])  # NaN or inf on any process leaves the sum non-finite
-        # Gradients are already reduced over processes, so every process gets the same global norm;
-        # it is non-finite as soon as one gradient is (or their squares overflow).
+        """Clip and apply the accumulated gradients, or drop them if the update's loss (summed over
+        processes) or gradient norm (the same on every process) is not finite; returns the norm and
+        the reason for a drop."""
+        (total,) = self._all_sum([loss])
         max_norm = self.cfg.max_grad_norm or float("inf")
         norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
         reason = None
@@ -241,23 +214,17 @@ class Learner:
     def _micro_loss(
         self, mb: MicroBatch, version: int, prox: torch.Tensor | None, sums: dict[str, float]
     ) -> torch.Tensor:
+        cfg = self.cfg
         logp = self._logprobs(self.model, mb, grad=True)
         dev = logp.device
-        v = mb.versions
+        unknown = torch.isnan(mb.behaviour)
+        off_policy = ((mb.versions >= 0) & (mb.versions < version)).to(dev)
         ref = self._logprobs(self.ref, mb) if self.ref is not None else None
         out = token_loss(
-            logp,
-            mb.behaviour.to(dev),
-            mb.advantages.to(dev),
-            ((v >= 0) & (v < version)).to(dev),
-            clip_low=self.cfg.clip_eps_low,
-            clip_high=self.cfg.clip_eps_high,
-            is_cap=self.cfg.is_cap,
-            prox=prox,
-            ref_logp=ref,
-            kl_coef=self.cfg.kl_coef,
-        )
-        off = ((v >= 0) & (v < version) & ~torch.isnan(mb.behaviour)).to(dev)
+            logp, mb.behaviour.to(dev), mb.advantages.to(dev), off_policy, prox=prox, ref_logp=ref,
+            clip_low=cfg.clip_eps_low, clip_high=cfg.clip_eps_high, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
+        )  # fmt: skip
+        off = off_policy & ~unknown.to(dev)
         sums["loss"] += float(out.loss.detach().sum())
         sums["tokens"] += mb.sample_tokens
         sums["computed_tokens"] += mb.tokens if mb.sample_ids else 0
@@ -266,11 +233,11 @@ class Learner:
         sums["kl"] += float(out.kl.sum())
         sums["off_tokens"] += float(off.sum())
         sums["is_weight"] += float(out.is_weight[off].sum())
-        sums["unknown_behaviour"] += float(torch.isnan(mb.behaviour).sum())
+        sums["unknown_behaviour"] += float(unknown.sum())
         return out.loss.sum()
 
     def logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        """The trained model's logprob of every trained token of `mb` (no gradient), as a step sees it."""
+        """The trained model's logprob of every trained token of `mb` (no gradient)."""
         return self._logprobs(self.model, mb)
 
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, grad: bool = False) -> torch.Tensor:
@@ -283,7 +250,7 @@ class Learner:
             out = model(
                 input_ids=mb.input_ids.to(dev),
                 position_ids=mb.position_ids.to(dev),
-                tree=tree_for(mb.segments, mb.tokens, dev),  # what each token attends to (tree_attention.py)
+                tree=tree_for(mb.segments, mb.tokens, dev),
                 use_cache=False,
                 **kwargs,
             )
@@ -293,14 +260,10 @@ class Learner:
 
     # Checkpoints ---------------------------------------------------------------------------------
     def check_weights(self, what: str) -> None:
-        """Raise `NonFiniteWeights` if a parameter of any process holds NaN or ±inf (every process
-        must call this: the count is summed over them)."""
-        names, params = zip(
-            *[(n, p) for n, p in self.model.named_parameters() if p.requires_grad], strict=True
-        )
-        # One flag per tensor, read back at once: a single device sync, not one per parameter.
-        ok = torch.stack([torch.isfinite(_local(p)).all() for p in params]).tolist()
-        bad = [name for name, fine in zip(names, ok, strict=True) if not fine]
+        """Raise `NonFiniteWeights` if a parameter of any process holds NaN or ±inf (collective)."""
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        ok = torch.stack([torch.isfinite(_local(p)).all() for _, p in named]).tolist()  # one sync
+        bad = [name for (name, _), fine in zip(named, ok, strict=True) if not fine]
         (n_bad,) = self._all_sum([float(len(bad))])
         if n_bad:
             raise NonFiniteWeights(
@@ -309,8 +272,8 @@ class Learner:
             )
 
     def save(self, final: Path, state: TrainerState) -> None:
-        """Write a complete checkpoint to `final` (every process must call this); raises
-        `NonFiniteWeights`, writing nothing, if the weights are not finite."""
+        """Write a complete checkpoint to `final` (collective); `NonFiniteWeights`, writing nothing,
+        if the weights are not finite."""
         acc = self.accelerator
         self.check_weights(f"for {final.name}")
         tmp = final.with_name(final.name + ".tmp")
@@ -321,7 +284,6 @@ class Learner:
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
         state_dict = acc.get_state_dict(self.model)  # collective under FSDP: gathers a full state dict
-        # A LoRA model (peft) saves its adapter only: adapter_config.json + adapter_model.safetensors.
         acc.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict, is_main_process=self.is_main)
         if state.step % self._optimizer_every == 0:
             torch.save(self.optimizer.state_dict(), tmp / f"optimizer-rank{acc.process_index}.pt")
@@ -334,9 +296,8 @@ class Learner:
         acc.wait_for_everyone()
 
     def load_optimizer(self, checkpoint: Path) -> None:
-        """Restore this process's optimizer state, from `checkpoint` or the newest older checkpoint
-        that holds one (`optimizer_source`), and the schedule's from `checkpoint` (the world size must
-        match the one that saved them). With none on disk the optimizer starts fresh."""
+        """Restore this process's optimizer state (`optimizer_source`; fresh if there is none) and
+        the schedule's from `checkpoint`; the world size must match the one that saved them."""
         source = optimizer_source(checkpoint)
         if source is None:
             log.warning("no optimizer state at or before %s: AdamW starts fresh", checkpoint)
@@ -354,10 +315,8 @@ class Learner:
             self.scheduler.load_state_dict(torch.load(sched, map_location="cpu", weights_only=False))
 
     def restore(self, weights: str | Path) -> None:
-        """Load the weights of `weights` (a checkpoint, or the base model directory) into the live
-        model in place, with that checkpoint's optimizer and schedule state (the base model's: a fresh
-        optimizer, the schedule kept): a rollback (`guard.py`). One training process only: under
-        DDP/FSDP a rollback would have to reload every process's shard, which this does not do."""
+        """Load `weights` (a checkpoint, or the base model directory: a fresh optimizer) into the live
+        model in place, with its optimizer and schedule state. One training process only."""
         if self.accelerator.num_processes > 1:
             raise NotImplementedError("a rollback in place runs on one training process only")
         model = self.accelerator.unwrap_model(self.model)
@@ -377,14 +336,12 @@ class Learner:
 
 
 def load_trainable(cfg: TrainerConfig, weights: str | Path) -> Any:
-    """The model to train from `weights`: a full HF model directory, or (LoRA, `cfg.lora_rank`) a
-    checkpoint of the adapter (`adapter_config.json`) over the base `cfg.model_path`; a LoRA run
-    that starts from a full directory gets a fresh adapter (B = 0: the base model's outputs)."""
+    """The model to train from `weights`: a full HF model directory, or a LoRA adapter's checkpoint
+    over the base `cfg.model_path`; a LoRA run from a full directory gets a fresh adapter."""
     adapter = (Path(weights) / ADAPTER_CONFIG).is_file()
     if adapter and not cfg.lora_rank:
         raise ValueError(f"{weights} holds a LoRA adapter, and this trainer trains all weights (lora_rank 0)")
-    # Under bf16 autocast a LoRA run's frozen base is kept in bf16: autocast would cast it on every
-    # forward, and nothing updates it (the adapter itself stays fp32, peft's default).
+    # Under bf16 autocast a LoRA run's frozen base is kept in bf16 (the adapter stays fp32).
     frozen_bf16 = cfg.lora_rank and resolve_mixed_precision(cfg.mixed_precision, cfg.model_path) == "bf16"
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model_path if adapter else weights,

@@ -1,8 +1,6 @@
-"""What became of each group (pure logic, no NATS): one `GroupOutcome` per formed or dropped group
-and owner, and the warning, once per client, when most of a client's groups are dropped.
-
-Publishes (through the trainer): `swarm.metrics.outcome.<owner>.<model>`, msg id
-`outcome-<model>-<digest of the group's episode ids>`, so a replayed decision is stored once.
+"""What became of each group (pure logic): one `GroupOutcome` per formed or dropped group and owner,
+published on `swarm.metrics.outcome.<owner>.<model>` with a msg id of the group's episode ids (so a
+replayed decision is stored once), and a warning, once per client, when most of its groups are dropped.
 """
 
 from __future__ import annotations
@@ -52,7 +50,8 @@ class Outcomes:
             reason, n = Counter({r: c for r, c in counts.items() if r != "trained"}).most_common(1)[0]
             out.append(
                 f"{dropped} of the {total} groups of client {client!r} were dropped untrained, {n} of them "
-                f"{reason}: {OUTCOME_REASONS.get(reason, reason)} (`SwarmClient.outcome`, the ledger's `groups`)"
+                f"{reason}: {OUTCOME_REASONS.get(reason, reason)} "
+                "(`SwarmClient.outcome`, the ledger's `groups`)"
             )
         return out
 
@@ -72,8 +71,8 @@ class Outcomes:
             episodes = sorted({s.episode_id for s in samples})
             record = GroupOutcome(
                 model=self.model, owner=owner, group_key=key, task=samples[0].task,
-                client_id=samples[0].client_id, outcome=outcome, reason=reason, step=step,  # type: ignore[arg-type]
-                reward_std=std if math.isfinite(std) else 0.0, episodes=len(episodes),
+                client_id=samples[0].client_id, outcome=outcome, reason=reason,  # type: ignore[arg-type]
+                step=step, reward_std=std if math.isfinite(std) else 0.0, episodes=len(episodes),
             )  # fmt: skip
             digest = hashlib.sha1("\n".join(episodes).encode()).hexdigest()[:16]
             self.pending.append(

@@ -1,12 +1,10 @@
-"""Formed groups waiting for a step (pure logic, no NATS): scored at the current version, taken as a
-batch, whose step is reported as a `TrainStep`.
+"""Formed groups waiting for a step (pure logic): scored at the current version, taken as a batch,
+whose step is reported as a `TrainStep`.
 
-A group is scored when it forms and again when a step takes it (the policy may have moved on since):
-its samples too stale for `max_staleness` leave it, and so do samples a version thrown away by a
-rollback generated; a group left without a learning signal (all rewards equal) or too small is
-dropped whole, its lost-episode records spent. A step takes up to `batch_groups` groups; while fewer
-than `min_batch_groups` (0: `batch_groups`) are trainable, or fewer than `batch_groups` for less than
-`batch_wait_s`, they stay queued.
+A group is scored when it forms and again when a step takes it: its samples too stale, or generated
+by a version a rollback threw away, leave it, and a group left without a learning signal or too small
+is dropped whole. A step takes up to `batch_groups` groups, and waits while fewer than
+`min_batch_groups` (0: `batch_groups`) are trainable, or fewer than `batch_groups` for `batch_wait_s`.
 """
 
 from __future__ import annotations
@@ -44,15 +42,13 @@ class Batch:
         return [h for g in self.groups for h in g.items]
 
     def handles(self, skipped: Container[str] = ()) -> list[Any]:
-        """What the step acks once it is checkpointed: its samples (less `skipped`, by sample id) and
-        the lost-episode records its groups counted out."""
+        """What the step acks once checkpointed: its samples but `skipped` ones, and its lost records."""
         samples = [h.handle for h in self.held() if h.sample.sample_id not in skipped]
         return [*samples, *(m for g in self.groups for m in g.lost)]
 
 
 def task_metrics(samples: list[Sample]) -> dict[str, float]:
-    """`reward_mean.<task>` and `samples.<task>` for each task named in a step's samples (cocktail
-    training mixes tasks in one step). Samples without a task name count only in `reward_mean`."""
+    """`reward_mean.<task>` and `samples.<task>` for each task named in a step's samples."""
     by_task: dict[str, list[float]] = {}
     for s in samples:
         if s.task:
@@ -74,9 +70,8 @@ def train_step(
     dropped: dict[str, str],
     gauges: dict[str, float],
 ) -> TrainStep:
-    """The record of step `state.step`, which trained `items` at policy `version` with the learner's
-    `stats`, and reports `dropped` (sample id -> reason); `gauges` (counters, queue sizes) go to
-    `extra` with the learner's other statistics and the per-task rewards."""
+    """The record of step `state.step`, which trained `items` at policy `version`; `gauges` go to
+    `extra` with the learner's other `stats` and the per-task rewards."""
     samples = [it.sample for it in items]
     rewards = [s.reward for s in samples]
     # Exact arithmetic: a float sum of huge finite rewards overflows, and a TrainStep refuses inf.
@@ -114,13 +109,10 @@ class ReadyGroups:
         """Told of each group dropped whole: its samples as formed, and why."""
         self.groups: deque[Group] = deque()
         self.thrown_away: list[tuple[int, int]] = []
-        """(good, served) of each rollback: the versions strictly between were thrown away, and so are
-        the samples they generated. Such samples carry the collapse the rollback undid: a restored
-        policy trained on them falls again within seconds (bench/results/peers-20min-round10/dense.md).
-        Not kept across a restart of the trainer."""
+        """(good, served) of each rollback: samples of the versions strictly between carry the collapse
+        it undid, and are dropped. Not kept across a restart."""
         self.short_since: float | None = None
-        """When a free trainer first held `min_batch_groups` groups but fewer than `batch_groups`
-        (`batch_wait_s`); None while it holds a full batch or too few."""
+        """Since when a free trainer has held `min_batch_groups` groups or more, but not `batch_groups`."""
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -133,8 +125,7 @@ class ReadyGroups:
         self.thrown_away.append((good, served))
 
     def take(self, version: int, now: float) -> Batch | None:
-        """Up to `batch_groups` groups re-scored at `version`, or None while too few are trainable
-        (module docstring)."""
+        """Up to `batch_groups` groups re-scored at `version`, or None while too few are trainable."""
         cfg = self.cfg
         need = cfg.min_batch_groups or cfg.batch_groups
         taken: list[tuple[Group, GroupScore]] = []
@@ -155,21 +146,16 @@ class ReadyGroups:
         return Batch([g for g, _ in taken], [s for _, s in taken])
 
     def score(self, group: Group, version: int) -> GroupScore | None:
-        """Score `group` at `version`; drop its stale samples, those of versions a rollback threw
-        away, or the whole group (None)."""
+        """Score `group` at `version`, dropping its stale samples and those of versions a rollback
+        threw away; None when the whole group is dropped."""
         formed = list(group.items)
         gone = [self._thrown_away(h.sample) for h in group.items] if self.thrown_away else []
         if any(gone):
-            self.counts["dropped_rolled_back"] += sum(gone)
-            self.drop([h for h, g in zip(group.items, gone, strict=True) if g], "rolled_back")
-            group.items = [h for h, g in zip(group.items, gone, strict=True) if not g]
+            self._remove(group, gone, "rolled_back")
         score = self._score(group, version)
         stale_left = any(score.stale)
-        if any(score.stale):
-            stale = [h for h, st in zip(group.items, score.stale, strict=True) if st]
-            self.counts["dropped_stale"] += len(stale)
-            self.drop(stale, "stale")
-            group.items = [h for h, st in zip(group.items, score.stale, strict=True) if not st]
+        if stale_left:
+            self._remove(group, score.stale, "stale")
             score = self._score(group, version)
         if score.status == "ok":
             return score
@@ -179,6 +165,12 @@ class ReadyGroups:
         self.drop(group.items, score.status)
         self.spend(group.lost)
         return None
+
+    def _remove(self, group: Group, which: list[bool], reason: str) -> None:
+        """Drop the samples of `group` marked in `which`, counted as `dropped_<reason>`."""
+        self.counts[f"dropped_{reason}"] += sum(which)
+        self.drop([h for h, out in zip(group.items, which, strict=True) if out], reason)
+        group.items = [h for h, out in zip(group.items, which, strict=True) if not out]
 
     def _thrown_away(self, sample: Sample) -> bool:
         return any(good < v < served for v in sample.policy_versions for good, served in self.thrown_away)

@@ -1,23 +1,15 @@
 """The trainer of one model, top to bottom: samples -> groups -> step -> checkpoint -> new version.
 
-Consumes: `swarm.samples.<model>` and `swarm.samples.<model>.lost` (durable pull consumer
-`trainer-samples-<model>`, in stream order).
-Publishes: KV `swarm-models[<model>]` = ModelVersion after every checkpoint (engines reload it),
-`swarm.metrics.train.<model>` TrainStep (msg id `train-<model>-<step>`), `swarm.metrics.drops.<model>`
-SampleDrops, dead letters (`intake.py`).
+Consumes `swarm.samples.<model>` and `swarm.samples.<model>.lost` (durable pull consumer, in stream
+order). Publishes KV `swarm-models[<model>]` = ModelVersion after every checkpoint,
+`swarm.metrics.train.<model>` TrainStep, `swarm.metrics.drops.<model>` SampleDrops, group outcomes
+(`outcomes.py`) and dead letters (`intake.py`).
 
-`load` builds the learner from the newest checkpoint (or the base model); `Trainer.run` then puts
-that version in KV again and runs two loops over one state:
-- `consume`: fetch -> take each message in (`intake.py`) -> form groups (`grouping.py`), each seen
-  by the collapse guard and queued (`ready.py`) -> settle: report drops, keep held messages alive;
-- `train`: pick a batch -> update and checkpoint (in a worker thread, while `consume` goes on) ->
-  put the version -> publish the TrainStep -> ack the batch. Between steps, the rollback the
-  collapse guard asked for (`guard.py`): the best recent version's checkpoint back, as a new version.
-A crash anywhere before a step's ack replays its samples; the resumed trainer skips those its last
-checkpoint trained. A step none of whose updates was applied (non-finite loss or gradients) changed
-nothing: its samples are dead-lettered, and it gets no checkpoint, version or metrics. Non-finite
-weights are never saved nor served: the trainer stops instead. Under `accelerate launch` process 0
-runs the loops and the other processes `follow` its steps.
+`Trainer.run` serves the resumed version, then runs two loops over one state: `consume` (fetch, take
+in, form and queue groups, settle) and `train` (take a batch, update and checkpoint in a worker
+thread, put the version, publish the TrainStep, ack; or the rollback the collapse guard asked for).
+A crash before a step's ack replays its samples, and the resumed trainer skips those its checkpoint
+trained. Under `accelerate launch` process 0 runs the loops and the other processes `follow`.
 """
 
 from __future__ import annotations
@@ -58,8 +50,8 @@ log = logging.getLogger("swarmrl.trainer")
 
 
 async def load(cfg: TrainerConfig) -> tuple[Learner, Path | None]:
-    """The learner, from the newest checkpoint (with its optimizer state) or the base model, and that
-    checkpoint (None: version 0 is the base model). Every process of `accelerate launch` calls it."""
+    """The learner, from the newest checkpoint or the base model, and that checkpoint (None: version 0
+    is the base model). Every process of `accelerate launch` calls it."""
     root = checkpoint_root(cfg.run_dir, cfg.model).resolve()  # KV paths must be absolute
     found = latest(root)
     checkpoint = found[1] if found else None
@@ -86,8 +78,8 @@ async def standby(cfg: TrainerConfig, stopping: asyncio.Event) -> Lead | None:
 
 
 async def catch_up(cfg: TrainerConfig, learner: Learner, checkpoint: Path | None) -> Path | None:
-    """A standby that takes the lead: the newest checkpoint's weights and optimizer into the learner
-    (the lead may have trained since this process loaded), and that checkpoint."""
+    """A standby that takes the lead: the newest checkpoint (the lead may have trained since this
+    process loaded) into the learner, and that checkpoint."""
     found = latest(checkpoint_root(cfg.run_dir, cfg.model).resolve())
     if found is None or found[1] == checkpoint:
         return checkpoint
@@ -105,8 +97,8 @@ def follow(cfg: TrainerConfig, learner: Learner) -> None:
 
 
 class Trainer:
-    """The trainer on process 0: `await Trainer.start(cfg)` (or `connect` a loaded learner), then
-    `await run()` until `stop()` or `max_steps`."""
+    """The trainer on process 0: `await Trainer.start(cfg)`, then `await run()` until `stop()` or
+    `max_steps`."""
 
     def __init__(
         self,
@@ -122,7 +114,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.learner, self.checkpoint, self.weights = cfg, learner, checkpoint, weights
         self.lead = lead
-        """Held by one of several replicas (`lead.py`): confirmed before each version it publishes."""
+        """Held by one of several replicas: confirmed before each version it publishes."""
         self.nc, self.js, self.kv, self.sub = nc, nc.jetstream(), kv, sub
         self.root = checkpoint_root(cfg.run_dir, cfg.model).resolve()
         self.base = Path(cfg.model_path).resolve()
@@ -188,14 +180,15 @@ class Trainer:
 
     async def run(self) -> None:
         """Serve the resumed version, then `consume` and `train` until stopped or done; on the way out
-        nak what is held, so the next trainer gets it at once."""
+        nak what is held."""
         served = self.checkpoint or self.base
         log.info("model=%s starting at step %d from %s", self.cfg.model, self.state.step, served)
         loops: list[asyncio.Task[None]] = []
         try:
             await self.publish_version(served)
-            steps = [self.consume, self.train, *([self.hold_lead] if self.lead else [])]
-            loops = [asyncio.create_task(loop(), name=loop.__name__) for loop in steps]
+            # Renewing the lead raises LostLead (the process exits) once another replica has it.
+            coros = [self.consume(), self.train(), *([self.lead.hold(self.stopping)] if self.lead else [])]
+            loops = [asyncio.create_task(coro, name=coro.__name__) for coro in coros]
             await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             self.stop()  # done, stopped, or one loop failed: the other ends at its next look
             await asyncio.wait(loops)
@@ -214,13 +207,7 @@ class Trainer:
             if self.learner.accelerator.num_processes > 1:
                 await asyncio.to_thread(self.learner.broadcast, None)
 
-    async def hold_lead(self) -> None:
-        """Renew the lead until stopped; LostLead (the process exits) once another replica has it."""
-        assert self.lead is not None
-        await self.lead.hold(self.stopping)
-
     # The intake loop ------------------------------------------------------------------------------
-
     async def consume(self) -> None:
         """fetch -> take in -> group -> settle, until stopped."""
         try:
@@ -249,17 +236,15 @@ class Trainer:
             self.ready.add(group, self.version)
 
     async def settle(self, now: float) -> None:
-        """Tell owners the outcomes decided; report the drops that waited `drop_report_s`, else ack
-        the spent lost records (with drops pending they go with the report); keep every held message
-        alive."""
+        """Publish outcomes; report the drops that waited `drop_report_s`, else ack the spent lost
+        records; keep every held message alive."""
         await self.publish_outcomes()
         if self.unacked.report_due(now):
             dropped, keys = self.unacked.take_report()
             msg = SampleDrops(model=self.cfg.model, step=self.state.step, dropped=reasons(dropped))
             digest = hashlib.sha1("\n".join(sorted(msg.dropped)).encode()).hexdigest()[:16]
-            await self.publish(
-                S.drops_metrics_subject(self.cfg.model), msg, f"drops-{self.cfg.model}-{digest}"
-            )
+            subject = S.drops_metrics_subject(self.cfg.model)
+            await self.publish(subject, msg, f"drops-{self.cfg.model}-{digest}")
             await self.unacked.ack(keys)
             log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(msg.dropped))
         elif not self.unacked.dropped:
@@ -267,7 +252,6 @@ class Trainer:
         await self.unacked.keep_alive(now)
 
     # The training loop ----------------------------------------------------------------------------
-
     async def train(self) -> None:
         """pick batch -> step -> checkpoint -> publish version -> ack, until stopped or done."""
         while not self.stopping.is_set() and not self.done():
@@ -282,20 +266,16 @@ class Trainer:
 
     async def step(self, batch: Batch) -> None:
         """One policy version: update and checkpoint, put the version in KV, publish the TrainStep,
-        then ack the batch and the drops the TrainStep reports."""
+        then ack the batch and the drops it reports."""
         started = time.perf_counter()
         version, step, items = self.version, self.state.step + 1, batch.items()
-        state = TrainerState(
-            self.cfg.model, step, step, [it.sample.sample_id for it in items], dict(self.counts)
-        )
+        sample_ids = [it.sample.sample_id for it in items]
+        state = TrainerState(self.cfg.model, step, step, sample_ids, dict(self.counts))
         try:
             result = await asyncio.to_thread(self.learn, step, version, items, state)
         except NonFiniteWeights as exc:
-            # Stop rather than reload in place: the restarted trainer resumes from its newest
-            # checkpoint (never written from non-finite weights) through the resume path that works on
-            # one process or N, where an in-place reload would need its own FSDP-aware code. The
-            # step's samples are nak'ed on the way out and retried from the good weights; a batch that
-            # keeps doing this is dead-lettered as `poison` after `bus.MAX_DELIVERIES`.
+            # Stop: the restart resumes from the newest (finite) checkpoint and retries the step's
+            # samples; a batch that keeps doing this is dead-lettered after `bus.MAX_DELIVERIES`.
             log.error("model=%s step %d not saved, no new version; stopping: %s", self.cfg.model, step, exc)
             raise
         for held in batch.held():
@@ -330,16 +310,14 @@ class Trainer:
         return result
 
     def keep_checkpoints(self) -> int:
-        """`keep_checkpoints`, and with the collapse guard every version a group can still come from
-        (`max_staleness`), so that the version the guard marks good is on disk."""
+        """`keep_checkpoints`, and with the collapse guard every version a group can still come from,
+        so that the version it marks good is on disk."""
         keep = self.cfg.keep_checkpoints
         return max(keep, self.cfg.max_staleness + 1) if self.cfg.rollback_window else keep
 
     # The collapse guard ---------------------------------------------------------------------------
-
     def observe(self, group: Group) -> None:
-        """Count a formed group's task instance (`Diversity`) and its reward (`RewardGuard`), whatever
-        its scores."""
+        """Count a formed group's task instance (`Diversity`) and its reward (`RewardGuard`)."""
         samples = [h.sample for h in group.items]
         if warning := self.diversity.observe(samples[0].task or self.cfg.model, samples[0].task_id):
             log.warning("model=%s %s", self.cfg.model, warning)
@@ -357,8 +335,7 @@ class Trainer:
                 )  # fmt: skip
 
     async def roll_back(self, target: int) -> None:
-        """Load version `target` (its checkpoint, or the base model for 0) back into the learner and
-        serve it as a new version: the next step's number. Called while no step runs."""
+        """Load version `target` back into the learner and serve it as the next step's version."""
         self.rollback_to = None
         path = step_dir(self.root, target) if target > 0 or self.cfg.lora_rank else self.base
         if not path.is_dir():
@@ -380,10 +357,8 @@ class Trainer:
         log.warning("model=%s rolled back to version %d, served as version %d", self.cfg.model, target, step)
 
     # What the trainer publishes -------------------------------------------------------------------
-
     async def publish_version(self, path: Path) -> None:
-        """Point engines at `path`: only ever weights `Learner.check_weights` passed (on load or in
-        `save`), so no KV version names non-finite weights."""
+        """Point engines at `path` (only ever weights `Learner.check_weights` passed)."""
         mv = ModelVersion(version=self.state.version, path=str(path), step=self.state.step)
         if self.lead is not None:  # never a version from a replica that lost the lead
             await retry(self.stopping, self.lead.confirm)
@@ -412,8 +387,7 @@ class Trainer:
         )  # fmt: skip
 
     async def publish_outcomes(self) -> None:
-        """The warning of a client most of whose groups are dropped; then each group decided since the
-        last call, to its owner (`outcomes.py`)."""
+        """Warn of clients most of whose groups are dropped, then publish each outcome to its owner."""
         for warning in self.outcomes.warnings():  # first: an agent that hears the outcome finds it logged
             log.warning("model=%s %s", self.cfg.model, warning)
         for subject, record, msg_id in self.outcomes.take():
@@ -426,9 +400,10 @@ class Trainer:
         self.counts["stalled_groups"] += 1
         cfg = self.cfg
         log.warning(
-            "model=%s group %r of client(s) %s has %d of its %d episodes (%d lost) and none new for %.0fs: it "
-            "trains when %d episodes of it arrive, or at the group timeout (%.0fs) with at least %d. Play a "
-            "whole group per task instance (SwarmClient.group, or group_size on begin and that many episodes)",
-            cfg.model, stall.key, ",".join(stall.clients), stall.episodes, stall.size, stall.lost, cfg.stall_warn_s,
-            stall.size, cfg.group_timeout_s, cfg.min_group_size,
+            "model=%s group %r of client(s) %s has %d of its %d episodes (%d lost) and none new for %.0fs: "
+            "it trains when %d episodes of it arrive, or at the group timeout (%.0fs) with at least %d. "
+            "Play a whole group per task instance (SwarmClient.group, or group_size on begin and that many "
+            "episodes)",
+            cfg.model, stall.key, ",".join(stall.clients), stall.episodes, stall.size, stall.lost,
+            cfg.stall_warn_s, stall.size, cfg.group_timeout_s, cfg.min_group_size,
         )  # fmt: skip

@@ -1,17 +1,11 @@
-"""Attention over a micro-batch row laid out as a prefix tree, segment by segment (pure torch).
+"""Attention over a micro-batch row laid out as a prefix tree (pure torch).
 
-A row (`batching.py`) is a sequence of *segments*: the tokens one sample adds past the prefix it
-shares with the sample before it. A segment's tokens attend to the segment's ancestors (the shared
-prefix: row positions earlier in the row, not necessarily contiguous) and causally to each other,
-and to nothing else. So attention runs once per segment, over `ancestors + segment` keys, with
-`scaled_dot_product_attention`: its memory is that of the largest segment's [m, a + m] block, not
-the row's [L, L] (a dense mask at 16k tokens is 1 GiB of float32 per row, and rules out the fused
-kernels). A packed row is the same with no ancestors. On the CPU this is also the only exact
-sparse route: `flex_attention` has no backward there (torch 2.13).
-
-Plugged into transformers through its public attention registry: the trainer loads its models with
-`attn_implementation=TREE_ATTENTION` and passes the row's segments as the `tree=` forward argument,
-which transformers hands to every attention call.
+A row (`batching.py`) is a sequence of *segments*, the tokens one sample adds past the prefix it
+shares with the sample before it; they attend to that prefix (their ancestors) and causally to each
+other. Short rows are attended in one masked attention over the row; longer ones segment by segment,
+over `ancestors + segment` keys, so memory is the largest segment's block, not the row's [L, L] (and
+on the CPU `flex_attention` has no backward). Registered in transformers' attention registry: models
+loaded with `attn_implementation=TREE_ATTENTION` take the row's layout as the `tree=` argument.
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ class Segment:
 
 
 def dense_mask(segments: list[Segment], length: int) -> torch.Tensor:
-    """The [L, L] boolean mask (True = attend) the segments stand for: for tests and references."""
+    """The [L, L] boolean mask (True = attend) the segments stand for."""
     allowed = torch.zeros((length, length), dtype=torch.bool)
     for seg in segments:
         rows = slice(seg.start, seg.end)
@@ -53,10 +47,8 @@ def dense_mask(segments: list[Segment], length: int) -> torch.Tensor:
 
 
 DENSE_MAX_TOKENS = 1024
-"""Rows up to this long are attended in one masked attention over the whole row (`tree_for`): on the
-CPU, one score matrix per head costs less than a kernel call per segment, which at a GRPO group's
-short answers is mostly call overhead (`bench/results/real-model.md`); its memory, heads x L x L, is
-what bounds it."""
+"""Rows up to this long are attended in one masked attention: cheaper than a kernel call per short
+segment (`bench/results/real-model.md`), bounded by its heads x L x L memory."""
 
 
 def tree_for(
@@ -80,10 +72,7 @@ def tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [1, Hq, L, D], key/value [1, Hkv, L, D] -> [1, L, Hq, D].
-
-    `tree` is the row's segments, or their dense [L, L] mask (`tree_for`). Without it each row is one
-    sequence, attended causally (a model the trainer loaded, called as a plain causal LM; it applies
-    no padding mask, since this attention has transformers build none)."""
+    Without `tree` the row is one causal sequence (the model called as a plain causal LM, unpadded)."""
     if tree is None:
         tree = [Segment(0, query.shape[2], torch.zeros(0, dtype=torch.long, device=query.device))]
     if dropout:
@@ -97,19 +86,15 @@ def tree_attention(
     outs = []
     for seg in tree:
         own = slice(seg.start, seg.end)
-        q = query[:, :, own]
+        q, k, v = query[:, :, own], key[:, :, own], value[:, :, own]
         if seg.ancestors.numel() == 0:
-            outs.append(
-                F.scaled_dot_product_attention(
-                    q, key[:, :, own], value[:, :, own], is_causal=True, scale=scaling
-                )
-            )
+            outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling))
             continue
         a, m = seg.ancestors.numel(), seg.end - seg.start
-        k = torch.cat([key.index_select(2, seg.ancestors), key[:, :, own]], dim=2)
-        v = torch.cat([value.index_select(2, seg.ancestors), value[:, :, own]], dim=2)
-        mask = torch.ones((m, a + m), dtype=torch.bool, device=query.device)
-        mask[:, a:] = torch.ones((m, m), dtype=torch.bool, device=query.device).tril()
+        k = torch.cat([key.index_select(2, seg.ancestors), k], dim=2)
+        v = torch.cat([value.index_select(2, seg.ancestors), v], dim=2)
+        # All ancestors, then causal within the segment.
+        mask = torch.ones((m, a + m), dtype=torch.bool, device=query.device).tril(a)
         outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling))
     out = torch.cat(outs, dim=2)
     if out.shape[2] != query.shape[2]:
@@ -117,10 +102,5 @@ def tree_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The segments are the mask: transformers builds none for this attention."""
-    return None
-
-
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
-AttentionMaskInterface.register(TREE_ATTENTION, _no_mask)
+AttentionMaskInterface.register(TREE_ATTENTION, lambda *args, **kwargs: None)  # `tree` is the mask

@@ -1,9 +1,6 @@
 """The offline tiny models: tokenizer + chat template, small Qwen2 / Llama causal LMs (`presets`)
-warm-started on the default tasks or on roles of multi-role tasks, and an offline evaluator. Nothing
-here is needed to run swarmrl on a real model.
-
-The preset catalogue and its checks (`PRESETS`, `validate_base`) import no torch; the builder and
-the evaluator are imported on first use of their names.
+warm-started on tasks or roles of multi-role tasks, and an offline evaluator. Nothing here is needed
+to run swarmrl on a real model. The builder and the evaluator (torch) are imported on first use.
 """
 
 from __future__ import annotations
@@ -31,14 +28,13 @@ if TYPE_CHECKING:
     from swarmrl.bootstrap.tokenizer import build_tokenizer
 
 _LAZY = {
-    "EvalResult": "swarmrl.bootstrap.evaluate",
-    "evaluate_offline": "swarmrl.bootstrap.evaluate",
-    "evaluate_team": "swarmrl.bootstrap.evaluate",
-    "parse_assistant_text": "swarmrl.bootstrap.evaluate",
-    "build_model": "swarmrl.bootstrap.model",
-    "default_model_dir": "swarmrl.bootstrap.model",
-    "ensure_default_model": "swarmrl.bootstrap.model",
-    "build_tokenizer": "swarmrl.bootstrap.tokenizer",
+    name: f"swarmrl.bootstrap.{module}"
+    for module, names in {
+        "evaluate": ("EvalResult", "evaluate_offline", "evaluate_team", "parse_assistant_text"),
+        "model": ("build_model", "default_model_dir", "ensure_default_model"),
+        "tokenizer": ("build_tokenizer",),
+    }.items()
+    for name in names
 }
 
 

@@ -7,15 +7,10 @@ drives the tiny model also drives a real Qwen2.5-Instruct (which brings its own 
     <|im_start|>user\\n<tool_response>\\n{content}\\n</tool_response><|im_end|>\\n      (a `tool` message)
     <|im_start|>assistant\\n                                                     (generation prompt)
 
-Two deliberate differences from Qwen2.5's own template, both for prefix stability (rendering
-messages[:k] is a string prefix of rendering messages[:k+1], which token-exact capture and
-timeline merging rely on):
-- each `tool` message is its own user turn; Qwen groups consecutive tool messages into one, so a
-  rendering that ends on a tool message changes when a second one follows;
-- no default system prompt is invented when the conversation has none (only the tools block
-  when tools are given), and nothing at all is rendered for an empty message list.
-Tool-call arguments may be a dict or an already-encoded JSON string (OpenAI's wire form); a string
-is emitted as is, so both render the same JSON.
+Two deliberate differences from Qwen2.5's own template keep it prefix-stable (rendering messages[:k]
+is a string prefix of rendering messages[:k+1], which token-exact capture relies on): each `tool`
+message is its own user turn (Qwen groups consecutive ones), and no default system prompt is invented.
+Tool-call arguments may be a dict or an already-encoded JSON string; both render the same JSON.
 """
 
 from __future__ import annotations

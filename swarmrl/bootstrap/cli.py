@@ -46,50 +46,23 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG.format(presets=presets, sources=", ".join(source_names())),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--preset",
-        default=DEFAULT_PRESET,
-        help=f"architecture and size: {', '.join(PRESETS)} (default {DEFAULT_PRESET})",
-    )
-    p.add_argument(
-        "--sources",
-        default=None,
-        metavar="A,B.ROLE",
-        help="SFT sources, comma-separated (default: the preset's own, see below)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output directory (default: $SWARMRL_HOME/models/<preset>-<sources>-<steps>s-seed<seed>-<hash>, "
-        "$SWARMRL_HOME defaulting to ~/.cache/swarmrl)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed; the same seed gives identical weights (default 0)"
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="SFT warm-start steps; 0 = random init (default: the preset's for its own sources, "
-        f"else {SFT_ROUNDS} per batch of one round over the sources)",
-    )
-    p.add_argument("--force", action="store_true", help="rebuild even if the directory already holds a model")
-    p.add_argument(
-        "--eval",
-        type=int,
-        default=0,
-        metavar="N",
-        help="after building, play N held-out episodes per source and print success rates "
-        "(a TASK.ROLE source: that role's own metric, the other roles scripted as correct)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch CPU threads (default: torch's choice); 1 is much faster on a machine shared with other jobs",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add = p.add_argument
+    add("--preset", default=DEFAULT_PRESET,
+        help=f"architecture and size: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")  # fmt: skip
+    add("--sources", metavar="A,B.ROLE",
+        help="SFT sources, comma-separated (default: the preset's own, see below)")  # fmt: skip
+    add("--out", type=Path, help="output directory (default: $SWARMRL_HOME/models/<preset>-<sources>-"
+        "<steps>s-seed<seed>-<hash>, $SWARMRL_HOME defaulting to ~/.cache/swarmrl)")  # fmt: skip
+    add("--seed", type=int, default=0, help="seed; the same seed gives identical weights (default 0)")
+    add("--steps", type=int, help="SFT warm-start steps; 0 = random init (default: the preset's for its own "
+        f"sources, else {SFT_ROUNDS} per batch of one round over the sources)")  # fmt: skip
+    add("--force", action="store_true", help="rebuild even if the directory already holds a model")
+    add("--eval", type=int, default=0, metavar="N", help="after building, play N held-out episodes per "
+        "source and print success rates (a TASK.ROLE source: that role's own metric, the other roles "
+        "scripted as correct)")  # fmt: skip
+    add("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice); 1 is much "
+        "faster on a machine shared with other jobs")  # fmt: skip
+    add("--quiet", action="store_true", help="no progress bar")
     return p
 
 
@@ -126,14 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.force and args.out.exists():
             shutil.rmtree(args.out)
-        out = build_model(
-            args.out,
-            seed=args.seed,
-            warm_start_steps=steps,
-            progress=not args.quiet,
-            preset=args.preset,
-            sources=sources,
-        )
+        out = build_model(args.out, seed=args.seed, warm_start_steps=steps, progress=not args.quiet,
+                          preset=args.preset, sources=sources)  # fmt: skip
     meta = json.loads((out / "meta.json").read_text())
     console.print(
         f"model: {out}\n  preset {meta.get('preset', args.preset)}  sources {','.join(meta.get('sources', sources))}  "

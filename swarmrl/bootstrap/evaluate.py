@@ -1,6 +1,5 @@
 """Offline evaluation: play a task's held-out eval set with plain `model.generate` sampling, no
-swarm services involved. Works on any HF chat model directory that uses Qwen-style `<tool_call>`
-tags (the tiny model, Qwen2.5-Instruct); used to measure the warm start and, later, RL progress.
+swarm services involved. Works on any HF chat model using Qwen-style `<tool_call>` tags.
 
 Multi-role tasks: `evaluate_offline(model, "team_calculator.caller")` measures one role's model alone
 (its partners scripted as correct by the task's `role_oracle`), `evaluate_team` a whole team.
@@ -54,26 +53,22 @@ def parse_assistant_text(text: str) -> Message:
     A block that is not a JSON object with a string `name` makes the whole reply plain content,
     as Qwen's (hermes) tool parser does: the environment then sees a malformed answer, not a call.
     """
+    plain: Message = {"role": "assistant", "content": text}
     calls: list[dict[str, Any]] = []
     for i, raw in enumerate(_TOOL_CALL_RE.findall(text)):
         try:
             call = json.loads(raw)
         except json.JSONDecodeError:
-            return {"role": "assistant", "content": text}
+            return plain
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return {"role": "assistant", "content": text}
+            return plain
         arguments = call.get("arguments", {})
         if not isinstance(arguments, str):  # OpenAI's wire form is a JSON string
             arguments = json.dumps(arguments)
-        calls.append(
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {"name": call["name"], "arguments": arguments},
-            }
-        )
+        function = {"name": call["name"], "arguments": arguments}
+        calls.append({"id": f"call_{i}", "type": "function", "function": function})
     if not calls:
-        return {"role": "assistant", "content": text}
+        return plain
     content = _TOOL_CALL_RE.sub("", text).strip()
     return {"role": "assistant", "content": content or None, "tool_calls": calls}
 
@@ -88,21 +83,11 @@ def evaluate_offline(
     max_new_tokens: int = 64,
     batch_size: int = 32,
 ) -> EvalResult:
-    """Play `n` episodes of `task`'s eval set (cycled) against the model at `model_dir`.
+    """Play `n` episodes of `task`'s eval set (episode i plays instance i, cycled) against the model
+    at `model_dir`, `batch_size` episodes in lockstep, sampling the full distribution at `temperature`.
 
-    Args:
-        model_dir: any HF causal-LM directory with a chat template.
-        task: a single-agent task name in `swarmrl.agents.tasks.TASKS`, or `<task>.<role>`: the
-            model plays that role of a multi-role task, the other roles play correct scripted replies.
-        n: number of episodes; episode i plays eval instance i % len(eval set).
-        seed: torch seed for sampling (same seed, same machine: same result).
-        temperature: sampling temperature (full distribution: no top-k / top-p).
-        max_new_tokens: cap per model reply.
-        batch_size: episodes played in lockstep, one batched `generate` per turn.
-
-    Returns:
-        Success rate, mean reward and mean number of model replies per episode (for a role: the
-        role's reward and metric).
+    `task` is a single-agent task name, or `<task>.<role>`: the model plays that role of a
+    multi-role task, the other roles play correct scripted replies. Same seed, same machine: same result.
     """
     name, _, role = task.partition(".")
     spec = get_task(name)
@@ -118,26 +103,16 @@ def evaluate_offline(
     started = time.monotonic()
     tokenizer, model = _load(model_dir)
     torch.manual_seed(seed)
-    instances = spec.eval_tasks()
     rewards: list[float] = []
     successes: list[bool] = []
     turns: list[int] = []
-    for start in range(0, n, batch_size):
-        envs = [
-            spec.make_env(instances[i % len(instances)]) for i in range(start, min(n, start + batch_size))
-        ]
+    for batch in _batches(spec, n, batch_size):
+        envs = [spec.make_env(instance) for instance in batch]
         histories = [env.reset() for env in envs]
         active = list(range(len(envs)))
         while active:
-            prompts = [
-                str(
-                    tokenizer.apply_chat_template(
-                        histories[i], tools=spec.tools, add_generation_prompt=True, tokenize=False
-                    )
-                )
-                for i in active
-            ]
-            replies = _generate(model, tokenizer, prompts, temperature, max_new_tokens)
+            chats = [(histories[i], spec.tools) for i in active]
+            replies = _generate(model, tokenizer, chats, temperature, max_new_tokens)
             still = []
             for i, text in zip(active, replies, strict=True):
                 reply = parse_assistant_text(text)
@@ -153,14 +128,7 @@ def evaluate_offline(
             rewards.append(env.reward)
             successes.append(env.success)
             turns.append(getattr(env, "turns", 0))
-    return EvalResult(
-        task=task,
-        episodes=len(rewards),
-        success_rate=sum(successes) / len(successes),
-        mean_reward=sum(rewards) / len(rewards),
-        mean_turns=sum(turns) / len(turns),
-        seconds=round(time.monotonic() - started, 2),
-    )
+    return _result(task, successes, rewards, turns, started)
 
 
 def evaluate_team(
@@ -172,13 +140,8 @@ def evaluate_team(
     max_new_tokens: int = 64,
     batch_size: int = 32,
 ) -> EvalResult:
-    """Play `n` episodes of a multi-role task's eval set, role `r` played by the model at `models[r]`
-    (roles left out play correct scripted replies). Arguments as `evaluate_offline`.
-
-    Returns:
-        The team's success rate; `metrics` holds every role metric; `mean_reward` is the mean over
-        the roles that acted of their rewards.
-    """
+    """Play a multi-role task, role `r` played by the model at `models[r]` (roles left out play
+    correct scripted replies); `mean_reward` is the mean over the roles that acted of their rewards."""
     spec = get_task(task)
     unknown = set(models) - set(spec.roles)
     if not spec.roles or unknown:
@@ -205,19 +168,14 @@ def _evaluate_roles(
         )
     loaded = {d: _load(d) for d in set(dirs.values())}  # one copy of a model playing several roles
     torch.manual_seed(seed)
-    instances = spec.eval_tasks()
     successes: list[bool] = []
     rewards: list[float] = []
     turns: list[int] = []
     metrics: dict[str, list[float]] = {}
-    for start in range(0, n, batch_size):
-        batch = [instances[i % len(instances)] for i in range(start, min(n, start + batch_size))]
+    for batch in _batches(spec, n, batch_size):
         envs = [spec.make_env(instance) for instance in batch]
         replies = [0] * len(envs)
-        while True:
-            pending = [(i, t) for i, env in enumerate(envs) if (t := env.turn()) is not None]
-            if not pending:
-                break
+        while pending := [(i, t) for i, env in enumerate(envs) if (t := env.turn()) is not None]:
             # In the task's role order, not a set's: sampling must consume the torch rng the same way every run.
             for role in [r for r in spec.roles if any(t.role == r for _, t in pending)]:
                 mine = [(i, t) for i, t in pending if t.role == role]
@@ -227,39 +185,49 @@ def _evaluate_roles(
                         envs[i].step(oracle(batch[i], t))
                     continue
                 tokenizer, model = loaded[dirs[role]]
-                prompts = [
-                    str(
-                        tokenizer.apply_chat_template(
-                            t.messages, tools=t.tools, add_generation_prompt=True, tokenize=False
-                        )
-                    )
-                    for _, t in mine
-                ]
-                for (i, _), text in zip(
-                    mine, _generate(model, tokenizer, prompts, temperature, max_new_tokens), strict=True
-                ):
+                chats = [(t.messages, t.tools) for _, t in mine]
+                texts = _generate(model, tokenizer, chats, temperature, max_new_tokens)
+                for (i, _), text in zip(mine, texts, strict=True):
                     envs[i].step(parse_assistant_text(text))
                     replies[i] += 1
         for env, count in zip(envs, replies, strict=True):
             successes.append(env.success)
             acted = [env.rewards[r] for r in dirs if r in env.rewards]
-            rewards.append(sum(acted) / len(acted) if acted else 0.0)
+            rewards.append(_mean(acted) if acted else 0.0)
             turns.append(count)
             for key, value in env.metrics.items():
                 metrics.setdefault(key, []).append(value)
-    means = {key: sum(v) / len(v) for key, v in metrics.items()}
+    means = {key: _mean(v) for key, v in metrics.items()}
     role = next(iter(dirs)) if len(dirs) == 1 else None
+    return _result(
+        f"{spec.name}.{role}" if role else spec.name, successes, rewards, turns, started,
+        metrics=means, role=role, metric=means.get(spec.role_metrics.get(role, ""), 0.0) if role else None,
+    )  # fmt: skip
+
+
+def _result(
+    task: str, successes: list[bool], rewards: list[float], turns: list[int], started: float, **roles: Any
+) -> EvalResult:
     return EvalResult(
-        task=f"{spec.name}.{role}" if role else spec.name,
+        task=task,
         episodes=len(successes),
-        success_rate=sum(successes) / len(successes),
-        mean_reward=sum(rewards) / len(rewards),
-        mean_turns=sum(turns) / len(turns),
+        success_rate=_mean(successes),
+        mean_reward=_mean(rewards),
+        mean_turns=_mean(turns),
         seconds=round(time.monotonic() - started, 2),
-        metrics=means,
-        role=role,
-        metric=means.get(spec.role_metrics.get(role, ""), 0.0) if role else None,
+        **roles,
     )
+
+
+def _batches(spec: TaskSpec, n: int, batch_size: int) -> list[list[Any]]:
+    """The eval instances of `n` episodes (cycled), `batch_size` at a time."""
+    instances = spec.eval_tasks()
+    played = [instances[i % len(instances)] for i in range(n)]
+    return [played[start : start + batch_size] for start in range(0, n, batch_size)]
+
+
+def _mean(values: list[float] | list[bool] | list[int]) -> float:
+    return sum(values) / len(values)
 
 
 def _load(model_dir: str | Path) -> tuple[Any, Any]:
@@ -271,8 +239,17 @@ def _load(model_dir: str | Path) -> tuple[Any, Any]:
 
 
 def _generate(
-    model: Any, tokenizer: Any, prompts: list[str], temperature: float, max_new_tokens: int
+    model: Any,
+    tokenizer: Any,
+    chats: list[tuple[list[Message], list[dict[str, Any]] | None]],
+    temperature: float,
+    max_new_tokens: int,
 ) -> list[str]:
+    """One sampled reply per (messages, tools) conversation, in one batched `generate`."""
+    prompts = [
+        str(tokenizer.apply_chat_template(m, tools=tools, add_generation_prompt=True, tokenize=False))
+        for m, tools in chats
+    ]
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     out = model.generate(
         **batch,

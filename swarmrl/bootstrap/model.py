@@ -1,7 +1,6 @@
-"""Builds swarmrl's tiny offline models: tokenizer + a standard Qwen2ForCausalLM or LlamaForCausalLM
-(a few million parameters, see `presets.PRESETS`), an SFT warm start on the preset's sources (tasks,
-or roles of multi-role tasks), saved as a plain HF model directory (safetensors, tokenizer, chat
-template, generation config, meta.json). The cache of built models is `presets.ensure_model`.
+"""Builds swarmrl's tiny offline models: tokenizer + a standard Qwen2 or Llama causal LM
+(`presets.PRESETS`), SFT warm-started on its sources, saved as a plain HF model directory
+(safetensors, tokenizer, chat template, generation config, meta.json).
 
 Nothing downstream may assume this model: everything loads it with `AutoModelForCausalLM` /
 `AutoTokenizer`, exactly like a real Qwen2.5-Instruct directory.
@@ -35,7 +34,6 @@ from swarmrl.bootstrap.presets import (
     get_preset,
     model_dir,
     resolve_sources,
-    swarmrl_home,
 )
 from swarmrl.bootstrap.sft import warm_start
 from swarmrl.bootstrap.tokenizer import IM_END, VOCAB_SIZE, build_tokenizer
@@ -54,26 +52,11 @@ def build_model(
     sources: Sequence[str] | None = None,
     vocab_size: int = VOCAB_SIZE,
 ) -> Path:
-    """Build, warm-start and save a tiny model.
+    """Build, warm-start and save a tiny model into `out_dir`; the same seed gives the same weights.
 
-    Args:
-        out_dir: target directory (created; files in it are overwritten).
-        seed: seeds the tokenizer corpus, the init and the demonstrations; same seed, same weights.
-        warm_start_steps: SFT steps on demonstrations; 0 leaves a random init (fast, for tests);
-            None = `presets.default_steps(preset, sources)`.
-        progress: show a rich progress bar over SFT steps.
-        dims: model dimensions; None = the preset's.
-        batch_size: demonstrations per SFT step.
-        preset: a name in `presets.PRESETS` (architecture and dimensions).
-        sources: SFT sources (`calculator`, `team_calculator.caller`); None = the preset's own.
-        vocab_size: the tokenizer's target vocabulary (another size gives another vocabulary: a
-            team of models with different tokenizers, as users bring).
-
-    Returns:
-        `out_dir` as a Path, loadable with `AutoModelForCausalLM.from_pretrained`.
-
-    Raises:
-        ValueError: unknown preset or source.
+    `warm_start_steps` 0 leaves a random init (fast, for tests), None is `presets.default_steps`;
+    `dims` and `sources` default to the preset's. Another `vocab_size` gives another vocabulary
+    (a team of models with different tokenizers, as users bring).
     """
     started = time.monotonic()
     spec = get_preset(preset)
@@ -95,20 +78,11 @@ def build_model(
     )
     torch.manual_seed(seed)
     model: PreTrainedModel = model_class(config)
-    losses = warm_start(
-        model,
-        tokenizer,
-        steps,
-        seed=seed,
-        batch_size=batch_size,
-        progress=progress,
-        sources=list(resolved),
-    )
+    losses = warm_start(model, tokenizer, steps, seed, batch_size, progress=progress, sources=list(resolved))
     model.generation_config = GenerationConfig(
         eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0
     )
     model.save_pretrained(out, safe_serialization=True)
-    params = sum(p.numel() for p in model.parameters())
     tail = losses[-10:]
     meta = {
         "builder_version": BUILDER_VERSION,
@@ -119,7 +93,7 @@ def build_model(
         "warm_start_steps": steps,
         "batch_size": batch_size,
         "final_sft_loss": sum(tail) / len(tail) if tail else None,
-        "param_count": params,
+        "param_count": sum(p.numel() for p in model.parameters()),
         "build_time_s": round(time.monotonic() - started, 2),
         "dims": asdict(dims),
         "vocab_size": len(tokenizer),
@@ -130,23 +104,12 @@ def build_model(
 
 
 def default_model_dir(seed: int = 0, steps: int = DEFAULT_STEPS) -> Path:
-    """Where the default model (preset `tiny`, its own sources) lives: `presets.model_dir`."""
+    """Where the default model (preset `tiny`, its own sources) lives."""
     return model_dir(DEFAULT_PRESET, None, steps, seed)
 
 
 def ensure_default_model(
     seed: int = 0, steps: int = DEFAULT_STEPS, progress: bool = True, force: bool = False
 ) -> Path:
-    """The default model directory (preset `tiny`), built first when missing: `presets.ensure_model`."""
+    """The default model directory (preset `tiny`), built first when missing."""
     return ensure_model(DEFAULT_PRESET, None, steps, seed, progress=progress, force=force)
-
-
-__all__ = [
-    "BUILDER_VERSION",
-    "DEFAULT_STEPS",
-    "TinyDims",
-    "build_model",
-    "default_model_dir",
-    "ensure_default_model",
-    "swarmrl_home",
-]

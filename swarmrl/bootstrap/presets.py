@@ -2,15 +2,8 @@
 
 A preset is an architecture and its size. A model is a preset warm-started on a list of SFT
 *sources*, each a single-agent task (`calculator`) or one role of a multi-role task
-(`team_calculator.caller`): the demonstrations of that role, so two models can learn two roles.
-
-    tiny        Qwen2ForCausalLM (hidden 192, 4 layers), SFT on calculator + guess_number, 1250 steps
-    tiny-llama  LlamaForCausalLM (hidden 128, 3 layers), same default sources and steps
-    tiny-h32    `tiny` with 6 heads of 32 (vLLM's CPU attention takes head sizes 32, 64, ..., not 48)
-
-Built models are cached under `$SWARMRL_HOME/models/` (default `~/.cache/swarmrl/models/`), one
-directory per (preset, sources, steps, seed, builder source): `ensure_model` builds on first use.
-This module imports no torch: `validate_base` is what a config validator calls before anything runs.
+(`team_calculator.caller`), so two models can learn two roles. Built models are cached under
+`$SWARMRL_HOME/models/` (`ensure_model`). No torch here: config validators call `validate_base`.
 """
 
 from __future__ import annotations
@@ -18,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +23,7 @@ BUILDER_VERSION = "2"
 DEFAULT_PRESET = "tiny"
 DEFAULT_STEPS = 1250
 SFT_ROUNDS = 250
-"""SFT steps per batch of one round over the sources (see `default_steps`): the `tiny` preset's
-1250 steps are 250 rounds of its 5 batches."""
+"""SFT steps per batch of one round over the sources (`default_steps`)."""
 
 
 @dataclass(frozen=True)
@@ -54,47 +47,28 @@ class Preset:
     architecture: str
     """`qwen2` (Qwen2ForCausalLM) or `llama` (LlamaForCausalLM)."""
     dims: TinyDims
-    """Model dimensions."""
-    sources: tuple[str, ...]
+    description: str
+    # The default model's sources are pinned, so its weights don't change when tasks are added.
+    sources: tuple[str, ...] = ("calculator", "guess_number")
     """The SFT sources used when none are given."""
-    steps: int
+    steps: int = DEFAULT_STEPS
     """SFT steps on the preset's own sources (other sources: `default_steps`)."""
-    description: str = ""
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        # The default model: its weights must not change when tasks are added (sources pinned, in the
-        # order `sorted(TASKS)` gave before there were more tasks).
-        Preset(
-            "tiny",
-            "qwen2",
-            TinyDims(),
-            ("calculator", "guess_number"),
-            DEFAULT_STEPS,
-            "Qwen2, hidden 192, 4 layers, 4 heads (2 kv), ~1.8M params",
-        ),
+        Preset("tiny", "qwen2", TinyDims(), "Qwen2, hidden 192, 4 layers, 4 heads (2 kv), ~1.8M params"),
         Preset(
             "tiny-llama",
             "llama",
-            TinyDims(
-                hidden_size=128,
-                intermediate_size=384,
-                num_hidden_layers=3,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            ),
-            ("calculator", "guess_number"),
-            DEFAULT_STEPS,
+            TinyDims(hidden_size=128, intermediate_size=384, num_hidden_layers=3),
             "Llama, hidden 128, 3 layers, 4 heads (2 kv), ~0.7M params",
         ),
         Preset(
             "tiny-h32",
             "qwen2",
-            TinyDims(num_attention_heads=6, num_key_value_heads=2),
-            ("calculator", "guess_number"),
-            DEFAULT_STEPS,
+            TinyDims(num_attention_heads=6),
             "Qwen2 as `tiny`, 6 heads of 32 (2 kv): a head size vLLM's CPU build serves, ~1.8M params",
         ),
     )
@@ -113,17 +87,13 @@ def source_names() -> list[str]:
 
 def parse_source(source: str) -> tuple[str, str | None]:
     """`calculator` -> ("calculator", None); `team_calculator.caller` -> ("team_calculator", "caller").
+    A ValueError lists the valid sources."""
+    from swarmrl.agents.tasks import TASKS
 
-    Raises:
-        ValueError: not a valid source; the message lists the valid ones.
-    """
     if source not in source_names():
-        hint = ""
-        from swarmrl.agents.tasks import TASKS
-
         spec = TASKS.get(source)
-        if spec is not None and spec.roles:
-            hint = f" ({source} is a multi-role task: name one of its roles)"
+        multi_role = spec is not None and spec.roles
+        hint = f" ({source} is a multi-role task: name one of its roles)" if multi_role else ""
         raise ValueError(f"unknown SFT source {source!r}{hint}; valid sources: {', '.join(source_names())}")
     task, _, role = source.partition(".")
     return task, role or None
@@ -139,11 +109,7 @@ def get_preset(name: str) -> Preset:
 
 def resolve_sources(preset: str, sources: Sequence[str] | None = None) -> tuple[str, ...]:
     """The SFT sources of a model: `sources` validated (order kept: it seeds the demo stream), or the
-    preset's own when None.
-
-    Raises:
-        ValueError: unknown preset or source, an empty list, or a source named twice.
-    """
+    preset's own when None. A ValueError names an unknown preset or source, or a repeated one."""
     p = get_preset(preset)
     if sources is None:
         return p.sources
@@ -155,24 +121,19 @@ def resolve_sources(preset: str, sources: Sequence[str] | None = None) -> tuple[
         )
     for source in sources:
         parse_source(source)
-    repeated = sorted({s for s in sources if list(sources).count(s) > 1})
+    repeated = sorted(s for s, count in Counter(sources).items() if count > 1)
     if repeated:
         raise ValueError(f"SFT sources named twice: {repeated} (in {list(sources)})")
     return tuple(sources)
 
 
 def validate_base(preset: str, sources: Sequence[str] | None = None) -> None:
-    """Check a preset name and its SFT sources without building anything.
-
-    Raises:
-        ValueError: naming the bad value and listing the valid ones.
-    """
+    """Check a preset name and its SFT sources without building anything (ValueError if bad)."""
     resolve_sources(preset, sources)
 
 
 def sft_weight(source: str) -> int:
-    """Batches per SFT round of one view of `source`: its task's `sft_weight`, or for a role its
-    `role_sft_weights` entry."""
+    """Batches per SFT round of one view of `source`: its task's `sft_weight` or its role's."""
     from swarmrl.agents.tasks import TASKS
 
     task, role = parse_source(source)
@@ -182,7 +143,7 @@ def sft_weight(source: str) -> int:
 
 def batches_per_round(sources: Sequence[str]) -> int:
     """SFT batches in one round over `sources`: `sft_weight` per source, twice for a source with
-    tools (with and without the tool specs in the prompt)."""
+    tools (shown with and without the tool specs)."""
     from swarmrl.agents.tasks import TASKS
 
     total = 0
@@ -196,7 +157,7 @@ def batches_per_round(sources: Sequence[str]) -> int:
 
 def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
     """SFT steps when none are asked for: the preset's own for its own sources, else `SFT_ROUNDS`
-    rounds over the sources (a single role learns its one format in fewer steps than a task mix)."""
+    rounds over the sources."""
     resolved = resolve_sources(preset, sources)
     if resolved == get_preset(preset).sources:
         return get_preset(preset).steps
@@ -204,8 +165,8 @@ def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
 
 
 def source_digest() -> str:
-    """Hash of the code a model is built from (this package and the default tasks): a cached model
-    built from other task prompts or demonstrations would silently be the wrong policy."""
+    """Hash of the code a model is built from (this package and the tasks), so a cache hit never
+    serves a model built from other prompts or demonstrations."""
     import swarmrl.agents.tasks as tasks_pkg
 
     h = hashlib.sha256()
@@ -219,7 +180,7 @@ def model_dir(
     preset: str, sources: Sequence[str] | None = None, steps: int | None = None, seed: int = 0
 ) -> Path:
     """Where a model lives: `<preset>-<sources joined by +>-<steps>s-seed<seed>-<hash>`, the hash
-    covering the builder version and the builder's and tasks' source code too."""
+    also covering the builder version and source code."""
     resolved = resolve_sources(preset, sources)
     steps = default_steps(preset, resolved) if steps is None else steps
     from swarmrl.agents.tasks import TASKS
@@ -239,21 +200,11 @@ def ensure_model(
     progress: bool = True,
     force: bool = False,
 ) -> Path:
-    """The model directory of `preset` warm-started on `sources`, built first when missing (or `force`).
-
-    Args:
-        preset: a name in `PRESETS`.
-        sources: SFT sources (`calculator`, `team_calculator.caller`); None = the preset's own.
-        steps: SFT steps; None = `default_steps(preset, sources)`; 0 = random init.
-        seed: seeds the tokenizer corpus, the init and the demonstrations.
-        progress: show a progress bar over SFT steps.
-        force: rebuild even when cached.
+    """The model directory of `preset` warm-started on `sources` for `steps` (None: `default_steps`,
+    0: random init), built first when missing (or `force`).
 
     Builds into a temporary sibling and renames it into place, so concurrent callers never see a
     half-written model and the loser of a race just discards its copy.
-
-    Raises:
-        ValueError: unknown preset or source (before anything is built).
     """
     resolved = resolve_sources(preset, sources)
     steps = default_steps(preset, resolved) if steps is None else steps

@@ -1,18 +1,19 @@
-"""The SFT warm start: ~1000 small steps on synthetic demonstrations of the model's sources (tasks,
-or roles of multi-role tasks: see `presets`), loss on assistant tokens only, so the tiny model starts
-RL with the right formats and a weak strategy.
+"""The SFT warm start: small steps on synthetic demonstrations of the model's sources, loss on
+assistant tokens only, so the tiny model starts RL with the right formats and a weak strategy.
 
-Episodes are tokenized the way the gateway sees them at RL time: each model call's prompt is the
-chat template rendered with a generation prompt, each reply is content + `<|im_end|>` appended as
-generated ids (the template's trailing newline belongs to the next prompt). This relies on the
-template's prefix stability.
+Episodes are tokenized the way the gateway sees them at RL time: each prompt is the chat template
+rendered with a generation prompt, each reply is content + `<|im_end|>` appended as generated ids
+(which relies on the template's prefix stability).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -62,10 +63,7 @@ def encode_episode(
 
 def source_demonstration(source: str) -> tuple[Demonstrate, list[dict[str, Any]] | None]:
     """What an SFT source demonstrates: (instance, rng) -> messages, and the tool specs they go with.
-
-    A task name gives the task's demonstrations; `<task>.<role>` gives that role's conversations
-    (ending in its reply) from the task's `role_demonstrations`.
-    """
+    A `<task>.<role>` source gives that role's conversations from the task's `role_demonstrations`."""
     task, role = parse_source(source)
     spec = TASKS[task]
     if role is None:
@@ -91,44 +89,37 @@ def demonstration_batches(
     sources: list[str] | None = None,
 ) -> Callable[[], dict[str, torch.Tensor]]:
     """A function returning the next batch: one source (and view of it) per batch, in turn, each
-    source `presets.sft_weight(source)` times per round.
+    source `presets.sft_weight(source)` times per round. `sources` (default: the `tiny` preset's)
+    in their order, with `seed`, fix the stream of batches.
 
-    `sources` are task names or `<task>.<role>` (default: the `tiny` preset's); their order, with
-    `seed`, fixes the stream of batches.
-
-    A batch is `prefix_ids` [1, P], the token prefix all its episodes share (system prompt, tool
-    specs, often the user prompt), and per-episode `input_ids` / `labels` [B, S] for the rest,
-    right-padded. The shared prefix is most of a calculator episode's tokens: `sft_loss` runs it
-    once per batch instead of once per episode.
+    A batch is `prefix_ids` [1, P], the token prefix all its episodes share (`sft_loss` runs it once
+    per batch), and per-episode `input_ids` / `labels` [B, S] for the rest, right-padded.
     """
     rng = random.Random(seed)
     names = list(sources or get_preset(DEFAULT_PRESET).sources)
     specs = {name: TASKS[parse_source(name)[0]] for name in names}
     streams = {name: (spec.sft_tasks or spec.train_tasks)(seed) for name, spec in specs.items()}
     demos = {name: source_demonstration(name) for name in names}
-    # Tool sources are also shown without the tool specs in the system prompt. Those specs make every
-    # context ~200 tokens long, which dilutes the attention a tiny model needs to learn copying
-    # (question -> tool call, tool result -> answer); the copy offsets learned in short contexts
-    # carry over to long ones because positions are relative (RoPE).
+    # Tool sources are also shown without the tool specs: those long contexts dilute the attention a
+    # tiny model needs to learn copying, and offsets learned in short contexts carry over (RoPE).
     views: list[tuple[str, list[dict[str, Any]] | None]] = []
     for name in names:
         tools = demos[name][1]
         one = [(name, tools)] + ([(name, None)] if tools else [])
         views += one * sft_weight(name)
-    turn = 0
+    turns = itertools.cycle(views)
 
     def next_batch() -> dict[str, torch.Tensor]:
-        nonlocal turn
-        name, tools = views[turn % len(views)]
+        name, tools = next(turns)
         demonstrate = demos[name][0]
-        turn += 1
         rows = [
             encode_episode(tokenizer, demonstrate(next(streams[name]), rng), tools) for _ in range(batch_size)
         ]
-        # The suffix must hold every trained token at position >= 1: its labels are shifted inside the
-        # model, so a suffix's first token is only ever an input.
+        # Labels are shifted inside the model, so the suffix's first token is only an input: every
+        # trained token must come after it.
         first_trained = min(mask.index(1) if 1 in mask else len(mask) for _, mask in rows)
-        shared = max(0, min(_common_prefix_len([ids for ids, _ in rows]), first_trained) - 1)
+        common = len(os.path.commonprefix([ids for ids, _ in rows]))
+        shared = max(0, min(common, first_trained) - 1)
         width = max(len(ids) for ids, _ in rows) - shared
         input_ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
         labels = torch.full((batch_size, width), -100, dtype=torch.long)
@@ -146,14 +137,6 @@ def demonstration_batches(
         }
 
     return next_batch
-
-
-def _common_prefix_len(rows: list[list[int]]) -> int:
-    n = min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != rows[0][i] for r in rows):
-            return i
-    return n
 
 
 def sft_loss(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -178,8 +161,8 @@ def warm_start(
     progress: bool = True,
     sources: list[str] | None = None,
 ) -> list[float]:
-    """Run `steps` AdamW steps (linear warmup, cosine decay) on demonstrations of `sources` (default:
-    the `tiny` preset's); returns the losses."""
+    """Run `steps` AdamW steps (linear warmup, cosine decay) on demonstrations of `sources`; returns
+    the losses."""
     if steps <= 0:
         return []
     next_batch = demonstration_batches(tokenizer, batch_size, seed, sources)
@@ -208,28 +191,16 @@ def warm_start(
     return losses
 
 
-class _progress:
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[Callable[[float], None]]:
     """A rich progress bar over SFT steps, or nothing when disabled (tests, logs)."""
+    if not enabled:
+        yield lambda loss: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled, self.total = enabled, total
-
-    def __enter__(self) -> Callable[[float], None]:
-        if not self.enabled:
-            return lambda loss: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(
-            TextColumn("SFT warm start"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.3f}"),
-            TimeRemainingColumn(),
-        )
-        self.bar.start()
-        task = self.bar.add_task("sft", total=self.total, loss=float("nan"))
-        return lambda loss: self.bar.update(task, advance=1, loss=loss)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.stop()
+    columns = (TextColumn("SFT warm start"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns) as bar:
+        task = bar.add_task("sft", total=total, loss=float("nan"))
+        yield lambda loss: bar.update(task, advance=1, loss=loss)

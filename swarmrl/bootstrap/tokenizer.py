@@ -53,12 +53,8 @@ def _corpus(seed: int = 0, episodes_per_task: int = 400) -> Iterator[str]:
             for message in spec.demonstration(next(tasks), rng):
                 yield message["role"] + "\n" + message_text(message)
                 for call in message.get("tool_calls") or []:
-                    yield (
-                        '{"name": "'
-                        + call["function"]["name"]
-                        + '", "arguments": '
-                        + call["function"]["arguments"]
-                    )
+                    function = call["function"]
+                    yield '{"name": "' + function["name"] + '", "arguments": ' + function["arguments"]
     tools_text = TOOLS_PREAMBLE + TOOLS_POSTAMBLE
     for tag in ADDED_TOKENS:  # trained around the tags, never into them: they are added tokens
         tools_text = tools_text.replace(tag, " ")
@@ -67,24 +63,15 @@ def _corpus(seed: int = 0, episodes_per_task: int = 400) -> Iterator[str]:
     for _ in range(20):
         yield GENERAL_TEXT
     # Every printable character next to letters and digits, so common pairs exist for any ASCII.
-    printable = string.printable
     for _ in range(50):
-        yield "".join(rng.choice(printable) for _ in range(64))
+        yield "".join(rng.choice(string.printable) for _ in range(64))
 
 
 def build_tokenizer(
     out_dir: str | Path | None = None, seed: int = 0, vocab_size: int = VOCAB_SIZE
 ) -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE tokenizer and wrap it with the chat template.
-
-    Args:
-        out_dir: where to `save_pretrained` it (None: don't save).
-        seed: seed of the synthetic corpus; the same seed gives the same vocabulary.
-        vocab_size: the BPE trainer's target (the corpus may give fewer merges).
-
-    Returns:
-        A `PreTrainedTokenizerFast` (eos `<|im_end|>`, pad `<|endoftext|>`, ChatML template).
-    """
+    """Train the byte-level BPE tokenizer (the same seed, the same vocabulary; `vocab_size` is a
+    target the corpus may not reach), wrap it with the chat template, and save it into `out_dir`."""
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [

@@ -1,12 +1,10 @@
 """Config bases for every service and command.
 
-A service declares the settings a swarm description may set as a `Settings` model (plain pydantic:
-validating a description reads nothing but the description), and its process configuration as a
-`ServiceConfig` that extends them with placement (ports, directories, engine URLs, what the run
-derives). That one is a pydantic-settings class whose field docstrings are the `--help` text; its
-values come from the command line (`--kebab-case`), then the process's resolved configuration file
-(`--config`, as `swarmrl up` writes one per process), then `SWARMRL_<FIELD>` env vars, then the
-field's one declared default."""
+A service declares what a swarm description may set as a `Settings` model (plain pydantic: it reads
+nothing but the description), and its process configuration as a `ServiceConfig` extending it with
+placement. That is a pydantic-settings class whose field docstrings are the `--help` text; values
+come from the command line, then `--config` (the resolved file `swarmrl up` writes per process),
+then `SWARMRL_<FIELD>` env vars, then the field's one declared default."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ class SwarmConfigError(ValueError):
 class Strict(BaseModel):
     """A table of the swarm description: unknown keys are errors, field docstrings are the help."""
 
-    # Typed as a settings dict so that a service's config class may extend this and ServiceConfig both.
+    # A settings dict, so that a service's config class may extend this and ServiceConfig both.
     model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
         extra="forbid", use_attribute_docstrings=True
     )
@@ -60,17 +58,16 @@ class ServiceConfig(BaseSettings):
     nats: str = "nats://127.0.0.1:4222"
     """NATS URL(s), comma-separated, with service credentials (nats://service:PASSWORD@host:port)."""
     config: Path | None = None
-    """Configuration file: this process's resolved configuration (JSON, as `swarmrl up` writes it to
-    `<run dir>/config/<process>.json`), or a swarm description (TOML; with `--model NAME` for a
-    model's engine or trainer), which then configures this service exactly as `swarmrl up` would.
-    Flags override it."""
+    """Configuration file: this process's resolved configuration (JSON, as `swarmrl up` writes it),
+    or a swarm description (TOML; `--model NAME` for an engine or trainer), which configures this
+    service as `swarmrl up` would. Flags override it."""
     print_config: bool = False
     """Print the resolved configuration as JSON and exit."""
 
 
 UNFILED = frozenset({"config", "print_config", "nats", "secret"})
 """Fields never written to a configuration file: credentials (they come by environment) and the
-file options themselves."""
+file options."""
 
 
 def config_dict(cfg: BaseModel) -> dict[str, Any]:
@@ -100,8 +97,7 @@ def read_config_file(path: Path, service: str) -> dict[str, Any]:
 
 
 def password_on_command_line(argv: Sequence[str]) -> str | None:
-    """Why `argv` must be refused, or None: a URL in it that carries a password would be readable
-    by every user of the machine (`ps`, /proc). Credentials go by environment or file."""
+    """Why `argv` must be refused, or None: a password in a URL on it is readable by every user."""
     for arg in argv:
         value = arg.partition("=")[2] if arg.startswith("--") else arg
         for url in (urlsplit(part.strip()) for part in value.split(",") if "://" in part):
@@ -115,10 +111,8 @@ def password_on_command_line(argv: Sequence[str]) -> str | None:
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None, prog: str) -> C:
-    """Parse `argv` into `cls` over the values of `--config FILE` (a resolved configuration of the
-    service `prog` names last); `--help` prints every field with its docstring, `--print-config` the
-    result as JSON (then exits). A password on the command line is refused (exit 2): set the URL
-    with `SWARMRL_NATS` instead."""
+    """Parse `argv` into `cls` over the values of `--config FILE` (of the service `prog` names
+    last); `--print-config` prints the result and exits, a password on the command line exits 2."""
     argv = list(argv or [])
     if reason := password_on_command_line(argv):
         print(f"{prog}: error: {reason}", file=sys.stderr)
@@ -142,7 +136,7 @@ def default_of(cls: type[BaseModel], field: str) -> Any:
 
 def table_at(kind: Any, loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The table (a model class) at `loc` inside model `kind`, through dicts, lists and optionals
-    (`models.policy.trainer` of `Swarm`: the trainer's settings), or None where `loc` is no table."""
+    (`models.policy.trainer` of `Swarm`: `TrainerSettings`), or None."""
     for part in [*loc, None]:
         while get_origin(kind) in (Union, UnionType):  # `X | None`: X
             kind = next(a for a in get_args(kind) if a is not type(None))
@@ -157,8 +151,8 @@ def table_at(kind: Any, loc: Sequence[int | str]) -> type[BaseModel] | None:
 
 
 def error_lines(exc: ValidationError, model: type[BaseModel]) -> list[str]:
-    """The errors of validating `model`, one `where: what` each. An unknown key also says what it may
-    have meant (the near misses among its table's keys), or that placement sets it."""
+    """The errors of validating `model`, one `where: what` each; an unknown key with its near misses,
+    or that placement sets it."""
     out = []
     for e in exc.errors():
         where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")

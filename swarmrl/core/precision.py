@@ -1,18 +1,14 @@
 """Which precision a model runs and trains in by default: bf16 for real models, fp32 for tiny ones.
 
-On the CPUs this project runs on, torch's bf16 matrix products are 2-4x its fp32 ones (AVX-512 with
-bf16), and decoding is bound by reading the weights, which bf16 halves; for a model of 100M
-parameters and more that is most of the engine's and the trainer's time
-(`bench/results/real-model.md`). The tiny bootstrap models spend their time in per-call overhead,
-where bf16 gains nothing and only moves the engine's logprobs away from an fp32 trainer's, so they
-stay in fp32. An explicit dtype or `mixed_precision` setting always wins over this rule.
-
-Stdlib and safetensors headers only: reading the parameter count opens no tensor.
+For models of 100M parameters and more bf16 pays on this project's CPUs (`bench/results/real-model.md`);
+tiny models gain nothing from it, and it would only move the engine's logprobs away from an fp32
+trainer's. An explicit dtype or `mixed_precision` setting always wins. Reads safetensors headers only.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -27,17 +23,12 @@ def parameter_count(model_dir: str | Path) -> int:
         with path.open("rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
+        total += sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
     return total
 
 
 def auto_bf16(model_dir: str | Path) -> bool:
-    """Whether a model whose precision is `auto` runs in bf16: it is large enough for bf16 to pay."""
+    """Whether a model whose precision is `auto` runs in bf16."""
     return parameter_count(model_dir) >= BF16_MIN_PARAMETERS
 
 

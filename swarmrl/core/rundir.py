@@ -1,28 +1,11 @@
 """Run directories, the "latest run" pointers, and the pid and service files of a running `up`.
 
-Where runs live and how the tools find them again, from any directory:
-
-- `make_run_dir(arg)` creates the run directory (`--run-dir`, default `runs/<timestamp>` under the
-  current directory) and records it as the latest run in two places:
-    * `$SWARMRL_HOME/latest-run` (default `~/.cache/swarmrl/latest-run`): a one-line text file with
-      the run's absolute path, rewritten atomically. It always names the last run started on this
-      machine (per `$SWARMRL_HOME`), wherever its directory is.
-    * `runs/latest` in the current directory: a symlink to the run. It is created when the run is
-      under `./runs/` (the default), and repointed when it already exists as a symlink, so in a
-      project directory it names the last run started from there, also with `--run-dir elsewhere`.
-      A `runs/latest` that is not a symlink is never touched, and nothing is created beside a
-      `--run-dir` outside `./runs/` (a `latest` there would be a stray file next to the run).
-- `latest_run_dir()` is what readers (`swarmrl query`, `swarmrl down`) use: `./runs/latest` when
-  it exists (the local project's view wins), else the run named by `$SWARMRL_HOME/latest-run` when
-  that directory still exists, else None.
-- `write_pid(run_dir)` / `clear_pid(run_dir)`: `swarmrl up` keeps `<run_dir>/up.pid` while it runs
-  (the pid and the process start time, so a pid the kernel has since reused is never signalled).
-- `write_service_file(run_dir, url)`: `swarmrl up` writes the swarm's service URL, owner-only, to
-  `<run_dir>/service.json`, where `swarmrl clients`, `status` and `down` find it on this machine
-  (elsewhere they take `$SWARMRL_NATS`).
-- `read_pid` / `pid_candidates`: where `swarmrl down` (`swarmrl.clients.down`) looks for the pid of
-  the `swarmrl up` to stop: DIR's, or the latest run's found as above (falling back to the older
-  `runs/.up.pid` of the current directory).
+A new run (`make_run_dir`) is recorded as the latest in two places: `$SWARMRL_HOME/latest-run`, a
+one-line file naming the last run started on this machine, and `./runs/latest`, a symlink naming the
+last one started from this directory (created for runs under `./runs/`; a `runs/latest` that is not
+a symlink is never touched). Readers (`latest_run_dir`) prefer the local link. While `up` runs,
+`<run>/up.pid` holds its pid and start time (so a reused pid is never signalled) and
+`<run>/service.json` (owner-only) its service URL, for `swarmrl clients`, `status` and `down`.
 
 Stdlib only: the CLI imports this for `swarmrl down` and `swarmrl query`, which must start fast.
 """
@@ -52,8 +35,7 @@ PARTS_FILE = "parts.jsonl"
 
 
 def swarmrl_home() -> Path:
-    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`: where models are cached and the latest run is
-    recorded (this module imports only the standard library, so `down` and `query` start fast)."""
+    """`$SWARMRL_HOME`, else `~/.cache/swarmrl`: where models are cached and the latest run is recorded."""
     return Path(os.environ.get("SWARMRL_HOME") or Path.home() / ".cache" / "swarmrl")
 
 
@@ -63,14 +45,8 @@ def latest_pointer() -> Path:
 
 
 def make_run_dir(arg: Path | None) -> Path:
-    """Create the run directory and record it as the latest run (see the module docstring).
-
-    Args:
-        arg: `--run-dir`, or None for `runs/<timestamp>` under the current directory.
-
-    Returns:
-        The run directory as given (relative paths stay relative), created with its parents.
-    """
+    """Create the run directory (`--run-dir`, default `runs/<timestamp>`) and record it as the
+    latest run; returns it as given (relative paths stay relative)."""
     run_dir = arg or RUNS / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir.resolve()
@@ -96,12 +72,10 @@ def _write_pointer(pointer: Path, target: Path) -> None:
 
 def _update_local_link(target: Path) -> None:
     link = LATEST_LINK
-    if link.is_symlink():
-        pass  # ours to repoint, whatever run it names
-    elif link.exists():
+    if not link.is_symlink() and link.exists():
         log.warning("not updating %s: it is not a symlink", link)
         return
-    elif not target.is_relative_to(RUNS.resolve()):
+    if not link.is_symlink() and not target.is_relative_to(RUNS.resolve()):
         return  # a --run-dir elsewhere: leave this directory alone
     with contextlib.suppress(OSError):
         tmp = link.with_name(f".latest.{os.getpid()}")
@@ -115,12 +89,15 @@ def latest_run_dir() -> Path | None:
     `$SWARMRL_HOME/latest-run`, else None."""
     if LATEST_LINK.is_dir():
         return LATEST_LINK
-    try:
-        recorded = latest_pointer().read_text().strip()
-    except OSError:
-        return None
-    if recorded and Path(recorded).is_dir():
-        return Path(recorded)
+    recorded = _recorded_run()
+    return recorded if recorded is not None and recorded.is_dir() else None
+
+
+def _recorded_run() -> Path | None:
+    """The run `$SWARMRL_HOME/latest-run` names, if any."""
+    with contextlib.suppress(OSError):
+        if recorded := latest_pointer().read_text().strip():
+            return Path(recorded)
     return None
 
 
@@ -129,8 +106,8 @@ def pid_file(run_dir: Path) -> Path:
 
 
 def start_time(pid: int) -> str | None:
-    """The process start time (clock ticks since boot, /proc/PID/stat field 22), or None where
-    /proc is not there. With the pid it names one process for good: pids are reused."""
+    """The process start time (/proc/PID/stat field 22), or None without /proc. With the pid it
+    names one process for good: pids are reused."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -139,10 +116,7 @@ def start_time(pid: int) -> str | None:
 
 
 def write_pid(run_dir: Path, pid: int | None = None) -> Path:
-    """Record the running `swarmrl up` (default: this process) in `<run_dir>/up.pid`.
-
-    `swarmrl up` calls it right after `make_run_dir`, before starting any service.
-    """
+    """Record the running `swarmrl up` (default: this process) in `<run_dir>/up.pid`."""
     pid = os.getpid() if pid is None else pid
     path = pid_file(run_dir)
     path.write_text(f"{pid} {start_time(pid) or ''}".strip() + "\n")
@@ -163,16 +137,16 @@ def read_pid(path: Path) -> tuple[int, str | None]:
 
 
 def pid_candidates(run_dir: Path | None) -> list[Path]:
+    """Where `swarmrl down` looks for the pid of the `up` to stop: `run_dir`'s, else the latest runs'
+    and the older `runs/.up.pid`."""
     if run_dir is not None:
         return [pid_file(run_dir)]
-    found: list[Path] = []
-    if LATEST_LINK.is_dir():
-        found.append(pid_file(LATEST_LINK))
-    with contextlib.suppress(OSError):
-        recorded = latest_pointer().read_text().strip()
-        if recorded:
-            found.append(pid_file(Path(recorded)))
-    found.append(LEGACY_PID_FILE)  # written by `swarmrl up` before run-dir pid files
+    recorded = _recorded_run()
+    found = [
+        *([pid_file(LATEST_LINK)] if LATEST_LINK.is_dir() else []),
+        *([pid_file(recorded)] if recorded is not None else []),
+        LEGACY_PID_FILE,
+    ]
     unique: dict[Path, Path] = {}
     for path in found:
         unique.setdefault(path.resolve(), path)

@@ -1,24 +1,15 @@
 """One NATS account pair per run, so the runs of a study can share NATS servers without colliding.
 
-Every swarm uses the same subjects (`swarm.ep.>`, `swarm.samples.<model>`), streams (EPISODES,
-SAMPLES, ...) and KV buckets, and every run of a learning-rate study trains a model called `policy`.
-NATS accounts are separate namespaces for all of them, JetStream included, so each run gets its own
-copy of the two swarmrl accounts of `infra/nats/accounts.conf`:
+Every swarm uses the same subjects, streams and KV buckets, and every run of a study may train a
+model called `policy`. So each run gets its own copy of the two accounts of `infra/nats/accounts.conf`:
 
-- `RUN_<id>`: a copy of SWARM with its own service user and password (not SWARM's per-role users).
-  The run's services connect as that user; its streams, consumers and KV exist in this account only.
-- `RUN_<id>_AGENTS`: a copy of AGENTS importing from `RUN_<id>`. Its users are the run's clients,
-  minted by `up` (`--nats-conf <conf dir>/runs/<key>`) into that folder's own `agents.conf`.
+- `RUN_<id>`: a copy of SWARM with one service user of its own; its streams and KV exist there only.
+- `RUN_<id>_AGENTS`: a copy of AGENTS importing from `RUN_<id>`; its users are the run's clients,
+  minted by `up --nats-conf <conf dir>/runs/<key>` into that folder's own `agents.conf`.
 
-Two runs then publish the same subjects into the same stream names and never see each other's
-messages, and nothing in `up` or the services changes. The accounts are rendered into `runs.conf`
-(included by `accounts.conf`, shipped empty) from `runs.json` under a file lock, and applied by a
-config reload: SIGHUP to every nats-server with a pid file in the conf dir, as for agents
-(`infra/credentials.py`). A run's folder links to those pid files, so `up`'s mints reload the same
-servers. When a run is over its streams are deleted and its accounts removed.
-
-The account blocks are copied from the conf dir's own `accounts.conf`, so exports, imports and limits
-added there reach the runs' accounts too.
+The accounts are rendered from `runs.json` into `runs.conf` (included by `accounts.conf`) under a
+file lock and applied by a config reload of every nats-server with a pid file in the conf dir, as
+for agents (`infra/credentials.py`). When a run is over its streams and accounts are removed.
 """
 
 from __future__ import annotations
@@ -69,10 +60,6 @@ def plain_servers(url: str) -> list[str]:
     return [f"nats://{u.hostname}:{u.port or 4222}" for u in map(urlsplit, url.split(",")) if u.hostname]
 
 
-def _strip_comments(text: str) -> str:
-    return re.sub(r"#[^\n]*", "", text)
-
-
 def _block(text: str, name: str) -> str:
     """The body of the top-level-in-`accounts` block `name { ... }` (braces matched)."""
     m = re.search(rf"(?m)^\s*{name}\s*\{{", text)
@@ -119,7 +106,8 @@ class RunAccounts:
     def render(self, runs: dict[str, dict[str, str]]) -> str:
         """`runs.conf`: a SWARM and an AGENTS account per run, copied from accounts.conf."""
         source = self.conf_dir / "accounts.conf"
-        text = _strip_comments((source if source.exists() else NATS_CONF_DIR / "accounts.conf").read_text())
+        text = (source if source.exists() else NATS_CONF_DIR / "accounts.conf").read_text()
+        text = re.sub(r"#[^\n]*", "", text)  # comments out
         swarm, agents = _block(text, "SWARM"), _block(text, "AGENTS")
         out = ["# Written by swarmrl research (swarmrl/research/accounts.py) from runs.json; do not edit.\n"]
         for key, r in sorted(runs.items()):
@@ -156,16 +144,15 @@ class RunAccounts:
             raise RuntimeError(
                 f"no nats-server of {self.conf_dir} to reload: start each with `-P {self.conf_dir}/<name>.pid`"
             )
-        return RunAccount(key, entry["account"], entry["user"], entry["password"], sub)
+        return self._account(key, entry)
 
     def get(self, key: str) -> RunAccount | None:
         with self._locked() as runs:
             r = runs.get(key)
-        return (
-            None
-            if r is None
-            else RunAccount(key, r["account"], r["user"], r["password"], self.conf_dir / "runs" / key)
-        )
+        return None if r is None else self._account(key, r)
+
+    def _account(self, key: str, r: dict[str, str]) -> RunAccount:
+        return RunAccount(key, r["account"], r["user"], r["password"], self.conf_dir / "runs" / key)
 
     def keys(self) -> list[str]:
         with self._locked() as runs:
@@ -202,11 +189,8 @@ async def _delete_streams(url: str) -> None:
 
 
 async def wait_usable(url: str, timeout: float = 15.0) -> None:
-    """Until a service of the run's account can connect and reach JetStream (the reload has applied it).
-
-    A reload admits the account's users before its JetStream is enabled: connecting alone is not
-    enough, a stream call in between answers "no responders" (seen on CI).
-    """
+    """Until a service of the run's account can connect and reach JetStream: a reload admits the
+    account's users before its JetStream is enabled."""
     import nats
 
     deadline, last = time.monotonic() + timeout, ""

@@ -95,22 +95,30 @@ def main(argv: list[str] | None = None) -> int:
         return resume(args)
     if args.topic:
         if not (args.planner_url and args.planner_model):
-            print(f"swarmrl research: a topic needs a planner LLM (--planner-url URL --planner-model NAME, any "
-                  f"OpenAI-compatible endpoint); or {TEMPLATE_HINT}", file=sys.stderr)  # fmt: skip
-            return 2
+            return _fail(f"a topic needs a planner LLM (--planner-url URL --planner-model NAME, any "
+                         f"OpenAI-compatible endpoint); or {TEMPLATE_HINT}")  # fmt: skip
         return planned(args)
     if args.study is None:
         p.error(f"give a study file, --resume DIR or --topic; {TEMPLATE_HINT}")
     try:
         study = overridden(load_study(args.study), args)
     except StudyError as exc:
-        print(f"swarmrl research: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     if args.check:
         print(f"{args.study}: valid; {len(study.arm_names)} arms x {len(study.seeds)} seeds = "
               f"{len(study.runs())} runs of {study.budget.run_minutes:g} min")  # fmt: skip
         return 0
     return start(study, args.study, args)
+
+
+def _fail(message: str, rc: int = 2) -> int:
+    print(f"swarmrl research: {message}", file=sys.stderr)
+    return rc
+
+
+def _study_dir(args: argparse.Namespace, name: str) -> Path:
+    """`--dir`, else `runs/studies/<name>-<timestamp>`."""
+    return (args.dir or Path("runs/studies") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
 
 
 def _read(path: Path) -> str:
@@ -121,9 +129,12 @@ def _read(path: Path) -> str:
 
 
 def overridden(study: Study, args: argparse.Namespace) -> Study:
+    """The study with `--minutes` / `--steps` over its budget."""
     budget = study.budget.model_dump()
-    budget["run_minutes"] = args.minutes if args.minutes is not None else budget["run_minutes"]
-    budget["run_steps"] = args.steps if args.steps is not None else budget["run_steps"]
+    if args.minutes is not None:
+        budget["run_minutes"] = args.minutes
+    if args.steps is not None:
+        budget["run_steps"] = args.steps
     if args.minutes is not None and budget["total_minutes"] is not None:
         budget["total_minutes"] = max(budget["total_minutes"], budget["run_minutes"])
     try:
@@ -134,15 +145,9 @@ def overridden(study: Study, args: argparse.Namespace) -> Study:
 
 
 def start(study: Study, study_file: Path, args: argparse.Namespace) -> int:
-    study_dir = (
-        args.dir or Path("runs/studies") / f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    ).resolve()
+    study_dir = _study_dir(args, study.name)
     if (study_dir / S.STATE).exists():
-        print(
-            f"swarmrl research: {study_dir} already holds a study; go on with --resume {study_dir}",
-            file=sys.stderr,
-        )
-        return 2
+        return _fail(f"{study_dir} already holds a study; go on with --resume {study_dir}")
     study_dir.mkdir(parents=True, exist_ok=True)
     if study_file.resolve() != (study_dir / "study.toml").resolve():
         shutil.copyfile(study_file, study_dir / "study.toml")
@@ -159,17 +164,14 @@ def resume(args: argparse.Namespace) -> int:
     try:
         state = S.load(study_dir)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"swarmrl research: cannot resume: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"cannot resume: {exc}")
     if args.nats:
         state.nats, state.nats_conf = args.nats, str(args.nats_conf.resolve())
     if args.up_command:
         state.up_command = shlex.split(args.up_command)
     if args.more_seeds:
         if S.is_locked(study_dir):
-            print(f"swarmrl research: {study_dir} is being run by another process; add seeds once it stops",
-                  file=sys.stderr)  # fmt: skip
-            return 2
+            return _fail(f"{study_dir} is being run by another process; add seeds once it stops")
         added = add_seeds(state, args.more_seeds)
         S.save(study_dir, state)
         print(f"swarmrl research: seeds {added} added; the study has {len(state.study.seeds)} seeds",
@@ -184,14 +186,12 @@ def execute(study_dir: Path, state: S.StudyState, args: argparse.Namespace) -> i
     try:
         lock = S.lock(study_dir)
     except RuntimeError as exc:
-        print(f"swarmrl research: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     setup_logging(study_dir)
     log.info("study %s (%s) in %s, pid %d", state.study.name, state.study.question, study_dir, os.getpid())
     try:
-        parallel = args.parallel or state.parallel
-        state.parallel = parallel
-        runner = Runner(study_dir, state, parallel=parallel, prepare_models=not state.up_command)
+        state.parallel = args.parallel or state.parallel
+        runner = Runner(study_dir, state, parallel=state.parallel, prepare_models=not state.up_command)
         rc = runner.run()
         report = write_report(study_dir, state)
         log.info("report: %s", report)
@@ -204,7 +204,7 @@ def execute(study_dir: Path, state: S.StudyState, args: argparse.Namespace) -> i
 def planned(args: argparse.Namespace) -> int:
     from swarmrl.research.planner import PlannerError, plan
 
-    study_dir = (args.dir or Path("runs/studies") / f"planned-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    study_dir = _study_dir(args, "planned")
     study_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(None)
     try:
@@ -212,8 +212,7 @@ def planned(args: argparse.Namespace) -> int:
                            os.environ.get(args.planner_key_env, ""), Path.cwd(),
                            transcript=study_dir / "planner.jsonl")  # fmt: skip
     except PlannerError as exc:
-        print(f"swarmrl research: {exc}", file=sys.stderr)
-        return 1
+        return _fail(str(exc), rc=1)
     path = study_dir / "study.toml"
     path.write_text(text)
     print(f"swarmrl research: the planner wrote {path}", flush=True)
@@ -222,8 +221,7 @@ def planned(args: argparse.Namespace) -> int:
     try:
         study = overridden(study, args)
     except StudyError as exc:
-        print(f"swarmrl research: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     args.dir = study_dir
     return start(study, path, args)
 

@@ -1,11 +1,8 @@
 """The findings of a study, written from its numbers by the program (pure: stats in, sentences out).
 
-Every sentence is read off `stats.ArmStats`: the best arm with its CI, then each arm against the
-baseline with the difference, its bootstrap CI and both tests, and a verdict that says how much the
-seeds allow to conclude. An arm is called better or worse only when the bootstrap CI of the
-difference excludes 0 *and* the permutation test gives p < 0.05; a CI that excludes 0 with a larger
-p is reported as a hint, not a finding. With few seeds that is most of what can be said, so the
-smallest p-value the permutation test can reach is stated too.
+An arm is called better or worse only when the bootstrap CI of the difference to the baseline
+excludes 0 *and* the permutation test gives p < 0.05; a CI that excludes 0 with a larger p is
+reported as a hint. With few seeds the smallest p-value the permutation test can reach is stated too.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ def fmt_p(p: float | None) -> str:
 
 def min_permutation_p(n: int, m: int) -> float:
     """The smallest two-sided p-value an exact permutation test of n vs m values can give."""
-    splits = math.comb(n + m, n)
-    return (2 if n == m else 1) / splits
+    return (2 if n == m else 1) / math.comb(n + m, n)
 
 
 def verdict(s: ArmStats, goal: str) -> str:
@@ -44,8 +40,7 @@ def verdict(s: ArmStats, goal: str) -> str:
     lo, hi = s.diff_ci
     if lo <= 0 <= hi:
         return "no difference"
-    up = (lo > 0) == (goal == "max")
-    word = "better" if up else "worse"
+    word = "better" if (lo > 0) == (goal == "max") else "worse"
     return word if s.p_perm is not None and s.p_perm < ALPHA else f"hint {word}"
 
 
@@ -59,10 +54,10 @@ def findings(
 ) -> list[str]:
     """Markdown bullets. `stopped`: arm -> why early stopping dropped it; `missing`: arm -> runs that
     gave no metric (failed, skipped, or NULL)."""
-    out: list[str] = []
-    by_arm = {s.arm: s for s in stats}
     if not stats:
         return ["- No run has a metric yet: nothing to compare."]
+    out: list[str] = []
+    by_arm = {s.arm: s for s in stats}
     best = (max if goal == "max" else min)(stats, key=lambda s: s.mean)
     out.append(
         f"- Best mean {metric}: `{best.arm}` with {fmt(best.mean)} (95% CI {fmt_ci(best.ci)}, {best.n} seed(s))"

@@ -1,12 +1,9 @@
 """A study's `swarmrl up` flags: checked against the flags that change a swarm description, resolved
 into each arm's swarm, and written as the command line of each run.
 
-The baseline and the arms of a study are up flags without the dashes (`lr = 3e-4`, `eval-limit = 8`,
-`trainer-arg = [...]`): those of `swarmrl.overrides.FLAGS`, each checked by what it takes (the setting
-it overrides declares its type and choices), a `config` path made absolute against the study file's
-folder. An arm is its flags over the baseline's; `arm_swarm` resolves it as `up` resolves its own
-flags, and `up_argv` writes the command line of one run. Flags that research sets per run itself are
-refused (RESERVED).
+A study's flags are those of `swarmrl.overrides.FLAGS` without the dashes, each checked by the type
+and choices of the setting it overrides; a `config` path is made absolute against the study file's
+folder. Flags that research sets per run itself are refused (RESERVED).
 """
 
 from __future__ import annotations
@@ -86,8 +83,7 @@ def normalize_flags(
 
 
 def arm_swarm(study: Study, arm: str, seed: int) -> Swarm:
-    """The swarm one run of `arm` trains: its flags, the seed and the budget over the description,
-    resolved as `swarmrl up` resolves its own."""
+    """The swarm one run of `arm` trains, resolved as `swarmrl up` resolves its own flags."""
     steps = {"steps": study.budget.run_steps} if study.budget.run_steps is not None else {}
     return resolve(study.flags(arm) | {"minutes": study.budget.run_minutes, "seed": seed} | steps)
 

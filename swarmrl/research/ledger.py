@@ -1,10 +1,8 @@
 """A run's ledger, read for a study: the metric and curve SQL of a study file, run with DuckDB.
 
-The SQL comes from a study file, possibly written by an LLM (`--topic`), so it runs in a DuckDB that
-can reach no file: the ledger views it names (`evals`, `train_steps`, `episodes`, ...: the views of
-`swarmrl query`, over `<run dir>/ledger/`) are read first into memory, then handed to a connection
-opened with `enable_external_access = false` (no `read_csv('/etc/...')`, no `COPY ... TO`, no
-extension downloads). One SELECT statement only.
+The SQL may be written by an LLM (`--topic`), so it runs in a DuckDB that can reach no file: the
+ledger views it names (those of `swarmrl query`) are first read into memory, then handed to a
+connection opened with `enable_external_access = false`. One SELECT statement only.
 """
 
 from __future__ import annotations
@@ -31,11 +29,7 @@ def referenced_views(sql: str) -> list[str]:
 
 def run_sql(run_dir: Path | None, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(column names, rows) of `sql` over the ledger of `run_dir` (None: an empty ledger, where every
-    view exists with its columns and no rows).
-
-    Raises:
-        MetricError: not one SELECT, or DuckDB refused it (the message is DuckDB's).
-    """
+    view exists with its columns and no rows). MetricError: not one SELECT, or DuckDB refused it."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -62,11 +56,7 @@ def run_sql(run_dir: Path | None, sql: str) -> tuple[list[str], list[tuple[Any, 
 
 @functools.lru_cache(maxsize=64)  # the named metrics are checked for every study loaded
 def sql_columns(sql: str) -> tuple[str, ...]:
-    """The column names `sql` selects, from a run over an empty ledger.
-
-    Raises:
-        MetricError: as `run_sql`.
-    """
+    """The column names `sql` selects, from a run over an empty ledger."""
     return tuple(run_sql(None, sql)[0])
 
 
@@ -98,10 +88,5 @@ def metric_value(run_dir: Path, sql: str) -> float | None:
 
 def curve(run_dir: Path, sql: str) -> list[tuple[float, float]]:
     """The (x, y) points of one run's curve, rows with a NULL dropped."""
-    _, rows = run_sql(run_dir, sql)
-    out = []
-    for row in rows:
-        x, y = _number(row[0], "a curve x"), _number(row[1], "a curve y")
-        if x is not None and y is not None:
-            out.append((x, y))
-    return out
+    points = [(_number(x, "a curve x"), _number(y, "a curve y")) for x, y, *_ in run_sql(run_dir, sql)[1]]
+    return [(x, y) for x, y in points if x is not None and y is not None]

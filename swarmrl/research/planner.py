@@ -1,11 +1,9 @@
 """The planner: an OpenAI-compatible LLM writes a study file from a topic.
 
-The prompt shows the model the commented template (the schema), every `swarmrl up` knob a study may
-turn with its help text, the tasks, the named metrics and the ledger views a metric may query. The
-reply's TOML is validated exactly as a hand-written study (`study.load_study_text`); when it is
-invalid the errors go back to the model as the next message, up to `attempts` times. Any endpoint
-that speaks the OpenAI chat API works (`--planner-url`, `--planner-model`; the key from the
-environment, never the command line). The conversation is kept in `planner.jsonl`.
+The prompt shows the commented template, every `swarmrl up` knob a study may turn, the tasks, the
+named metrics and the ledger views. The reply is validated exactly as a hand-written study; when it is
+invalid the errors go back to the model, up to `attempts` times. The conversation is kept in
+`planner.jsonl`.
 """
 
 from __future__ import annotations
@@ -77,11 +75,7 @@ def plan(
     attempts: int = 3,
     transcript: Path | None = None,
 ) -> tuple[str, Study]:
-    """Ask the planner for a study on `topic`; returns (its TOML, the validated study).
-
-    Raises:
-        PlannerError: no valid study after `attempts` replies, or the endpoint failed.
-    """
+    """Ask the planner for a study on `topic`; returns (its TOML, the validated study)."""
     import openai
 
     client = openai.OpenAI(base_url=url, api_key=api_key or "none", timeout=300, max_retries=2)
@@ -103,13 +97,8 @@ def plan(
         except StudyError as exc:
             errors = str(exc)
             log.warning("planner reply %d is not a valid study:\n%s", attempt, errors)
-            messages.append(
-                {
-                    "role": "user",
-                    "content": f"That study file is invalid:\n{errors}\n\nReply with the whole corrected file "
-                    "in one ```toml block.",
-                }
-            )
+            fix = "Reply with the whole corrected file in one ```toml block."
+            messages.append({"role": "user", "content": f"That study file is invalid:\n{errors}\n\n{fix}"})
             continue
         finally:
             if transcript is not None:

@@ -1,10 +1,8 @@
 """The `swarmrl up` processes of a study: starting one, reading how it ended, and clearing leftovers.
 
 Each run is `swarmrl up ... --run-dir DIR --no-display` in a session of its own, its output in
-`DIR/up.out`, with a parent-death signal: when research dies (even by `kill -9`) every `up` gets
-SIGTERM, stops its services and writes its report as after Ctrl-C. `up` prints its last line,
-`swarmrl up: stopped (<reason>). Report: <path>`, once the report is written; the reason says whether
-the run finished (its steps, or its time budget) or was interrupted.
+`DIR/up.out`, with a parent-death signal (when research dies, even by `kill -9`, every `up` stops as
+after Ctrl-C). `up`'s last line, `swarmrl up: stopped (<reason>). Report: <path>`, says why it ended.
 """
 
 from __future__ import annotations
@@ -38,22 +36,24 @@ def spawn(argv: list[str], env: dict[str, str], run_dir: Path) -> subprocess.Pop
         )  # fmt: skip
 
 
-def start_time(pid: int) -> str | None:
-    """The process start time (/proc/PID/stat field 22): with the pid it names one process for good."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), None if there is none."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+    return fields if len(fields) > 19 else None
+
+
+def start_time(pid: int) -> str | None:
+    """The process start time (stat field 22): with the pid it names one process for good."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
 
 
 def alive(pid: int | None, started: str | None) -> bool:
-    if pid is None:
-        return False
-    now = start_time(pid)
-    if now is None:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z" and (started is None or now == started)
+    fields = None if pid is None else _stat(pid)
+    return fields is not None and fields[0] != "Z" and started in (None, fields[19])
 
 
 def up_reason(run_dir: Path) -> str | None:

@@ -1,9 +1,8 @@
 """The study report: `report.md`, `curves.png` and `forest.png` in the study directory.
 
-The numbers come from the runs' Parquet ledgers through DuckDB (the study's metric and curve SQL,
-`ledger.py`), not from the values the runner kept, so a report can be written again at any time
-(`swarmrl research report DIR`), also while the study runs. Statistics: `stats.py`; the findings
-section: `findings.py`; the exact `swarmrl up` command of every run closes the report.
+The numbers come from the runs' ledgers (the study's metric and curve SQL), not from the values the
+runner kept, so a report can be written again at any time (`swarmrl research report DIR`), also
+while the study runs.
 """
 
 from __future__ import annotations
@@ -97,8 +96,8 @@ def plot_curves(curves: Curves, out: Path, xlabel: str, ylabel: str) -> None:
             ax.plot([x for x, _ in pts], [y for _, y in pts], color=line.get_color(), alpha=0.25, lw=0.8)
         band = [(x, *bootstrap_ci(at[x])) for x in xs if len(at[x]) > 1]
         if band:
-            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],
-                            color=line.get_color(), alpha=0.2)  # fmt: skip
+            xs_band, lo, hi = zip(*band, strict=True)
+            ax.fill_between(xs_band, lo, hi, color=line.get_color(), alpha=0.2)
     ax.set(xlabel=xlabel, ylabel=ylabel, title="curves per arm, 95% CI bands")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -170,13 +169,10 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
         "| --- | --- | --- |",
     ]
     for arm in study.arm_names:
-        own = study.baseline if arm == study.baseline.name else study.arms[arm]
+        own, tag = (study.baseline, " (baseline)") if arm == study.baseline.name else (study.arms[arm], "")
         flags = " ".join(f"{k}={v}" for k, v in own.flags.items()) or "-"
-        lines.append(
-            f"| {arm}{' (baseline)' if arm == study.baseline.name else ''} | `{flags}` | {own.note} |"
-        )
-    if study.early_stop is not None:
-        es = study.early_stop
+        lines.append(f"| {arm}{tag} | `{flags}` | {own.note} |")
+    if (es := study.early_stop) is not None:
         lines += [
             "",
             f"Early stopping: successive halving after seeds {es.after_seeds}, keeping {es.keep:g} of the arms.",
@@ -222,12 +218,8 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
     lines += ["", "## Runs", "", "| run | status | metric | minutes | attempts | run dir | note |",
               "| --- | --- | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
     for r in state.ordered():
-        last = r.attempts[-1] if r.attempts else None
-        where = (
-            f"[{Path(last.run_dir).name}]({Path(last.run_dir).relative_to(study_dir)}/report.md)"
-            if last
-            else "-"
-        )
+        last = Path(r.attempts[-1].run_dir) if r.attempts else None
+        where = f"[{last.name}]({last.relative_to(study_dir)}/report.md)" if last else "-"
         minutes = "-" if r.duration_s is None else f"{r.duration_s / 60:.1f}"
         lines.append(
             f"| {r.id} | {r.status} | {F.fmt(per_run.get(r.id))} | {minutes} | {len(r.attempts)} | {where} | {r.note} |"
@@ -241,10 +233,8 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
         "```bash",
     ]
     for r in state.ordered():
-        if not r.attempts:
-            continue
-        run_dir = study_dir.resolve() / "runs" / r.id
-        lines.append("swarmrl up " + shlex.join(up_argv(study, r.arm, r.seed, run_dir)))
+        if r.attempts:
+            lines.append("swarmrl up " + shlex.join(up_argv(study, r.arm, r.seed, study_dir / "runs" / r.id)))
     lines += ["```", ""]
     if state.nats:
         lines += [

@@ -1,15 +1,10 @@
 """Runs a study: every arm x seed as a `swarmrl up` run, one after another or `--parallel N`.
 
-The loop reads top to bottom: clear what a killed session left behind, then until nothing is left:
-reap the runs that ended (metric from their ledger), take the early-stopping decision that is due,
-start runs while slots are free and the total budget allows, log progress. Every change is written
-to `state.json` before the next step, so `kill -9` at any moment loses at most the runs in flight:
-`--resume` waits for their `up` to stop, keeps a run that had finished, and restarts one that had
-not from its beginning, in a fresh run directory (the partial one is kept as `<run>.attempt<N>`;
-`up` cannot continue a run within the same budget). Decisions already taken stand.
-
-With `--nats URL --nats-conf DIR` the runs share those servers, each in NATS accounts of its own
-(`accounts.py`); otherwise each `up` starts its own embedded nats-server.
+The loop: reap the runs that ended (metric from their ledger), take the early-stopping decision that
+is due, start runs while slots are free and the total budget allows, log progress. Every change is
+written to `state.json` first, so `kill -9` at any moment loses at most the runs in flight:
+`--resume` keeps a run that had finished and restarts one that had not in a fresh run directory (the
+partial one is kept as `<run>.attempt<N>`; `up` cannot continue a run within the same budget).
 """
 
 from __future__ import annotations
@@ -218,11 +213,8 @@ class Runner:
                 proc.wait()
             run = self.state.runs[rid]
             attempt = run.attempts[-1]
-            attempt.ended, attempt.outcome, run.status = (
-                time.time(),
-                "interrupted: research was stopped",
-                "pending",
-            )
+            attempt.ended, attempt.outcome = time.time(), "interrupted: research was stopped"
+            run.status = "pending"
             self.release(attempt)
         self.active.clear()
         self.save()
@@ -236,8 +228,9 @@ class Runner:
         for arm in study.arm_names:
             swarm = arm_swarm(study, arm, study.seeds[0])
             for model in swarm.models.values():
-                if (model.base, str(model.warm_start), model.warm_start_steps) not in seen:
-                    seen.add((model.base, str(model.warm_start), model.warm_start_steps))
+                key = (model.base, str(model.warm_start), model.warm_start_steps)
+                if key not in seen:
+                    seen.add(key)
                     log.info("model %s ready at %s", model.base, resolve_base(model))
 
     def progress_line(self) -> str:

@@ -1,12 +1,10 @@
 """What a study runs next, when early stopping decides, and how long is left (pure: state in, answers out).
 
 Runs go seed-major: every arm's first seed, then every arm's second, ... Early stopping is successive
-halving over seeds: at checkpoint c (`early_stop.after_seeds`) the arms still in the study have
-finished their first c seeds; the non-baseline arms are ranked by mean metric over those seeds and
-the lower part stops (its remaining runs are marked `halved` and never start). Until a checkpoint is
-decided, no run of a later seed starts, so the decision sees every arm on the same seeds. `swarmrl
-up` cannot pause a run and go on later, so the budget that halving saves is seeds, not minutes.
-`add_seeds` gives a study more seeds later (`--resume DIR --more-seeds N`).
+halving over seeds: at checkpoint c (`early_stop.after_seeds`) the remaining non-baseline arms are
+ranked by mean metric over their first c seeds and the lower part stops (its unstarted runs become
+`halved`). No run of a later seed starts before a checkpoint is decided, so every arm is ranked on
+the same seeds. Halving saves seeds, not minutes: `swarmrl up` cannot pause a run.
 """
 
 from __future__ import annotations
@@ -43,25 +41,17 @@ def due_checkpoint(state: StudyState) -> int | None:
 
 
 def decide(state: StudyState, c: int, now: float | None = None) -> Decision:
-    """Rank the remaining non-baseline arms on their first `c` seeds; keep the upper part.
-
-    An arm without any metric ranks last; ties keep the study's arm order.
-    """
+    """Rank the remaining non-baseline arms on their first `c` seeds; keep the upper part. An arm
+    without any metric ranks last; ties keep the study's arm order."""
     es = state.study.early_stop
     assert es is not None
-    gone, base = stopped_arms(state), state.study.baseline.name
+    gone, order = stopped_arms(state), state.study.arm_names
     sign = -1.0 if state.study.metric.goal == "max" else 1.0
+    seen = [(r.arm, r.metric) for r in state.runs.values() if r.seed_index < c and r.metric is not None]
     scores: list[tuple[str, float | None]] = []
-    for arm in state.study.arm_names:
-        if arm == base or arm in gone:
-            continue
-        vals = [
-            r.metric
-            for r in state.runs.values()
-            if r.arm == arm and r.seed_index < c and r.metric is not None
-        ]
+    for arm in [a for a in order[1:] if a not in gone]:  # the baseline always goes on
+        vals = [m for a, m in seen if a == arm]
         scores.append((arm, sum(vals) / len(vals) if vals else None))
-    order = state.study.arm_names
     ranking = sorted(scores, key=lambda s: (s[1] is None, sign * (s[1] or 0.0), order.index(s[0])))
     n_keep = min(len(ranking), max(es.min_arms, math.ceil(es.keep * len(ranking))))
     kept, stopped = [a for a, _ in ranking[:n_keep]], [a for a, _ in ranking[n_keep:]]
@@ -85,12 +75,8 @@ def apply(state: StudyState, decision: Decision) -> list[RunState]:
 
 
 def add_seeds(state: StudyState, n: int) -> list[int]:
-    """Extend the study by `n` seeds, the next integers above its largest; returns them.
-
-    Every arm gets a pending run per new seed, except arms an early-stopping decision stopped (their
-    runs are `halved`, as their other unstarted runs were). A total budget grows in proportion to the
-    seeds, so the new runs fit as the old ones did. The study is unfinished again.
-    """
+    """Extend the study by `n` seeds, the next integers above its largest; returns them. Every arm
+    early stopping kept gets a pending run per new seed, and a total budget grows in proportion."""
     if n < 1:
         raise ValueError(f"seeds to add must be >= 1, got {n}")
     study = state.study

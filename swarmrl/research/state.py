@@ -1,12 +1,8 @@
 """The durable state of a study: `<study dir>/state.json`, rewritten atomically after every change.
 
-What `--resume` and `status` read: the study as it was validated (flags resolved, paths absolute),
-every run (arm x seed) with its status and attempts, the early-stopping decisions taken, and the
-study's running time summed over sessions. A write goes to a temporary file that is fsynced and
-renamed over the old one (then the directory is fsynced), so a `kill -9` at any moment leaves either
-the previous state or the new one, never half a file. One process runs a study at a time: it holds
-an exclusive lock on `<study dir>/.lock`, which the kernel releases when the process dies however
-it dies, so a resumed study never waits on a stale lock.
+It holds what `--resume` and `status` read: the validated study, every run (arm x seed) with its
+attempts, the early-stopping decisions, and the running time summed over sessions. One process runs
+a study at a time, holding a lock on `<study dir>/.lock` that the kernel releases however it dies.
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -123,10 +120,7 @@ class StudyState(BaseModel):
         return sorted(self.runs.values(), key=lambda r: (r.seed_index, arms.index(r.arm)))
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.runs.values():
-            out[r.status] = out.get(r.status, 0) + 1
-        return out
+        return dict(Counter(r.status for r in self.runs.values()))
 
 
 def run_id(arm: str, seed: int) -> str:
@@ -145,11 +139,8 @@ def load(study_dir: Path) -> StudyState:
 
 
 def lock(study_dir: Path) -> IO[str]:
-    """Hold the study's lock for as long as the returned file stays open.
-
-    Raises:
-        RuntimeError: another process runs this study.
-    """
+    """Hold the study's lock for as long as the returned file stays open (RuntimeError if another
+    process runs this study)."""
     f = open(Path(study_dir) / LOCK, "a+")  # noqa: SIM115 - held open on purpose
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

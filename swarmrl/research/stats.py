@@ -1,22 +1,20 @@
-"""Statistics of a study (pure: numbers in, numbers out; no DuckDB, no files).
+"""Statistics of a study (pure: numbers in, numbers out).
 
 Per arm: the mean of the metric over seeds with a percentile-bootstrap 95% CI; per arm against the
 baseline: the difference of means with a two-sample bootstrap CI, an exact permutation test and
 Welch's t-test. Studies have few seeds, so the bootstrap is *exact* where it is small enough: every
-resample (a multiset of the seeds) is enumerated with its multinomial probability instead of drawn,
-which makes the numbers deterministic and checkable by hand (2 seeds a < b: the means a, (a+b)/2, b
-with probabilities 1/4, 1/2, 1/4, so the 95% CI is [a, b]). Larger cases draw `resamples` with a
-fixed seed. Quantiles of a discrete distribution are the inverted CDF: the smallest value v with
-P(X <= v) >= q.
+resample is enumerated with its multinomial probability instead of drawn, which makes the numbers
+deterministic and checkable by hand (2 seeds a < b give the 95% CI [a, b]). Quantiles of a discrete
+distribution are the inverted CDF: the smallest value v with P(X <= v) >= q.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,9 +41,13 @@ def bootstrap_means(xs: Sequence[float], resamples: int = 20_000, seed: int = 0)
             ways = math.factorial(n) // math.prod(math.factorial(c) for c in counts)
             out.append((math.fsum(xs[i] for i in combo) / n, ways / n**n))
         return out
-    rng = np.random.default_rng(seed)
-    draws = rng.choice(np.asarray(xs, dtype=float), size=(resamples, n), replace=True).mean(axis=1)
+    draws = _drawn_means(np.random.default_rng(seed), xs, resamples)
     return [(float(d), 1.0 / resamples) for d in draws]
+
+
+def _drawn_means(rng: np.random.Generator, xs: Sequence[float], resamples: int) -> np.ndarray:
+    """The means of `resamples` random resamples of `xs`."""
+    return rng.choice(np.asarray(xs, dtype=float), size=(resamples, len(xs))).mean(axis=1)
 
 
 def quantile(dist: Sequence[tuple[float, float]], q: float) -> float:
@@ -77,18 +79,14 @@ def bootstrap_diff_ci(
         dx, dy = bootstrap_means(xs), bootstrap_means(ys)
         dist = [(a - b, p * q) for a, p in dx for b, q in dy]
     else:
-        rng = np.random.default_rng(seed)
-        n = 20_000
-        mx = rng.choice(np.asarray(xs, dtype=float), size=(n, len(xs))).mean(axis=1)
-        my = rng.choice(np.asarray(ys, dtype=float), size=(n, len(ys))).mean(axis=1)
-        dist = [(float(d), 1.0 / n) for d in mx - my]
+        rng, n = np.random.default_rng(seed), 20_000
+        dist = [(float(d), 1.0 / n) for d in _drawn_means(rng, xs, n) - _drawn_means(rng, ys, n)]
     return _ci(dist, level)
 
 
 def permutation_p(xs: Sequence[float], ys: Sequence[float], resamples: int = 20_000, seed: int = 0) -> float:
     """Two-sided permutation test of equal means: the share of relabelings of the pooled values whose
-    |difference of means| is at least the observed one (exact when there are few; 2 vs 2 seeds
-    have 6 relabelings, so p is never below 1/3 there)."""
+    |difference of means| is at least the observed one (all of them when there are few)."""
     pooled = [*xs, *ys]
     n, total = len(xs), math.fsum(pooled)
     observed = abs(mean(xs) - mean(ys))
@@ -151,7 +149,7 @@ def student_t_p(t: float, df: float) -> float:
     return betainc(df / 2, 0.5, df / (df + t * t))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Welch:
     t: float
     df: float
@@ -159,8 +157,7 @@ class Welch:
 
 
 def welch(xs: Sequence[float], ys: Sequence[float]) -> Welch | None:
-    """Welch's two-sided t-test of equal means; None when it is undefined (a sample of one, or no
-    spread in either sample)."""
+    """Welch's two-sided t-test of equal means; None when undefined (a sample of one, no spread)."""
     if len(xs) < 2 or len(ys) < 2:
         return None
     vx = math.fsum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
@@ -172,7 +169,7 @@ def welch(xs: Sequence[float], ys: Sequence[float]) -> Welch | None:
     return Welch(t, df, student_t_p(t, df))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ArmStats:
     """One arm's numbers; the `diff_*`, `p_*` fields compare it with the baseline (None for it)."""
 
@@ -195,9 +192,9 @@ def summarize(values: dict[str, list[float]], baseline: str, level: float = 0.95
             continue
         stats = ArmStats(arm, len(xs), mean(xs), bootstrap_ci(xs, level))
         if arm != baseline and base:
-            stats = ArmStats(
-                arm, len(xs), stats.mean, stats.ci, mean(xs) - mean(base),
-                bootstrap_diff_ci(xs, base, level), permutation_p(xs, base), welch(xs, base),
+            stats = dataclasses.replace(
+                stats, diff=mean(xs) - mean(base), diff_ci=bootstrap_diff_ci(xs, base, level),
+                p_perm=permutation_p(xs, base), welch=welch(xs, base),
             )  # fmt: skip
         out.append(stats)
     return out

@@ -1,8 +1,7 @@
 """`swarmrl research status DIR` and `swarmrl research report DIR`: read a study's state, live or not.
 
-`status` prints the progress (runs by status, the running runs' step and eval, decisions taken) and
-an estimate of the time left; `--watch S` prints it again every S seconds until the study ends.
-`report` writes `report.md` and the plots from the runs' ledgers, also while the study runs.
+`status` prints the progress and an estimate of the time left (`--watch S`: again every S seconds
+until the study ends); `report` writes `report.md` and the plots, also while the study runs.
 """
 
 from __future__ import annotations
@@ -22,17 +21,11 @@ def render(study_dir: Path, state: S.StudyState, now: float | None = None) -> st
     live = S.is_locked(study_dir)
     counts = state.counts()
     study = state.study
+    phase = "running" if live else f"stopped (go on: swarmrl research --resume {study_dir})"
     head = [
         f"study {study.name} in {study_dir}: {study.question}",
-        "state: "
-        + (
-            "finished"
-            if state.finished
-            else "running"
-            if live
-            else f"stopped (go on: swarmrl research --resume {study_dir})"
-        )
-        + f"; {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} of {len(state.runs)} runs; "
+        f"state: {'finished' if state.finished else phase}; "
+        f"{', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} of {len(state.runs)} runs; "
         f"{state.elapsed_s / 60:.1f} min of running time",
     ]
     if not state.finished:

@@ -1,16 +1,14 @@
 """The study file: the question, a baseline swarm, arms that change it, seeds, metric and budget.
 
 A study is a TOML file (`swarmrl research --template` prints a commented one). The baseline and every
-arm are `swarmrl up` flags (without the dashes: `lr = 3e-4`, `config = "../examples/cocktail.toml"`,
-`trainer-arg = ["--kl-coef=0.01"]`); an arm's flags replace the baseline's of the same name, and the
-baseline itself runs as the first arm (`baseline.name`). `load_study` validates everything before a
-single run starts: the schema (pydantic), every flag against the flags of `swarmrl up` that change a
-description (`swarmrl.overrides`), every arm's resulting swarm, and the metric SQL on an empty
-ledger; the errors name the entry (`arms.fast.flags.lrr: unknown swarmrl up flag`).
+arm are `swarmrl up` flags without the dashes; an arm's flags replace the baseline's of the same
+name. `load_study` validates everything before a single run starts (the schema, every flag, every
+arm's swarm, the metric SQL on an empty ledger), each error naming its entry.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -135,8 +133,6 @@ class Study(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Study:
-        import re
-
         for arm in self.arms:
             if not re.match(NAME_PATTERN, arm) or arm == self.baseline.name:
                 raise ValueError(f"arms.{arm}: an arm name is 1-40 of [A-Za-z0-9_.-], not the baseline's")
@@ -169,11 +165,8 @@ class Study(Strict):
 
 
 def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Study:
-    """Validate a parsed study (TOML as a dict); `root` resolves relative paths in flags.
-
-    Raises:
-        StudyError: every problem found, one per line, each naming its entry.
-    """
+    """Validate a parsed study (TOML as a dict); `root` resolves relative paths in flags. A StudyError
+    lists every problem found, one per line."""
     from swarmrl.swarm import SwarmConfigError
 
     try:
@@ -181,10 +174,8 @@ def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Stud
     except ValidationError as exc:
         raise StudyError(f"invalid study {source}:\n  " + "\n  ".join(error_lines(exc, Study))) from None
     errors = []
-    study.baseline.flags, errs = normalize_flags(study.baseline.flags, root, "baseline")
-    errors += errs
-    for name, own in study.arms.items():
-        own.flags, errs = normalize_flags(own.flags, root, f"arms.{name}")
+    for where, own in [("baseline", study.baseline), *((f"arms.{n}", a) for n, a in study.arms.items())]:
+        own.flags, errs = normalize_flags(own.flags, root, where)
         errors += errs
     if not errors:
         seen = set()  # an error of the baseline's is every arm's too: named once

@@ -3,11 +3,9 @@
 //
 //   SWARMRL_CONNECT_FILE=runs/latest/connect.json node agents/examples/js/agent.mjs --episodes 16
 //
-// Each round picks one question and plays it `--num-repeat` times at once (one GRPO group, one
-// shared group key); `--concurrency` rounds run at once. Runs until `--episodes` are played (rounded
-// up to whole groups) or SIGTERM/SIGINT: then no new group starts, the groups in flight get
-// `--drain-s` to finish (a second signal cuts that short), what is left is aborted, and it exits 0.
-// Credentials come from the environment or the connection file, never from the command line.
+// Each round plays one question `--num-repeat` times at once (one GRPO group); `--concurrency`
+// rounds run at once, until `--episodes` are played or SIGTERM/SIGINT (then the groups in flight get
+// `--drain-s` to finish, a second signal cuts that short, and it exits 0).
 
 import { createHash, randomBytes } from "node:crypto";
 import { setMaxListeners } from "node:events";
@@ -62,11 +60,7 @@ function connection() {
   for (const key of ["nats_url", "name", "seed"]) {
     if (!file[key]) throw new Error(`${env.SWARMRL_CONNECT_FILE} has no "${key}": mint one with swarmrl credentials`);
   }
-  const url = env.SWARMRL_NATS_URL ?? file.nats_url;
-  const servers = url
-    .split(",")
-    .map((u) => u.trim())
-    .filter(Boolean);
+  const servers = (env.SWARMRL_NATS_URL ?? file.nats_url).split(",").map((u) => u.trim()).filter(Boolean);
   const inboxPrefix = file.inbox_prefix ?? `_INBOX.${file.name}`;
   return { servers, name: file.name, seed: file.seed, inboxPrefix, models: file.models ?? [], tasks: file.tasks ?? {} };
 }
@@ -94,10 +88,6 @@ function options(conn) {
       help: { type: "boolean", short: "h" },
     },
   });
-  if (values.help) {
-    process.stdout.write(USAGE);
-    process.exit(0);
-  }
   const roles = env.SWARMRL_ROLES ? Object.values(JSON.parse(env.SWARMRL_ROLES)) : [];
   const numRepeat =
     values["num-repeat"] ?? env.SWARMRL_NUM_REPEAT ?? conn.tasks[values.task]?.num_repeat ?? "8";
@@ -122,16 +112,11 @@ function options(conn) {
 
 /** One chat completion through the gateway's OpenAI-compatible endpoint; the assistant message. */
 async function chat(ep, o, messages, signal) {
+  const body = { model: o.model, messages, tools: TOOLS, temperature: o.temperature, max_tokens: o.maxTokens };
   const resp = await fetch(`${ep.baseUrl.replace(/\/+$/, "")}/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json", authorization: `Bearer ${ep.token()}` },
-    body: JSON.stringify({
-      model: o.model,
-      messages,
-      tools: TOOLS,
-      temperature: o.temperature,
-      max_tokens: o.maxTokens,
-    }),
+    body: JSON.stringify(body),
     signal: AbortSignal.any([signal, AbortSignal.timeout(o.timeoutMs)]),
   });
   if (!resp.ok) {
@@ -151,12 +136,7 @@ async function chat(ep, o, messages, signal) {
 
 /** Play one whole episode (begin ... end, or abort on any error) of `expression`. */
 async function playEpisode(swarm, o, expression, groupKey, signal) {
-  const ep = swarm.episode({
-    taskId: taskId(expression, o.task),
-    models: [o.model],
-    groupKey,
-    task: { name: o.task },
-  });
+  const ep = swarm.episode({ taskId: taskId(expression, o.task), models: [o.model], groupKey, task: { name: o.task } });
   await ep.begin({ signal }); // nothing to abort when this fails: the episode never began
   try {
     const game = new CalculatorEnv(expression);
@@ -189,8 +169,7 @@ async function main() {
   const version = codeVersion();
   const stop = new AbortController(); // no new group starts
   const abortNow = new AbortController(); // episodes in flight are aborted
-  // Every episode in flight (concurrency x num_repeat) listens to both signals: more than Node's
-  // default of 10 listeners is expected here, not a leak.
+  // Every episode in flight listens to both signals: more than Node's default of 10 is no leak.
   setMaxListeners(0, stop.signal, abortNow.signal);
   for (const sig of ["SIGTERM", "SIGINT"]) {
     process.on(sig, () => {
@@ -216,15 +195,13 @@ async function main() {
   const fates = new Map(); // "trained" or the drop reason -> groups (what the trainers told this client)
   const heard = [];
   let groups = 0;
-  // Group numbers (and the seeded questions) start over when this process is restarted: the key
-  // also names this process's lifetime, so a restarted client never joins its predecessor's groups.
+  // In the group key: a restarted client never joins its predecessor's groups.
   const life = randomBytes(4).toString("hex");
 
   async function groupLoop() {
     while (!stop.signal.aborted && groups < maxGroups) {
       const expression = questions.next().value;
       groups++;
-      // One GRPO group per round: a unique key keeps groups of different clients apart.
       const key = `${taskId(expression, o.task)}@${o.clientId}-${life}-${groups}`;
       const results = await Promise.allSettled(
         Array.from({ length: o.numRepeat }, () => playEpisode(swarm, o, expression, key, abortNow.signal)),

@@ -1,10 +1,6 @@
-// The `calculator` task in JavaScript: the same prompts, tool spec, questions and reward as
-// `agents/tasks/calculator.py`, so a JS client's episodes train the same policy as the Python ones.
-//
-// The question stream is a port of Python's `random.Random` (MT19937, its seeding and randint /
-// choice), so `evalTasks()` is the same held-out set as the Python task and `trainTasks(seed)`
-// yields the same questions as Python's `train_tasks(seed)`, skipping every held-out one.
-// The tool is a tiny safe evaluator (integers, + - *, parentheses, unary minus): no `eval`.
+// The `calculator` task in JavaScript: the same prompts, tool, questions and reward as
+// `agents/tasks/calculator.py`. Python's `random.Random` is ported, so `evalTasks()` and
+// `trainTasks(seed)` are the Python task's own questions.
 
 import { createHash } from "node:crypto";
 
@@ -29,14 +25,11 @@ export const TOOLS = [
 export const MAX_TURNS = 3;
 const OPS = ["+", "-", "*"];
 
-// --- Python's random.Random --------------------------------------------------------------------
-
 const N = 624;
 const M = 397;
 
 /** MT19937 seeded and drawn exactly as CPython's `random.Random` does (for the calls used here). */
 export class PyRandom {
-  /** @param {number|bigint|string} seed an integer, or a string (seeded like Python: bytes + sha512) */
   constructor(seed) {
     this.mt = new Uint32Array(N);
     this.mti = N + 1;
@@ -141,8 +134,6 @@ export class PyRandom {
   }
 }
 
-// --- the tool ----------------------------------------------------------------------------------
-
 const MAX_EXPRESSION_CHARS = 200;
 const MAX_MAGNITUDE = 1e15;
 
@@ -155,11 +146,7 @@ function checked(value) {
   return value;
 }
 
-/**
- * Evaluate integer arithmetic with + - * and parentheses ("7 * 4 + 8"), without `eval`.
- * @param {string} expression
- * @returns {number}
- */
+/** Evaluate integer arithmetic with + - * and parentheses ("7 * 4 + 8"), without `eval`. */
 export function safeEval(expression) {
   if (typeof expression !== "string") {
     throw new ExpressionError(`expression must be a string, got ${typeof expression}`);
@@ -214,8 +201,6 @@ export function safeEval(expression) {
   return value === 0 ? 0 : value; // no "-0"
 }
 
-// --- questions ---------------------------------------------------------------------------------
-
 /** One question, e.g. "7 * 4 + 8": one-digit operands, an answer from 10 to 99. */
 export function randomExpression(rng) {
   for (;;) {
@@ -252,8 +237,6 @@ export function* trainTasks(seed) {
     if (!heldOut.has(taskId(expression))) yield expression;
   }
 }
-
-// --- the episode -------------------------------------------------------------------------------
 
 function messageText(message) {
   const content = message?.content;
@@ -305,7 +288,6 @@ export class CalculatorEnv {
     this.done = false;
   }
 
-  /** The opening messages: system prompt and question. */
   reset() {
     return [
       { role: "system", content: SYSTEM_PROMPT },
@@ -313,10 +295,7 @@ export class CalculatorEnv {
     ];
   }
 
-  /**
-   * Answer one assistant message (OpenAI format).
-   * @returns {{messages: object[], done: boolean}} tool messages to append; done when scored
-   */
+  /** Answer one assistant message: `{messages, done}`, the tool messages to append. */
   step(reply) {
     if (this.done) throw new Error(`step() after the episode ended (${this.expression}, turn ${this.turns})`);
     this.turns++;

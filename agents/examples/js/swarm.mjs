@@ -1,38 +1,23 @@
-// A minimal swarm client written from `schemas/README.md` alone: NATS with the agent credentials,
-// episode tokens by msgpack request/reply on `swarm.auth.token.<client>`, episode events as msgpack
-// maps published to JetStream on `swarm.ep.<client>.<episode_id>.<kind>` with a `Nats-Msg-Id`
-// header. `<client>` is this client's NATS identity (an nkey user): its episode ids are
-// `<client>_<random>`, and the server lets it publish nowhere else.
+// A minimal swarm client written from `schemas/README.md` alone: episode tokens by msgpack
+// request/reply on `swarm.auth.token.<client>`, episode events as msgpack maps on JetStream
+// `swarm.ep.<client>.<episode_id>.<kind>`. `<client>` is this client's NATS identity (an nkey user).
 
 import { randomUUID } from "node:crypto";
+import { setTimeout as delay } from "node:timers/promises";
 import { decode, encode } from "@msgpack/msgpack";
 import { ErrorCode, connect, nkeyAuthenticator } from "nats";
 
 /** The client that owns an episode: its id up to the first `_`. */
 export const ownerOf = (episodeId) => episodeId.split("_")[0];
 const SCHEMA_VERSION = 1;
-// Errors that mean "the server or gateway is not answering right now": retried with backoff
-// (re-publishing is safe, JetStream drops a repeated Nats-Msg-Id).
+// Retried with backoff (re-publishing is safe: JetStream drops a repeated Nats-Msg-Id).
 const TRANSIENT = new Set([ErrorCode.Timeout, ErrorCode.NoResponders, ErrorCode.Disconnect]);
 
 export class SwarmError extends Error {}
 SwarmError.prototype.name = "SwarmError";
 
-/** Resolve after `ms`, or reject with the signal's reason when it is aborted first. */
-export function sleep(ms, signal) {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(signal.reason);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal.reason);
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener("abort", onAbort, { once: true });
-  });
-}
+/** Resolve after `ms`, or reject when `signal` is aborted first. */
+export const sleep = (ms, signal) => delay(ms, undefined, { signal });
 
 async function retrying(fn, retryS, signal) {
   const deadline = Date.now() + retryS * 1000;
@@ -48,15 +33,7 @@ async function retrying(fn, retryS, signal) {
 
 /** One agent process's connection to the swarm. */
 export class SwarmClient {
-  /**
-   * @param {object} o
-   * @param {string[]} o.servers NATS URLs without credentials
-   * @param {string} o.name this client's identity (the connect file's `name`)
-   * @param {string} o.seed its nkey seed (the connect file's `seed`; the secret: never log it)
-   * @param {string} o.inboxPrefix `_INBOX.<name>`: the only inboxes it may subscribe to
-   * @param {string} o.clientId stable id of this process (recorded on every event)
-   * @param {string} o.clientVersion code version (recorded on every event)
-   */
+  /** `name`, `seed` (the secret: never log it) and `inboxPrefix` are the connect file's. */
   static async connect({ servers, name, seed, inboxPrefix, clientId, clientVersion, retryS = 30 }) {
     const nc = await connect({
       servers,
@@ -72,21 +49,13 @@ export class SwarmClient {
   }
 
   constructor(nc, name, clientId, clientVersion, retryS) {
-    this.nc = nc;
+    Object.assign(this, { nc, name, clientId, clientVersion, retryS });
     this.js = nc.jetstream(); // publishing only: agents may not touch the JetStream API
-    this.name = name;
-    this.clientId = clientId;
-    this.clientVersion = clientVersion;
-    this.retryS = retryS;
     this.outcomes = new Map(); // group key -> model -> GroupOutcome map (the newest 10,000 groups)
     this.outcomeWaiters = new Set();
   }
 
-  /**
-   * What became of this client's groups: each trainer publishes a `GroupOutcome` map on
-   * `swarm.metrics.outcome.<client>.<model>` once it decides (schemas/README.md), a subject only this
-   * identity may read. Subscribed at connect, so an outcome decided early is kept until asked for.
-   */
+  /** Keep the `GroupOutcome`s trainers publish for this client's groups (subscribed at connect). */
   watchOutcomes() {
     const sub = this.nc.subscribe(`swarm.metrics.outcome.${this.name}.*`);
     (async () => {
@@ -102,11 +71,7 @@ export class SwarmClient {
     })();
   }
 
-  /**
-   * The outcome of group `groupKey` (for `model`, else the first model to decide): `{outcome:
-   * "trained", step, reward_std}` or `{outcome: "dropped", reason}` (`zero_adv`: all rewards equal,
-   * `stale`, `timeout`, ...). Rejects after `timeoutMs`.
-   */
+  /** The outcome of group `groupKey` (for `model`, else the first to decide); rejects after `timeoutMs`. */
   outcome(groupKey, { model = null, timeoutMs = 120_000 } = {}) {
     return new Promise((resolve, reject) => {
       const look = () => {
@@ -175,7 +140,6 @@ export class Episode {
     Object.assign(this, { taskId, models, groupKey, task, agents, evalEpisode });
     this.seq = 0;
     this.closed = false;
-    this.began = false;
     this.tokens = {};
     this.baseUrl = "";
     this.heartbeat = null;
@@ -216,7 +180,6 @@ export class Episode {
         client_version: this.client.clientVersion,
         group_key: this.groupKey || this.taskId,
         eval: this.evalEpisode,
-        // The task's name: a gateway that mixes tasks by weight refuses training episodes without it.
         ...(typeof this.task.name === "string" ? { task: this.task.name } : {}),
       },
       signal,
@@ -232,7 +195,6 @@ export class Episode {
       agents: this.agents,
       eval: this.evalEpisode,
     });
-    this.began = true;
     if (heartbeatS > 0) {
       this.heartbeat = setInterval(() => {
         // A missed heartbeat must never fail the episode.
