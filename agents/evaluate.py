@@ -244,18 +244,17 @@ async def _evaluate_and_publish(
         log.error("eval task=%s version=%d: no episode could be played; nothing published", task, version)
         return None
     lead = lead_of(roles)
+    # (model, its version, metric, (rate, n)): the team outcome, then each role's own metric
+    rows = [(lead, version, "success", (out.success, out.episodes))] + [
+        (roles[role], versions.get(roles[role], 0), metric, out.metrics[metric])
+        for role, metric in spec.role_metrics.items()
+        if metric in out.metrics
+    ]
     results = [
-        EvalResult(model=lead, step=version, task=task, success_rate=out.success, n=out.episodes,
-                   temperature=kwargs["temperature"])
+        EvalResult(model=model, step=step, task=task, success_rate=rate, n=n,
+                   temperature=kwargs["temperature"], metric=metric)
+        for model, step, metric, (rate, n) in rows
     ]  # fmt: skip
-    for role, metric in spec.role_metrics.items():
-        if metric in out.metrics:
-            rate, n = out.metrics[metric]
-            model = roles[role]
-            results.append(
-                EvalResult(model=model, step=versions.get(model, 0), task=task, success_rate=rate, n=n,
-                           temperature=kwargs["temperature"], metric=metric)
-            )  # fmt: skip
     for r in results:
         await swarm.js.publish(
             S.eval_metrics_subject(r.model),

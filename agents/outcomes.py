@@ -50,21 +50,19 @@ class OutcomeBook:
             log.warning("outcome on %s not understood: %s", msg.subject, exc)
 
     async def wait(self, group_key: str, model: str | None, timeout: float) -> GroupOutcome:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            got = self.by_group.get(group_key, {})
-            if (found := got.get(model) if model else next(iter(got.values()), None)) is not None:
-                return found
-            changed = self.changed
-            try:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"no outcome of group {group_key!r}{f' for model {model!r}' if model else ''} within "
-                    f"{timeout:g}s: the trainer decides when the group is complete (all its episodes ended) "
-                    "and, to train it, at its next step"
-                ) from None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    got = self.by_group.get(group_key, {})
+                    if (found := got.get(model) if model else next(iter(got.values()), None)) is not None:
+                        return found
+                    await self.changed.wait()  # `add` sets it, then puts a fresh one in its place
+        except TimeoutError:
+            raise TimeoutError(
+                f"no outcome of group {group_key!r}{f' for model {model!r}' if model else ''} within "
+                f"{timeout:g}s: the trainer decides when the group is complete (all its episodes ended) "
+                "and, to train it, at its next step"
+            ) from None
 
 
 def describe(outcome: GroupOutcome) -> str:

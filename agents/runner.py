@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
 import os
 import random
 import signal
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,8 +172,7 @@ async def play_episode(
     (or is the model of a single-agent task)."""
     if isinstance(roles, str):
         roles = roles_of(spec, {}, roles)
-    if max_tokens is None:
-        max_tokens = spec.max_tokens
+    max_tokens = spec.max_tokens if max_tokens is None else max_tokens
     async with swarm.episode(
         instance.task_id,
         models=list(dict.fromkeys(roles.values())),
@@ -311,12 +308,10 @@ async def run_client(
     workers = [asyncio.create_task(group_loop()) for _ in range(concurrency)]
     await stop.wait()
     # Drain: what is left after `drain_s` is cancelled, which aborts its episodes.
-    finished, left = await asyncio.wait(workers, timeout=drain_s) if workers else (set(), set())
+    _, left = await asyncio.wait(workers, timeout=drain_s) if workers else (set(), set())
     for w in left:
         w.cancel()
-    for w in workers:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await w
+    await asyncio.gather(*workers, return_exceptions=True)
     log.info("client stopping after %d episodes (%d groups cut short by the drain timeout)", done, len(left))
     await swarm.close()
 
@@ -374,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                    "$SWARMRL_TASKS_FILE): their rows, rewards and environments are loaded from it")
     # fmt: on
     args = p.parse_args(argv)
-    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+    if reason := password_on_command_line(argv):
         p.error(reason)
     if args.tasks_file:
         from swarmrl.agents.tasks.dataset import read_tasks_file

@@ -26,6 +26,7 @@ from typing import Any
 
 import nkeys
 
+from swarmrl.core.rundir import write_private
 from swarmrl.schemas import subjects as S
 
 REGISTRY = "agents.json"
@@ -71,12 +72,7 @@ class AgentCredential:
             "inbox_prefix": self.inbox_prefix,
             **self.extra,
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(info, f, indent=2)
-        os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
-        return path
+        return write_private(path, json.dumps(info, indent=2))
 
     @classmethod
     def read(cls, path: str | Path) -> AgentCredential:
@@ -127,62 +123,41 @@ class AgentRegistry:
         self._save(agents, reload)
         return True
 
-    def render(self, agents: dict[str, str] | None = None) -> str:
+    def render(self) -> str:
         """The AGENTS account's `users` list (NATS config; JSON is valid NATS config syntax)."""
-        agents = self.load() if agents is None else agents
         users = [
-            {"nkey": key, "permissions": S.agent_permissions(name)} for name, key in sorted(agents.items())
+            {"nkey": key, "permissions": S.agent_permissions(name)}
+            for name, key in sorted(self.load().items())
         ]
-        return "# Written by swarmrl (infra/credentials.py) from agents.json; do not edit.\n" + (
-            f"users: {json.dumps(users, indent=1)}\n"
-        )
+        header = "# Written by swarmrl (infra/credentials.py) from agents.json; do not edit.\n"
+        return f"{header}users: {json.dumps(users, indent=1)}\n"
 
     def write_users(self) -> None:
         """Write the user lists `accounts.conf` includes: the agents' (`agents.conf`, from the
         registry) and the services' (`services.conf`, `render_service_users`)."""
-        self.conf_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.conf_dir / USERS_CONF, self.render())
-        _write_atomic(self.conf_dir / SERVICE_USERS_CONF, render_service_users())
+        write_private(self.conf_dir / USERS_CONF, self.render())
+        write_private(self.conf_dir / SERVICE_USERS_CONF, render_service_users())
 
     def _save(self, agents: dict[str, str], reload: bool) -> None:
-        self.conf_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.registry_path, json.dumps(agents, indent=1, sort_keys=True))
+        write_private(self.registry_path, json.dumps(agents, indent=1, sort_keys=True))
         self.write_users()
         if reload:
             reload_servers(self.conf_dir)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp.replace(path)
-
-
-def server_pids(conf_dir: Path) -> list[int]:
-    """Pids of the live nats-servers using `conf_dir` (each writes `<name>.pid` there with -P)."""
-    pids = []
-    for path in sorted(Path(conf_dir).glob(f"*{PID_SUFFIX}")):
-        with contextlib.suppress(ValueError, OSError):
-            pid = int(path.read_text().strip())
-            os.kill(pid, 0)
-            pids.append(pid)
-    return pids
-
-
 def reload_servers(conf_dir: Path, wait_s: float = 0.5) -> int:
-    """SIGHUP (config reload) every nats-server of `conf_dir`; returns how many were signalled.
-
-    A reload applies within milliseconds; `wait_s` gives it that time, so a client minted and
-    started at once is not refused (`NatsServer.reload` waits for the server's own log line instead).
-    """
-    pids = server_pids(conf_dir)
-    for pid in pids:
-        os.kill(pid, signal.SIGHUP)
-    if pids and wait_s > 0:
+    """SIGHUP (config reload) every live nats-server of `conf_dir` (each writes `<name>.pid` there
+    with -P); returns how many were signalled. A reload applies within milliseconds; `wait_s` gives
+    it that time, so a client minted and started at once is not refused (`NatsServer.reload` waits
+    for the server's own log line instead)."""
+    signalled = 0
+    for path in sorted(Path(conf_dir).glob(f"*{PID_SUFFIX}")):
+        with contextlib.suppress(ValueError, OSError):  # a stale pid file: no such process
+            os.kill(int(path.read_text().strip()), signal.SIGHUP)
+            signalled += 1
+    if signalled and wait_s > 0:
         time.sleep(wait_s)
-    return len(pids)
+    return signalled
 
 
 def password_var(role: str) -> str:
@@ -199,7 +174,5 @@ def render_service_users() -> str:
     for role in S.SERVICE_ROLES:
         perms = json.dumps(S.service_permissions(role))
         users.append(f'  {{ user: "{role}", password: ${password_var(role)}, permissions: {perms} }}')
-    return (
-        "# Written by swarmrl (infra/credentials.py) from schemas/subjects.py; do not edit.\nusers: [\n"
-        + ("\n".join(users) + "\n]\n")
-    )
+    header = "# Written by swarmrl (infra/credentials.py) from schemas/subjects.py; do not edit.\n"
+    return header + "users: [\n" + "\n".join(users) + "\n]\n"

@@ -70,30 +70,27 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay
 
     async def release() -> None:
         nonlocal queued
-        while queue or not done:
-            if not queue:
-                ready.clear()
-                await ready.wait()
-                continue
-            at, data = queue[0]
-            if (wait := at - time.monotonic()) > 0:
-                await asyncio.sleep(wait)
-            queue.popleft()
-            queued -= len(data)
-            writer.write(data)
-            await writer.drain()
-            if queued <= MAX_QUEUED:
-                room.set()
-        with contextlib.suppress(OSError):
-            writer.write_eof()
-
-    async def released() -> None:
         try:
-            await release()
+            while queue or not done:
+                if not queue:
+                    ready.clear()
+                    await ready.wait()
+                    continue
+                at, data = queue[0]
+                if (wait := at - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                queue.popleft()
+                queued -= len(data)
+                writer.write(data)
+                await writer.drain()
+                if queued <= MAX_QUEUED:
+                    room.set()
+            with contextlib.suppress(OSError):
+                writer.write_eof()
         finally:
             room.set()  # a writer that failed must not leave the reader waiting for room
 
-    sender = asyncio.create_task(released())
+    sender = asyncio.create_task(release())
     last = 0.0
     try:
         while data := await reader.read(CHUNK):
@@ -124,9 +121,8 @@ async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, 
         await asyncio.wait_for(asyncio.get_running_loop().sock_connect(up, (addr, port)), CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
         up.close()
-        client_w.get_extra_info("socket").setsockopt(
-            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-        )  # closed with a reset: the dialer sees the connection refused, not a silent hang
+        # closed with a reset: the dialer sees the connection refused, not a silent hang
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client_w.close()
         return
     peer_r, peer_w = await asyncio.open_connection(sock=up)

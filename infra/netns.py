@@ -8,23 +8,19 @@ the delaying TCP relay of `infra/delay_relay.py`). Linux, as root (`ip netns`, `
         hosts.loss("b", "c", 5)     # 5% of the packets between b and c dropped, each way
         hosts.delay("b", "c", 100, 50)   # a shaped pair: every byte held 100 +- 50 ms, each way
 
-Layout: a bridge `swb<id>` in this (the root) namespace holds the operator's address, `.254` of a
-/24 picked free: tests and benchmarks watch the hosts from there, and no fault touches it. Each host
-is the namespace `swarmrl-<id>-<name>` with `eth0` (a veth into the bridge) at `.1`, `.2`, ... and a
-loopback of its own, so every host can bind the same ports. Each host has its own directory
-`<root>/<name>`; a command run there (`argv`) sees the other hosts' directories as empty tmpfs
-mounts (in its own mount namespace, which `ip netns exec` makes), so no process reads another
-host's files: whatever crosses between hosts crosses the network.
+Layout: a bridge `swb<id>` in the root namespace holds the operator's address, `.254` of a free /24,
+from which tests watch the hosts and which no fault touches. Each host is the namespace
+`swarmrl-<id>-<name>` with `eth0` (a veth into the bridge) at `.1`, `.2`, ... and its own loopback,
+so every host can bind the same ports. A command run on a host (`argv`) sees the other hosts'
+directories (`<root>/<name>`) as empty tmpfs mounts: whatever crosses between hosts crosses the network.
 
 Faults live in each host's nftables table `inet swarmrl`: the set `cut` (addresses dropped both
 ways) and the chain `loss` (`numgen random mod 100 < P drop` per lossy peer, on input from `eth0`, so
-each direction loses P% once: a relayed connection's loopback leg, which carries the peer's address
-after the redirect is undone, is not dropped from again). A shaped pair's TCP connections go through a relay on the dialing host
-from the start (nat `redirect` of every new connection to the peer; the relay's own connection
-carries mark `RELAY_MARK` and is left alone), which holds each chunk for the delay its peer has
-(none until `delay`): latency needs no connection to be cut over to a proxy mid-run. This kernel has
-no `netem` qdisc; where one exists, `tc qdisc add dev eth0 root netem delay ...` in a host does the
-same for all traffic.
+each direction loses P% once, not again on a relayed connection's loopback leg). A shaped pair's TCP
+connections go through a relay on the dialing host from the start (nat `redirect`; the relay's own
+connection carries mark `RELAY_MARK` and is left alone), which holds each chunk for its peer's delay
+(none until `delay`), so no connection is cut over mid-run. This kernel has no `netem` qdisc; where
+one exists, `tc qdisc add dev eth0 root netem delay ...` in a host does the same for all traffic.
 """
 
 from __future__ import annotations
@@ -34,16 +30,18 @@ import ipaddress
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from swarmrl.core.rundir import write_private
 from swarmrl.infra.delay_relay import RELAY_MARK, applied_path
 
 RELAY_PORT = 15999
@@ -146,9 +144,6 @@ class Hosts:
             raise
         return self
 
-    def _peers(self, name: str) -> list[str]:
-        return [h.addr for n, h in self.hosts.items() if n != name] if self.hosts else []
-
     def _base_rules(self, name: str) -> str:
         rules = f"""
         table inet {TABLE} {{
@@ -172,11 +167,15 @@ class Hosts:
             """
         return rules
 
+    def _relay_config(self, name: str) -> Path:
+        return self.hosts[name].dir.parent / f".relay-{name}.json"  # outside every host's directory
+
+    def _write_delays(self, name: str) -> Path:
+        return write_private(self._relay_config(name), json.dumps(self._delays.get(name, {})))
+
     def _start_relay(self, name: str) -> None:
-        config = self.hosts[name].dir.parent / f".relay-{name}.json"  # outside every host's directory
-        self._write_delays(name, config)
-        log = open(self.root / f"relay-{name}.log", "ab")  # noqa: SIM115  # the child keeps its copy
-        with log:
+        config = self._write_delays(name)
+        with open(self.root / f"relay-{name}.log", "ab") as log:  # the child keeps its copy
             cmd = [sys.executable, "-m", "swarmrl.infra.delay_relay", "--port", str(RELAY_PORT),
                    "--config", str(config)]  # fmt: skip
             proc = subprocess.Popen(self.argv(name, cmd, hide=False), stdout=log, stderr=log)
@@ -213,7 +212,7 @@ class Hosts:
         if not hide:
             return ["ip", "netns", "exec", host.netns, *argv]
         mounts = " && ".join(
-            f"mount -t tmpfs -o size=64k,mode=0 swarmrl-hidden {_quote(h.dir)}"
+            f"mount -t tmpfs -o size=64k,mode=0 swarmrl-hidden {shlex.quote(str(h.dir))}"
             for n, h in self.hosts.items()
             if n != name
         )
@@ -229,15 +228,11 @@ class Hosts:
     ) -> subprocess.Popen[bytes]:
         """Start `argv` on host `name` (its own session, so it and its children share one process
         group); output to `log` (default: discarded)."""
-        out: IO[bytes] | int = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-        try:
+        with open(log, "ab") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
             return subprocess.Popen(
                 self.argv(name, argv), env=dict(env or os.environ), stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True, cwd=self.hosts[name].dir, **kwargs,
             )  # fmt: skip
-        finally:
-            if not isinstance(out, int):
-                out.close()
 
     def pids(self, name: str) -> list[int]:
         """Every process in host `name`'s network namespace."""
@@ -249,7 +244,8 @@ class Hosts:
     def cut(self, name: str, peers: Sequence[str] | None = None) -> None:
         """Drop every packet between host `name` and `peers` (default: every other host), both ways;
         the operator's address keeps its access."""
-        addrs = [self.hosts[p].addr for p in peers] if peers is not None else self._peers(name)
+        others = [n for n in self.hosts if n != name] if peers is None else peers
+        addrs = [self.hosts[p].addr for p in others]
         self._nft(name, f"add element inet {TABLE} cut {{ {', '.join(addrs)} }}")
 
     def heal(self, name: str | None = None) -> None:
@@ -282,23 +278,14 @@ class Hosts:
             )
         for x, y in ((a, b), (b, a)):
             self._delays.setdefault(x, {})[self.hosts[y].addr] = [float(ms), float(jitter_ms)]
-            self._write_delays(x, self.hosts[x].dir.parent / f".relay-{x}.json")
+            self._write_delays(x)
         for x in (a, b):  # applied when this returns
-            config = self.hosts[x].dir.parent / f".relay-{x}.json"
+            config = self._relay_config(x)
             want, deadline = str(config.stat().st_mtime_ns), time.monotonic() + 10
             while not (applied_path(config).exists() and applied_path(config).read_text() == want):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the relay of host {x} did not apply {config} within 10 s")
                 time.sleep(0.02)
-
-    def _write_delays(self, name: str, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._delays.get(name, {})))
-        tmp.replace(path)
-
-    def ruleset(self, name: str) -> str:
-        """Host `name`'s nftables ruleset, as `nft list ruleset` prints it."""
-        return _run(["ip", "netns", "exec", self.hosts[name].netns, "nft", "list", "ruleset"])
 
     def _nft(self, name: str, script: str) -> None:
         _run(["ip", "netns", "exec", self.hosts[name].netns, "nft", "-f", "-"], stdin=script)
@@ -306,20 +293,14 @@ class Hosts:
 
 def free_subnet() -> ipaddress.IPv4Network:
     """A /24 of 10.200.0.0/13 that no address or route of this namespace overlaps, picked at random."""
-    taken = [ipaddress.ip_network(line.split()[0], strict=False) for line in _routes()]
+    routes = _run(["ip", "-4", "route", "show", "table", "all"]).splitlines()
+    firsts = [line.split()[0] for line in routes if line.strip()]
+    taken = [ipaddress.ip_network(first, strict=False) for first in firsts if first[0].isdigit()]
     for _ in range(200):
-        net = ipaddress.ip_network(f"10.{200 + secrets.randbelow(8)}.{secrets.randbelow(256)}.0/24")
+        net = ipaddress.IPv4Network(f"10.{200 + secrets.randbelow(8)}.{secrets.randbelow(256)}.0/24")
         if not any(net.overlaps(t) for t in taken if t.version == 4 and t.prefixlen > 0):
-            return net  # type: ignore[return-value]
+            return net
     raise HostsUnavailable("no free /24 in 10.200.0.0/13 for the hosts' bridge")
-
-
-def _routes() -> Iterator[str]:
-    out = _run(["ip", "-4", "route", "show", "table", "all"])
-    for line in out.splitlines():
-        first = line.split()[0] if line.split() else ""
-        if first and first[0].isdigit():
-            yield line
 
 
 def _ip(*args: str) -> None:
@@ -331,7 +312,3 @@ def _run(cmd: list[str], stdin: str | None = None) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()} {stdin or ''}")
     return done.stdout
-
-
-def _quote(path: Path) -> str:
-    return "'" + str(path).replace("'", "'\\''") + "'"

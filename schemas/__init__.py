@@ -1,5 +1,6 @@
 """The wire contract: event and sample types, msgpack codec, subject and stream names."""
 
+# The names below are the package's API (re-exported: `from swarmrl.schemas import Sample`).
 from swarmrl.schemas.codec import (
     MAX_EVENT_BYTES,
     WireError,
@@ -37,39 +38,3 @@ from swarmrl.schemas.events import (
     TokenRequest,
     TrainStep,
 )
-
-__all__ = [
-    "DEFAULT_GROUP_SIZE",
-    "MAX_EVENT_BYTES",
-    "OUTCOME_REASONS",
-    "SCHEMA_VERSION",
-    "AbortEvent",
-    "ActionRequest",
-    "ActionResult",
-    "BeginEvent",
-    "ClientState",
-    "EndEvent",
-    "EnvEvent",
-    "EvalResult",
-    "Event",
-    "EventBase",
-    "GroupOutcome",
-    "HeartbeatEvent",
-    "LlmEvent",
-    "LostEpisode",
-    "MergeStats",
-    "MetricRecord",
-    "ModelVersion",
-    "RewardEvent",
-    "Sample",
-    "SampleDrops",
-    "TokenReply",
-    "TokenRequest",
-    "TrainStep",
-    "WireError",
-    "decode",
-    "decode_event",
-    "decode_metric",
-    "decode_sample",
-    "encode",
-]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgpack
@@ -26,6 +27,7 @@ MAX_EVENT_BYTES = 4 * 1024 * 1024
 
 _EVENT = TypeAdapter(Event)
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
 
 
 class WireError(ValueError):
@@ -90,24 +92,20 @@ def _binary_at(obj: Any) -> str | None:
     return None
 
 
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:5])
+def _validated(validate: Callable[[dict[str, Any]], R], obj: dict[str, Any]) -> R:
+    try:
+        return validate(obj)
+    except ValidationError as exc:
+        errors = (f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:5])
+        raise WireError("schema", "; ".join(errors)) from exc
 
 
 def decode_event(data: bytes, max_bytes: int = MAX_EVENT_BYTES) -> Event:
-    obj = _unpack(data, max_bytes)
-    try:
-        return _EVENT.validate_python(obj)
-    except ValidationError as exc:
-        raise WireError("schema", _errors(exc)) from exc
+    return _validated(_EVENT.validate_python, _unpack(data, max_bytes))
 
 
 def decode(data: bytes, cls: type[T], max_bytes: int = 64 * 1024 * 1024) -> T:
-    obj = _unpack(data, max_bytes)
-    try:
-        return cls.model_validate(obj)
-    except ValidationError as exc:
-        raise WireError("schema", _errors(exc)) from exc
+    return _validated(cls.model_validate, _unpack(data, max_bytes))
 
 
 def decode_sample(data: bytes) -> Sample:

@@ -31,7 +31,6 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
-    """Schema version of this record."""
 
 
 class EventBase(Record):
@@ -94,7 +93,6 @@ class LlmEvent(EventBase):
     messages: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI messages of the request (text-level merging and the ledger use them)."""
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    """The OpenAI tools of the request."""
     output_text: str = ""
     finish_reason: str = "stop"
 
@@ -214,9 +212,9 @@ class TrainStep(Record):
 
 
 class SampleDrops(Record):
-    """Samples a trainer dropped untrained and reports without waiting for its next step (on
-    `swarm.metrics.drops.<model>`), then acks. Held until a step, they would count as backlog for
-    admission control, which then holds the new groups the next step needs: a deadlock."""
+    """Samples a trainer dropped untrained, reported (then acked) without waiting for its next step:
+    held until a step, they would count as backlog for admission control, which then holds the new
+    groups the next step needs (a deadlock)."""
 
     model: SubjectToken
     step: int
@@ -253,8 +251,7 @@ class GroupOutcome(Record):
     client_id: str = ""
     outcome: Literal["trained", "dropped"]
     reason: str = ""
-    """Why it was dropped: `zero_adv` (all rewards equal: no learning signal), `stale`, `too_small`,
-    `timeout`, `failed_episodes` (too few episodes completed), `rolled_back`, `nonfinite`; "" when trained."""
+    """Why it was dropped, a key of `OUTCOME_REASONS`; "" when trained."""
     step: int
     """The step that trained it; for a drop, the trainer's last step."""
     reward_std: float = 0.0
@@ -294,19 +291,17 @@ class MergeStats(Record):
     models: list[str] = Field(default_factory=list)
     """The episode's trainable models (from begin)."""
     sample_models: list[str] | None = None
-    """Models that got samples from this episode; None from a merger that predates the field. A
-    team episode can leave a model without samples (its role never acted): that model's trainer
-    counts the episode out of its group, as for a dropped one."""
+    """Models that got samples from this episode (None from a merger that predates the field); a team
+    episode's model without samples (its role never acted) counts it out of its group."""
     eval: bool = False
     """An evaluation episode (never trained on)."""
     ts: float = Field(default_factory=time.time)
 
 
 class LostEpisode(Record):
-    """A training episode that will never send `model` a sample: the merger dropped it (aborted,
-    timed out, empty) or `model`'s role in it never acted. Published on the model's own
-    `swarm.samples.<model>.lost`, in the SAMPLES stream beside the samples, so the trainer learns of
-    it in stream order through its one durable consumer and counts it out of its GRPO group."""
+    """A training episode that will never send `model` a sample: the merger dropped it (aborted, timed
+    out, empty) or `model`'s role in it never acted. In SAMPLES beside the samples (`lost_subject`), so
+    the trainer learns of it in stream order and counts it out of its GRPO group."""
 
     episode_id: SubjectToken
     model: SubjectToken

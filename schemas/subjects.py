@@ -81,10 +81,11 @@ LEDGER_QUERY = f"{CONTROL_PREFIX}.query"  # SQL to a ledger, answered from its f
 MICRO_PREFIX = "$SRV"  # nats.micro's discovery and stats subjects (PING, INFO, STATS) of every service
 ACT_PREFIX = "swarm.act"  # swarm.act.<owner>: an agent's actions (ActionRequest -> ActionResult)
 ACT_REQUESTS = f"{ACT_PREFIX}.*"
-GATEWAY_CALLS = "swarm.gw.calls"  # the gateways' tallies of the calls each served (services/gateway/calls.py)
-LEAD_PREFIX = (
-    "swarm.lead"  # swarm.lead.trainer.<model>: the leading trainer answers (services/trainer/lead.py)
+GATEWAY_CALLS = (
+    "swarm.gw.calls"  # the gateways' tallies of the calls each served (services/gateway/episodes.py)
 )
+# swarm.lead.trainer.<model>: the leading trainer answers (services/trainer/lead.py)
+LEAD_PREFIX = "swarm.lead"
 
 
 def lead_subject(model: str) -> str:
@@ -111,7 +112,9 @@ WORK_STREAM_SUBJECTS: dict[str, list[str]] = {ACTIONS_STREAM: [f"{ACTION_RUN_PRE
 # KV buckets ------------------------------------------------------------------------------------
 MODELS_BUCKET = "swarm-models"  # key: model name, value: ModelVersion (msgpack)
 LEASES_BUCKET = "swarm-leases"
-GROUPS_BUCKET = "swarm-groups"  # the gateways' admitted groups and task activity (services/gateway/groups.py)
+GROUPS_BUCKET = (
+    "swarm-groups"  # the gateways' admitted groups and task activity (services/gateway/admission.py)
+)
 """Replicas' partition leases and presence (`services/common/leases.py`): `<service>.lease.<p>` and
 `<service>.member.<replica>`, each expiring unless its holder renews it (the bucket's TTL)."""
 WEIGHTS_BUCKET = "swarm-weights"
@@ -315,9 +318,10 @@ def _consumer_api(stream: str, durable: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _kv_read(bucket: str) -> list[str]:
-    """Get and watch the keys of KV `bucket` (direct or stream gets; a watch is an ordered consumer)."""
-    stream = f"KV_{bucket}"
+def _kv_read(bucket: str, kind: str = "KV") -> list[str]:
+    """Get and watch the keys of KV `bucket` (direct or stream gets; a watch is an ordered consumer);
+    `kind="OBJ"`: the same for the stream of object store `bucket`."""
+    stream = f"{kind}_{bucket}"
     return [f"{JS_API}.DIRECT.GET.{stream}", f"{JS_API}.DIRECT.GET.{stream}.>",
             f"{JS_API}.STREAM.MSG.GET.{stream}", f"{JS_API}.CONSUMER.CREATE.{stream}", *_consumer_api(stream, "*")]  # fmt: skip
 
@@ -326,9 +330,7 @@ def _obj_read(bucket: str) -> list[str]:
     """Read the objects of object store `bucket`: their metadata (a stream get of the last message per
     subject) and their chunks (an ordered push consumer, with flow control; nats-py finds its stream
     by subject, `STREAM.NAMES`)."""
-    stream = f"OBJ_{bucket}"
-    return [f"{JS_API}.STREAM.NAMES", f"{JS_API}.STREAM.MSG.GET.{stream}", f"{JS_API}.DIRECT.GET.{stream}",
-            f"{JS_API}.DIRECT.GET.{stream}.>", f"{JS_API}.CONSUMER.CREATE.{stream}", *_consumer_api(stream, "*")]  # fmt: skip
+    return [f"{JS_API}.STREAM.NAMES", *_kv_read(bucket, "OBJ")]
 
 
 def service_permissions(role: str) -> dict[str, object]:
@@ -367,11 +369,8 @@ def service_permissions(role: str) -> dict[str, object]:
         sub += [f"{LEAD_PREFIX}.trainer.*"]
         responds = True
         # a version's files into the object store (chunks, then metadata), and old versions purged
-        pub += [
-            f"$O.{WEIGHTS_BUCKET}.>",
-            *_obj_read(WEIGHTS_BUCKET),
-            f"{JS_API}.STREAM.PURGE.OBJ_{WEIGHTS_BUCKET}",
-        ]
+        pub += [f"$O.{WEIGHTS_BUCKET}.>", *_obj_read(WEIGHTS_BUCKET)]
+        pub += [f"{JS_API}.STREAM.PURGE.OBJ_{WEIGHTS_BUCKET}"]
     elif role == "ledger":
         for stream in STREAM_SUBJECTS:
             pub += _consumer_api(stream, durable_name("ledger", stream))
@@ -383,13 +382,8 @@ def service_permissions(role: str) -> dict[str, object]:
     elif role == "tracker":
         pub += _consumer_api(METRICS_STREAM, durable_name("tracker", METRICS_STREAM))
     elif role == "actions":
-        pub += [
-            f"{ACTION_RUN_PREFIX}.>",
-            f"{ACTION_DONE_PREFIX}.*",
-            ACTION_WORKERS_SUBJECT,
-            ACTION_METRICS_SUBJECT,
-        ]
-        pub += actions_pull
+        pub += [f"{ACTION_RUN_PREFIX}.>", f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT]
+        pub += [ACTION_METRICS_SUBJECT, *actions_pull]
         sub += [ACT_REQUESTS, f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT]
         responds = True
     elif role == "action-worker":

@@ -23,9 +23,9 @@ import signal
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from swarmrl.core import rundir
+from swarmrl.core.config import plain_servers
 from swarmrl.core.rundir import SERVICE_FILE, latest_run_dir
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -37,7 +37,6 @@ class ClientsError(RuntimeError):
 
 
 def _error(message: str) -> int:
-    """Print `message` to stderr; returns the exit status 1."""
     print(message, file=sys.stderr)
     return 1
 
@@ -61,15 +60,10 @@ def service_url(run_dir: Path | None) -> str:
         raise ClientsError(f"unreadable {path}: {exc!r}") from None
 
 
-def _shown(url: str) -> str:
-    """`url` without its password, for messages."""
-    parts = [urlsplit(u.strip()) for u in url.split(",")]
-    return ",".join(f"{p.scheme}://{p.hostname}:{p.port}" for p in parts)
-
-
 def request(verb: str, body: dict[str, Any], run_dir: Path | None, timeout: float) -> dict[str, Any]:
-    """Send one control request (`swarm.ctl.<verb>`) and return its reply."""
+    """One control request (`swarm.ctl.<verb>`) and its reply."""
     url = service_url(run_dir)
+    shown = ",".join(plain_servers(url))  # for messages: no password
 
     async def ask() -> dict[str, Any]:
         import nats
@@ -84,11 +78,11 @@ def request(verb: str, body: dict[str, Any], run_dir: Path | None, timeout: floa
                 allow_reconnect=False,
             )  # fmt: skip
         except (NoServersError, OSError, TimeoutError) as exc:
-            raise ClientsError(f"no running swarm at {_shown(url)}: {exc!r}") from None
+            raise ClientsError(f"no running swarm at {shown}: {exc!r}") from None
         try:
             msg = await nc.request(control_subject(verb), json.dumps(body).encode(), timeout=timeout)
         except NoRespondersError:
-            raise ClientsError(f"no swarm answers on {control_subject(verb)} at {_shown(url)}") from None
+            raise ClientsError(f"no swarm answers on {control_subject(verb)} at {shown}") from None
         except (NatsTimeout, TimeoutError):
             raise ClientsError(
                 f"no reply in {timeout:g}s (a restart may still finish; see the run's logs)"
@@ -154,7 +148,6 @@ def _tasks(tasks: dict[str, Any]) -> str:
 
 
 def status(argv: list[str] | None = None) -> int:
-    """`swarmrl status`: what a running swarm is doing, from any machine with its service credentials."""
     p = argparse.ArgumentParser(
         prog="swarmrl status",
         description="Show a running swarm: its processes and restarts, each model's step, the latest "
@@ -179,8 +172,6 @@ def status(argv: list[str] | None = None) -> int:
 
 
 def down(argv: list[str] | None = None) -> int:
-    """`swarmrl down`: ask a running `swarmrl up` to stop (it then stops every service and writes
-    its report)."""
     p = argparse.ArgumentParser(
         prog="swarmrl down",
         description="Stop a running `swarmrl up`: through its control plane (swarm.ctl.down; with "

@@ -69,23 +69,18 @@ def client_code_files(agents_dir: Path | None = None) -> list[Path]:
     return [root / "runner.py", root / "sdk.py", *sorted((root / "tasks").glob("*.py"))]
 
 
-def hash_files(files: list[Path], root: Path) -> str:
-    """`sha1-<12 hex>` over the files' paths (relative to `root`) and contents (a missing one counts
-    as empty)."""
+def builtin_client_version(agents_dir: Path | None = None) -> str:
+    """Default `client_version` of the built-in runner: `sha1-<12 hex>` over the paths and contents
+    of `client_code_files()`, a missing one as empty (the SDK's own default hashes `sys.argv[0]`
+    alone, the runner, so an edited task or SDK would not show)."""
+    root = agents_dir or _agents_dir()
     h = hashlib.sha1()
-    for f in sorted(files):
+    for f in sorted(client_code_files(root)):
         h.update(str(f.relative_to(root)).encode() + b"\0")
         with contextlib.suppress(FileNotFoundError):
             h.update(f.read_bytes())
         h.update(b"\0")
     return "sha1-" + h.hexdigest()[:12]
-
-
-def builtin_client_version(agents_dir: Path | None = None) -> str:
-    """Default `client_version` of the built-in runner: a hash of `client_code_files()` (the SDK's
-    own default hashes `sys.argv[0]` alone, the runner, so an edited task or SDK would not show)."""
-    root = agents_dir or _agents_dir()
-    return hash_files(client_code_files(root), root)
 
 
 def default_client_version(swarm: Any, task: str) -> str:
@@ -108,12 +103,9 @@ class Restarter:
     sup: Supervisor
     spawn: Spawn
     clients: dict[str, TaskClients]
-    default_version: Callable[[str], str] = lambda task: ""
-    """Version of a restart that names none; "" = the client's own default."""
+    default_version: Callable[[str], str] = lambda task: ""  # "": the client's own default
     on_change: Callable[[], None] = lambda: None
-    """Called after every restart."""
-    on_retired: Callable[[list[str]], None] = lambda names: None
-    """Called with a drained generation's names (`up` revokes their NATS identities)."""
+    on_retired: Callable[[list[str]], None] = lambda names: None  # `up` revokes their NATS identities
     drain_s: float = DRAIN_S
     grace_s: float = GRACE_S
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -191,10 +183,8 @@ class Plane:
     """What the control verbs act on: the client restarts, the run's status, and how to stop it."""
 
     restarter: Restarter
-    status: Callable[[], Reply] = lambda: {}
-    """The run's status (`swarmrl status`) beside each task's clients."""
-    down: Callable[[], None] = lambda: None
-    """Asks `up` to stop, as Ctrl-C does."""
+    status: Callable[[], Reply] = lambda: {}  # the run's, beside each task's clients
+    down: Callable[[], None] = lambda: None  # asks `up` to stop, as Ctrl-C does
 
 
 async def handle_request(verb: str, data: bytes, plane: Plane) -> Reply:
@@ -257,23 +247,15 @@ class ControlService:
         return self
 
     async def close(self) -> None:
+        """Stop serving, then the retired clients still draining."""
         if self.service is not None:
             with contextlib.suppress(Exception):
                 await self.service.stop()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.close()
-
-
-@dataclass
-class Control:
-    service: ControlService | None
-    restarter: Restarter
-
-    async def close(self) -> None:
-        if self.service is not None:
-            await self.service.close()
-        await self.restarter.close()
+        self.service = self.nc = None
+        await self.plane.restarter.close()
 
 
 async def start_control(
@@ -285,10 +267,10 @@ async def start_control(
     nats_url: str,
     status: Callable[[], Reply],
     down: Callable[[], None],
-) -> Control:
+) -> ControlService:
     """The control plane of `up.supervise`: restarts of `swarm`'s clients (`clients`: task -> names;
     each generation gets new identities from `ids`), `status` and `down`. One that cannot start is
-    logged and the run goes on without it."""
+    logged and the run goes on without it (its `close` still stops the retired clients)."""
     from swarmrl.launch import spawn_clients
 
     def default_version(task: str) -> str:
@@ -309,5 +291,4 @@ async def start_control(
             "no control plane on NATS (%r): `swarmrl clients/status/down` will not reach this run", exc
         )
         await service.close()
-        return Control(None, restarter)
-    return Control(service, restarter)
+    return service

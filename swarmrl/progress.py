@@ -31,23 +31,17 @@ class Progress:
         self.nats_url, self.models, self.steps = nats_url, models, steps
         self.step_of = dict.fromkeys(models, 0)
         self.last_of: dict[str, TrainStep] = {}
-        self.evals: dict[str, list[EvalResult]] = {}
-        """Eval results by `task` (team outcome) or `task model:metric` (a role's own metric)."""
+        self.evals: dict[str, list[EvalResult]] = {}  # by `task`, or `task model:metric` (a role's own)
         self.episodes = self.aborted = 0
         self.started = time.monotonic()
         self.console = Console(stderr=True)
         self.live = Live(console=self.console, refresh_per_second=2, transient=False) if live else None
-        self.trained: dict[str, Counter[str]] = {}
-        """client id -> its groups' outcomes (`trained`, `dropped`)."""
-        self.task_of: dict[str, str] = {}
-        """Training episode id -> task, for the first episodes of each task."""
-        self.early: dict[str, str] = {}
-        """Episode id -> `end` or `abort`, for those whose begin is not in yet."""
-        self.first: dict[str, Counter[str]] = {}
-        """task -> how its first `FIRST_EPISODES` finished episodes ended (`ok`, `aborted`)."""
+        self.trained: dict[str, Counter[str]] = {}  # client id -> its groups' outcomes
+        self.task_of: dict[str, str] = {}  # training episode id -> task, for each task's first episodes
+        self.early: dict[str, str] = {}  # episode id -> `end` or `abort`, its begin not in yet
+        self.first: dict[str, Counter[str]] = {}  # task -> how its first episodes ended (`ok`, `aborted`)
         self.reasons: Counter[str] = Counter()
-        self.example: dict[str, str] = {}
-        """reason kind -> the latest reason of that kind, as sent."""
+        self.example: dict[str, str] = {}  # reason kind -> the latest reason of that kind, as sent
         self._last_log = 0.0
         self._nc: Any = None
 
@@ -130,7 +124,6 @@ class Progress:
 
     @property
     def step(self) -> int:
-        """The slowest model's step."""
         return min(self.step_of.values())
 
     def done(self) -> bool:

@@ -13,11 +13,26 @@ from swarmrl.core.rundir import PARTS_FILE
 from swarmrl.machine import describe
 
 
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # to files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, out: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+
+
 def _rows(con: Any, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
     return con.execute(sql, params).fetchall()
 
 
-def _section(title: str, text: str, header: str, align: str) -> list[str]:
+def section(title: str, text: str, header: str, align: str) -> list[str]:
     """A report section's title, its text (if any) and its table's header."""
     return ["", f"## {title}", "", *([text, ""] if text else []), header, align]
 
@@ -53,7 +68,7 @@ FROM groups GROUP BY ALL ORDER BY client_id, task
 def groups_section(con: Any) -> list[str]:
     """Report lines: per client and task, the share of its groups trained (the ledger's `groups`)."""
     rows = _rows(con, CLIENT_GROUPS)
-    lines = _section(
+    lines = section(
         "Groups per client", "What became of each client's GRPO groups (`groups` in the ledger).",
         "| client | task | groups | trained | most common drop |", "| --- | --- | ---: | ---: | --- |",
     )  # fmt: skip
@@ -64,8 +79,7 @@ def groups_section(con: Any) -> list[str]:
 
 
 def task_rewards(con: Any) -> list[tuple[str, int, float]]:
-    """(model task, step, reward mean of that task's samples) from `train_steps.extra`'s
-    `reward_mean.<task>`."""
+    """(model task, step, its samples' reward mean), from `reward_mean.<task>` in `train_steps.extra`."""
     out = []
     for model, step, extra in _rows(con, "SELECT model, step, extra FROM train_steps ORDER BY model, step"):
         for key, value in (json.loads(extra) if extra else {}).items():
@@ -82,12 +96,7 @@ def plot_curves(
 ) -> None:
     """Left: train reward per model (model, step, reward), and per task when there are several.
     Right: eval curves (task, model, metric, step, success_rate, ...), one per `_series`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4))
     for model in sorted({r[0] for r in train}):
         pts = [(r[1], r[2]) for r in train if r[0] == model]
         ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{model} reward (mean)")
@@ -111,9 +120,7 @@ def plot_curves(
     ax2.grid(alpha=0.3)
     if evals:
         ax2.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 CLIENT_VERSIONS = """
@@ -132,7 +139,7 @@ WHERE NOT e.eval GROUP BY ALL ORDER BY task, min(e.begin_ts)
 def client_versions_section(con: Any, started: float) -> list[str]:
     """Report lines: reward by client version over time (one row per task and `client_version`)."""
     rows = _rows(con, CLIENT_VERSIONS)
-    lines = _section(
+    lines = section(
         "Client versions",
         "Training episodes by the client code that played them (`client_version`; a new one per "
         "`swarmrl clients restart`). Reward and success are over ended episodes.",
@@ -165,7 +172,7 @@ def distribution_section(con: Any, started: float) -> list[str]:
     rows = _rows(con, DISTINCT_BY_WINDOW, [float(started), DISTINCT_WINDOW_S])
     if not rows:
         return []
-    lines = _section(
+    lines = section(
         "Training distribution",
         f"Distinct task instances (`task_id`) the training episodes played, per {DISTINCT_WINDOW_S // 60}-minute "
         "window of the run. A GRPO group plays one instance `num_repeat` times, so the most a window can "
@@ -198,7 +205,7 @@ def actions_section(con: Any, started: float) -> list[str]:
         return []
     statuses = _rows(con, "SELECT status, count(*) FROM actions GROUP BY status ORDER BY status")
     policy = _rows(con, "SELECT any_value(policy) FROM actions")[0][0]
-    lines = _section(
+    lines = section(
         "Actions",
         f"Tool calls run as sandboxed actions (`services/actions/`, policy `{policy}`): "
         + ", ".join(f"{s}: {n}" for s, n in statuses)
@@ -220,11 +227,6 @@ def restart_counts(run_dir: Path) -> dict[str, int]:
 
     records = _jsonl(run_dir / "logs" / RESTARTS_FILE)
     return dict(Counter(r["name"] for r in records if r.get("event") == "restart"))
-
-
-def run_parts(run_dir: Path) -> list[dict[str, Any]]:
-    """The parts of a run, oldest first: one per `swarmrl up`, the first and each `--resume`."""
-    return _jsonl(run_dir / PARTS_FILE)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -293,7 +295,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
             f"{100 * max(p[4] for p in pts):.1f}%, n={pts[-1][5]}"
             + ("" if pts[-1][6] is None else f" at temperature {pts[-1][6]:g}")
         )
-    if len(parts := run_parts(run_dir)) > 1:
+    if len(parts := _jsonl(run_dir / PARTS_FILE)) > 1:  # one per `swarmrl up`, the first and each `--resume`
         lines.append(
             f"- parts: {len(parts)} (`swarmrl up --resume`): "
             + "; ".join(
@@ -305,7 +307,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
     lines.append(f"- dead letters: {', '.join(f'{s}: {n}' for s, n in dead) or 'none'}")
     restarts = restart_counts(run_dir)
     lines.append(f"- restarts: {', '.join(f'{n} {k}' for n, k in sorted(restarts.items())) or 'none'}")
-    lines += _section(
+    lines += section(
         "Eval", "", "| task | model | metric | version | rate | n | temperature | minutes into the run |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     )  # fmt: skip
@@ -314,7 +316,7 @@ def write_report(run_dir: Path, reason: str = "") -> Path:
         f"| {(ts - started) / 60:.1f} |"
         for t, m, metric, s, r, n, temp, ts in evals
     ]
-    lines += _section(
+    lines += section(
         "Train steps", "",
         "| model | step | reward | loss | samples | tokens | tokens/s | staleness | wall s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from swarmrl.core.config import password_on_command_line
+from swarmrl.core.config import password_on_command_line, plain_servers
 
 
 async def setup(url: str, ledger_parts: bool, wait_s: float) -> float:
@@ -38,16 +38,11 @@ async def setup(url: str, ledger_parts: bool, wait_s: float) -> float:
             except (nats.errors.Error, RuntimeError, TimeoutError, OSError) as exc:
                 if time.monotonic() - start > wait_s:
                     raise RuntimeError(
-                        f"JetStream at {_hosts(url)} not ready after {wait_s:g} s: {exc!r}"
+                        f"JetStream at {','.join(plain_servers(url))} not ready after {wait_s:g} s: {exc!r}"
                     ) from exc
                 await asyncio.sleep(1.0)
     finally:
         await bus.close(nc)
-
-
-def _hosts(url: str) -> str:
-    """The servers of `url`, without credentials (for messages)."""
-    return ",".join(u.rsplit("@", 1)[-1] for u in url.split(","))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also LEDGER_PARTS, the work queue ledger replicas share (`[replicas] ledger` > 1)")  # fmt: skip
     p.add_argument("--wait-s", type=float, default=120.0, help="how long to wait for JetStream to answer")
     args = p.parse_args(argv)
-    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+    if reason := password_on_command_line(argv):
         p.error(reason)
     url = os.environ.get("SWARMRL_NATS", "")
     if not url:

@@ -25,8 +25,7 @@ from pathlib import Path
 
 log = logging.getLogger("swarmrl.up")
 PR_SET_PDEATHSIG = 1
-RESTARTS_FILE = "restarts.jsonl"
-"""Journal of exits and restarts in the log dir, one JSON object a line."""
+RESTARTS_FILE = "restarts.jsonl"  # in the log dir: exits and restarts, one JSON object a line
 TAIL_LINES = 20
 
 Start = Callable[[], "subprocess.Popen[bytes]"]
@@ -80,19 +79,14 @@ class Supervisor:
     retired: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     """Processes taken out of `procs` on purpose (replaced clients): their exit is expected."""
     policy: RestartPolicy = field(default_factory=RestartPolicy)
-    starts: dict[str, Start] = field(default_factory=dict)
-    """How to start each child in `procs` again (same command, same environment)."""
+    starts: dict[str, Start] = field(default_factory=dict)  # how to start each child again
     restarts: Counter[str] = field(default_factory=Counter)
-    """Restarts done, by child name."""
-    logs: dict[str, Path] = field(default_factory=dict)
-    """Log files of adopted children that do not log to `log_path(name)`'s default."""
+    logs: dict[str, Path] = field(default_factory=dict)  # adopted children's, if not the default
     roles: dict[str, str] = field(default_factory=dict)
     """Each child's role (its service, `client`, `nats`): what `up` stops it in order by."""
-    pids_file: Path | None = None
-    """A JSON file kept up to date with each child's pid (`up`'s `pids.json`)."""
+    pids_file: Path | None = None  # kept up to date with each child's pid (`up`'s `pids.json`)
     _exits: dict[str, list[float]] = field(default_factory=dict)
-    _due: dict[str, float] = field(default_factory=dict)
-    """Name -> monotonic time of its restart."""
+    _due: dict[str, float] = field(default_factory=dict)  # name -> monotonic time of its restart
 
     def spawn(
         self,
@@ -102,8 +96,7 @@ class Supervisor:
         python: bool = True,
         role: str = "",
     ) -> subprocess.Popen[bytes]:
-        """Start `argv` (arguments of this Python interpreter, or a whole command if not `python`)
-        as the child `name` in `role`."""
+        """Start `argv` (this Python's arguments, or a whole command if not `python`) as child `name`."""
         cmd = [sys.executable, *argv] if python else list(argv)
         # The servers' password variables stay here: a child gets the one URL its role needs (`env`).
         inherited = {k: v for k, v in os.environ.items() if not SERVER_PASSWORD.match(k)}
@@ -146,11 +139,10 @@ class Supervisor:
         return out
 
     def dead(self) -> dict[str, int]:
-        """Children that exited, with their exit codes."""
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
     def having(self, roles: set[str] | frozenset[str]) -> list[str]:
-        """The children in `procs` whose role is one of `roles`, in start order."""
+        """The children whose role is one of `roles`, in start order."""
         return [n for n in self.procs if self.roles.get(n) in roles]
 
     def pids(self) -> dict[str, int]:
@@ -161,7 +153,6 @@ class Supervisor:
             self.pids_file.write_text(json.dumps(self.pids()))
 
     def next_due(self) -> float | None:
-        """Monotonic time of the next restart waiting for its backoff, if any."""
         return min(self._due.values(), default=None)
 
     def heal(
@@ -241,8 +232,7 @@ class Supervisor:
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL `proc` and what it started in its own session (an `accelerate launch` trainer's
-    processes, an engine's workers)."""
+    """SIGKILL `proc` and its session (an `accelerate launch` trainer's processes, an engine's workers)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

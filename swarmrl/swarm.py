@@ -83,7 +83,7 @@ class Replicas(Strict):
     other streams by lease, each writing its partitions under `<table>/p<partition>/` of the run dir."""
     gateway: int = Field(default=1, ge=1, le=16)
     """Gateway processes: one queue group for token requests, admitting groups and mixing tasks as
-    one (`services/gateway/groups.py`)."""
+    one (`services/gateway/admission.py`)."""
     trainer: int = Field(default=1, ge=1, le=4)
     """Trainer processes per model: the lead lease's holder trains, the others stand by with the
     model loaded and take over from its newest checkpoint (`services/trainer/lead.py`)."""
@@ -211,8 +211,7 @@ class Swarm(Strict):
         return self.models[model].trainer
 
     def backlog(self) -> int:
-        """The gateway's admission bound: its own setting, or (-1) two trainer steps' worth of the
-        tightest model."""
+        """The gateway's admission bound: its own, or (-1) two trainer steps of the tightest model."""
         if self.gateway.max_backlog >= 0:
             return self.gateway.max_backlog
         return min(2 * t.batch_groups * t.num_repeat for t in map(self.trainer, self.models))
@@ -295,8 +294,7 @@ def hub_model(repo_id: str, where: str) -> Path:
 
 
 def resolve_base(m: ModelConf, build: bool = True) -> Path:
-    """The model directory of `m`'s base, building a preset on first use (cached; `build=False`:
-    where it is or will be)."""
+    """`m`'s model directory, building a preset on first use (`build=False`: where it is or will be)."""
     from swarmrl import models
     from swarmrl.bootstrap.presets import PRESETS, ensure_model, model_dir
 

@@ -32,6 +32,7 @@ from swarmrl.core.rundir import PARTS_FILE, SWARM_FILE
 from swarmrl.infra.credentials import OPERATOR
 from swarmrl.infra.nats_server import NatsServer, role_urls
 from swarmrl.overrides import FLAGS, add_flags, resolve
+from swarmrl.services.common.tasks import wait_set
 from swarmrl.supervisor import Supervisor
 from swarmrl.swarm import Swarm, SwarmConfigError
 
@@ -78,7 +79,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Swarm]:
     """`up`'s arguments and the one swarm they describe (a bad flag or description exits 2)."""
     p = build_parser()
     args = p.parse_args(argv)
-    if reason := password_on_command_line(sys.argv[1:] if argv is None else argv):
+    if reason := password_on_command_line(argv):
         p.error(reason)
     if args.nats and args.nats_conf is None:
         p.error("--nats needs --nats-conf DIR: the conf dir where up mints its clients' NATS identities")
@@ -185,8 +186,7 @@ async def supervise(
                 break
             due = sup.next_due()
             tick = 1.0 if due is None else min(1.0, max(0.05, due - time.monotonic()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=tick)
+            await wait_set(stop, tick)
             progress.render()
         if ended and evaluated:
             await _final_eval(sup, trainers, finish, evaluator, stop, progress)

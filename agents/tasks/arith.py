@@ -76,8 +76,6 @@ def _check(value: Number) -> Number:
 
 def format_number(value: Number) -> str:
     """How the tool prints a result: integers (and integral floats) without a decimal point."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
     if isinstance(value, float):
-        return f"{value:.10g}"
+        return str(int(value)) if value.is_integer() else f"{value:.10g}"
     return str(value)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self
 
 from swarmrl.agents.tasks import arith
 from swarmrl.agents.tasks.arith import ExpressionError, Number, format_number, safe_eval
@@ -58,8 +58,25 @@ class Question:
     def question(self) -> str:
         return f"What is {self.expression}?"
 
+    @classmethod
+    def held_out(cls) -> list[Self]:
+        """The fixed held-out set: 64 questions, distinct by `task_id`, from a constant seed."""
+        rng = random.Random(f"{cls.prefix}-eval-v1")
+        seen: dict[str, Self] = {}
+        while len(seen) < 64:
+            task = cls(_random_expression(rng))
+            seen.setdefault(task.task_id, task)
+        return list(seen.values())
 
-Q = TypeVar("Q", bound=Question)
+    @classmethod
+    def training(cls, seed: int) -> Iterator[Self]:
+        """Endless seeded stream of training questions, skipping every held-out one."""
+        skip = {task.task_id for task in cls.held_out()}
+        rng = random.Random(seed)
+        while True:
+            task = cls(_random_expression(rng))
+            if task.task_id not in skip:
+                yield task
 
 
 @dataclass(frozen=True)
@@ -169,34 +186,8 @@ def _random_expression(rng: random.Random) -> str:
             return expression
 
 
-def held_out_questions(make: Callable[[str], Q], seed: str, n: int = 64) -> list[Q]:
-    """A fixed held-out set: `n` questions `make(expression)`, distinct by `task_id`, from `seed`."""
-    rng = random.Random(seed)
-    seen: dict[str, Q] = {}
-    while len(seen) < n:
-        task = make(_random_expression(rng))
-        seen.setdefault(task.task_id, task)
-    return list(seen.values())
-
-
-def training_questions(make: Callable[[str], Q], seed: int, held_out: list[Q]) -> Iterator[Q]:
-    """Endless seeded stream of questions `make(expression)`, skipping every held-out one."""
-    skip = {task.task_id for task in held_out}
-    rng = random.Random(seed)
-    while True:
-        task = make(_random_expression(rng))
-        if task.task_id not in skip:
-            yield task
-
-
-def eval_tasks() -> list[Calculator]:
-    """The fixed held-out set: 64 distinct questions from a constant seed."""
-    return held_out_questions(Calculator, "calculator-eval-v1")
-
-
-def train_tasks(seed: int) -> Iterator[Calculator]:
-    """Endless seeded stream of training questions, skipping every eval question."""
-    return training_questions(Calculator, seed, eval_tasks())
+eval_tasks = Calculator.held_out
+train_tasks = Calculator.training
 
 
 def tool_call(expression: str) -> Message:
@@ -221,29 +212,28 @@ def _mistype(text: str, rng: random.Random) -> str:
     return text[:i] + digit + text[i + 1 :]
 
 
-def demonstration(
-    task: Calculator,
-    rng: random.Random,
-    p_no_tool: float = 0.5,
-    p_bad_expression: float = 0.1,
-    p_bad_copy: float = 0.1,
-) -> list[Message]:
+NOISE = {"p_no_tool": 0.5, "p_bad_expression": 0.1, "p_bad_copy": 0.1}
+
+
+def demonstration(task: Calculator, rng: random.Random) -> list[Message]:
     """A demonstration right only some of the time, leaving RL room: with `p_no_tool` a guess at
-    once, else a tool call and the result copied, a digit mistyped now and then."""
+    once, else a tool call and the result copied, a digit mistyped now and then (`NOISE`)."""
     env = CalculatorEnv(task)
     messages = env.reset()
-    if rng.random() < p_no_tool:
+    if rng.random() < NOISE["p_no_tool"]:
         guess: Message = {"role": "assistant", "content": str(rng.randint(10, 99))}
         messages.append(guess)
         env.step(guess)
         return messages
-    expression = _mistype(task.expression, rng) if rng.random() < p_bad_expression else task.expression
+    expression = (
+        _mistype(task.expression, rng) if rng.random() < NOISE["p_bad_expression"] else task.expression
+    )
     call = tool_call(expression)
     messages.append(call)
     step = env.step(call)
     messages += step.messages
     result = step.messages[0]["content"]
-    answer = _mistype(result, rng) if rng.random() < p_bad_copy else result
+    answer = _mistype(result, rng) if rng.random() < NOISE["p_bad_copy"] else result
     final: Message = {"role": "assistant", "content": answer}
     messages.append(final)
     env.step(final)

@@ -114,11 +114,11 @@ def load_object(spec: str, what: str = "reward") -> Callable[..., Any]:
     target, sep, fn_name = spec.rpartition(":")
     if not sep or not target or not fn_name:
         raise DatasetError(f"{what} {spec!r}: expected 'file.py:name' or 'module:name'")
+    path = Path(target)
+    if target.endswith(".py") and not path.exists():
+        raise DatasetError(f"{what} {spec!r}: no such file {path}")
     try:
         if target.endswith(".py"):
-            path = Path(target)
-            if not path.exists():
-                raise DatasetError(f"{what} {spec!r}: no such file {path}")
             module_name = f"swarmrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
             loader_spec = importlib.util.spec_from_file_location(module_name, path)
             assert loader_spec is not None and loader_spec.loader is not None
@@ -126,8 +126,6 @@ def load_object(spec: str, what: str = "reward") -> Callable[..., Any]:
             loader_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(target)
-    except DatasetError:
-        raise
     except Exception as exc:
         raise DatasetError(
             f"reward {spec!r}: importing {target} failed: {type(exc).__name__}: {exc}"
@@ -142,7 +140,8 @@ def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
     """The training and held-out rows: `eval_data`, else a saved `test` / `validation` split, else
     a `heldout` share of `data` carved with `split_seed`."""
     splits = _load_files(name, conf.data)
-    train = splits.get("train") or next(iter(splits.values()))
+    rows = splits.get("train") or next(iter(splits.values()))
+    train = [DataRow(f"{name}-{i}", row) for i, row in enumerate(rows)]
     held: list[dict[str, Any]] | None = None
     if conf.eval_data:
         eval_splits = _load_files(name, conf.eval_data)
@@ -150,10 +149,7 @@ def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
     elif split := next((s for s in EVAL_SPLITS if s in splits), None):
         held = splits[split]
     if held is not None:
-        return (
-            [DataRow(f"{name}-{i}", row) for i, row in enumerate(train)],
-            [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)],
-        )
+        return train, [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)]
     order = list(range(len(train)))
     random.Random(conf.split_seed).shuffle(order)
     n_eval = max(1, round(conf.heldout * len(train)))
@@ -161,11 +157,8 @@ def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
         raise DatasetError(
             f"task {name}: {len(train)} rows leave none to train on after heldout={conf.heldout}"
         )
-    held_idx, train_idx = set(order[:n_eval]), order[n_eval:]
-    return (
-        [DataRow(f"{name}-{i}", train[i]) for i in sorted(train_idx)],
-        [DataRow(f"{name}-{i}", train[i]) for i in sorted(held_idx)],
-    )
+    held_idx = set(order[:n_eval])
+    return [r for i, r in enumerate(train) if i not in held_idx], [train[i] for i in sorted(held_idx)]
 
 
 def train_stream(rows: list[DataRow], seed: int) -> Iterator[DataRow]:

@@ -118,17 +118,14 @@ async def call_reward(
         return [RewardError(f"{where} raised {type(exc).__name__}: {exc}") for _ in entries]
     values = list(out) if isinstance(out, list | tuple) else None
     if values is None or len(values) != len(entries):
-        return [RewardError(f"{where} returned {out!r} for {_n(len(entries))}: {SHAPE}") for _ in entries]
+        n = f"{len(entries)} completion{'' if len(entries) == 1 else 's'}"
+        return [RewardError(f"{where} returned {out!r} for {n}: {SHAPE}") for _ in entries]
     return [
         float(v)
         if not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
         else RewardError(f"{where} returned {v!r} for {nth(i, len(values))}: need a finite number")
         for i, v in enumerate(values)
     ]
-
-
-def _n(n: int) -> str:
-    return f"{n} completion{'' if n == 1 else 's'}"
 
 
 def nth(i: int, n: int) -> str:
@@ -143,12 +140,8 @@ class Scorer:
 
     async def score(self, columns: Mapping[str, Any], task_id: str, completion: Any) -> float:
         result: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        entry = Entry(columns, task_id, completion, result)
-        batch = _GROUP.get()
-        if batch is None:
-            await self._call([entry])
-            return await result
-        return await batch.score(entry, self._call)
+        batch = _GROUP.get() or RewardBatch(1)  # outside a group: a group of one, scored at once
+        return await batch.score(Entry(columns, task_id, completion, result), self._call)
 
     async def _call(self, entries: list[Entry]) -> None:
         values = await call_reward(self.fn, self.name, self.prompt_column, entries)

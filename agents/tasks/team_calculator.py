@@ -11,7 +11,6 @@ true answer, the reporter's 1 when it reports the tool's number (right or wrong)
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,10 +20,8 @@ from swarmrl.agents.tasks.calculator import (
     TOOLS,
     Question,
     _mistype,
-    held_out_questions,
     parse_reply,
     tool_call,
-    training_questions,
 )
 
 CALLER, REPORTER = "caller", "reporter"
@@ -80,8 +77,7 @@ class TeamCalculatorEnv:
             except ExpressionError:
                 self.tool_value = None
         correct = _close(self.tool_value, self.task.answer)
-        self.rewards[CALLER] = 1.0 if correct else 0.0
-        self.metrics[ROLE_METRICS[CALLER]] = 1.0 if correct else 0.0
+        self.rewards[CALLER] = self.metrics[ROLE_METRICS[CALLER]] = 1.0 if correct else 0.0
         if self.tool_value is None:
             self._turn, self.done = None, True
             return
@@ -96,20 +92,13 @@ class TeamCalculatorEnv:
         # A reply with tool calls has no answer (the reporter has no tools).
         self.final_answer = parse_reply(reply).answer
         faithful = _close(self.final_answer, self.tool_value)
-        self.rewards[REPORTER] = 1.0 if faithful else 0.0
-        self.metrics[ROLE_METRICS[REPORTER]] = 1.0 if faithful else 0.0
+        self.rewards[REPORTER] = self.metrics[ROLE_METRICS[REPORTER]] = 1.0 if faithful else 0.0
         self.success = _close(self.final_answer, self.task.answer)
         self._turn, self.done = None, True
 
 
-def eval_tasks() -> list[TeamCalculator]:
-    """The fixed held-out set: 64 distinct questions from a constant seed."""
-    return held_out_questions(TeamCalculator, "team_calculator-eval-v1")
-
-
-def train_tasks(seed: int) -> Iterator[TeamCalculator]:
-    """Endless seeded stream of training questions, skipping every eval question."""
-    return training_questions(TeamCalculator, seed, eval_tasks())
+eval_tasks = TeamCalculator.held_out
+train_tasks = TeamCalculator.training
 
 
 def oracle(task: TeamCalculator, turn: Turn) -> Message:

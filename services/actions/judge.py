@@ -11,7 +11,6 @@ its whole batch; nothing waits forever.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 
 from swarmrl.services.actions.model import Outcome
-from swarmrl.services.common.tasks import Background
+from swarmrl.services.common.tasks import Background, wait_set
 from swarmrl.services.engine.client import EngineClient, EngineError, GenerateResult, open_engine
 
 log = logging.getLogger("swarmrl.actions.judge")
@@ -67,7 +66,7 @@ class JudgeManager:
         self._slots = asyncio.Condition()
         self._arrived = asyncio.Event()  # set on every put: wakes a batcher waiting for more items
         self._batcher: asyncio.Task[None] | None = None
-        self._calls = Background()  # engine calls in flight
+        self._tasks = Background()  # the batcher and the engine calls in flight
 
     async def start(self, units: int) -> None:
         """Load the tokenizer and start batching with `units` accelerator slots."""
@@ -81,7 +80,7 @@ class JudgeManager:
 
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.tokenizer_path)
         await self.resize(units)
-        self._batcher = asyncio.create_task(self._batch_loop(), name="judge-batcher")
+        self._batcher = self._tasks.spawn(self._batch_loop(), name="judge-batcher")
         log.info("judge ready engine=%s tokenizer=%s units=%d", self.engine_url, self.tokenizer_path, units)
 
     async def resize(self, units: int) -> None:
@@ -107,10 +106,7 @@ class JudgeManager:
 
     async def close(self) -> None:
         """Stop batching; queued and running actions end with `error`."""
-        if self._batcher is not None:
-            self._batcher.cancel()
-            await asyncio.gather(self._batcher, return_exceptions=True)
-        await self._calls.close()
+        await self._tasks.close()
         while not self._queue.empty():
             _settle(self._queue.get_nowait(), Outcome(status="error", error="judge closed"))
         if self._client is not None:
@@ -167,8 +163,7 @@ class JudgeManager:
                         break
                     # wait on an event, not on queue.get(): a timed-out get can lose an item (3.11)
                     self._arrived.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._arrived.wait(), left)
+                    await wait_set(self._arrived, left)
             except asyncio.CancelledError:
                 for item in batch:
                     _settle(item, Outcome(status="error", error="judge closed"))
@@ -177,7 +172,7 @@ class JudgeManager:
             if not batch:
                 continue
             self._in_flight += len(batch)
-            self._calls.spawn(self._call(batch), name=f"judge-batch-{len(batch)}")
+            self._tasks.spawn(self._call(batch), name=f"judge-batch-{len(batch)}")
 
     async def _call(self, batch: list[_Item]) -> None:
         """One engine call for `batch`; every item gets an outcome, whatever happens."""

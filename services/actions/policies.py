@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from swarmrl.services.actions.model import RESOURCES, Action, Demand
-from swarmrl.services.actions.pools import BACKFILL_DEPTH, PRED_SCALE_S, PoolSpec, Units, cover, queue_of
+from swarmrl.services.actions.pools import BACKFILL_DEPTH, PRED_SCALE_S, Units, cover, queue_of
 
 if TYPE_CHECKING:
     from swarmrl.services.actions.scheduler import Scheduler
@@ -53,28 +53,42 @@ NO_RESERVATION = {"mem": 0, **{r: 0 for r in RESOURCES}}
 
 
 class SharedUnits(Policy):
-    """Base of `fifo` and `elastic`: every action takes units from one shared pool per resource."""
+    """Base of `fifo` and `elastic`: every action takes units from one shared pool per resource, and
+    waits in its resource's queue in `key` order (then arrival order)."""
 
     shrinks: ClassVar[bool] = False
+    """Pools start at their floor and give idle units back (`elastic`); else fixed at the ceiling."""
+    backfill: ClassVar[int] = 0
+    """How many actions behind one that does not fit are tried per dispatch (0: head-of-line)."""
 
     def __init__(self, s: Scheduler) -> None:
         super().__init__(s)
         self.units = {r: Units(s.pools[r], s.usage[r]) for r in RESOURCES}
+        self.queues: dict[str, list[tuple[float, int, Action]]] = {r: [] for r in RESOURCES}
+        self.seq = itertools.count()
+        self.wanted = {r: 0 for r in RESOURCES}
+        """Units asked for by waiting actions (every part of a suite), per resource."""
         self.started = False
 
-    def first_size(self, spec: PoolSpec) -> int:
-        """Units allocated at the first submit."""
-        raise NotImplementedError
+    def key(self, action: Action) -> float:
+        """Start order, fixed at submit (so a heap keeps it); equal keys keep arrival order."""
+        return 0.0
+
+    def want(self, action: Action, sign: int) -> None:
+        for r in RESOURCES:
+            self.wanted[r] += sign * action.demand.units(r) * action.parts
 
     def submit(self, action: Action, now: float) -> None:
         if not self.started:
             self.started = True
-            for units in self.units.values():
-                units.grow(self.first_size(units.spec), now)
-        self.enqueue(action)
+            for u in self.units.values():
+                u.grow(u.spec.floor if self.shrinks else u.spec.ceiling, now)
+        heapq.heappush(self.queues[queue_of(action.demand)], (self.key(action), next(self.seq), action))
+        self.want(action, +1)
 
-    def enqueue(self, action: Action) -> None:
-        raise NotImplementedError
+    def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
+        for action in dropped:
+            self.want(action, -1)
 
     def fits(self, d: Demand, reserved: dict[str, int]) -> bool:
         """Enough free units and memory for `d` after what `reserved` keeps for others (a reservation
@@ -82,6 +96,32 @@ class SharedUnits(Policy):
         if d.mem_mb > max(0, self.s.mem_free() - reserved["mem"]):
             return False
         return all(d.units(r) <= max(0, u.free - reserved[r]) for r, u in self.units.items())
+
+    def drain(
+        self, r: str, queue: list[tuple[float, int, Action]], reserved: dict[str, int], now: float,
+        out: list[Action],
+    ) -> None:  # fmt: skip
+        """Start what fits, in key order. The first action that does not fit reserves its demand in
+        `reserved`; after it, at most `backfill` more are tried."""
+        skipped: list[tuple[float, int, Action]] = []
+        # Every action in this queue needs a unit of `r`: with none left, none can start.
+        while queue and self.units[r].free - reserved[r] > 0 and len(skipped) <= self.backfill:
+            entry = heapq.heappop(queue)
+            action = entry[2]
+            if not self.s.is_waiting(action):  # dropped by end_trajectory
+                continue
+            if self.fits(action.demand, reserved):
+                self.run(action, now)
+                self.want(action, -1)
+                out.append(action)
+                continue
+            if not skipped:
+                reserved["mem"] += action.demand.mem_mb
+                for res in RESOURCES:
+                    reserved[res] += action.demand.units(res)
+            skipped.append(entry)
+        for entry in skipped:
+            heapq.heappush(queue, entry)
 
     def run(self, action: Action, now: float, extra: bool = False) -> None:
         """Take `action`'s units and start it, or (`extra`) one more of its parts."""
@@ -102,8 +142,7 @@ class SharedUnits(Policy):
             u.advance(now, self.shrinks)
 
     def next_event(self) -> float | None:
-        times = [t for u in self.units.values() if (t := u.next_event(self.shrinks)) is not None]
-        return min(times, default=None)
+        return min((d[0] for u in self.units.values() if (d := u.due(self.shrinks))), default=None)
 
     def allocated(self, resource: str) -> int:
         return self.units[resource].size
@@ -115,29 +154,10 @@ class Fifo(SharedUnits):
 
     name = "fifo"
 
-    def __init__(self, s: Scheduler) -> None:
-        super().__init__(s)
-        self.queues: dict[str, deque[Action]] = {r: deque() for r in RESOURCES}
-
-    def first_size(self, spec: PoolSpec) -> int:
-        return spec.ceiling
-
-    def enqueue(self, action: Action) -> None:
-        self.queues[queue_of(action.demand)].append(action)
-
     def dispatch(self, now: float) -> list[Action]:
-        out = []
-        for queue in self.queues.values():
-            while queue:
-                action = queue[0]
-                if not self.s.is_waiting(action):  # dropped by end_trajectory
-                    queue.popleft()
-                    continue
-                if not self.fits(action.demand, NO_RESERVATION):
-                    break  # head-of-line: everything behind it waits too
-                queue.popleft()
-                self.run(action, now)
-                out.append(action)
+        out: list[Action] = []
+        for r, queue in self.queues.items():  # a blocked head holds nothing back in the other queue
+            self.drain(r, queue, dict(NO_RESERVATION), now, out)
         return out
 
 
@@ -151,37 +171,16 @@ class Elastic(SharedUnits):
 
     name = "elastic"
     shrinks = True
-
-    def __init__(self, s: Scheduler) -> None:
-        super().__init__(s)
-        self.queues: dict[str, list[tuple[float, int, Action]]] = {r: [] for r in RESOURCES}
-        self.seq = itertools.count()
-        self.wanted = {r: 0 for r in RESOURCES}
-        """Units asked for by waiting actions (every part of a suite), per resource."""
-
-    def first_size(self, spec: PoolSpec) -> int:
-        return spec.floor
+    backfill = BACKFILL_DEPTH
 
     def key(self, action: Action) -> float:
-        """Start order, fixed at submit (so a heap keeps it)."""
         p = self.s.predictor.predict(action.shape, action.hint_s)
         return action.submitted + self.s.aging_s * p / (p + PRED_SCALE_S)
 
-    def want(self, action: Action, sign: int) -> None:
-        for r in RESOURCES:
-            self.wanted[r] += sign * action.demand.units(r) * action.parts
-
-    def enqueue(self, action: Action) -> None:
-        heapq.heappush(self.queues[queue_of(action.demand)], (self.key(action), next(self.seq), action))
-        self.want(action, +1)
-
-    def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
-        for action in dropped:
-            self.want(action, -1)
-
     def grow(self, now: float) -> None:
+        unstarted = self.s.unstarted_units
         for r, u in self.units.items():
-            short = self.wanted[r] + self.s.unstarted_units[r] - u.free - len(u.starting)
+            short = self.wanted[r] + unstarted[r] - u.free - len(u.starting)
             n = min(short, u.spec.ceiling - u.size)
             if n > 0:
                 u.grow(n, now)
@@ -214,34 +213,8 @@ class Elastic(SharedUnits):
                 if u.free - reserved[r] <= 0:
                     break
 
-    def drain(
-        self, r: str, queue: list[tuple[float, int, Action]], reserved: dict[str, int], now: float,
-        out: list[Action],
-    ) -> None:  # fmt: skip
-        """Start what fits, in key order. The first action that does not fit reserves its demand in
-        `reserved`; after it, at most BACKFILL_DEPTH more are tried."""
-        skipped: list[tuple[float, int, Action]] = []
-        # Every action in this queue needs a unit of `r`: with none left, none can start.
-        while queue and self.units[r].free - reserved[r] > 0 and len(skipped) <= BACKFILL_DEPTH:
-            entry = heapq.heappop(queue)
-            action = entry[2]
-            if not self.s.is_waiting(action):  # dropped by end_trajectory
-                continue
-            if self.fits(action.demand, reserved):
-                self.run(action, now)
-                self.want(action, -1)
-                out.append(action)
-                continue
-            if not skipped:
-                reserved["mem"] += action.demand.mem_mb
-                for res in RESOURCES:
-                    reserved[res] += action.demand.units(res)
-            skipped.append(entry)
-        for entry in skipped:
-            heapq.heappush(queue, entry)
 
-
-@dataclass
+@dataclass(eq=False)
 class Trajectory:
     """A `static` trajectory: its bundle and its actions waiting to run in it."""
 
@@ -254,10 +227,6 @@ class Trajectory:
     ready_at: float = 0.0
     running: bool = False
     ended: bool = False
-    poked: bool = False
-    """Already in `Static.runnable`."""
-    blocked: bool = False
-    """Already in `Static.mem_blocked`."""
 
 
 class Static(Policy):
@@ -277,9 +246,10 @@ class Static(Policy):
         self.bundle_queue: deque[Trajectory] = deque()
         self.starting: list[tuple[float, int, Trajectory]] = []
         self.seq = itertools.count()
-        self.runnable: deque[Trajectory] = deque()
+        # Ordered sets: a dict keeps insertion order, and a trajectory added again keeps its place.
+        self.runnable: dict[Trajectory, None] = {}
         """Trajectories that may be able to start their next action."""
-        self.mem_blocked: deque[Trajectory] = deque()
+        self.mem_blocked: dict[Trajectory, None] = {}
 
     def first_bundle(self, action: Action) -> Demand:
         if self.s.static_bundle is not None:
@@ -302,16 +272,11 @@ class Static(Policy):
             tr = self.trajectories[action.trajectory] = Trajectory(action.trajectory, deque())
             self.ask(tr, self.first_bundle(action))
         tr.actions.append(action)
-        self.poke(tr)
+        self.runnable[tr] = None
 
     def ask(self, tr: Trajectory, bundle: Demand) -> None:
         tr.want = bundle
         self.bundle_queue.append(tr)
-
-    def poke(self, tr: Trajectory) -> None:
-        if not tr.poked:
-            tr.poked = True
-            self.runnable.append(tr)
 
     def add(self, counts: dict[str, int], demand: Demand, sign: int, now: float) -> None:
         """Add (or take away) `demand`'s units to `held` or `busy`, and meter the change."""
@@ -325,8 +290,8 @@ class Static(Policy):
         while progress:
             progress = self.grant(now)
             while self.runnable:
-                tr = self.runnable.popleft()
-                tr.poked = False
+                tr = next(iter(self.runnable))
+                del self.runnable[tr]
                 progress |= self.step(tr, now, out)
         return out
 
@@ -349,7 +314,7 @@ class Static(Policy):
             if warmup > 0:
                 heapq.heappush(self.starting, (tr.ready_at, next(self.seq), tr))
             else:
-                self.poke(tr)
+                self.runnable[tr] = None
             granted = True
         return granted
 
@@ -364,9 +329,7 @@ class Static(Policy):
             tr.bundle = None
             return True
         if action.demand.mem_mb > self.s.mem_free():
-            if not tr.blocked:
-                tr.blocked = True
-                self.mem_blocked.append(tr)
+            self.mem_blocked[tr] = None
             return False
         tr.actions.popleft()
         tr.running = True
@@ -381,17 +344,17 @@ class Static(Policy):
         self.add(self.busy, action.demand, -1, now)
         free = self.s.mem_free()
         while self.mem_blocked:  # wake the memory-blocked ones that now fit, in order
-            head = self.mem_blocked[0]
+            head = next(iter(self.mem_blocked))
             need = head.actions[0].demand.mem_mb if head.actions else 0
             if need > free:
                 break
             free -= need
-            self.mem_blocked.popleft().blocked = False
-            self.poke(head)
+            del self.mem_blocked[head]
+            self.runnable[head] = None
         if tr.ended:
             self.release(tr, now)
         else:
-            self.poke(tr)
+            self.runnable[tr] = None
 
     def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
         tr = self.trajectories.get(trajectory)
@@ -410,7 +373,7 @@ class Static(Policy):
 
     def advance(self, now: float) -> None:
         while self.starting and self.starting[0][0] <= now:
-            self.poke(heapq.heappop(self.starting)[2])
+            self.runnable[heapq.heappop(self.starting)[2]] = None
 
     def next_event(self) -> float | None:
         return self.starting[0][0] if self.starting else None

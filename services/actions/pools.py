@@ -51,16 +51,16 @@ def cover(a: Demand, b: Demand) -> Demand:
     return Demand(cpu=max(a.cpu, b.cpu), mem_mb=max(a.mem_mb, b.mem_mb), accel=max(a.accel, b.accel))
 
 
+@dataclass
 class Usage:
     """Integral over time of the allocated and busy units of one resource."""
 
-    def __init__(self) -> None:
-        self.t: float | None = None
-        self.allocated = 0
-        self.busy = 0
-        self.allocated_s = 0.0
-        self.busy_s = 0.0
-        self.peak = 0
+    t: float | None = None
+    allocated: int = 0
+    busy: int = 0
+    allocated_s: float = 0.0
+    busy_s: float = 0.0
+    peak: int = 0
 
     def record(self, t: float, allocated: int, busy: int) -> None:
         """The counts change to these values at time `t` (never before the last record)."""
@@ -113,7 +113,7 @@ class Units:
         self.idle.extend([now] * n)
         self.usage.record(now, self.size, self.busy)
 
-    def _due(self, shrink: bool) -> tuple[float, bool] | None:
+    def due(self, shrink: bool) -> tuple[float, bool] | None:
         """The next timed change: (time, is_a_start); None if there is none."""
         ready = self.starting[0] if self.starting else math.inf
         expire = math.inf
@@ -123,13 +123,9 @@ class Units:
             return None
         return (ready, True) if ready <= expire else (expire, False)
 
-    def next_event(self, shrink: bool) -> float | None:
-        due = self._due(shrink)
-        return None if due is None else due[0]
-
     def advance(self, now: float, shrink: bool) -> None:
         """Apply the starts and idle give-backs due by `now`, each at its own time (exact integrals)."""
-        while (due := self._due(shrink)) is not None and due[0] <= now:
+        while (due := self.due(shrink)) is not None and due[0] <= now:
             t, is_start = due
             self.t = t
             if is_start:

@@ -166,9 +166,6 @@ class PythonSandbox:
         """Host pids of the workers' outermost processes (bwrap, unshare or the zygote)."""
         return sorted(w.proc.pid for w in self._workers)
 
-    async def start(self, units: int) -> None:
-        await self.resize(units)
-
     async def resize(self, units: int) -> None:
         """Grow (and wait until the new workers are ready) or shrink (idle workers now, busy ones
         when their action ends) to `units` workers."""
@@ -185,6 +182,8 @@ class PythonSandbox:
                 raise SandboxError(f"{len(errors)} of {grow} sandbox workers failed to start: {errors[0]}")
         while self.units > self._target and self._idle:
             await self._retire(self._idle.pop())
+
+    start = resize  # the resource manager protocol of `workers.Runner`
 
     async def run(self, code: str, *, limits: SandboxLimits | None = None, stdin: str = "") -> Outcome:
         """Run `code` (a Python script) on a free warm worker. `ok` when it ran to its end (its

@@ -50,8 +50,7 @@ class Scheduler:
         self.waiting: dict[str, Action] = {}
         self.running: dict[str, Action] = {}
         self.unstarted: dict[str, Action] = {}
-        """Running actions with parts not started yet, and the units those parts ask for."""
-        self.unstarted_units = {r: 0 for r in RESOURCES}
+        """Running actions with parts not started yet."""
         self.again: list[Action] = []
         """Parts that start on their action's units at the next `dispatch`."""
         self.waiting_by_trajectory: dict[str, set[str]] = {}
@@ -118,7 +117,6 @@ class Scheduler:
         starts no more parts (it finishes as failed), and `static` gives its bundle back."""
         now = self._advance(now)
         for action in [a for a in self.unstarted.values() if a.trajectory == trajectory]:
-            self._unstarted(action, -action.parts_left)
             action.stopped = action.failed = True
             del self.unstarted[action.id]
         dropped = [self.waiting.pop(i) for i in sorted(self.waiting_by_trajectory.pop(trajectory, set()))]
@@ -177,7 +175,6 @@ class Scheduler:
         if not ids:
             del self.waiting_by_trajectory[action.trajectory]
         self.running[action.id] = action
-        self._unstarted(action, action.parts)
         self.start_part(action)
 
     def start_part(self, action: Action, again: bool = False) -> None:
@@ -185,7 +182,6 @@ class Scheduler:
         the next `dispatch`), or on units the policy just took for it."""
         action.started_parts += 1
         action.running_parts += 1
-        self._unstarted(action, -1)
         if action.parts_left:
             self.unstarted[action.id] = action
         else:
@@ -196,9 +192,10 @@ class Scheduler:
         self.mem_used_mb += action.demand.mem_mb
         assert self.mem_used_mb <= self.mem_budget_mb, (self.mem_used_mb, self.mem_budget_mb)
 
-    def _unstarted(self, action: Action, parts: int) -> None:
-        for r in RESOURCES:
-            self.unstarted_units[r] += action.demand.units(r) * parts
+    @property
+    def unstarted_units(self) -> dict[str, int]:
+        """The units the parts not started yet of running actions ask for, per resource."""
+        return {r: sum(a.demand.units(r) * a.parts_left for a in self.unstarted.values()) for r in RESOURCES}
 
     def _advance(self, now: float) -> float:
         now = max(now, self.t)

@@ -29,11 +29,11 @@ from nats.js import JetStreamContext
 from swarmrl.schemas import ActionRequest, ActionResult, WireError, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.config import KIND_RESOURCE, ActionsConfig
-from swarmrl.services.actions.model import Action, Demand, Status
+from swarmrl.services.actions.model import Action, Demand, Outcome
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
 from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import Background, on_signals
+from swarmrl.services.common.tasks import Background, on_signals, wait_set
 
 log = logging.getLogger("swarmrl.actions")
 
@@ -86,7 +86,7 @@ class Pending:
     """When its first part was released (0: still waiting)."""
     units: int = 0
     released: int = 0
-    done: dict[int, ActionResult] = field(default_factory=dict)
+    done: dict[int, Outcome] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,11 +106,10 @@ class Counts:
 class ActionsService:
     def __init__(self, cfg: ActionsConfig, nc: NATS, js: JetStreamContext) -> None:
         self.cfg, self.nc, self.js = cfg, nc, js
+        accel_ceiling = cfg.accel_ceiling if cfg.judge_engine else 0
         pools = {
-            "cpu": PoolSpec(cfg.cpu_floor, cfg.cpu_ceiling, idle_s=cfg.idle_s),
-            "accel": PoolSpec(
-                cfg.accel_floor, cfg.accel_ceiling if cfg.judge_engine else 0, idle_s=cfg.idle_s
-            ),
+            "cpu": PoolSpec(cfg.cpu_floor, cfg.cpu_ceiling, cfg.idle_s),
+            "accel": PoolSpec(cfg.accel_floor, accel_ceiling, cfg.idle_s),
         }
         self.scheduler = Scheduler(cfg.policy, pools, mem_budget_mb=cfg.mem_budget_mb, aging_s=cfg.aging_s)
         self.dead_letters = bus.DeadLetters(nc, "actions")
@@ -170,13 +169,12 @@ class ActionsService:
         except WireError as exc:
             self.counts.rejected[exc.code] += 1
             await self.dead_letters.send(msg, str(exc))
-            if msg.reply:
-                ids = _ids(msg.data)
-                await self._reply(msg, ActionResult(
-                    action_id=ids.get("action_id", "?"), episode_id=ids.get("episode_id", "?"),
-                    kind=ids.get("kind", "?"), status="rejected", error=str(exc), policy=self.cfg.policy,
-                    owner=owner,
-                ))  # fmt: skip
+            ids = _ids(msg.data)
+            await self._reply(msg, ActionResult(
+                action_id=ids.get("action_id", "?"), episode_id=ids.get("episode_id", "?"),
+                kind=ids.get("kind", "?"), status="rejected", error=str(exc), policy=self.cfg.policy,
+                owner=owner,
+            ))  # fmt: skip
             return
         if req.op == "end":
             self._end_trajectory(req.episode_id, time.monotonic())
@@ -247,8 +245,7 @@ class ActionsService:
                 )
             nxt = self.scheduler.next_event(now)
             wait = 1.0 if nxt is None else min(max(nxt - now, 0.0), 1.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await wait_set(self._wake, wait)
 
     async def _release(self, action: Action, now: float) -> None:
         """Queue the next part of `action` for the workers (the scheduler has its units)."""
@@ -272,7 +269,7 @@ class ActionsService:
             headers = {"Nats-Msg-Id": dispatch_id}
             await self.js.publish(S.action_run_subject(action.kind), encode(work), headers=headers)
         except Exception as exc:
-            self._part_done(dispatch_id, "error", error=f"could not queue the action: {exc}")
+            self._part_done(dispatch_id, Outcome("error", error=f"could not queue the action: {exc}"))
 
     async def _on_done(self, msg: Msg) -> None:
         try:
@@ -282,42 +279,38 @@ class ActionsService:
             return
         # Unknown: a second run of a redelivered part, or one that already timed out.
         if done.action_id in self.inflight:
-            self._part_done(
-                done.action_id, done.status, result=done.result, error=done.error, run_s=done.run_s
-            )
+            self._part_done(done.action_id, Outcome(done.status, done.result, done.error, done.run_s))
 
-    def _part_done(
-        self, dispatch_id: str, status: Status, *, result: dict[str, Any] | None = None, error: str = "",
-        run_s: float = 0.0,
-    ) -> None:  # fmt: skip
+    def _part_done(self, dispatch_id: str, outcome: Outcome) -> None:
         """A released part ended; the action is answered when its last part has."""
         key, part, _ = self.inflight.pop(dispatch_id)
         pending = self.pending[key]
-        pending.done[part] = self._result(pending, status, result=result, error=error, run_s=run_s)
+        pending.done[part] = outcome
         now = time.monotonic()
         if pending.req.episode_id in self.last_action:  # a long suite is not a silent trajectory
             self.last_action[pending.req.episode_id] = now
-        if not self.scheduler.finish(key, now, run_s, ok=status == "ok"):
+        if not self.scheduler.finish(key, now, outcome.run_s, ok=outcome.status == "ok"):
             self._wake.set()
             return
         if pending.cases is None:
-            self._finish(key, pending.done[0])
+            self._finish(key, outcome)
             return
-        never = self._result(pending, "error", error=NEVER_RAN)
-        parts = [pending.done.get(i, never) for i in range(len(pending.cases))]
+        parts = [pending.done.get(i, Outcome("error", error=NEVER_RAN)) for i in range(len(pending.cases))]
         failed = [p for p in parts if p.status != "ok"]
         cases = [{"status": p.status, "error": p.error, "run_s": p.run_s, **p.result} for p in parts]
         passed = sum(p.status == "ok" and p.result.get("exit_code") == 0 for p in parts)
-        self._finish(key, self._result(
-            pending, failed[0].status if failed else "ok", result={"cases": cases, "passed": passed},
-            error=f"{len(failed)} of {len(parts)} cases: {failed[0].error}" if failed else "",
-            run_s=sum(p.run_s for p in parts),
+        self._finish(key, Outcome(
+            failed[0].status if failed else "ok", {"cases": cases, "passed": passed},
+            f"{len(failed)} of {len(parts)} cases: {failed[0].error}" if failed else "",
+            sum(p.run_s for p in parts),
         ))  # fmt: skip
 
     def _expire(self, now: float) -> None:
         for dispatch_id, (_, _, deadline) in list(self.inflight.items()):
             if now > deadline:
-                self._part_done(dispatch_id, "error", error="no worker reported a result (workers died?)")
+                self._part_done(
+                    dispatch_id, Outcome("error", error="no worker reported a result (workers died?)")
+                )
         silent = [t for t, last in self.last_action.items() if now - last > self.cfg.trajectory_timeout_s]
         if silent:
             busy = {p.req.episode_id for p in self.pending.values()}
@@ -334,29 +327,24 @@ class ActionsService:
         """The episode is over: `static` frees its units; its actions still waiting are answered."""
         self.last_action.pop(trajectory, None)
         for action in self.scheduler.end_trajectory(trajectory, now):
-            self._finish(action.id, self._result(self.pending[action.id], "error", error=NEVER_RAN))
+            self._finish(action.id, Outcome("error", error=NEVER_RAN))
         self._wake.set()
 
-    def _result(
-        self, p: Pending, status: Status, *, result: dict[str, Any] | None = None, error: str = "",
-        run_s: float = 0.0,
-    ) -> ActionResult:  # fmt: skip
-        now = time.monotonic()
-        return ActionResult(
-            action_id=p.req.action_id, episode_id=p.req.episode_id, kind=p.req.kind, status=status,
-            result=result or {}, error=error, queued_s=(p.started or now) - p.arrived, run_s=run_s,
-            act_s=now - p.arrived, cpu=p.req.cpu, mem_mb=p.req.mem_mb, accel=p.req.accel, units=p.units,
-            policy=self.cfg.policy, owner=p.owner,
-        )  # fmt: skip
-
-    def _finish(self, key: str, result: ActionResult) -> None:
+    def _finish(self, key: str, outcome: Outcome) -> None:
         """Answer the action (the scheduler is done with it: finished, or dropped before it ran)."""
-        pending = self.pending.pop(key)
+        p = self.pending.pop(key)
+        now = time.monotonic()
+        result = ActionResult(
+            action_id=p.req.action_id, episode_id=p.req.episode_id, kind=p.req.kind, status=outcome.status,
+            result=outcome.result, error=outcome.error, queued_s=(p.started or now) - p.arrived,
+            run_s=outcome.run_s, act_s=now - p.arrived, cpu=p.req.cpu, mem_mb=p.req.mem_mb,
+            accel=p.req.accel, units=p.units, policy=self.cfg.policy, owner=p.owner,
+        )  # fmt: skip
         self.counts.by_status[result.status] += 1
         self.recent[key] = result
         while len(self.recent) > 10_000:
             self.recent.popitem(last=False)
-        pending.future.set_result(result)
+        p.future.set_result(result)
         if self.cfg.record:
             self._recording.spawn(self._record(result))
         self._wake.set()

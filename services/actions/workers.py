@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -27,7 +28,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.config import WorkerConfig, WorkerLimits
 from swarmrl.services.actions.model import Outcome
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import on_signals
+from swarmrl.services.common.tasks import Background, on_signals, wait_set
 
 log = logging.getLogger("swarmrl.actions")
 
@@ -37,12 +38,14 @@ MAX_DELIVER = 3
 """A released action is handed out at most this often (a worker died running it each time)."""
 
 
+@dataclass
 class Runner:
     """Runs work messages (`ActionRequest`s whose `action_id` is the dispatch id) of one kind on its
     resource manager (`PythonSandbox` or `JudgeManager`: `start`, `resize`, `run`, `close`)."""
 
-    def __init__(self, kind: str, manager: Any, limits: WorkerLimits) -> None:
-        self.kind, self.manager, self.limits = kind, manager, limits
+    kind: str
+    manager: Any
+    limits: WorkerLimits
 
     async def run(self, req: ActionRequest) -> Outcome:
         if req.kind != self.kind:
@@ -55,10 +58,8 @@ class Runner:
             if not isinstance(code, str) or not isinstance(stdin, str):
                 return Outcome("rejected", error="python payload needs 'code' (and optional 'stdin') strings")
             limits = SandboxLimits(cpu_s=self.limits.cpu_s * max(req.cpu, 1), mem_mb=req.mem_mb, wall_s=wall)
-            outcome: Outcome = await self.manager.run(code, limits=limits, stdin=stdin)
-        else:
-            outcome = await asyncio.wait_for(self.manager.run(req.payload), wall)
-        return outcome
+            return await self.manager.run(code, limits=limits, stdin=stdin)
+        return await asyncio.wait_for(self.manager.run(req.payload), wall)
 
 
 def build_manager(kind: str, limits: WorkerLimits) -> Any:
@@ -82,9 +83,8 @@ class WorkerLoop:
     def __init__(self, js: JetStreamContext, nc: Any, runner: Runner, units: int, name: str) -> None:
         self.js, self.nc, self.runner, self.name = js, nc, runner, name
         self.units = units
-        self.running: set[asyncio.Task[None]] = set()
+        self.running = Background()
         self.counts: Counter[str] = Counter()
-        self._stop = asyncio.Event()
         self._freed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -104,12 +104,11 @@ class WorkerLoop:
             self._freed.set()
 
     async def _pull(self) -> None:
-        while not self._stop.is_set():
+        while True:
             free = self.units - len(self.running)
             if free <= 0:
                 self._freed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), 1.0)
+                await wait_set(self._freed, 1.0)
                 continue
             try:
                 msgs = await self.sub.fetch(free, timeout=1.0)
@@ -123,13 +122,7 @@ class WorkerLoop:
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
-                task = asyncio.create_task(self._run(msg))
-                self.running.add(task)
-                task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.running.discard(task)
-        self._freed.set()
+                self.running.spawn(self._run(msg)).add_done_callback(lambda _: self._freed.set())
 
     async def _run(self, msg: Msg) -> None:
         try:
@@ -164,14 +157,10 @@ class WorkerLoop:
             log.warning("worker %s: could not report action %s: %s", self.name, req.action_id, exc)
 
     async def close(self) -> None:
-        self._stop.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for task in list(self.running):
-            task.cancel()
-        await asyncio.gather(*self.running, return_exceptions=True)
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.running.close()
         await self.runner.manager.close()
 
 
@@ -197,8 +186,7 @@ async def run_worker(cfg: WorkerConfig) -> None:
     try:
         while not stop.is_set():
             await nc.publish(S.ACTION_WORKERS_SUBJECT, msgpack.packb(beat))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), cfg.heartbeat_s)
+            await wait_set(stop, cfg.heartbeat_s)
         await nc.publish(S.ACTION_WORKERS_SUBJECT, msgpack.packb(beat | {"units": 0}))  # gone now
     finally:
         await worker.close()

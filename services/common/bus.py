@@ -6,6 +6,7 @@ The stream layout comes from `swarmrl.schemas.subjects`; nothing here invents a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -19,22 +20,11 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    ObjectStoreConfig,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-    StreamSource,
-    SubjectTransform,
-)
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
-from swarmrl.schemas import MAX_EVENT_BYTES, WireError
+from swarmrl.schemas import MAX_EVENT_BYTES
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common.retry import backoff
 
@@ -51,9 +41,8 @@ had published but not yet acked upstream, and must still be de-duplicated."""
 MAX_MSG_BYTES = 8 * 1024 * 1024
 """Largest message (headers included) a stream stores: the bundled server's max_payload."""
 EPISODE_MSG_BYTES = MAX_EVENT_BYTES + 4096
-"""Largest EPISODES message: the contract's event limit plus room for headers (the msg id), so the
-broker refuses an agent's oversized event at publish time, and every stored one can be dead-lettered
-whole."""
+"""Largest EPISODES message: the contract's event limit plus room for headers (the msg id), so the broker
+refuses an agent's oversized event at publish time, and every stored one can be dead-lettered whole."""
 DEAD_LETTER_MAX_BYTES = 6 * 1024 * 1024
 """A dead letter (payload and headers) above this, or above the server's max_payload, carries only
 the first `DEAD_LETTER_KEEP_BYTES` of the original and its size and SHA-256 (headers below): a
@@ -61,26 +50,24 @@ publish the server refuses for size would close the service's connection and los
 DEAD_LETTER_KEEP_BYTES = 64 * 1024
 MAX_DELIVERIES = 5
 """A message delivered more often than this has crashed or stalled its consumer that often: it is
-dead-lettered as `poison` and acked instead of being handed to the handler again (`drop_poison`).
-Every restart counts (a graceful stop naks what a service holds), and so do the messages that were in
-flight beside the one that crashed it: they share its count and are dead-lettered with it."""
+dead-lettered as `poison` and acked instead (`drop_poison`). Every restart counts (a graceful stop
+naks what a service holds), and so do the messages in flight beside the one that crashed it."""
 
 REASON_HEADER = "Swarm-Reason"
 SUBJECT_HEADER = "Swarm-Subject"
 SERVICE_HEADER = "Swarm-Service"
+# on a truncated dead letter: the original payload's length in bytes and hex SHA-256
 ORIGINAL_SIZE_HEADER = "Swarm-Original-Size"
-"""On a truncated dead letter: the original payload's length in bytes."""
 ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
-"""On a truncated dead letter: the hex SHA-256 of the original payload."""
 
 
 PING_INTERVAL_S = 5.0
 MAX_OUTSTANDING_PINGS = 3
 """A connection with this many pings unanswered (each `PING_INTERVAL_S` apart) is dead and replaced
-(nats-py's defaults: 2 minutes, 2). A network cut leaves TCP connections open but silent, and once
-it heals their retransmissions back off up to tens of seconds more: with the defaults a service cut
-off for 30 s took 25-30 s after the heal to be heard again (`bench/results/partitions.md`); a
-connection found dead during the cut is made again at once after it."""
+(nats-py's defaults: 2 minutes, 2). A network cut leaves TCP connections open but silent: with the
+defaults a service cut off for 30 s took 25-30 s after the heal to be heard again, as TCP
+retransmissions back off (`bench/results/partitions.md`); one found dead during the cut is remade
+at once."""
 
 
 async def connect(url: str, name: str) -> NATS:
@@ -109,25 +96,31 @@ async def connect(url: str, name: str) -> NATS:
 
 def split_credentials(url: str) -> tuple[list[str], tuple[str | None, str | None]]:
     """The servers of `url` (comma-separated) without credentials, and the one user and password they
-    carry, for `nats.connect`'s options (None, None: none, or not the same in all). A cluster's servers tell a client of each other (INFO
-    `connect_urls`), and nats-py adds each to its pool unless one with the same `user:pw@host:port`
-    is there: given in the URLs, the credentials made every node a second, credential-less entry, and
-    a reconnect to one of those failed with `Authorization Violation`. URLs with different users
-    pass as they are."""
-    parts = [urlsplit(u.strip()) for u in url.split(",") if u.strip()]
+    carry (None, None: none, or not the same in all). A cluster's servers tell a client of each other
+    (INFO `connect_urls`) and nats-py pools each unless the same `user:pw@host:port` is there: with the
+    credentials in the URLs every node got a second, credential-less entry, whose reconnects failed
+    with `Authorization Violation`."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    parts = [urlsplit(u) for u in urls]
     users = {(p.username, p.password) for p in parts}
     if len(users) != 1 or None in next(iter(users)):
-        return [u.strip() for u in url.split(",") if u.strip()], (None, None)
+        return urls, (None, None)
     user, password = next(iter(users))
     bare = [urlunsplit(p._replace(netloc=p.netloc.rsplit("@", 1)[-1])) for p in parts]
     return bare, (unquote(user or ""), unquote(password or ""))
 
 
-async def close(nc: NATS, drain: bool = False) -> None:
-    """Close a connection on the way out (`drain`: let its subscriptions finish what they hold first);
-    a broker already gone (the connection reset under a pending flush) is logged, not raised, so the
-    rest of a service's shutdown still runs. uvloop reports a write to a transport that is already
-    closed as a RuntimeError (asyncio's loop drops it)."""
+async def close(nc: NATS, drain: bool = False, flush_s: int | None = None) -> None:
+    """Close a connection on the way out (`drain`: let its subscriptions finish what they hold first;
+    `flush_s`: first flush what it has buffered, the last acks or naks, for up to that long, where a
+    drain would wait on expired fetch requests for its whole timeout); a broker already gone is logged,
+    not raised, so the rest of a service's shutdown still runs (uvloop reports a write to a closed
+    transport as a RuntimeError). What a failed flush loses comes back as redeliveries."""
+    if flush_s is not None and not nc.is_closed:
+        try:
+            await nc.flush(timeout=flush_s)
+        except (OSError, RuntimeError, nats.errors.Error, TimeoutError) as exc:
+            log.warning("final flush failed: %r", exc)
     try:
         await (nc.drain() if drain else nc.close())
     except (OSError, RuntimeError, nats.errors.Error) as exc:
@@ -142,30 +135,23 @@ async def ensure_streams(js: JetStreamContext, *, ledger_parts: bool = False) ->
     """Create (or update to the current config) every swarmrl stream and KV bucket. Idempotent.
     `ledger_parts`: also LEDGER_PARTS, for ledger replicas (a work queue nobody reads would grow).
 
-    Writes only what is missing or differs: a service role may not manage streams (its NATS user's
-    permissions, `schemas/subjects.py`), so it finds them as the operator set them up (`swarmrl up`
-    does first) and reads their info only. Retried whole through a moment of 503s for up to
-    ENSURE_STREAMS_S: a config reload of nats-server (a study adding a run's account, `up` minting an
-    agent) makes JetStream API calls of *other* accounts answer 503 for a moment (on nats-server 2.15,
-    stream info and KV gets failed in about 3 of 10 reloads, and a new run's stream setup in 7 of 10
-    when the next run's account was added right after: `tests/integration/test_research_accounts.py`)."""
+    Writes only what is missing or differs: a service role may not manage streams (`schemas/subjects.py`),
+    so it finds them as the operator (`swarmrl up`) set them up and reads their info only. Retried
+    whole through 503s for up to ENSURE_STREAMS_S: a config reload of nats-server (a study adding an
+    account, `up` minting an agent) makes other accounts' JetStream calls answer 503 for a moment (in
+    3 to 7 of 10 reloads on nats-server 2.15: `tests/integration/test_research_accounts.py`)."""
     await backoff(functools.partial(_ensure_streams, js, ledger_parts), seconds=ENSURE_STREAMS_S)
 
 
 async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     replicas = stream_replicas()
-    for name, subjects in S.STREAM_SUBJECTS.items():
+    for name, subjects in {**S.STREAM_SUBJECTS, **S.WORK_STREAM_SUBJECTS}.items():
         episodes = name == S.EPISODES_STREAM
-        cfg = StreamConfig(
-            name=name, subjects=subjects, storage=StorageType.FILE, num_replicas=replicas,
+        cfg = api.StreamConfig(
+            name=name, subjects=subjects, storage=api.StorageType.FILE, num_replicas=replicas,
+            retention=api.RetentionPolicy.WORK_QUEUE if name in S.WORK_STREAM_SUBJECTS else None,
             duplicate_window=DUPLICATE_WINDOW_S if episodes else SERVICE_DUPLICATE_WINDOW_S,
             max_msg_size=EPISODE_MSG_BYTES if episodes else MAX_MSG_BYTES,
-        )  # fmt: skip
-        await _add_or_update(js, cfg)
-    for name, subjects in S.WORK_STREAM_SUBJECTS.items():
-        cfg = StreamConfig(
-            name=name, subjects=subjects, storage=StorageType.FILE, retention=RetentionPolicy.WORK_QUEUE,
-            duplicate_window=SERVICE_DUPLICATE_WINDOW_S, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
         )  # fmt: skip
         await _add_or_update(js, cfg)
     await _ensure_parts(js, S.EPISODE_PARTS_STREAM, S.EPISODE_PARTITION_TRANSFORM, replicas)
@@ -176,7 +162,12 @@ async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     await _ensure_bucket(js, S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
     await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
     await _ensure_bucket(js, S.GROUPS_BUCKET, history=1, ttl=GROUPS_TTL_S, replicas=replicas)
-    await _ensure_object_store(js, S.WEIGHTS_BUCKET, replicas)
+    try:  # empty until a trainer shares its weights
+        await js.object_store(S.WEIGHTS_BUCKET)
+    except NotFoundError:
+        await js.create_object_store(
+            S.WEIGHTS_BUCKET, api.ObjectStoreConfig(storage=api.StorageType.FILE, replicas=replicas)
+        )
 
 
 async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> None:
@@ -187,16 +178,8 @@ async def _ensure_bucket(js: JetStreamContext, bucket: str, **config: Any) -> No
         await js.create_key_value(bucket=bucket, **config)
 
 
-async def _ensure_object_store(js: JetStreamContext, bucket: str, replicas: int) -> None:
-    """Create object store `bucket` unless it exists (empty until a trainer shares its weights)."""
-    try:
-        await js.object_store(bucket)
-    except NotFoundError:
-        await js.create_object_store(bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas))
-
-
 GROUPS_TTL_S = 3600.0
-"""How long the gateways remember an admitted group (`services/gateway/groups.py`): far longer than
+"""How long the gateways remember an admitted group (`services/gateway/admission.py`): far longer than
 a group takes to play, or than the trainer waits for one (`group_timeout_s`)."""
 LEASE_TTL_S = 6.0
 """A lease or presence key not renewed for this long is gone (`services/common/leases.py`): how long a
@@ -204,12 +187,11 @@ dead replica's partitions wait for a new owner. Fixed when the bucket is created
 
 
 async def _ensure_parts(js: JetStreamContext, name: str, transform: tuple[str, str], replicas: int) -> None:
-    """EPISODE_PARTS (LEDGER_PARTS): every EPISODES message again, under its partition's subject
-    (schemas/subjects.py), as a work queue for the mergers (ledgers). Its size limit is the services'
-    (EPISODES has refused what an agent may not send; a source refused here would stall every later
-    event). Created beside an EPISODES stream that already holds events (a run recorded before
-    partitions, resumed), it starts after them: episodes open at that moment are not merged (start
-    such a run afresh instead)."""
+    """EPISODE_PARTS (LEDGER_PARTS): every EPISODES message again, under its partition's subject, as a
+    work queue for the mergers (ledgers). Its size limit is the services' (EPISODES refused what an
+    agent may not send; a source refused here would stall every later event). Created beside an
+    EPISODES stream that holds events (a run recorded before partitions, resumed), it starts after
+    them: episodes open then are not merged (start such a run afresh instead)."""
     try:
         await js.stream_info(name)
         return
@@ -217,14 +199,14 @@ async def _ensure_parts(js: JetStreamContext, name: str, transform: tuple[str, s
         pass
     src, dest = transform
     last = (await js.stream_info(S.EPISODES_STREAM)).state.last_seq
-    source = StreamSource(
+    source = api.StreamSource(
         name=S.EPISODES_STREAM,
         opt_start_seq=last + 1 if last else None,
-        subject_transforms=[SubjectTransform(src=src, dest=dest)],
+        subject_transforms=[api.SubjectTransform(src=src, dest=dest)],
     )
-    cfg = StreamConfig(
-        name=name, sources=[source], storage=StorageType.FILE,
-        retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
+    cfg = api.StreamConfig(
+        name=name, sources=[source], storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.WORK_QUEUE, num_replicas=replicas, max_msg_size=MAX_MSG_BYTES,
     )  # fmt: skip
     try:
         await js.add_stream(cfg)
@@ -258,10 +240,10 @@ STREAM_FIELDS = ("subjects", "storage", "retention", "duplicate_window", "num_re
 """The stream settings swarmrl sets; a stream whose settings all match is left alone."""
 
 
-async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:
+async def _add_or_update(js: JetStreamContext, cfg: api.StreamConfig) -> None:
     assert cfg.name is not None
     try:
-        have: StreamConfig | None = (await js.stream_info(cfg.name)).config
+        have: api.StreamConfig | None = (await js.stream_info(cfg.name)).config
     except NotFoundError:
         have = None
     want = {f: getattr(cfg, f) for f in STREAM_FIELDS if getattr(cfg, f) is not None}
@@ -331,38 +313,23 @@ def _headers_size(headers: dict[str, str]) -> int:
     return 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
 
 
-def check_deliveries(msg: Msg, max_deliveries: int = MAX_DELIVERIES) -> None:
-    """Raise `WireError("poison")` if JetStream has delivered `msg` more than `max_deliveries` times."""
-    delivered = msg.metadata.num_delivered or 0
-    if delivered > max_deliveries:
-        raise WireError(
-            "poison", f"delivered {delivered} times (more than {max_deliveries}); it may crash its consumer"
-        )
-
-
-async def drop_poison(msgs: list[Msg], dead_letters: DeadLetters, max_deliveries: int) -> list[Msg]:
-    """`msgs` less the poison ones (`check_deliveries`), each dead-lettered and acked; one the DLQ
-    does not take now stays unacked (it comes back after the ack wait) and is not handed on either."""
+async def drop_poison(msgs: list[Msg], dead_letters: DeadLetters) -> list[Msg]:
+    """`msgs` less those delivered more than `MAX_DELIVERIES` times, each dead-lettered as `poison` and
+    acked; one the DLQ does not take now stays unacked (it comes back after the ack wait) and is not
+    handed on either."""
     kept = []
     for msg in msgs:
-        try:
-            check_deliveries(msg, max_deliveries)
-        except WireError as exc:
-            await _dead_letter_poison(msg, dead_letters, str(exc))
-        else:
+        delivered = msg.metadata.num_delivered or 0
+        if delivered <= MAX_DELIVERIES:
             kept.append(msg)
+            continue
+        reason = f"poison: delivered {delivered} times (more than {MAX_DELIVERIES})"
+        try:
+            await dead_letters.send(msg, f"{reason}; it may crash its consumer")
+            await msg.ack()
+        except (nats.errors.Error, OSError) as exc:  # the broker is away: it returns after its ack wait
+            log.warning("subject=%s could not dead-letter a poison message: %r", msg.subject, exc)
     return kept
-
-
-async def _dead_letter_poison(msg: Msg, dead_letters: DeadLetters, reason: str) -> None:
-    try:
-        await dead_letters.send(msg, reason)
-        await msg.ack()
-    except (
-        nats.errors.Error,
-        OSError,
-    ) as exc:  # the broker is unreachable: the message returns after its ack wait
-        log.warning("subject=%s could not dead-letter a poison message: %r", msg.subject, exc)
 
 
 async def durable_pull(
@@ -375,32 +342,45 @@ async def durable_pull(
     max_ack_pending: int = 50_000,
     max_deliver: int = -1,
     start_seq: int = 0,
-    ack_policy: AckPolicy = AckPolicy.EXPLICIT,
+    ack_policy: api.AckPolicy = api.AckPolicy.EXPLICIT,
     pending_bytes_limit: int = 256 * 1024 * 1024,
 ) -> JetStreamContext.PullSubscription:
     """Bind to (creating if needed) a durable pull consumer; a restarted service resumes from its ack floor.
 
-    `start_seq` > 0 makes a newly created consumer start at that stream sequence (an existing one
-    keeps its position: delete it first to reposition). `AckPolicy.ALL`: one ack covers every
-    earlier message, for a consumer that handles messages strictly in order. `pending_bytes_limit`:
-    nats-py drops what arrives beyond it as a slow consumer (0: no limit). Several subjects make one
-    consumer that delivers them in stream order (`filter_subjects`).
+    `start_seq` > 0: a newly created consumer starts at that stream sequence (an existing one keeps its
+    position). `AckPolicy.ALL`: one ack covers every earlier message, for a consumer that handles them
+    strictly in order. `pending_bytes_limit`: nats-py drops what arrives beyond it as a slow consumer
+    (0: no limit). Several subjects make one consumer that delivers them in stream order.
     """
     subjects = [subject] if isinstance(subject, str) else subject
-    cfg = ConsumerConfig(
-        durable_name=durable,
-        ack_policy=ack_policy,
-        deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else DeliverPolicy.ALL,
-        opt_start_seq=start_seq if start_seq > 0 else None,
-        ack_wait=ack_wait_s,
-        max_ack_pending=max_ack_pending,
-        max_deliver=max_deliver,
+    cfg = api.ConsumerConfig(
+        durable_name=durable, ack_policy=ack_policy, ack_wait=ack_wait_s, max_ack_pending=max_ack_pending,
+        max_deliver=max_deliver, opt_start_seq=start_seq if start_seq > 0 else None,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else api.DeliverPolicy.ALL,
         filter_subject=subjects[0] if len(subjects) == 1 and subjects[0] != ">" else None,
         filter_subjects=subjects if len(subjects) > 1 else None,
-    )
+    )  # fmt: skip
     return await js.pull_subscribe(
         subjects[0], durable=durable, stream=stream, config=cfg, pending_bytes_limit=pending_bytes_limit
     )
+
+
+async def resume_durable(
+    js: JetStreamContext, stream: str, durable: str, seq: int, where: object, **options: Any
+) -> JetStreamContext.PullSubscription:
+    """`durable_pull` on `stream` from right after `seq`, where the service's own record `where` says it
+    got to (that record, not the consumer's position, is the truth: the old consumer is deleted first),
+    with cumulative acks (`AckPolicy.ALL`); `options`: `durable_pull`'s. A `seq` past the stream's end
+    is from another life of the stream, which resuming would mix in: refused."""
+    last = (await js.stream_info(stream)).state.last_seq
+    if seq > last:
+        raise RuntimeError(
+            f"{where} holds {stream} messages up to seq {seq}, but the stream ends at seq {last}: it was "
+            "recreated; give this run a fresh --run-dir"
+        )
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(stream, durable)
+    return await durable_pull(js, stream, durable, start_seq=seq + 1, ack_policy=api.AckPolicy.ALL, **options)
 
 
 async def batches(
@@ -410,12 +390,11 @@ async def batches(
     timeout: float = 0.5,
     *,
     dead_letters: DeadLetters | None,
-    max_deliveries: int = MAX_DELIVERIES,
     drain_s: float = 0.0,
 ) -> AsyncIterator[list[Msg]]:
     """Yield fetched batches until `stop` is set; an empty fetch yields [] so callers can flush on time.
 
-    A message delivered more than `max_deliveries` times is dead-lettered as `poison` and acked
+    A message delivered more than `MAX_DELIVERIES` times is dead-lettered as `poison` and acked
     instead of yielded (`drop_poison`): a message that crashes its service cannot crash-loop it.
     `dead_letters=None`: no such check, for a consumer whose one ack acks every earlier message
     (`AckPolicy.ALL`), where acking a poison message would ack the batch before it. `drain_s`: once
@@ -443,6 +422,6 @@ async def batches(
             # replicas have not elected another yet; the consumer and its messages are safe.
             await asyncio.sleep(0.5)
             continue
-        yield msgs if dead_letters is None else await drop_poison(msgs, dead_letters, max_deliveries)
+        yield msgs if dead_letters is None else await drop_poison(msgs, dead_letters)
         if deadline is not None and len(msgs) < batch:
             return

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import uvicorn
@@ -28,19 +29,17 @@ class BackgroundServer:
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         self._sock = _bind(host, port)
         self.url = f"http://{host}:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn.Server(_config(app))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
 
     def start(self, timeout: float = 10.0) -> BackgroundServer:
         self._thread.start()
-        deadline = threading.Event()
         for _ in range(int(timeout / 0.02)):
             if self._server.started:
                 return self
-            deadline.wait(0.02)
+            time.sleep(0.02)
         raise TimeoutError(f"uvicorn did not start within {timeout}s on {self.url}")
 
     def stop(self) -> None:
@@ -64,9 +63,7 @@ async def serve_in_loop(app: FastAPI, host: str, port: int) -> tuple[ServiceServ
     the event loop instead of reaching the service as an error naming the address.
     """
     sock = _bind(host, port)
-    server = ServiceServer(
-        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
-    )
+    server = ServiceServer(_config(app))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
@@ -74,6 +71,10 @@ async def serve_in_loop(app: FastAPI, host: str, port: int) -> tuple[ServiceServ
             raise RuntimeError("uvicorn stopped before it started listening")
         await asyncio.sleep(0.02)
     return server, task
+
+
+def _config(app: FastAPI) -> uvicorn.Config:
+    return uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -34,12 +34,10 @@ async def watch_kv(
     """`kv.watch(pattern, **options)`'s entries, with one `None` once the keys stored at its start
     are all delivered, then the later changes, until the caller stops iterating.
 
-    nats-py's own `None` can come too early: it checks whether a new watch has anything to deliver
-    by asking the server, and the server may answer before the entries it already sent arrive, so
-    the marker comes first and the stored keys after it (nats-io/nats.py#842). Here it is believed
-    only if nothing under `pattern` is stored; otherwise the replay ends at the entry the server
-    sent with nothing pending after it (`delta` 0). Every message must reach the caller for that
-    (no `ignore_deletes`: skip deletes yourself)."""
+    nats-py's own `None` can come before the stored keys: the server may answer its "anything to
+    deliver?" before the entries it already sent arrive (nats-io/nats.py#842). Here it is believed
+    only if nothing under `pattern` is stored; otherwise the replay ends at the entry with nothing
+    pending after it (`delta` 0), so every message must reach the caller (no `ignore_deletes`)."""
     if options.get("ignore_deletes"):
         raise ValueError("watch_kv needs every entry, deletes included: skip them in the caller")
     watcher = await kv.watch(pattern, **options)
@@ -60,12 +58,10 @@ async def watch_kv(
 
 
 async def live_keys(js: JetStreamContext, kv: KeyValue, pattern: str = ">") -> list[str]:
-    """The keys of `kv` matching `pattern` that hold a value now (deleted, purged and expired ones are
-    left out). Like `KeyValue.keys()`, but the consumer it reads through is gone `KEYS_INACTIVE_S`
-    after: `keys()` leaves one behind for 5 minutes, so a replica calling it every few seconds
-    piles up hundreds, and a stream takes no more than 1,000 (the server then refuses every new
-    consumer of the bucket, watches included). Its end of the keys is `watch_kv`'s, not the early
-    one `keys()` may take."""
+    """The keys of `kv` matching `pattern` that hold a value now. Like `KeyValue.keys()`, but its
+    consumer is gone `KEYS_INACTIVE_S` after (`keys()` leaves one for 5 minutes: a replica calling it
+    every few seconds piled up to a stream's limit of 1,000, and the server then refused every new
+    consumer of the bucket), and its end of the keys is `watch_kv`'s, not the early one of `keys()`."""
     keys = []
     entries = watch_kv(js, kv, pattern, meta_only=True, inactive_threshold=KEYS_INACTIVE_S)
     try:

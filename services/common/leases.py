@@ -13,9 +13,8 @@ ceil(partitions / live members): it takes free partitions up to it and gives bac
 the partition's work first, then `release`s it) what it holds beyond it. A replica that joins makes
 the others give back; one that dies stops renewing, and its partitions are free `LEASE_TTL_S` later.
 
-`fair_share` and `plan` are the pure core; `Leases` does the KV calls; `LeasedWork` keeps one task
-per leased partition running, in step with the leases, and `take_consumer` gives a partition's new
-owner its own consumer (the merger's and the ledger's replicas).
+`plan` is the pure core, `Leases` does the KV calls, `LeasedWork` runs one task per leased partition
+and `take_consumer` gives a partition's new owner its own consumer (merger and ledger replicas).
 """
 
 from __future__ import annotations
@@ -141,6 +140,7 @@ class Leases:
             log.warning("%s: membership not removed (%r)", self.service, exc)
 
 
+@dataclass
 class LeasedWork:
     """One task per partition `leases` holds, `work(p, stop, owned)`, in step with the leases: each `tick`
     renews and rebalances them, then sets `stop` for the work of every partition lost, given back or
@@ -150,19 +150,15 @@ class LeasedWork:
     error is one of `survive`: then it starts again at the next round if the partition is still ours.
     `owned()` says whether the partition is still ours to work on (held, and not fenced)."""
 
-    def __init__(
-        self,
-        leases: Leases,
-        work: Callable[[int, asyncio.Event, Callable[[], bool]], Coroutine[Any, Any, None]],
-        margin_s: float,
-        survive: tuple[type[BaseException], ...] = (),
-    ) -> None:
-        self.leases, self.work, self.margin_s, self.survive = leases, work, margin_s, survive
-        self.running: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = {}
-        self.releasing: set[int] = set()
-        self.renewed = time.monotonic()
-        """When the last renewal round that succeeded began (a round renews many keys, which takes
-        seconds on a busy machine: its start is what the keys' expiry counts from)."""
+    leases: Leases
+    work: Callable[[int, asyncio.Event, Callable[[], bool]], Coroutine[Any, Any, None]]
+    margin_s: float
+    survive: tuple[type[BaseException], ...] = ()
+    running: dict[int, tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=dict)
+    releasing: set[int] = field(default_factory=set)
+    renewed: float = field(default_factory=time.monotonic)
+    """When the last renewal round that succeeded began (a round renews many keys, which takes
+    seconds on a busy machine: its start is what the keys' expiry counts from)."""
 
     def fenced(self) -> bool:
         return time.monotonic() - self.renewed > LEASE_TTL_S - self.margin_s

@@ -15,21 +15,9 @@ from swarmrl.schemas import Event, WireError
 from swarmrl.schemas import subjects as S
 
 DEAD_LETTER_CODES = (
-    "malformed",
-    "version",
-    "schema",
-    "oversized",
-    "subject",
-    "not_owner",
-    "unknown_episode",
-    "duplicate",
-    "out_of_order",
-    "after_end",
-    "poison",
-    "unknown_kind",
-    "group_size",
-    "demand",
-)
+    "malformed", "version", "schema", "oversized", "subject", "not_owner", "unknown_episode", "duplicate",
+    "out_of_order", "after_end", "poison", "unknown_kind", "group_size", "demand",
+)  # fmt: skip
 
 
 def episode_of(subject: str) -> tuple[str, str]:
@@ -67,10 +55,8 @@ class EpisodeTracker:
         self.max_closed = max_closed
 
     def check(self, ev: Event, received: float | None = None) -> str | None:
-        """Apply `ev` to the state; return None if accepted, else a dead-letter reason.
-
-        `received` is the local receive time used for timeouts (client clocks may be skewed).
-        """
+        """Apply `ev` to the state; return None if accepted, else a dead-letter reason. `received`: the
+        local receive time, used for timeouts (client clocks may be skewed)."""
         eid = ev.episode_id
         now = ev.ts if received is None else received
         if ev.kind == "begin":

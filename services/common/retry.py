@@ -16,17 +16,7 @@ from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    stop_any,
-    stop_when_event_set,
-    wait_exponential,
-)
-from tenacity.stop import stop_base
+import tenacity
 
 log = logging.getLogger("swarmrl.retry")
 
@@ -73,19 +63,19 @@ async def backoff(
     process, `DUPLICATE_IN_PROCESS`) wait (`first_s`, doubling up to `max_s`) and try again, until
     `seconds` have passed, `tries` attempts were made or `stop` is set (none of them: forever). Then
     the last failure propagates. `what`: each retry is logged as a warning naming it."""
-    ends: list[stop_base] = [stop_after_delay(seconds)] if seconds is not None else []
-    ends += [stop_after_attempt(tries)] if tries is not None else []
-    ends += [stop_when_event_set(stop)] if stop is not None else []  # type: ignore[arg-type]  # is_set() alike
+    ends: list[tenacity.stop.stop_base] = [tenacity.stop_after_delay(seconds)] if seconds is not None else []
+    ends += [tenacity.stop_after_attempt(tries)] if tries is not None else []
+    ends += [tenacity.stop_when_event_set(stop)] if stop is not None else []  # type: ignore[arg-type]  # is_set() alike
 
-    def log_retry(state: RetryCallState) -> None:
+    def log_retry(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
 
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(lambda exc: passes(exc, transient)),
-        stop=stop_any(*ends),
-        wait=wait_exponential(multiplier=first_s, max=max_s),
+    async for attempt in tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(lambda exc: passes(exc, transient)),
+        stop=tenacity.stop_any(*ends),
+        wait=tenacity.wait_exponential(multiplier=first_s, max=max_s),
         before_sleep=log_retry if what else None,
         reraise=True,
     ):

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 log = logging.getLogger("swarmrl.tasks")
+
+
+async def wait_set(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to `seconds` for `event`; whether it is set: a loop's sleep that a stop ends at once."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+    return event.is_set()
 
 
 class Loops:
@@ -99,24 +107,18 @@ def on_signals(handler: Callable[[], object]) -> None:
 async def serve_until_signalled(service: Service) -> None:
     """Start `service` and run it until SIGINT or SIGTERM (or until one of its loops dies), then stop it.
     A signal during `start()` cancels the start (it may be waiting on a NATS server that is gone)."""
-    signalled = asyncio.Event()
+    starting = asyncio.create_task(service.start(), name="start")
 
     def on_signal() -> None:
-        signalled.set()
+        starting.cancel()  # a no-op once started
         service.request_stop()
 
     on_signals(on_signal)
     try:
-        starting = asyncio.create_task(service.start(), name="start")
-        waiter = asyncio.create_task(signalled.wait())
-        await asyncio.wait([starting, waiter], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if not starting.done():
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
-            return
-        starting.result()
-        await service.wait()
+        await asyncio.wait([starting])  # the start's outcome is read below
+        if not starting.cancelled():
+            starting.result()
+            await service.wait()
     finally:
         await service.stop()
 

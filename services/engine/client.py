@@ -89,7 +89,6 @@ class StreamAccumulator:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.text = ""
-        self.finished = False
 
     def add(self, item: Any) -> GenerateResult:
         """The request's result so far after `item`, one decoded `data:` event."""
@@ -115,9 +114,8 @@ class StreamAccumulator:
             else:  # cumulative: convert only the entries not seen before
                 self.logprobs = self.logprobs[: len(entries)]
                 self.logprobs += [float(e[0]) for e in entries[len(self.logprobs) :]]
-        self.finished = meta.get("finish_reason") is not None
         whole = {"text": self.text, "output_ids": self.ids, "meta_info": meta}
-        if self.finished:
+        if meta.get("finish_reason") is not None:
             result = GenerateResult.from_response(whole)
             return replace(result, output_logprobs=list(self.logprobs) if entries is not None else [])
         partial = {**whole, "meta_info": {**meta, "output_token_logprobs": [], "input_token_logprobs": []}}
@@ -164,13 +162,12 @@ class EngineClient:
         """Requests sent at once (0: no bound); more wait here, first come first served. httpx's pool
         costs CPU per connection in flight (bench/results/load.md); each request in flight keeps its
         own connection alive, closed when idle before the server's keep-alive ends."""
-        self._slots = asyncio.Semaphore(max_inflight) if max_inflight > 0 else None
+        self._slot: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Semaphore(max_inflight) if max_inflight > 0 else contextlib.nullcontext()
+        )
         cap = max_inflight or None
         limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap, keepalive_expiry=30)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits)
-
-    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        return self._slots if self._slots is not None else contextlib.nullcontext()
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -203,24 +200,17 @@ class EngineClient:
         False), the last one what `generate` returns. Leaving early closes the connection, which
         makes the server abort the request."""
         body = {**self._generate_body(input_ids, sampling_params, return_logprob), "stream": True}
-        acc = StreamAccumulator()
-        final: GenerateResult | None = None
-        async for item in self._events("/generate", body):
-            if final is not None:
-                continue  # read to the body's end (just past `[DONE]`): the connection is then reused
-            result = acc.add(item)
-            if acc.finished:
-                final = result  # given once the body has ended, a moment later
-            else:
-                yield result
-        if final is None:
-            raise EngineError(0, f"engine stream from {self.base_url} ended before the request finished")
-        yield final
+        async for result in self._stream("/generate", body, StreamAccumulator().add):
+            yield result
 
-    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
-        """POST `body` for a server-sent event stream and yield each `data:` event, decoded, up to
-        `[DONE]`; an HTTP error is an EngineError. Leaving early closes the connection."""
-        async with self._slot():
+    async def _stream(
+        self, path: str, body: dict[str, Any], fold: Callable[[Any], GenerateResult]
+    ) -> AsyncIterator[GenerateResult]:
+        """POST `body` for a server-sent event stream, `fold` each `data:` event into the result so far
+        and yield it; the finished one comes once the body has ended (read just past `[DONE]`: the
+        connection is then reused). An HTTP error is an EngineError; leaving early closes the connection."""
+        final: GenerateResult | None = None
+        async with self._slot:
             resp = await self._retrying(
                 lambda: self._http.send(self._http.build_request("POST", path, json=body), stream=True)
             )
@@ -229,19 +219,25 @@ class EngineClient:
                     await resp.aread()
                     raise EngineError(resp.status_code, _error_message(resp))
                 async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, SSE comments and fields the server does not send
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    # skip blank separators, SSE comments, other fields, [DONE] and all after the final event
+                    if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]" or final:
                         continue
                     try:
-                        yield json.loads(data)
+                        item = json.loads(data)
                     except ValueError as exc:
                         raise EngineError(
                             0, f"engine sent a stream event that is not JSON: {data[:200]!r}"
                         ) from exc
+                    result = fold(item)
+                    if result.finished:
+                        final = result
+                    else:
+                        yield result
             finally:
                 await resp.aclose()
+        if final is None:
+            raise EngineError(0, f"engine stream from {self.base_url} ended before the request finished")
+        yield final
 
     async def generate_batch(
         self,
@@ -337,7 +333,7 @@ class EngineClient:
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         async def send() -> httpx.Response:
-            async with self._slot():
+            async with self._slot:
                 return await self._http.request(method, path, json=body)
 
         resp = await self._retrying(send)
@@ -354,8 +350,7 @@ async def open_engine(
     """A client for the engine at `url`: `EngineClient` for SGLang's API, `VLLMClient` for vLLM's.
     `backend="auto"` asks the server (only SGLang's API answers `/get_model_info`), after waiting up
     to `timeout_s` for `/health` if `wait`; an engine that does not answer gets `EngineClient`."""
-    probe = EngineClient(url, **kwargs)
-    try:
+    async with EngineClient(url, **kwargs) as probe:
         if wait:
             await probe.wait_ready(timeout=timeout_s)
         if backend == "auto":
@@ -364,8 +359,6 @@ async def open_engine(
             except httpx.TransportError:
                 found = True
             backend = "sglang" if found else "vllm"
-    finally:
-        await probe.aclose()
     if backend == "vllm":
         from swarmrl.services.engine.vllm_backend import VLLMClient
 

@@ -165,8 +165,7 @@ class EngineCore(Reloads):
 
     def stats(self) -> dict[str, Any]:
         with self._stats_lock:
-            sizes = dict(self.batch_sizes)
-            score_sizes = dict(self.score_batch_sizes)
+            sizes, score_sizes = dict(self.batch_sizes), dict(self.score_batch_sizes)
         return {
             "max_batch_seen": max(sizes, default=0),
             "decode_steps": sum(sizes.values()),
@@ -198,9 +197,7 @@ class EngineCore(Reloads):
         """ValueError unless `ids` is non-empty, in the vocabulary and shorter than the context."""
         if not ids:
             raise ValueError("input_ids is empty")
-        bad = [
-            t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size
-        ]
+        bad = [t for t in ids if type(t) is not int or not 0 <= t < self.vocab_size]  # bool is no id
         if bad:
             raise ValueError(f"input_ids contain {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         if len(ids) >= self.context_length:
@@ -223,8 +220,7 @@ class EngineCore(Reloads):
     def _loop(self) -> None:
         # cuDNN's attention plans every new shape, and a decode step meets a new KV length each time:
         # left out (`bench/gpu_attention.py`)
-        cuda = self.device.type == "cuda"
-        with sdpa_kernel(_SDPA_BACKENDS) if cuda else contextlib.nullcontext():
+        with sdpa_kernel(_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext():
             self._schedule()
 
     def _schedule(self) -> None:
@@ -420,20 +416,16 @@ class EngineCore(Reloads):
         return output(row, self._version(row), self.tokenizer)
 
     def _abort_all(self, new: list[Row]) -> None:
-        pending = self._batch.rows + new
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        pending, swaps = self._batch.rows + new, [self._swap] if self._swap else []
+        while not self._queue.empty():
+            item = self._queue.get_nowait()  # this thread is the queue's only reader
             if isinstance(item, Row):
                 pending.append(item)
             elif isinstance(item, Swap):
-                item.done.set_exception(RuntimeError("engine stopped before the reload"))
-        if self._swap is not None:
-            self._swap.done.set_exception(RuntimeError("engine stopped before the reload"))
+                swaps.append(item)
+        for swap in swaps:
+            swap.done.set_exception(RuntimeError("engine stopped before the reload"))
         for row in pending:
             row.finish = {"type": "abort", "message": "engine shutting down"}
-            if not row.future.done():
-                settle(row.future, self._output(row))
+            settle(row.future, self._output(row))
         self._batch.clear()

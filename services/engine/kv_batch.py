@@ -114,13 +114,12 @@ class KVBatch(Generic[R]):
             return
         width = max(mask.shape[1] for _, _, mask in pieces)
         pads = [(0, 0, width - mask.shape[1], 0) for _, _, mask in pieces]  # the seq dim, on the left
-        joined = pieces[0][1]
         for layers in zip(*(_layers(cache) for _, cache, _ in pieces), strict=True):
             kvs = [_kv(layer) for layer in layers]  # [batch, heads, seq, head_dim] each
             layers[0].keys = torch.cat([pad(k, n) for (k, _), n in zip(kvs, pads, strict=True)])
             layers[0].values = torch.cat([pad(v, n) for (_, v), n in zip(kvs, pads, strict=True)])
         self.mask = torch.cat([pad(mask, (n[2], 0)) for (_, _, mask), n in zip(pieces, pads, strict=True)])
-        self.cache = joined
+        self.cache = pieces[0][1]  # its layers now hold every piece's rows
 
     def grow_mask(self) -> torch.Tensor:
         """Add the column of the token about to be fed to every row; return the mask for the step."""

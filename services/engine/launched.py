@@ -4,6 +4,7 @@ The engine package is never imported here (it may live in another Python), so th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -54,13 +55,9 @@ class LaunchedServer:
         cmd = self.command()
         log.info("launching %s (log: %s)", " ".join(cmd), self.log_path or "this process's")
         # own session: engines fork scheduler/worker processes; stop() ends the whole group
-        if self.log_path is None:
-            self.proc = subprocess.Popen(cmd, start_new_session=True, env=self.env())
-        else:
-            with open(self.log_path, "ab") as out:
-                self.proc = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env()
-                )
+        with open(self.log_path, "ab") if self.log_path is not None else contextlib.nullcontext() as out:
+            err = None if out is None else subprocess.STDOUT
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, env=self.env())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -9,11 +9,10 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
-
-_PREFIX = "base_model.model."
 
 
 class Merged:
@@ -58,14 +57,10 @@ def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, to
     """Module name -> (A [r, in], B [out, r]) from peft's saved keys (`...q_proj.lora_A.weight`)."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
-        for part in ("lora_A", "lora_B"):
-            tail = f".{part}.weight"
-            if key.endswith(tail):
-                name = key[: -len(tail)].removeprefix(_PREFIX)
-                out.setdefault(name, {})[part] = tensor
-                break
-        else:
+        match = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.(lora_[AB])\.weight", key)
+        if match is None:
             raise ValueError(f"adapter tensor {key!r} is not a LoRA A or B weight")
+        out.setdefault(match[1], {})[match[2]] = tensor
     missing = [n for n, ab in out.items() if set(ab) != {"lora_A", "lora_B"}]
     if missing or not out:
         raise ValueError(f"adapter has no complete A/B pair for {missing[:3] or 'any module'}")

@@ -4,6 +4,7 @@ checked in full before the first tensor is copied, so a bad checkpoint leaves th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,9 @@ def load_checked(model: torch.nn.Module, model_path: str | Path) -> dict[str, to
 @torch.no_grad()
 def copy_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Copy checked tensors into the model's own storage (so caches of parameter references stay valid)."""
-    targets: dict[str, torch.Tensor] = dict(model.named_parameters())
-    targets.update(model.named_buffers())
+    state = model.state_dict(keep_vars=True)  # the parameters and buffers themselves
     for name, tensor in tensors.items():
-        targets[name].copy_(tensor)
+        state[name].copy_(tensor)
 
 
 def load_tokenizer(path: str) -> Any:
@@ -69,12 +69,9 @@ def load_tokenizer(path: str) -> Any:
 
 def eos_ids(path: str, cfg: Any) -> set[int]:
     """EOS ids from generation_config.json (often a list), falling back to the model config."""
-    try:
+    eos = None
+    with contextlib.suppress(OSError):
         eos = GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:
-        eos = None
     if eos is None:
         eos = getattr(cfg, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+    return {int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])}

@@ -105,17 +105,15 @@ class Reloads:
             swap.done.set_exception(exc)
             return
         self._prefix.clear()  # every cached prefix was computed by the old weights
-        if name is not None:
-            old = self.adapter_versions[name]
-            version = str(int(old) + 1) if swap.version is None else str(swap.version)
-            self.adapter_versions[name] = version
-            log.info("LoRA adapter %s reloaded from %s weight_version=%s", name, swap.path, version)
-            swap.done.set_result(version)
-            return
+        old = self.weight_version if name is None else self.adapter_versions[name]
         if swap.version is not None:
-            self.weight_version = str(swap.version)
-        elif self.weight_version.isdigit():
-            self.weight_version = str(int(self.weight_version) + 1)
-        self.model_path = swap.path
-        log.info("weights reloaded from %s weight_version=%s", swap.path, self.weight_version)
-        swap.done.set_result(self.weight_version)
+            version = str(swap.version)
+        else:  # a numeric version is bumped by one
+            version = str(int(old) + 1) if old.isdigit() else old
+        if name is None:
+            self.weight_version, self.model_path = version, swap.path
+        else:
+            self.adapter_versions[name] = version
+        what = "weights" if name is None else f"LoRA adapter {name}"
+        log.info("%s reloaded from %s weight_version=%s", what, swap.path, version)
+        swap.done.set_result(version)

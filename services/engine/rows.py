@@ -65,7 +65,16 @@ def check_finished(row: Row, eos_ids: set[int], context_length: int, tokenizer: 
 
 def step(row: Row, version: str) -> Step:
     """What a streamed request is told after a step that did not finish it."""
-    return Step(**_so_far(row, version))
+    return Step(
+        rid=row.rid,
+        output_ids=list(row.output_ids),
+        output_logprobs=list(row.logprobs),
+        prompt_tokens=len(row.prompt),
+        weight_version=version,
+        input_logprobs=row.input_logprobs,
+        input_logprob_ids=row.prompt[row.logprob_start :] if row.input_logprobs else [],
+        cached_tokens=row.cached,
+    )
 
 
 def output(row: Row, version: str, tokenizer: Any) -> GenerationOutput:
@@ -79,20 +88,7 @@ def output(row: Row, version: str, tokenizer: Any) -> GenerationOutput:
         text = tokenizer.decode(ids, skip_special_tokens=row.params.skip_special_tokens)
         if row.stop_at is not None and not row.params.no_stop_trim:
             text = text[: row.stop_at]
-    return GenerationOutput(**_so_far(row, version), text=text, finish_reason=row.finish)
-
-
-def _so_far(row: Row, version: str) -> dict[str, Any]:
-    return {
-        "rid": row.rid,
-        "output_ids": list(row.output_ids),
-        "output_logprobs": list(row.logprobs),
-        "prompt_tokens": len(row.prompt),
-        "weight_version": version,
-        "input_logprobs": row.input_logprobs,
-        "input_logprob_ids": row.prompt[row.logprob_start :] if row.input_logprobs else [],
-        "cached_tokens": row.cached,
-    }
+    return GenerationOutput(**vars(step(row, version)), text=text, finish_reason=row.finish)
 
 
 def settle(

@@ -98,10 +98,7 @@ def sample(
     """Pick one token per row of `logits` [B, V]; return the tokens and their logprobs. A row with its
     own generator (a seeded request) draws from it alone, the others together from `shared`;
     `scratch` lets a float32 `logits` be overwritten."""
-    if logits.dtype == torch.float32:
-        x = logits if scratch else logits.clone()
-    else:
-        x = logits.float()
+    x = logits if scratch and logits.dtype == torch.float32 else logits.to(torch.float32, copy=True)
     dev = x.device
     temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=x.dtype, device=dev)
     x.div_(temps[:, None])

@@ -46,21 +46,17 @@ def create_app(engine: EngineCore) -> FastAPI:
     async def generate(request: Request) -> Response:
         try:
             body = await request.json()
-            prompts, params, want_logprob, rids, single, starts, loras = _parse_generate(engine, body)
+            requests, want_logprob, single = _parse_generate(engine, body)
             text_in_lp = bool(body.get("return_text_in_logprobs"))
             if body.get("stream"):
-                stream = engine.stream(
-                    prompts[0], params[0], rid=rids[0], logprob_start_len=starts[0], adapter=loras[0]
-                )
-                events = _sse(engine, stream, want_logprob[0], text_in_lp, params[0].skip_special_tokens)
+                stream = engine.stream(**requests[0])
+                skip_special = requests[0]["params"].skip_special_tokens
+                events = _sse(engine, stream, want_logprob[0], text_in_lp, skip_special)
                 # the background task runs even when the client left mid-stream (SGLang's abort task)
                 return StreamingResponse(
                     events, media_type="text/event-stream", background=BackgroundTask(stream.abort)
                 )
-            futures = [
-                engine.submit(p, sp, rid, start, adapter=lora)
-                for p, sp, rid, start, lora in zip(prompts, params, rids, starts, loras, strict=True)
-            ]
+            futures = [engine.submit(**r) for r in requests]
         except ValueError as exc:  # includes malformed JSON
             return _error(str(exc))
         except RuntimeError as exc:  # the engine is shutting down
@@ -152,14 +148,9 @@ async def _reload_body(
     return values, None if version is None else str(version)
 
 
-def _parse_generate(
-    engine: EngineCore, body: Any
-) -> tuple[
-    list[list[int]], list[SamplingParams], list[bool], list[str | None], bool, list[int], list[str | None]
-]:
-    """Validate a /generate body: prompts, params, return_logprob and rids per item, whether single,
-    each item's logprob_start_len (-1 where no input logprobs are asked for) and LoRA adapter
-    (`lora_path`, SGLang's field: an adapter's name; None: the base)."""
+def _parse_generate(engine: EngineCore, body: Any) -> tuple[list[dict[str, Any]], list[bool], bool]:
+    """Validate a /generate body: each item's `EngineCore.submit` arguments (`lora_path`, SGLang's
+    field, names the adapter), its return_logprob, and whether the body held a single item."""
     if not isinstance(body, dict):
         raise ValueError(f"request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - _GENERATE_KEYS)
@@ -208,7 +199,9 @@ def _parse_generate(
     loras = _each(body, "lora_path", n)
     for name in loras:
         engine.check_adapter(name)
-    return prompts, params, want, rids, single, starts, loras
+    items = zip(prompts, params, rids, starts, loras, strict=True)
+    keys = ("input_ids", "params", "rid", "logprob_start_len", "adapter")
+    return [dict(zip(keys, item, strict=True)) for item in items], want, single
 
 
 def _each(body: dict[str, Any], key: str, n: int, default: Any = None) -> list[Any]:
@@ -248,8 +241,10 @@ def _to_sglang(
     """SGLang's `{text, output_ids, meta_info}` for a finished request, or for a running one's `Step`."""
     if isinstance(out, GenerationOutput):
         text, finish = out.text, out.finish_reason
-    else:
-        text, finish = _partial_text(engine, out.output_ids, skip_special), None
+    else:  # running: the text so far, less a trailing incomplete character (it decodes to U+FFFD)
+        text, finish = "", None
+        if engine.tokenizer is not None:
+            text = engine.tokenizer.decode(out.output_ids, skip_special_tokens=skip_special).rstrip("\ufffd")
     meta: dict[str, Any] = {
         "id": out.rid,
         "finish_reason": finish,
@@ -269,10 +264,3 @@ def _to_sglang(
         meta["output_token_logprobs"] = entries(out.output_logprobs, out.output_ids)
         meta["input_token_logprobs"] = entries(out.input_logprobs, out.input_logprob_ids)  # [] if not asked
     return {"text": text, "output_ids": out.output_ids, "meta_info": meta}
-
-
-def _partial_text(engine: EngineCore, ids: list[int], skip_special: bool) -> str:
-    """The text of a running request, less a trailing incomplete character (which decodes to U+FFFD)."""
-    if engine.tokenizer is None:
-        return ""
-    return engine.tokenizer.decode(ids, skip_special_tokens=skip_special).rstrip("\ufffd")

@@ -48,13 +48,17 @@ class EngineService(Loops):
                 f"LoRA adapter, not {len(cfg.adapters)} ({cfg.adapters}): run several adapters on one base "
                 "with the embedded engine, or give each model its own engine"
             )
+        if not cfg.model_path and (cfg.backend == "embedded" or not cfg.server_url):
+            raise ValueError(
+                f"engine: backend={cfg.backend} needs --model-path here (an HF model directory; `swarmrl "
+                "bootstrap-model` builds the default tiny model and prints where): only sglang and vllm "
+                "with --server-url run without one"
+            )
         if cfg.backend == "embedded":
             await self._start_embedded()
         elif cfg.server_url:
             self.url = cfg.server_url
         else:
-            if not cfg.model_path:
-                raise ValueError(f"backend={cfg.backend} launches a server with --model-path; none given")
             self._launcher = launcher(cfg)
             await asyncio.to_thread(self._launcher.start, cfg.server_start_timeout_s)
             self.url = self._launcher.url
@@ -84,14 +88,8 @@ class EngineService(Loops):
         cfg = self.cfg
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        path = cfg.model_path
-        if not path:
-            raise ValueError(
-                "engine: no --model-path: give an HF model directory (`swarmrl bootstrap-model` builds the "
-                "default tiny model and prints where)"
-            )
         self._engine = await asyncio.to_thread(
-            EngineCore, path, max_batch=cfg.max_batch, device=cfg.device, dtype=cfg.dtype,
+            EngineCore, cfg.model_path, max_batch=cfg.max_batch, device=cfg.device, dtype=cfg.dtype,
             weight_version=str(cfg.weight_version), seed=cfg.seed, context_length=cfg.context_length or None,
             adapters=cfg.adapters, prefix_cache_mib=cfg.prefix_cache_mib, merge_lora=cfg.merge_lora,
         )  # fmt: skip

@@ -40,7 +40,6 @@ _SAME = {
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
     "spaces_between_special_tokens", "frequency_penalty", "presence_penalty", "repetition_penalty", "n",
 }  # fmt: skip
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def vllm_sampling(params: dict[str, Any]) -> dict[str, Any]:
@@ -199,26 +198,24 @@ class VLLMClient(EngineClient):
         body = {**await self._body(input_ids, sampling_params, return_logprob), "stream": True}
         ids: list[int] = []
         lps: list[float] = []
-        text = ""
-        final: dict[str, Any] | None = None
-        async for item in self._events("/inference/v1/generate", body):
-            if final is not None:
-                continue  # read to the body's end: the connection is then reused
+        text: list[str] = []
+
+        def fold(item: Any) -> GenerateResult:
             raise_stream_error(item)
             choice = item["choices"][0]
-            ids += choice.get("token_ids") or []
-            text += choice.get("text") or ""
-            lps += _logprobs(choice)
+            ids.extend(choice.get("token_ids") or [])
+            text.append(choice.get("text") or "")
+            lps.extend(_logprobs(choice))
             if choice.get("finish_reason") is not None:
-                final = {**item, "choices": [{**choice, "token_ids": ids, "text": text}], "_logprobs": lps}
-            else:
-                yield GenerateResult(
-                    output_ids=list(ids), output_logprobs=list(lps), text=text, finish_reason="",
-                    prompt_tokens=len(input_ids), weight_version=None, finished=False,
-                )  # fmt: skip
-        if final is None:
-            raise EngineError(0, f"vLLM stream from {self.base_url} ended before the request finished")
-        yield _result(final, len(input_ids))
+                whole = {**choice, "token_ids": ids, "text": "".join(text)}
+                return _result({**item, "choices": [whole], "_logprobs": lps}, len(input_ids))
+            return GenerateResult(
+                output_ids=list(ids), output_logprobs=list(lps), text="".join(text), finish_reason="",
+                prompt_tokens=len(input_ids), weight_version=None, finished=False,
+            )  # fmt: skip
+
+        async for result in self._stream("/inference/v1/generate", body, fold):
+            yield result
 
     async def generate_batch(
         self,
@@ -239,9 +236,7 @@ class VLLMClient(EngineClient):
         self, input_ids: list[int], sp: dict[str, Any], start: int | None, return_logprob: bool
     ) -> GenerateResult:
         score_only = sp.get("max_new_tokens") == 0
-        if score_only:
-            sp = {**sp, "max_new_tokens": 1}
-        body = await self._body(input_ids, sp, return_logprob)
+        body = await self._body(input_ids, {**sp, "max_new_tokens": 1} if score_only else sp, return_logprob)
         if start is not None and start >= 0:
             if start >= len(input_ids):
                 raise EngineError(400, f"logprob_start_len={start} must be in [0, {len(input_ids)})")
@@ -249,13 +244,11 @@ class VLLMClient(EngineClient):
         data = await self._call("POST", "/inference/v1/generate", body)
         result = _result(data, len(input_ids))
         if start is not None and start >= 0:
-            prompt = data.get("prompt_logprobs") or []
-            values: list[float | None] = []
-            for pos in range(start, len(input_ids)):
-                entry = prompt[pos] if pos < len(prompt) else None
-                token = entry.get(str(input_ids[pos])) if entry else None
+            prompt = data.get("prompt_logprobs") or []  # per position: {token id: {"logprob": ...}} or None
+            values: list[float | None] = [None]  # SGLang leaves the first one empty, whatever the start
+            for pos in range(start + 1, len(input_ids)):
+                token = (prompt[pos] or {}).get(str(input_ids[pos])) if pos < len(prompt) else None
                 values.append(None if token is None else float(token["logprob"]))
-            values[0] = None  # SGLang leaves the first one empty, whatever the start
             result.input_logprobs = values
         if score_only:
             result = replace(result, output_ids=[], output_logprobs=[], text="", finish_reason="length")
@@ -323,7 +316,8 @@ def _result(data: dict[str, Any], prompt_tokens: int) -> GenerateResult:
     lps = data.get("_logprobs")
     if lps is None:
         lps = _logprobs(choice)
-    finish = _FINISH.get(str(choice.get("finish_reason")), "abort")
+    finish = choice.get("finish_reason")
+    finish = finish if finish in ("stop", "length") else "abort"
     matched = choice.get("stop_reason")
     if finish == "stop" and matched is None and ids:
         matched = ids[-1]  # EOS: SGLang names the token, vLLM leaves stop_reason empty

@@ -23,14 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from swarmrl.schemas import LlmEvent
 from swarmrl.schemas import subjects as S
 from swarmrl.services.engine.client import EngineError, GenerateResult
-from swarmrl.services.gateway.errors import (
-    bad_request,
-    engine_failed,
-    forbidden,
-    not_found,
-    rate_limited,
-    unauthorized,
-)
+from swarmrl.services.gateway import errors as E
 from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, stop_token_ids
 from swarmrl.services.gateway.replies import THINK_OPEN, ReplyFormat
@@ -84,12 +77,10 @@ class ModelHandle:
     tokenizer: Any
     engine: Any  # swarmrl.services.gateway.pool.EnginePool: the model's engines
     context_len: int
+    # `auto`: read off the chat template (`replies.TOOL_FORMATS`, `REASONING_FORMATS`, `prompts.TOOL_PROMPTS`)
     tool_parser: str = "auto"
-    """Tool-call syntax (`replies.TOOL_FORMATS`); auto: read off the tokenizer's chat template."""
     reasoning_parser: str = "auto"
-    """Reasoning syntax (`replies.REASONING_FORMATS`); auto: read off the chat template."""
     tool_prompt: str = "auto"
-    """How tools reach the model (`prompts.TOOL_PROMPTS`): auto, template or hermes."""
     builder: PromptBuilder = field(init=False)
     fmt: ReplyFormat = field(init=False)
     stops: list[int] = field(init=False)
@@ -129,8 +120,7 @@ class PreparedCall:
     prompt_ids: list[int]
     reused: str | None
     sampling: dict[str, Any]
-    opened: bool = False
-    """The prompt opened a reasoning block: the reply starts inside it."""
+    opened: bool = False  # the prompt opened a reasoning block: the reply starts inside it
     call_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     """The response's `id` (every chunk's, when streamed) and the llm event's `call_id`."""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -177,9 +167,9 @@ def engine_errors(model: str) -> Iterator[None]:
     try:
         yield
     except EngineError as exc:
-        raise engine_failed(model, exc.status, exc.message) from exc
+        raise E.engine_failed(model, exc.status, exc.message) from exc
     except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
-        raise engine_failed(model, 0, repr(exc)) from exc
+        raise E.engine_failed(model, 0, repr(exc)) from exc
 
 
 class Gateway:
@@ -201,11 +191,11 @@ class Gateway:
 
     def authorize(self, api_key: str | None) -> Claims:
         if not api_key:
-            raise unauthorized("missing API key: use the episode token from the swarmrl SDK as api_key")
+            raise E.unauthorized("missing API key: use the episode token from the swarmrl SDK as api_key")
         try:
             return verify(self.secret, api_key)
         except TokenError as exc:
-            raise unauthorized(f"bad episode token ({exc.code}): {exc}") from exc
+            raise E.unauthorized(f"bad episode token ({exc.code}): {exc}") from exc
 
     def parse(self, body: Any) -> ChatRequest:
         try:
@@ -213,19 +203,18 @@ class Gateway:
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(map(str, first["loc"]))
-            raise bad_request(f"invalid request: {loc}: {first['msg']}", param=loc) from exc
+            raise E.bad_request(f"invalid request: {loc}: {first['msg']}", param=loc) from exc
         if req.n != 1:
-            raise bad_request(f"n={req.n} is not supported; send one request per sample", param="n")
+            raise E.bad_request(f"n={req.n} is not supported; send one request per sample", param="n")
         if req.top_k == 0:
-            raise bad_request("top_k=0 is not supported: use -1 (whole vocabulary) or >= 1", param="top_k")
+            raise E.bad_request("top_k=0 is not supported: use -1 (whole vocabulary) or >= 1", param="top_k")
         return req
 
     async def complete(self, body: Any, api_key: str | None) -> Completion:
-        """One call, not streamed: prepare, generate, record."""
         return await self.generate(await self.prepare(body, api_key))
 
     async def generate(self, call: PreparedCall) -> Completion:
-        """Generate a prepared call in one piece and record it."""
+        """Generate a prepared call in one piece (not streamed) and record it."""
         with engine_errors(call.req.model):
             result = await call.handle.engine.generate(
                 call.prompt_ids, call.sampling, key=call.claims.episode_id
@@ -238,14 +227,18 @@ class Gateway:
         identity, now = S.episode_owner(claims.episode_id), time.monotonic()
         if wait := self.limits.call(identity, now):
             rate = f"{self.limits.rate:g} calls/s"
-            raise rate_limited(f"agent {identity!r} is past its rate of {rate}: retry in {wait:.2f} s", wait)
+            raise E.rate_limited(
+                f"agent {identity!r} is past its rate of {rate}: retry in {wait:.2f} s", retry_after_s=wait
+            )
         self.limits.seen(identity, claims.episode_id, now)
         req = self.parse(body)
         handle = self.models.get(req.model)
         if handle is None:
-            raise not_found(f"model {req.model!r} does not exist; available: {sorted(self.models)}")
+            raise E.not_found(f"model {req.model!r} does not exist; available: {sorted(self.models)}")
         if not claims.allows(req.model):
-            raise forbidden(f"episode {claims.episode_id} may call {list(claims.models)}, not {req.model!r}")
+            raise E.forbidden(
+                f"episode {claims.episode_id} may call {list(claims.models)}, not {req.model!r}"
+            )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [] if req.tool_choice == "none" else list(req.tools or [])
         history = self.memory.history(claims.episode_id, req.model)
@@ -253,7 +246,7 @@ class Gateway:
         prompt_ids, reused = await asyncio.to_thread(handle.builder.build, messages, tools, list(history))
         room = handle.context_len - len(prompt_ids)
         if room < 1:
-            raise bad_request(
+            raise E.bad_request(
                 f"prompt is {len(prompt_ids)} tokens; model {req.model!r} has a context of {handle.context_len}",
                 param="messages",
                 code="context_length_exceeded",
@@ -288,7 +281,7 @@ class Gateway:
         finish = "tool_calls" if tool_calls else ("length" if result.finish_reason == "length" else "stop")
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": reply.content if (reply.content or not tool_calls) else None,
+            "content": reply.content or (None if tool_calls else ""),
         }
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning

@@ -1,11 +1,17 @@
-"""Each agent identity's open episodes, shared by every gateway through NATS KV `swarm-groups`.
+"""Each agent identity's call rate and open episodes (`limits.py`), held across every gateway.
 
-An identity's episodes hold slots, keys `e.<digest of the identity>.<slot>` (value: identity, episode,
-granting gateway), at most `max_episodes` (`limits.py`). A gateway grants a new episode's token only
-once its KV `create` of a free slot won, so the bound is exact across gateways. The episode's `end` or
-`abort` frees the slot; an episode given two slots at once keeps the lower. A gateway that served an
-episode's calls writes its key again every `idle_s / 4`; a key idle for `idle_s` is deleted (as of the
-revision seen, so a key written since stays). Every gateway watches the keys into its `AgentLimits`.
+**Calls**: each gateway keeps a token bucket per identity and, every `TALLY_EVERY_S`, publishes the
+calls it served on `swarm.gw.calls` (core NATS); the others take them from their buckets too, so the
+bound is the same with one gateway or ten. Within one tally N gateways may serve N bursts (a bucket
+may go into debt, paid back by waiting); a lost tally errs on the side of serving.
+
+**Episodes**: an identity's episodes hold slots in NATS KV `swarm-groups`, keys
+`e.<digest of the identity>.<slot>` (value: identity, episode, granting gateway), at most
+`max_episodes`. A gateway grants a new episode's token only once its KV `create` of a free slot won,
+so the bound is exact across gateways. The episode's `end` or `abort` frees the slot; an episode
+given two slots at once keeps the lower. A gateway that served an episode's calls writes its key
+again every `idle_s / 4`; a key idle for `idle_s` is deleted (as of the revision seen, so a key
+written since stays). Every gateway watches the keys into its `AgentLimits`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,11 @@ import json
 import logging
 import time
 
+import msgpack
 import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyValueError
 from nats.js.kv import KeyValue
@@ -29,6 +39,56 @@ from swarmrl.services.common.tasks import Background
 from swarmrl.services.gateway.limits import AgentLimits, OpenEpisode
 
 log = logging.getLogger("swarmrl.gateway")
+
+TALLY_EVERY_S = 0.05
+"""How often a gateway that served calls tells the others (the bound's lag across gateways)."""
+
+
+class SharedCalls:
+    """The NATS side of `AgentLimits`' call rate (see the module docstring)."""
+
+    def __init__(self, nc: NATS, limits: AgentLimits, gateway: str) -> None:
+        self.nc, self.limits, self.gateway = nc, limits, gateway
+        self._sub: Subscription | None = None
+        self._tasks = Background()
+
+    @property
+    def active(self) -> bool:
+        return self.limits.rate > 0
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(S.GATEWAY_CALLS, cb=self._on_tally)
+        self._tasks.spawn(self._tell())
+
+    async def stop(self) -> None:
+        await self._tasks.close()
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+
+    async def _tell(self) -> None:
+        while True:
+            await asyncio.sleep(TALLY_EVERY_S)
+            served = self.limits.take_served()
+            if not served:
+                continue
+            try:
+                await self.nc.publish(S.GATEWAY_CALLS, msgpack.packb({"by": self.gateway, "calls": served}))
+            except nats.errors.Error as exc:  # the others serve a little more meanwhile; never fatal
+                log.warning("calls: tally of %d calls not sent (%r)", sum(served.values()), exc)
+
+    async def _on_tally(self, msg: Msg) -> None:
+        try:
+            tally = msgpack.unpackb(msg.data)
+            by, calls = tally["by"], tally["calls"]
+            if by == self.gateway:
+                return
+            now = time.monotonic()
+            for identity, n in calls.items():
+                self.limits.spent(str(identity), int(n), now)
+        except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+            log.warning("calls: ignored a tally on %s (%r)", msg.subject, exc)
+
 
 KV_ERRORS = (KeyValueError, nats.errors.Error, TimeoutError)
 
@@ -44,8 +104,7 @@ class SharedEpisodes:
     def __init__(self, js: JetStreamContext, limits: AgentLimits, gateway: str) -> None:
         self.js, self.limits, self.gateway = js, limits, gateway
         self.kv: KeyValue  # bound by start()
-        self.ready = asyncio.Event()
-        """Set once the watch has delivered the live slots."""
+        self.ready = asyncio.Event()  # set once the watch has delivered the live slots
         self._keys: dict[str, tuple[str, str]] = {}  # key -> (identity, episode), for deletes
         self._tasks = Background()  # the watch, the sweep and deletes of an episode's second slot
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 
@@ -13,40 +14,24 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-        self.retry_after_s: float | None = None
+        self.retry_after_s = retry_after_s
         """Set on a 429: when the request may be made again (HTTP `Retry-After`, NATS `retry_after_s`)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, "invalid_request_error", code, param)
-
-
-def unauthorized(message: str) -> ApiError:
-    return ApiError(401, message, "invalid_request_error", "invalid_api_key")
-
-
-def forbidden(message: str) -> ApiError:
-    return ApiError(403, message, "permission_error", "model_not_allowed")
-
-
-def not_found(message: str) -> ApiError:
-    return ApiError(404, message, "invalid_request_error", "model_not_found", "model")
-
-
-def too_large(message: str) -> ApiError:
-    return ApiError(413, message, "invalid_request_error", "request_too_large")
-
-
-def rate_limited(message: str, retry_after_s: float) -> ApiError:
-    exc = ApiError(429, message, "rate_limit_error", "rate_limit_exceeded")
-    exc.retry_after_s = retry_after_s
-    return exc
+# Each takes the message (and `bad_request` a `param` and `code`, `rate_limited` its `retry_after_s`).
+bad_request = partial(ApiError, 400)
+unauthorized = partial(ApiError, 401, code="invalid_api_key")
+forbidden = partial(ApiError, 403, type_="permission_error", code="model_not_allowed")
+not_found = partial(ApiError, 404, code="model_not_found", param="model")
+too_large = partial(ApiError, 413, code="request_too_large")
+rate_limited = partial(ApiError, 429, type_="rate_limit_error", code="rate_limit_exceeded")
 
 
 def server_error(exc: Exception) -> ApiError:

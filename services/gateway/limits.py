@@ -2,9 +2,9 @@
 
 An identity is the owner part of its episode ids. Per identity: **calls**, a token bucket of `rate`
 calls per second with room for `burst` (past it: 429 with `Retry-After`), which also takes the calls
-other gateways served (`calls.py`); **episodes**, at most `max_episodes` open at once (past it the
-token request is told to retry), each holding a slot in NATS KV (`episodes.py`) until its `end` or
-`abort`, or `idle_s` without a call. Pure and clock-driven (`now` is passed in); 0 turns a bound off.
+other gateways served; **episodes**, at most `max_episodes` open at once (past it the token request
+is told to retry), each holding a slot in NATS KV until its `end` or `abort`, or `idle_s` without a
+call. Pure and clock-driven (`now` is passed in); 0 turns a bound off. The NATS side: `episodes.py`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ class OpenEpisode:
     episode_id: str
     slot: int
     revision: int
-    written: float
-    """When its key was last written (by any gateway), on this gateway's clock."""
-    seen: float = float("-inf")
-    """Its last call served by this gateway."""
+    written: float  # when its key was last written (by any gateway), on this gateway's clock
+    seen: float = float("-inf")  # its last call served by this gateway
 
     @property
     def last(self) -> float:
@@ -39,14 +37,10 @@ class OpenEpisode:
 
 @dataclass
 class AgentLimits:
-    rate: float = 0.0
-    """LLM calls per second per agent identity (0: no bound)."""
-    burst: int = 0
-    """Calls an identity may make at once before the rate applies (0: max(1, rate))."""
-    max_episodes: int = 0
-    """Episodes an identity may have open at once (0: no bound)."""
-    idle_s: float = 600.0
-    """An open episode with no call for this long is taken as abandoned and closed."""
+    rate: float = 0.0  # LLM calls per second per agent identity (0: no bound)
+    burst: int = 0  # calls an identity may make at once before the rate applies (0: max(1, rate))
+    max_episodes: int = 0  # episodes an identity may have open at once (0: no bound)
+    idle_s: float = 600.0  # an open episode with no call for this long is taken as abandoned and closed
     retry_after_s: float = 1.0
     """What a token request past `max_episodes` is told to wait before it asks again."""
     _buckets: dict[str, _Bucket] = field(default_factory=dict)

@@ -45,13 +45,11 @@ class TaskMixer:
         self.slack, self.window_s = slack, window_s
         self.admitted = dict.fromkeys(self.weights, 0)
         """New groups admitted per task (what the mix is judged by)."""
-        self.held = dict.fromkeys(self.weights, 0)
-        """New-group requests held per task."""
+        self.held = dict.fromkeys(self.weights, 0)  # new-group requests held per task
         self._charged = dict.fromkeys(self.weights, 0.0)
         self._last_ask: dict[str, float] = {}
 
     def check(self, task: str) -> None:
-        """Raise ValueError unless `task` is one of the weighted tasks."""
         if task not in self.weights:
             named = f"task {task!r}" if task else "no task"
             raise ValueError(
@@ -97,7 +95,7 @@ class TaskMixer:
         return True
 
     def charge(self, task: str) -> None:
-        """Count one admitted group of `task` (admitted here, or by another gateway: `groups.py`)."""
+        """Count one admitted group of `task` (admitted here, or by another gateway: `admission.py`)."""
         self.check(task)
         self._charged[task] += 1.0
         self.admitted[task] += 1

@@ -56,8 +56,7 @@ class EnginePool:
         self.slack, self.down_s, self.retry_s = slack, down_s, retry_s
         self.loads = dict.fromkeys(self.members, 0)
         self.down_until = dict.fromkeys(self.members, 0.0)
-        self.failovers = 0
-        """Calls moved to another engine after theirs could not be reached."""
+        self.failovers = 0  # calls moved to another engine after theirs could not be reached
 
     @property
     def first(self) -> Any:

@@ -38,25 +38,6 @@ def _arguments(raw: Any) -> Any:
         return raw
 
 
-def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a message that matter for prompt identity, in a comparable form."""
-    out: dict[str, Any] = {"role": m.get("role"), "content": text_of(m.get("content")).strip()}
-    if m.get("tool_calls"):
-        out["tool_calls"] = [
-            {
-                "name": tc.get("function", {}).get("name"),
-                "arguments": _arguments(tc.get("function", {}).get("arguments")),
-            }
-            for tc in m["tool_calls"]
-        ]
-    return _with_ids(out, m)
-
-
-def _with_ids(out: dict[str, Any], m: dict[str, Any]) -> dict[str, Any]:
-    """`out` with `m`'s `tool_call_id` and `name`, where it has them."""
-    return out | {key: m[key] for key in ("tool_call_id", "name") if m.get(key)}
-
-
 def template_message(m: dict[str, Any]) -> dict[str, Any]:
     """A message in the form HF chat templates expect (plain-text content, dict tool arguments)."""
     out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"))}
@@ -72,7 +53,15 @@ def template_message(m: dict[str, Any]) -> dict[str, Any]:
             }
             for tc in m["tool_calls"]
         ]
-    return _with_ids(out, m)
+    return out | {key: m[key] for key in ("tool_call_id", "name") if m.get(key)}
+
+
+def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a message that matter for prompt identity, in a comparable form."""
+    out = template_message(m) | {"content": text_of(m.get("content")).strip()}
+    if "tool_calls" in out:  # a call's id is the gateway's, not the model's
+        out["tool_calls"] = [tc["function"] for tc in out["tool_calls"]]
+    return out
 
 
 @dataclass

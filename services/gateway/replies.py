@@ -89,20 +89,16 @@ class ReplyFormat:
 
     def parse(self, text: str, with_tools: bool, opened: bool = False) -> Reply:
         """The reply `text` as content, reasoning and tool calls (`opened`: it starts inside `<think>`)."""
-        reasoning, rest = self.split_reasoning(text, opened)
+        reasoning, rest = "", text
+        if self.reasoning == "think" and (body := _reasoning_body(text, opened)) is not None:
+            inner, closed, after = body.partition(THINK_CLOSE)
+            reasoning, rest = inner.strip(), after.lstrip() if closed else ""
         if not with_tools or self.tools == "none":
             return Reply(rest, reasoning)
         content, calls = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral}[self.tools](rest)
         for call in calls:
             call["id"] = _ascii_id() if self.tools == "mistral" else f"call_{uuid.uuid4().hex[:24]}"
         return Reply(content.strip() if calls else content, reasoning, calls)
-
-    def split_reasoning(self, text: str, opened: bool = False) -> tuple[str, str]:
-        """(reasoning, the rest) of a whole reply."""
-        if self.reasoning == "none" or (body := _reasoning_body(text, opened)) is None:
-            return "", text
-        inner, closed, after = body.partition(THINK_CLOSE)
-        return inner.strip(), after.lstrip() if closed else ""
 
     def visible(self, text: str, with_tools: bool, opened: bool = False) -> tuple[str, str]:
         """(reasoning, content) of a growing reply, as far as they can be sent now: a trailing piece of a

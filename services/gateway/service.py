@@ -26,15 +26,13 @@ from swarmrl.services.common import bus
 from swarmrl.services.common.http import serve_in_loop
 from swarmrl.services.common.retry import backoff
 from swarmrl.services.common.tasks import on_signals
-from swarmrl.services.gateway.admission import Admission
+from swarmrl.services.gateway.admission import Admission, GroupBook
 from swarmrl.services.gateway.app import create_app
-from swarmrl.services.gateway.calls import SharedCalls
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
-from swarmrl.services.gateway.episodes import SharedEpisodes
+from swarmrl.services.gateway.episodes import SharedCalls, SharedEpisodes
 from swarmrl.services.gateway.errors import ApiError, too_large
 from swarmrl.services.gateway.grants import check_task, check_token_request
-from swarmrl.services.gateway.groups import GroupBook
 from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
 from swarmrl.services.gateway.pool import EnginePool

@@ -33,8 +33,7 @@ class TextDeltas:
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
         self._decode = decode
-        self.text = ""
-        """The decode of `ids[:read]`: text that no later token changes."""
+        self.text = ""  # the decode of `ids[:read]`: text that no later token changes
         self._prefix = 0
         self._read = 0
 
@@ -60,10 +59,10 @@ class ChatStream:
             call.prompt_ids, call.sampling, key=call.claims.episode_id
         )
         self._text = TextDeltas(lambda ids: handle.tokenizer.decode(ids, skip_special_tokens=False))
-        self._sent = self._thought = self._fingerprint = ""
+        self._sent = {"reasoning_content": "", "content": ""}  # what each delta field has sent
+        self._fingerprint = ""
         self._first: GenerateResult | None = None
-        self.completion: Completion | None = None
-        """Set once the call is recorded (its llm event published)."""
+        self.completion: Completion | None = None  # set once the call is recorded (its llm event published)
 
     async def start(self) -> None:
         self._first = await self._next()
@@ -81,10 +80,8 @@ class ChatStream:
             yield self._chunk({"role": "assistant", "content": ""})
             while True:
                 reasoning, content = self._visible(result.output_ids)
-                if delta := self._think(reasoning):
-                    yield self._chunk({"reasoning_content": delta})
-                if delta := self._send(content):
-                    yield self._chunk({"content": delta})
+                for chunk in self._deltas(reasoning, content):
+                    yield chunk
                 if result.finished:
                     break
                 result = await self._next()
@@ -94,14 +91,11 @@ class ChatStream:
         self.completion = done = await asyncio.shield(self.gateway.record(self.call, result))
         choice = done.response["choices"][0]
         message = choice["message"]
-        if rest := self._think(message.get("reasoning_content") or ""):
-            yield self._chunk({"reasoning_content": rest})
         content = text_of(message.get("content"))
-        rest = self._send(content)
-        if self._sent != content and not message.get("tool_calls"):
+        for chunk in self._deltas(message.get("reasoning_content") or "", content):
+            yield chunk
+        if self._sent["content"] != content and not message.get("tool_calls"):
             log.warning("call=%s streamed content differs from the reply's: %r", self.call.call_id, content)
-        if rest:
-            yield self._chunk({"content": rest})
         for i, tc in enumerate(message.get("tool_calls") or []):
             head = {"index": i, "id": tc["id"], "type": "function"}
             yield self._chunk(
@@ -131,15 +125,15 @@ class ChatStream:
         text = self._text.push(output_ids)
         return self.call.handle.fmt.visible(text, bool(self.call.tools), self.call.opened)
 
-    def _send(self, text: str) -> str:
-        """What of the content `text` was not sent yet."""
-        delta, self._sent = _extension(self._sent, text)
-        return delta
-
-    def _think(self, text: str) -> str:
-        """What of the reasoning `text` was not sent yet."""
-        delta, self._thought = _extension(self._thought, text)
-        return delta
+    def _deltas(self, reasoning: str, content: str) -> list[dict[str, Any]]:
+        """Chunks of what each text adds to what its field sent (nothing where it does not extend it)."""
+        chunks = []
+        for field, text in (("reasoning_content", reasoning), ("content", content)):
+            sent = self._sent[field]
+            if len(text) > len(sent) and text.startswith(sent):
+                self._sent[field] = text
+                chunks.append(self._chunk({field: text[len(sent) :]}))
+        return chunks
 
     def _base(self) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -158,10 +152,3 @@ class ChatStream:
             **self._base(),
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
         }
-
-
-def _extension(sent: str, text: str) -> tuple[str, str]:
-    """(what `text` adds to `sent`, what is sent then); nothing if `text` does not extend `sent`."""
-    if len(text) <= len(sent) or not text.startswith(sent):
-        return "", sent
-    return text[len(sent) :], text

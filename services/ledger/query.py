@@ -79,10 +79,8 @@ def _cell(value: Any, width: int) -> str:
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         text = f"<{len(raw)} bytes> {raw[:16].hex()}"
-    elif isinstance(value, list | dict):
-        text = json.dumps(value, default=jsonable)
     else:
-        text = str(value)
+        text = str(_csv_cell(value))
     return text if width <= 0 or len(text) <= width else text[: width - 1] + "…"
 
 
@@ -157,48 +155,47 @@ def main(argv: list[str] | None = None) -> int:
         "directory on this machine: for a ledger on another host (services/ledger/remote.py)",
     )
     args = parser.parse_args(argv)
-    if args.remote:
-        return _remote(args)
-    try:
-        run_dir = args.run_dir if args.run_dir is not None else default_run_dir()
-        con = connect(run_dir)
-    except FileNotFoundError as exc:
-        print(f"swarmrl query: {exc}", file=sys.stderr)
+    reply = _remote(args.sql) if args.remote else _local(args.sql, args.run_dir)
+    if not reply.get("ok"):
+        print(f"swarmrl query{' --remote' if args.remote else ''}: {reply.get('error')}", file=sys.stderr)
         return 1
-    try:
-        result = con.execute(args.sql)
-        columns = [d[0] for d in result.description] if result.description else []
-        rows = result.fetchall() if columns else []
-    except duckdb.Error as exc:
-        print(f"swarmrl query: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        con.close()
+    caption = f"{reply.get('run_dir', '')} (remote)" if args.remote else reply["run_dir"]
     with _quiet_broken_pipe():
-        # name the run in the caption when it was found rather than given: which "latest" it was
-        _print(columns, rows, args.format, args.width, "" if args.run_dir is not None else str(run_dir))
+        _print(reply["columns"], reply["rows"], args.format, args.width, caption)
     return 0
 
 
-def _remote(args: argparse.Namespace) -> int:
-    """`--remote`: the query answered by the ledger over NATS, printed as a local one."""
+def _local(sql: str, run_dir: Path | None) -> dict[str, Any]:
+    """The query run on this machine, as a reply of `remote.ask`."""
+    try:
+        path = run_dir if run_dir is not None else default_run_dir()
+        con = connect(path)
+    except FileNotFoundError as exc:
+        return {"ok": False, "error": str(exc)}
+    try:
+        result = con.execute(sql)
+        columns = [d[0] for d in result.description] if result.description else []
+        rows = result.fetchall() if columns else []
+    except duckdb.Error as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        con.close()
+    # name the run in the caption when it was found rather than given: which "latest" it was
+    return {"ok": True, "columns": columns, "rows": rows, "run_dir": "" if run_dir is not None else str(path)}
+
+
+def _remote(sql: str) -> dict[str, Any]:
+    """`--remote`: the query answered by the ledger over NATS."""
     import asyncio
 
     from swarmrl.services.ledger.remote import ask
 
-    url = os.environ.get("SWARMRL_NATS", "")
-    if not url:
-        print("swarmrl query --remote: no $SWARMRL_NATS (the operator's URL, nats://service:PASSWORD@host:4222)",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    reply = asyncio.run(ask(url, args.sql))
-    if not reply.get("ok"):
-        print(f"swarmrl query --remote: {reply.get('error')}", file=sys.stderr)
-        return 1
-    with _quiet_broken_pipe():
-        rows = [tuple(r) for r in reply["rows"]]
-        _print(list(reply["columns"]), rows, args.format, args.width, f"{reply.get('run_dir', '')} (remote)")
-    return 0
+    if not (url := os.environ.get("SWARMRL_NATS", "")):
+        return {
+            "ok": False,
+            "error": "no $SWARMRL_NATS (the operator's URL, nats://service:PASSWORD@host:4222)",
+        }
+    return asyncio.run(ask(url, sql))
 
 
 @contextmanager

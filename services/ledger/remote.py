@@ -53,14 +53,11 @@ def run_query(run_dir: Path, sql: str, timeout_s: float = QUERY_TIMEOUT_S) -> di
         con.execute(f"SET allowed_directories = [{', '.join(map(quote, sorted(roots)))}]")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-        statements = con.extract_statements(sql)
-        kinds = [s.type for s in statements]
-        if len(statements) != 1 or kinds[0] not in READING:
+        kinds = [s.type for s in con.extract_statements(sql)]
+        if len(kinds) != 1 or kinds[0] not in READING:
             names = [k.name for k in kinds]
-            return {
-                "ok": False,
-                "error": f"one reading statement (SELECT, DESCRIBE, SHOW, EXPLAIN) per query, not {names}",
-            }
+            error = f"one reading statement (SELECT, DESCRIBE, SHOW, EXPLAIN) per query, not {names}"
+            return {"ok": False, "error": error}
         timer = threading.Timer(timeout_s, con.interrupt)
         timer.start()
         try:
@@ -85,41 +82,27 @@ def encode_reply(reply: dict[str, Any]) -> bytes:
     return data
 
 
-class QueryService:
-    """The `nats.micro` service of one ledger process: `await QueryService.start(nc, run_dir)`, `stop()`."""
+async def serve_queries(nc: Any, run_dir: Path) -> Any:
+    """Start the `nats.micro` service of one ledger process; `await service.stop()` ends it."""
+    from nats import micro
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    service = await micro.add_service(
+        nc, name=SERVICE_NAME, version="1.0.0", description="SQL over the ledger's Parquet files",
+        metadata={"run_dir": str(run_dir)},
+    )  # fmt: skip
 
-    @classmethod
-    async def start(cls, nc: Any, run_dir: Path) -> QueryService:
-        from nats import micro
-
-        service = await micro.add_service(
-            nc, name=SERVICE_NAME, version="1.0.0", description="SQL over the ledger's Parquet files",
-            metadata={"run_dir": str(run_dir)},
-        )  # fmt: skip
-
-        async def handle(req: Any) -> None:
-            try:
-                sql = str(json.loads(req.data or b"{}")["sql"])
-            except (ValueError, KeyError, TypeError) as exc:
-                await req.respond(
-                    json.dumps({"ok": False, "error": f'request must be {{"sql": ...}}: {exc!r}'}).encode()
-                )
-                return
-            reply = await asyncio.to_thread(run_query, run_dir, sql)
-            log.info("subject=%s query answered ok=%s: %.200s", S.LEDGER_QUERY, reply["ok"], sql)
-            await req.respond(encode_reply(reply))
-
-        await service.add_endpoint(name="query", subject=S.LEDGER_QUERY, handler=handle)
-        return cls(service)
-
-    async def stop(self) -> None:
+    async def handle(req: Any) -> None:
         try:
-            await self.service.stop()
-        except Exception as exc:  # the connection may be gone already: the ledger's stop goes on
-            log.warning("query service stopped with an error: %r", exc)
+            sql = str(json.loads(req.data or b"{}")["sql"])
+        except (ValueError, KeyError, TypeError) as exc:
+            reply: dict[str, Any] = {"ok": False, "error": f'request must be {{"sql": ...}}: {exc!r}'}
+            return await req.respond(json.dumps(reply).encode())
+        reply = await asyncio.to_thread(run_query, run_dir, sql)
+        log.info("subject=%s query answered ok=%s: %.200s", S.LEDGER_QUERY, reply["ok"], sql)
+        await req.respond(encode_reply(reply))
+
+    await service.add_endpoint(name="query", subject=S.LEDGER_QUERY, handler=handle)
+    return service
 
 
 async def ask(url: str, sql: str, timeout_s: float = QUERY_TIMEOUT_S + 10) -> dict[str, Any]:

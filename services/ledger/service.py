@@ -31,7 +31,6 @@ import duckdb
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy
 from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import subjects as S
@@ -39,11 +38,11 @@ from swarmrl.services.common import bus
 from swarmrl.services.common.leases import LeasedWork, Leases, take_consumer
 from swarmrl.services.common.lifecycle import EpisodeTracker
 from swarmrl.services.common.retry import TRANSIENT
-from swarmrl.services.common.tasks import Loops, on_signals
+from swarmrl.services.common.tasks import Loops, on_signals, wait_set
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest
 from swarmrl.services.ledger.recorder import Recorder
-from swarmrl.services.ledger.remote import QueryService
+from swarmrl.services.ledger.remote import serve_queries
 from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES
@@ -114,35 +113,27 @@ class Ledger(Loops):
         removed = await asyncio.to_thread(self.writer.prepare)
         tracker = self.ingest.tracker if S.EPISODES_STREAM in streams else None
         hwm = await asyncio.to_thread(self._recover, tracker)
+        subs = {}
         for stream in streams:
             sink = self.sinks[stream]
             sink.durable_seq = sink.last_seq = hwm.get(stream, 0)
-            last = (await js.stream_info(stream)).state.last_seq
-            if sink.durable_seq > last:  # rows from another life of the stream: resuming would mix them
-                raise RuntimeError(
-                    f"{self.writer.root} holds {stream} messages up to seq {sink.durable_seq}, but the stream "
-                    f"ends at seq {last}: it was recreated; give this run a fresh --run-dir"
-                )
+            # Unfiltered (a filter costs the server a match per message); no byte cap: a message
+            # nats-py dropped as a slow consumer would be acked by a later cumulative ack, and lost.
+            subs[stream] = await bus.resume_durable(
+                js, stream, S.durable_name(SERVICE, stream), sink.durable_seq, self.writer.root,
+                ack_wait_s=self.cfg.ack_wait_s, max_ack_pending=self._max_ack_pending, pending_bytes_limit=0,
+            )  # fmt: skip
         resumed = {s: self.sinks[s].durable_seq for s in streams}
         log.info(
             "ledger writing to %s; resuming after %s; removed %d partial files; %d open episodes",
             self.writer.root, resumed, len(removed), len(self.ingest.tracker.open),
         )  # fmt: skip
-        tasks = []
-        for stream in streams:
-            sink, durable = self.sinks[stream], S.durable_name(SERVICE, stream)
-            with contextlib.suppress(NotFoundError):  # reposition: the consumer's position is not the truth
-                await js.delete_consumer(stream, durable)
-            # Unfiltered (a filter costs the server a match per message); no byte cap: a message
-            # nats-py dropped as a slow consumer would be acked by a later cumulative ack, and lost.
-            sub = await bus.durable_pull(
-                js, stream, durable, ">", ack_wait_s=self.cfg.ack_wait_s,
-                max_ack_pending=self._max_ack_pending, start_seq=sink.durable_seq + 1,
-                ack_policy=AckPolicy.ALL, pending_bytes_limit=0,
-            )  # fmt: skip
-            recorder = Recorder(self, sink, sub, stop, self.ingest, self.writer)
-            tasks.append(asyncio.create_task(recorder.run(), name=f"ledger-{stream}"))
-        return tasks
+        return [
+            asyncio.create_task(
+                Recorder(self, self.sinks[s], sub, stop, self.ingest, self.writer).run(), name=f"ledger-{s}"
+            )
+            for s, sub in subs.items()
+        ]
 
     @property
     def _max_ack_pending(self) -> int:
@@ -174,8 +165,7 @@ class Ledger(Loops):
         try:
             while not self._stop.is_set():
                 await work.tick()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.lease_interval_s)
+                await wait_set(self._stop, self.cfg.lease_interval_s)
         finally:
             await work.stop()
             with contextlib.suppress(nats.errors.Error, TimeoutError):
@@ -223,13 +213,8 @@ class Ledger(Loops):
         """Flush what is buffered (then ack it), and disconnect."""
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.nc is not None and not self.nc.is_closed:
-            # flush, not drain: draining waits on the expired fetch requests for its whole timeout
-            try:
-                await self.nc.flush(timeout=5)
-            except (nats.errors.Error, TimeoutError) as exc:  # unacked ones come back, skipped at restart
-                log.warning("final ack flush failed: %r", exc)
-            await bus.close(self.nc)
+        if self.nc is not None:  # unacked messages come back, skipped at restart
+            await bus.close(self.nc, flush_s=5)
         dead = dict(self.dlq.counts) if self.dlq else {}
         log.info(
             "ledger stopped: rows %s dead letters %s fetched %s", dict(self.counts), dead, dict(self.fetched)
@@ -237,8 +222,7 @@ class Ledger(Loops):
 
     async def _log_stats(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
+            await wait_set(self._stop, self.cfg.stats_interval_s)
             assert self.dlq is not None
             ingests = [self.ingest, *self.partition_ingests.values()]
             for ingest in ingests:
@@ -267,7 +251,7 @@ async def run(cfg: LedgerConfig) -> None:
     ledger = Ledger(cfg)
     await ledger.start()
     assert ledger.nc is not None
-    queries = await QueryService.start(ledger.nc, cfg.run_dir)  # SQL over NATS (`swarmrl query --remote`)
+    queries = await serve_queries(ledger.nc, cfg.run_dir)  # SQL over NATS (`swarmrl query --remote`)
     # What start loaded lives as long as the process: keep it out of the collector's full passes.
     gc.freeze()
     # Buffered rows live until their flush: at the default threshold the collector kept walking them.
@@ -277,7 +261,10 @@ async def run(cfg: LedgerConfig) -> None:
     try:
         await ledger.wait()
     finally:
-        await queries.stop()
+        try:
+            await queries.stop()
+        except Exception as exc:  # the connection may be gone already: the ledger's stop goes on
+            log.warning("query service stopped with an error: %r", exc)
         await ledger.stop()
         gc.set_threshold(*threshold)
         gc.unfreeze()  # frozen objects are never freed: nanobind (duckdb) would report them as leaks

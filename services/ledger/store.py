@@ -41,8 +41,7 @@ def ledger_dir(run_dir: Path | str) -> Path:
     return Path(run_dir) / LEDGER_DIR
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file or a folder."""
+def _fsync(path: Path) -> None:  # a file or a folder
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -87,23 +86,19 @@ class PartWriter:
         return self.root / table / self.sub if self.sub else self.root / table
 
     def recover(self) -> list[Path]:
-        groups: dict[str, list[Path]] = {}
-        sizes: dict[str, int] = {}
+        groups: dict[tuple[str, int], list[Path]] = {}  # (group id, its number of files) -> files found
         removed: list[Path] = []
         for table in TABLES:
             for path in self.folder(table).iterdir():
                 if path.name.endswith(_TMP_SUFFIX):
                     removed.append(path)
-                    continue
-                m = _PART_RE.match(path.name)
-                if m:
-                    groups.setdefault(m[1], []).append(path)
-                    sizes[m[1]] = int(m[2])
-        for gid, paths in groups.items():
-            if len(paths) != sizes[gid]:
+                elif m := _PART_RE.match(path.name):
+                    groups.setdefault((m[1], int(m[2])), []).append(path)
+        for (gid, size), paths in groups.items():
+            if len(paths) != size:
                 log.warning(
                     "incomplete flush group %s (%d of %d files): removing, it will be redelivered",
-                    gid, len(paths), sizes[gid],
+                    gid, len(paths), size,
                 )  # fmt: skip
                 removed.extend(paths)
         for path in removed:

@@ -20,6 +20,7 @@ from swarmrl.schemas import (
     GroupOutcome,
     LostEpisode,
     MergeStats,
+    MetricRecord,
     Sample,
     SampleDrops,
     TrainStep,
@@ -32,23 +33,15 @@ INTS, FLOATS, STRS = pa.list_(I64), pa.list_(F64), pa.list_(STR)
 
 Row = dict[str, Any]
 
-_POSITION = [("stream", STR), ("stream_seq", I64)]
-_EVENT_BASE = [
-    ("v", I64),
-    ("episode_id", STR),
-    ("seq", I64),
-    ("ts", F64),
-    ("client_id", STR),
-    ("client_version", STR),
-]
-
 
 def _schema(*columns: tuple[str, pa.DataType]) -> pa.Schema:
     """Every row starts with the position of the message it came from."""
-    return pa.schema([*_POSITION, *columns])
+    return pa.schema([("stream", STR), ("stream_seq", I64), *columns])
 
 
 # fmt: off
+_EVENT_BASE = [("v", I64), ("episode_id", STR), ("seq", I64), ("ts", F64), ("client_id", STR),
+               ("client_version", STR)]
 TABLES: dict[str, pa.Schema] = {
     "events": _schema(
         *_EVENT_BASE,
@@ -173,7 +166,7 @@ def _record_row(table: str, record: Any, stream: str, seq: int) -> Row:
         if key in row:
             row[key] = to_json(row[key])
     row["stream"], row["stream_seq"] = stream, seq
-    return row
+    return check_ints(table, row)
 
 
 def event_row(ev: Event, stream: str, seq: int) -> tuple[str, Row]:
@@ -181,16 +174,16 @@ def event_row(ev: Event, stream: str, seq: int) -> tuple[str, Row]:
     if ev.kind == "llm":
         row = _record_row("llm_calls", ev, stream, seq)
         row["n_prompt"], row["n_output"] = len(ev.prompt_ids), len(ev.output_ids)
-        return "llm_calls", check_ints("llm_calls", row)
-    return "events", check_ints("events", _record_row("events", ev, stream, seq))
+        return "llm_calls", row
+    return "events", _record_row("events", ev, stream, seq)
 
 
 def lost_row(lost: LostEpisode, stream: str, seq: int) -> Row:
-    return check_ints("lost_episodes", _record_row("lost_episodes", lost, stream, seq))
+    return _record_row("lost_episodes", lost, stream, seq)
 
 
 def sample_row(sample: Sample, stream: str, seq: int) -> Row:
-    row = check_ints("samples", _record_row("samples", sample, stream, seq))
+    row = _record_row("samples", sample, stream, seq)
     row["n_tokens"], row["n_trained"] = len(sample.token_ids), sum(row["loss_mask"])
     if not _I64_MIN <= row["n_trained"] <= _I64_MAX:  # a mask is 0/1 by contract; this one is not
         raise WireError("schema", f"samples.loss_mask sums to {row['n_trained']}, beyond 64 bits")
@@ -203,13 +196,9 @@ METRIC_TABLES: dict[type, str] = {
 }  # fmt: skip
 
 
-def metric_row(
-    record: TrainStep | SampleDrops | EvalResult | MergeStats | ActionResult | GroupOutcome,
-    stream: str,
-    seq: int,
-) -> tuple[str, Row]:
+def metric_row(record: MetricRecord, stream: str, seq: int) -> tuple[str, Row]:
     table = METRIC_TABLES[type(record)]
-    return table, check_ints(table, _record_row(table, record, stream, seq))
+    return table, _record_row(table, record, stream, seq)
 
 
 def dead_letter_row(
@@ -239,7 +228,5 @@ def dead_letter_row(
 
 def duckdb_type(t: pa.DataType) -> str:
     """DuckDB spelling of an Arrow type used in TABLES (for the typed empty views)."""
-    if pa.types.is_list(t):
-        return duckdb_type(t.value_type) + "[]"
     names = {STR: "VARCHAR", I64: "BIGINT", F64: "DOUBLE", BOOL: "BOOLEAN", BLOB: "BLOB"}
-    return names[t]
+    return names[t.value_type] + "[]" if pa.types.is_list(t) else names[t]

@@ -71,7 +71,6 @@ VIEWS = (*TABLES, "episodes", "groups")
 
 
 def quote(s: str) -> str:
-    """`s` as a SQL string literal."""
     return "'" + s.replace("'", "''") + "'"
 
 

@@ -21,11 +21,7 @@ from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_time
 
 def agent_rewards(rewards: list[RewardEvent], agents: set[str]) -> dict[str, float]:
     team = sum(r.value for r in rewards if not r.agent)
-    own: dict[str, float] = defaultdict(float)
-    for r in rewards:
-        if r.agent:
-            own[r.agent] += r.value
-    return {a: team + own[a] for a in agents}
+    return {a: team + sum(r.value for r in rewards if r.agent == a) for a in agents}
 
 
 def sample_id(episode_id: str, agent: str, model: str, index: int) -> str:
@@ -64,10 +60,7 @@ def dropped_stats(
 
 
 def assemble(
-    begin: BeginEvent,
-    calls: list[LlmEvent],
-    rewards: list[RewardEvent],
-    opts: MergeOptions = MergeOptions(),
+    begin: BeginEvent, calls: list[LlmEvent], rewards: list[RewardEvent], opts: MergeOptions = MergeOptions()
 ) -> tuple[list[Sample], MergeStats]:
     """Merge an ended episode's calls into samples; `calls` must be in stream order."""
     initial = [Timeline.from_call(c, i) for i, c in enumerate(calls)]

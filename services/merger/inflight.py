@@ -66,9 +66,6 @@ class RecentAcks(Generic[K]):
     def __contains__(self, seq: object) -> bool:
         return seq in self._seqs
 
-    def __len__(self) -> int:
-        return len(self._seqs)
-
 
 class Inflight:
     """Every unacked event of one partition, by stream sequence: `held` (of open episodes) and

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarmrl.core.config import parse_config
+from swarmrl.core.config import parse_config, plain_servers
 from swarmrl.core.log import setup_logging
 from swarmrl.services.common import loop as aio
 from swarmrl.services.common.tasks import on_signals
@@ -20,6 +20,8 @@ async def _serve(cfg: MergerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(MergerConfig, argv, prog="swarmrl serve merger")
     log = setup_logging("merger", cfg.log_level)
-    log.info("starting: nats=%s episode_timeout_s=%g", cfg.nats.rsplit("@", 1)[-1], cfg.episode_timeout_s)
+    log.info(
+        "starting: nats=%s episode_timeout_s=%g", ",".join(plain_servers(cfg.nats)), cfg.episode_timeout_s
+    )
     aio.run(_serve(cfg))
     return 0

@@ -16,7 +16,6 @@ NormalMessage = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 def squash(text: str) -> str:
-    """Collapse every run of whitespace to one space and strip the ends."""
     return " ".join(text.split())
 
 

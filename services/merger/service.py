@@ -40,6 +40,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.leases import LeasedWork, Leases
 from swarmrl.services.common.retry import Stopping, retry
+from swarmrl.services.common.tasks import wait_set
 from swarmrl.services.merger.config import MergerConfig
 from swarmrl.services.merger.inflight import Held, OpenEpisode, RecentAcks
 from swarmrl.services.merger.partition import Partition
@@ -73,7 +74,6 @@ class Merger:
 
     @property
     def episodes(self) -> dict[str, OpenEpisode]:
-        """The open episodes of every partition held."""
         return {eid: ep for part in self.partitions.values() for eid, ep in part.episodes.items()}
 
     @property
@@ -105,8 +105,7 @@ class Merger:
                 if time.monotonic() - last_stats > self.cfg.stats_interval_s:
                     last_stats = time.monotonic()
                     self.log_stats()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.lease_interval_s)
+                await wait_set(self._stop, self.cfg.lease_interval_s)
         except Stopping:
             pass
         finally:
@@ -130,13 +129,7 @@ class Merger:
                     await nc.flush(timeout=5)
                     await asyncio.wait_for(work.leases.leave(), timeout=10)
         self.log_stats()
-        if not nc.is_closed:
-            # flush, not drain: draining waits on the expired fetch requests for their whole timeout
-            try:
-                await nc.flush(timeout=5)
-            except (nats.errors.Error, TimeoutError) as exc:  # what did not reach the server comes back
-                log.warning("final flush failed: %r", exc)
-            await bus.close(nc)
+        await bus.close(nc, flush_s=5)
 
     def log_stats(self) -> None:
         dead = dict(self.dlq.counts) if self.dlq else {}

@@ -10,7 +10,6 @@ A restarted exporter goes on in the same W&B and MLflow runs (their ids are in `
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
 from swarmrl.services.tracker.config import TrackerConfig
@@ -25,6 +24,9 @@ class Backend(Protocol):
     run_id: str
     """The tracker's id of this run (empty where it has none)."""
 
+    def __init__(self, cfg: TrackerConfig, run_id: str | None) -> None:
+        """Open the tracker's run under `cfg.track_dir()`; go on in run `run_id` if given."""
+
     def write(self, rows: list[Row]) -> None: ...
 
     def flush(self) -> None:
@@ -37,10 +39,10 @@ class TensorBoard:
     name = "tensorboard"
     run_id = ""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, cfg: TrackerConfig, run_id: str | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(log_dir))
+        self.writer = SummaryWriter(str(cfg.track_dir() / "tensorboard"))
 
     def write(self, rows: list[Row]) -> None:
         for row in rows:
@@ -57,15 +59,14 @@ class TensorBoard:
 class WandB:
     name = "wandb"
 
-    def __init__(
-        self, root: Path, project: str, name: str, run_id: str | None, config: dict[str, Any]
-    ) -> None:
+    def __init__(self, cfg: TrackerConfig, run_id: str | None) -> None:
         import wandb
 
         settings = wandb.Settings(console="off", silent=True, disable_git=True, disable_code=True,
                                   disable_job_creation=True, save_code=False)  # fmt: skip
-        self.run = wandb.init(mode="offline", dir=root, project=project, name=name, id=run_id,
-                              resume="allow", config=config, settings=settings)  # fmt: skip
+        self.run = wandb.init(mode="offline", dir=cfg.track_dir(), project=cfg.project, name=cfg.name(),
+                              id=run_id, resume="allow", config={"run_dir": str(cfg.run_dir.resolve())},
+                              settings=settings)  # fmt: skip
         self.run_id: str = self.run.id
         self._defined: set[str] = set()
 
@@ -86,24 +87,24 @@ class WandB:
 class MLflow:
     name = "mlflow"
 
-    def __init__(self, root: Path, project: str, name: str, run_id: str | None, tags: dict[str, str]) -> None:
+    def __init__(self, cfg: TrackerConfig, run_id: str | None) -> None:
         from mlflow import MlflowClient
 
-        root = root.resolve()
+        root = cfg.track_dir().resolve()
         self.client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
         self._pending: list[Any] = []
         if run_id:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
             return
-        experiment = self.client.get_experiment_by_name(project)
+        experiment = self.client.get_experiment_by_name(cfg.project)
         if experiment is not None:
             experiment_id = experiment.experiment_id
         else:
-            experiment_id = self.client.create_experiment(
-                project, artifact_location=(root / "mlflow-artifacts").as_uri()
-            )
-        self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+            artifacts = (root / "mlflow-artifacts").as_uri()
+            experiment_id = self.client.create_experiment(cfg.project, artifact_location=artifacts)
+        tags = {"swarmrl.run_dir": str(cfg.run_dir.resolve())}
+        self.run_id = self.client.create_run(experiment_id, run_name=cfg.name(), tags=tags).info.run_id
 
     def write(self, rows: list[Row]) -> None:
         from mlflow.entities import Metric
@@ -122,21 +123,12 @@ class MLflow:
         self.client.set_terminated(self.run_id)
 
 
+BACKENDS: dict[str, type[Backend]] = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+"""One per name of `config.TRACKERS`."""
+
+
 def open_backends(cfg: TrackerConfig, run_ids: dict[str, str]) -> list[Backend]:
     """A backend per tracker of `cfg.track`, going on in the runs of `run_ids` (tracker -> id) if
     given. The libraries are imported here: each costs seconds."""
-    root = cfg.track_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    about = {"run_dir": str(cfg.run_dir.resolve())}
-    out: list[Backend] = []
-    for name in cfg.track:
-        if name == "tensorboard":
-            out.append(TensorBoard(root / "tensorboard"))
-        elif name == "wandb":
-            out.append(WandB(root, cfg.project, cfg.name(), run_ids.get(name), config=about))
-        elif name == "mlflow":
-            tags = {f"swarmrl.{k}": v for k, v in about.items()}
-            out.append(MLflow(root, cfg.project, cfg.name(), run_ids.get(name), tags=tags))
-        else:  # TrackerConfig validated the names
-            raise AssertionError(name)
-    return out
+    cfg.track_dir().mkdir(parents=True, exist_ok=True)
+    return [BACKENDS[name](cfg, run_ids.get(name)) for name in cfg.track]

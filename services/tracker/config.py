@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 from pydantic_settings import NoDecode
 
 from swarmrl.core.config import ServiceConfig, Settings, SwarmConfigError
@@ -45,7 +45,7 @@ def check_installed(names: list[str]) -> None:
 class TrackerSettings(Settings):
     """Which trackers get the metrics, under which names, and how the stream is read."""
 
-    track: Annotated[list[str], NoDecode] = []  # SWARMRL_TRACK=tensorboard,wandb: split below
+    track: Annotated[list[str], NoDecode, AfterValidator(check_names)] = []  # SWARMRL_TRACK=a,b: split below
     """Trackers that get every metric of the swarm, all offline: any of tensorboard, wandb, mlflow (a
     list, or `--track tensorboard,wandb`; needs `swarmrl[track]`). Empty: `swarmrl up` starts none."""
     project: str = "swarmrl"
@@ -72,11 +72,6 @@ class TrackerSettings(Settings):
         if isinstance(v, list):
             return [part.strip() for item in v for part in str(item).split(",") if part.strip()]
         return v
-
-    @field_validator("track")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        return check_names(v)
 
 
 class TrackerConfig(ServiceConfig, TrackerSettings):

@@ -43,7 +43,6 @@ ACTION_AXIS = "action/actions"
 
 
 def tag(*parts: str) -> str:
-    """A tracker-safe tag of `parts` joined by `/`."""
     return _TAG_SAFE.sub("_", "/".join(parts))
 
 
@@ -56,7 +55,6 @@ class Row:
     step: int
     """The point on that axis (trainer step, policy version, running count)."""
     values: dict[str, float]
-    """Tag -> value."""
     ts: float
     """When the record was made (Unix seconds): the wall-clock time TensorBoard and MLflow keep."""
 
@@ -75,10 +73,10 @@ class RowMaker:
         if isinstance(record, EvalResult):
             return [self._eval(record)]
         if isinstance(record, MergeStats):
-            return [self._merge(record)]
+            return [self._counted(MERGE_AXIS, "merge", record, MERGE_FIELDS)]
         if isinstance(record, GroupOutcome):  # per group: the ledger's `groups`; a step's counts suffice here
             return []
-        return [self._action(record)]
+        return [self._counted(ACTION_AXIS, tag("action", record.kind), record, ACTION_FIELDS)]
 
     def _train(self, r: TrainStep) -> list[Row]:
         values = {tag("train", r.model, name): float(getattr(r, name)) for name in TRAIN_FIELDS}
@@ -90,7 +88,6 @@ class RowMaker:
 
     @staticmethod
     def _drops(model: str, step: int, dropped: dict[str, str], ts: float) -> Row:
-        """Samples dropped untrained, counted per reason."""
         per_reason = Counter(dropped.values())
         values = {tag("train", model, "dropped", reason): float(n) for reason, n in per_reason.items()}
         return Row(tag("train", model, "step"), step, values, ts)
@@ -103,18 +100,11 @@ class RowMaker:
         }
         return Row(tag("eval", r.model, "version"), r.step, values, r.ts)
 
-    def _merge(self, r: MergeStats) -> Row:
-        self.counts[MERGE_AXIS] += 1
-        status = tag("merge", r.status)
+    def _counted(self, axis: str, family: str, r: MergeStats | ActionResult, names: tuple[str, ...]) -> Row:
+        """A row on a running-count axis (`axis`), with the running total of the record's status."""
+        self.counts[axis] += 1
+        status = tag(family, r.status)
         self.counts[status] += 1
-        values = {tag("merge", name): float(getattr(r, name)) for name in MERGE_FIELDS}
+        values = {tag(family, name): float(getattr(r, name)) for name in names}
         values[status] = float(self.counts[status])
-        return Row(MERGE_AXIS, self.counts[MERGE_AXIS], values, r.ts)
-
-    def _action(self, r: ActionResult) -> Row:
-        self.counts[ACTION_AXIS] += 1
-        status = tag("action", r.kind, r.status)
-        self.counts[status] += 1
-        values = {tag("action", r.kind, name): float(getattr(r, name)) for name in ACTION_FIELDS}
-        values[status] = float(self.counts[status])
-        return Row(ACTION_AXIS, self.counts[ACTION_AXIS], values, r.ts)
+        return Row(axis, self.counts[axis], values, r.ts)

@@ -12,20 +12,17 @@ in stream order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy
-from nats.js.errors import NotFoundError
 
 from swarmrl.schemas import WireError, decode_metric
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
-from swarmrl.services.common.tasks import Loops, serve_until_signalled
+from swarmrl.services.common.tasks import Loops, serve_until_signalled, wait_set
 from swarmrl.services.tracker.backends import Backend, open_backends
 from swarmrl.services.tracker.config import TrackerConfig
 from swarmrl.services.tracker.rows import Row, RowMaker
@@ -58,18 +55,9 @@ class Tracker(Loops):
         js = self.nc.jetstream()
         await bus.ensure_streams(js)
         self.dlq = bus.DeadLetters(self.nc, SERVICE)
-        last = (await js.stream_info(S.METRICS_STREAM)).state.last_seq
-        if self.state.seq > last:  # the position is from another life of the stream
-            raise RuntimeError(
-                f"{self.state_path} says metrics up to seq {self.state.seq} were exported, but the stream "
-                f"ends at seq {last}: it was recreated; give this run a fresh --run-dir"
-            )
-        durable = S.durable_name(SERVICE, S.METRICS_STREAM)
-        with contextlib.suppress(NotFoundError):  # reposition right after the saved position
-            await js.delete_consumer(S.METRICS_STREAM, durable)
-        sub = await bus.durable_pull(
-            js, S.METRICS_STREAM, durable, ack_wait_s=self.cfg.ack_wait_s,
-            start_seq=self.state.seq + 1, ack_policy=AckPolicy.ALL,
+        sub = await bus.resume_durable(
+            js, S.METRICS_STREAM, S.durable_name(SERVICE, S.METRICS_STREAM), self.state.seq, self.state_path,
+            ack_wait_s=self.cfg.ack_wait_s,
         )  # fmt: skip
         log.info(
             "exporting %s to %s from seq %d (runs %s)",
@@ -86,12 +74,8 @@ class Tracker(Loops):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for backend in self.backends:
             await asyncio.to_thread(backend.close)
-        if self.nc is not None and not self.nc.is_closed:
-            try:  # the last ack must reach the server; a lost one only means a skipped redelivery
-                await self.nc.flush(timeout=5)
-            except Exception as exc:
-                log.warning("final ack flush failed: %r", exc)
-            await bus.close(self.nc)
+        if self.nc is not None:  # the last ack must reach the server; a lost one means a skipped redelivery
+            await bus.close(self.nc, flush_s=5)
         log.info("tracker stopped at seq %d: %s", self.state.seq, dict(self.counts))
 
     async def _consume(self, sub: JetStreamContext.PullSubscription) -> None:
@@ -134,11 +118,8 @@ class Tracker(Loops):
         self.counts["values"] += sum(len(row.values) for row in rows)
 
     async def _log_stats(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.stats_interval_s)
-            except TimeoutError:
-                log.info("exported up to seq %d: %s", self.state.seq, dict(self.counts))
+        while not await wait_set(self._stop, self.cfg.stats_interval_s):
+            log.info("exported up to seq %d: %s", self.state.seq, dict(self.counts))
 
 
 async def run(cfg: TrackerConfig) -> None:

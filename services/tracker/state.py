@@ -22,7 +22,6 @@ class TrackState:
 
     @classmethod
     def load(cls, path: Path) -> TrackState:
-        """The state saved at `path`; a fresh one if there is none."""
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:

@@ -32,27 +32,17 @@ class Scored:
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor
-    """[1, L] token ids of the row."""
-    position_ids: torch.Tensor
-    """[1, L] each token's index in its sample (its depth in the prefix tree)."""
-    segments: list[Segment]
-    """Per sample: the positions it adds and the shared prefix they attend to."""
-    pred_pos: torch.Tensor
-    """[T] per trained token: the row position whose logits predict it."""
-    targets: torch.Tensor
-    """[T] the trained token ids."""
-    behaviour: torch.Tensor
-    """[T] behaviour logprob of each trained token (NaN = unknown)."""
-    versions: torch.Tensor
-    """[T] policy version that generated each trained token."""
-    advantages: torch.Tensor
-    """[T] advantage of the sample each trained token belongs to."""
-    paths: list[list[int]]
-    """Per sample, the row position of each of its tokens."""
+    input_ids: torch.Tensor  # [1, L] token ids of the row
+    position_ids: torch.Tensor  # [1, L] each token's index in its sample (its depth in the prefix tree)
+    segments: list[Segment]  # per sample: the positions it adds and the shared prefix they attend to
+    pred_pos: torch.Tensor  # [T] per trained token: the row position whose logits predict it
+    targets: torch.Tensor  # [T] the trained token ids
+    behaviour: torch.Tensor  # [T] behaviour logprob of each trained token (NaN = unknown)
+    versions: torch.Tensor  # [T] policy version that generated each trained token
+    advantages: torch.Tensor  # [T] advantage of the sample each trained token belongs to
+    paths: list[list[int]]  # per sample, the row position of each of its tokens
     sample_ids: list[str]
-    sample_tokens: int = 0
-    """Sum of the samples' lengths: what a layout without sharing computes."""
+    sample_tokens: int = 0  # sum of the samples' lengths: what a layout without sharing computes
 
     @property
     def tokens(self) -> int:
@@ -93,12 +83,7 @@ def plan_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def plan_shared_rows(token_ids: list[list[int]], max_tokens: int) -> list[list[tuple[int, int]]]:
@@ -120,13 +105,11 @@ def plan_shared_rows(token_ids: list[list[int]], max_tokens: int) -> list[list[t
 
 
 def pack(items: list[Scored], max_tokens: int) -> list[MicroBatch]:
-    """Pack scored samples side by side, one micro-batch per row."""
     rows = plan_rows([len(it.sample.token_ids) for it in items], max_tokens)
     return [_row([(items[i], 0) for i in row]) for row in rows]
 
 
 def pack_shared(items: list[Scored], max_tokens: int) -> list[MicroBatch]:
-    """Lay scored samples out as prefix trees, each row at most `max_tokens` computed tokens."""
     rows = plan_shared_rows([it.sample.token_ids for it in items], max_tokens)
     return [_row([(items[i], shared) for i, shared in row]) for row in rows]
 

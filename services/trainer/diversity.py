@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Diversity:
-    window: int = 64
-    """Groups per task a share is measured over: the task's last `window` groups."""
+    window: int = 64  # groups per task a share is measured over: the task's last `window` groups
     warn_below: float = 0.5
     """Warn when a task's share falls below this fraction of the best share of its full windows."""
     recent: dict[str, deque[str]] = field(default_factory=dict)

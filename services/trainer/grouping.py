@@ -62,8 +62,7 @@ class Stall:
 class Episode:
     episode_id: str
     first_seen: float
-    agents: dict[str, dict[int, Held]] = field(default_factory=dict)
-    """agent -> index -> sample."""
+    agents: dict[str, dict[int, Held]] = field(default_factory=dict)  # agent -> index -> sample
 
     def complete(self) -> bool:
         return all(len(by_index) >= _expected(by_index) for by_index in self.agents.values())
@@ -82,8 +81,7 @@ class Group:
 
     key: str
     items: list[Held]
-    partial: bool = False
-    """Emitted by the timeout with fewer than `num_repeat` episodes."""
+    partial: bool = False  # emitted by the timeout with fewer than `num_repeat` episodes
     lost: list[Any] = field(default_factory=list)
     """Handles of the lost-episode records this group counted out: acked with its samples."""
 
@@ -116,8 +114,7 @@ class GroupBuffer:
         self.warned: set[str] = set()  # group keys already reported by `stalled`
         self.dropped_groups: list[tuple[str, list[Held], str]] = []
         """(key, samples, reason) of each group dropped whole, for its owner's outcome."""
-        self.spent: list[Any] = []
-        """Handles of lost records no group will use: the caller acks them."""
+        self.spent: list[Any] = []  # handles of lost records no group will use: the caller acks them
 
     def note_lost(self, group_key: str, episode_id: str, handle: Any = None, now: float = 0.0) -> list[Any]:
         """Episode `episode_id` of `group_key` will never deliver samples; `handle` acks its record.
@@ -152,7 +149,6 @@ class GroupBuffer:
         return sample.episode_id in self.gone
 
     def lost_handles(self) -> list[Any]:
-        """Handles of the lost records held as credits."""
         return [c.handle for credits in self.lost.values() for c in credits if c.handle is not None]
 
     def size(self, sample: Sample) -> int:
@@ -282,6 +278,5 @@ class GroupBuffer:
         return dropped
 
     def take_spent(self) -> list[Any]:
-        """The handles in `spent`, handed over for acking."""
         spent, self.spent = self.spent, []
         return spent

@@ -59,8 +59,7 @@ class GroupScore:
     status: str
     """`ok`, `zero_adv` (all rewards equal), `too_small` (fewer than min_group_size fresh episodes) or
     `nonfinite` (a NaN or infinite reward)."""
-    advantages: list[float]
-    """Per sample, in input order; 0.0 for stale samples."""
+    advantages: list[float]  # per sample, in input order; 0.0 for stale samples
     stale: list[bool]
     reward_mean: float = 0.0
     reward_std: float = 0.0
@@ -104,14 +103,10 @@ def score_group(
 
 @dataclass
 class TokenLoss:
-    loss: torch.Tensor
-    """Per-token loss [T] (sum it and divide by the update's token count)."""
-    clipped: torch.Tensor
-    """Per-token bool: the clip is active (no gradient from this token)."""
-    is_weight: torch.Tensor
-    """Per-token importance weight (1 on on-policy tokens)."""
-    kl: torch.Tensor
-    """Per-token k3 KL estimate (zeros without a reference model)."""
+    loss: torch.Tensor  # per-token loss [T] (sum it and divide by the update's token count)
+    clipped: torch.Tensor  # per-token bool: the clip is active (no gradient from this token)
+    is_weight: torch.Tensor  # per-token importance weight (1 on on-policy tokens)
+    kl: torch.Tensor  # per-token k3 KL estimate (zeros without a reference model)
 
 
 def token_loss(

@@ -53,8 +53,7 @@ class Unacked:
         self.dead_letters = dead_letters
         self.msgs: dict[int, Msg] = {}
         """Every held message by stream sequence: its newest delivery (whose ack acks the sequence)."""
-        self.dropped: dict[int, Dropped] = {}
-        """Held samples to name in the next report."""
+        self.dropped: dict[int, Dropped] = {}  # held samples to name in the next report
         self.spent: list[int] = []
         """Held lost-episode records no group will use: acked with the next report, or alone."""
         self.report_s, self.dropped_since = report_s, 0.0

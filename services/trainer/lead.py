@@ -24,6 +24,7 @@ from nats.js.errors import KeyNotFoundError, KeyValueError
 from nats.js.kv import KeyValue
 
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common.tasks import wait_set
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -66,8 +67,7 @@ class Lead:
                     continue
             except (nats.errors.Error, TimeoutError):  # a busy lead, or a broker away: no proof of death
                 pass
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), PROBE_S)
+            await wait_set(stop, PROBE_S)
         return False
 
     async def take(self) -> bool:
@@ -118,9 +118,7 @@ class Lead:
         """Renew every `RENEW_S` until `stop`; LostLead when another process took the lead. A broker
         away is retried (without NATS the lead publishes nothing either)."""
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), RENEW_S)
-            if stop.is_set():
+            if await wait_set(stop, RENEW_S):
                 return
             try:
                 await self.confirm()

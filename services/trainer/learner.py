@@ -53,8 +53,7 @@ class NonFiniteWeights(RuntimeError):
 class StepResult:
     """What one `train_step` did: its statistics, and the samples it refused to learn from."""
 
-    stats: dict[str, float]
-    """Step statistics, over the applied optimizer updates only (so they are finite)."""
+    stats: dict[str, float]  # step statistics, over the applied optimizer updates only (so they are finite)
     skipped: dict[str, str]
     """Sample id -> reason (`nonfinite: ...`) for every sample of an update not applied."""
 
@@ -113,7 +112,6 @@ class Learner:
         return broadcast_object_list([payload], from_process=0)[0]
 
     def shard(self, items: list[Scored]) -> list[Scored]:
-        """This process's share of a step (`batching.shard`)."""
         acc = self.accelerator
         return shard(items, acc.num_processes, acc.process_index, self.cfg.prefix_sharing)
 

@@ -21,8 +21,7 @@ WARN_AFTER_GROUPS = 8
 class Outcomes:
     def __init__(self, model: str) -> None:
         self.model = model
-        self.pending: list[tuple[str, GroupOutcome, str]] = []
-        """(subject, record, msg id) not yet published."""
+        self.pending: list[tuple[str, GroupOutcome, str]] = []  # (subject, record, msg id) not yet published
         self.by_client: dict[str, Counter[str]] = {}
         """client id -> how many of its groups were trained, and dropped per reason."""
         self.warned: set[str] = set()

@@ -101,12 +101,9 @@ class ReadyGroups:
     ) -> None:
         self.cfg = cfg
         self.counts = counts
-        self.drop = drop
-        """Takes samples that will not be trained, with the reason."""
-        self.spend = spend
-        """Takes the handles of lost-episode records no group will use."""
-        self.dropped_group = dropped_group
-        """Told of each group dropped whole: its samples as formed, and why."""
+        self.drop = drop  # takes samples that will not be trained, with the reason
+        self.spend = spend  # takes the handles of lost-episode records no group will use
+        self.dropped_group = dropped_group  # told of each group dropped whole: its samples as formed, and why
         self.groups: deque[Group] = deque()
         self.thrown_away: list[tuple[int, int]] = []
         """(good, served) of each rollback: samples of the versions strictly between carry the collapse

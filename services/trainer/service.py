@@ -113,16 +113,14 @@ class Trainer:
         lead: Lead | None = None,
     ) -> None:
         self.cfg, self.learner, self.checkpoint, self.weights = cfg, learner, checkpoint, weights
-        self.lead = lead
-        """Held by one of several replicas: confirmed before each version it publishes."""
+        self.lead = lead  # held by one of several replicas: confirmed before each version it publishes
         self.nc, self.js, self.kv, self.sub = nc, nc.jetstream(), kv, sub
         self.root = checkpoint_root(cfg.run_dir, cfg.model).resolve()
         self.base = Path(cfg.model_path).resolve()
         self.state = TrainerState.read(checkpoint) if checkpoint else TrainerState(cfg.model, 0, 0)
         self.counts: Counter[str] = Counter(self.state.counts)
         self.stopping = stopping or asyncio.Event()
-        self.wake = asyncio.Event()
-        """Set after each fetch: the queued groups may have changed."""
+        self.wake = asyncio.Event()  # set after each fetch: the queued groups may have changed
         self.unacked = Unacked(bus.DeadLetters(nc, "trainer"), cfg.ack_wait_s, cfg.drop_report_s)
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
         self.outcomes = Outcomes(cfg.model)
@@ -137,8 +135,7 @@ class Trainer:
         )  # fmt: skip
         self.diversity = Diversity()
         self.guard = RewardGuard(cfg.rollback_window, cfg.rollback_drop)
-        self.rollback_to: int | None = None
-        """The version the collapse guard wants back, until the train loop is free to load it."""
+        self.rollback_to: int | None = None  # the version the guard wants, until the train loop loads it
 
     @classmethod
     async def start(cls, cfg: TrainerConfig, stopping: asyncio.Event | None = None) -> Trainer:
@@ -294,7 +291,10 @@ class Trainer:
             self.outcomes.trained(group.key, group.items, step)
         await self.publish_outcomes()
         await self.unacked.ack([*batch.handles(result.skipped), *reported])
-        await asyncio.to_thread(prune, self.root, self.keep_checkpoints(), self.guard.good_version)
+        # with the collapse guard, keep every version a group can still come from: the good one is on disk
+        keep = self.cfg.keep_checkpoints
+        keep = max(keep, self.cfg.max_staleness + 1) if self.cfg.rollback_window else keep
+        await asyncio.to_thread(prune, self.root, keep, self.guard.good_version)
         if self.done():
             log.info("model=%s reached max_steps=%d", self.cfg.model, self.cfg.max_steps)
 
@@ -308,12 +308,6 @@ class Trainer:
             learner.save(step_dir(self.root, step), state)
             result.stats["save_s"] = time.perf_counter() - t0
         return result
-
-    def keep_checkpoints(self) -> int:
-        """`keep_checkpoints`, and with the collapse guard every version a group can still come from,
-        so that the version it marks good is on disk."""
-        keep = self.cfg.keep_checkpoints
-        return max(keep, self.cfg.max_staleness + 1) if self.cfg.rollback_window else keep
 
     # The collapse guard ---------------------------------------------------------------------------
     def observe(self, group: Group) -> None:

@@ -29,8 +29,7 @@ class Segment:
 
     start: int
     end: int
-    ancestors: torch.Tensor
-    """[a] row positions (ascending) the segment's tokens attend to before their own."""
+    ancestors: torch.Tensor  # [a] row positions (ascending) the segment's tokens attend to before their own
 
     def to(self, device: torch.device | str) -> Segment:
         return Segment(self.start, self.end, self.ancestors.to(device))

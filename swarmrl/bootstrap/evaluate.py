@@ -49,10 +49,8 @@ class EvalResult:
 
 def parse_assistant_text(text: str) -> Message:
     """Generated text -> an OpenAI assistant message, with `<tool_call>` JSON blocks as tool calls.
-
-    A block that is not a JSON object with a string `name` makes the whole reply plain content,
-    as Qwen's (hermes) tool parser does: the environment then sees a malformed answer, not a call.
-    """
+    A block that is not a JSON object with a string `name` makes the whole reply plain content, as
+    Qwen's (hermes) tool parser does: the environment then sees a malformed answer, not a call."""
     plain: Message = {"role": "assistant", "content": text}
     calls: list[dict[str, Any]] = []
     for i, raw in enumerate(_TOOL_CALL_RE.findall(text)):
@@ -85,19 +83,15 @@ def evaluate_offline(
 ) -> EvalResult:
     """Play `n` episodes of `task`'s eval set (episode i plays instance i, cycled) against the model
     at `model_dir`, `batch_size` episodes in lockstep, sampling the full distribution at `temperature`.
-
-    `task` is a single-agent task name, or `<task>.<role>`: the model plays that role of a
-    multi-role task, the other roles play correct scripted replies. Same seed, same machine: same result.
-    """
+    `task` may be `<task>.<role>`: the model plays that role, the others play correct scripted
+    replies. Same seed, same machine: same result."""
     name, _, role = task.partition(".")
     spec = get_task(name)
     if spec.roles:
         if role not in spec.roles:
             valid = ", ".join(f"{name}.{r}" for r in spec.roles)
             raise ValueError(f"{task!r}: evaluate one role of a multi-role task: {valid} (or evaluate_team)")
-        return _evaluate_roles(
-            spec, {role: Path(model_dir)}, n, seed, temperature, max_new_tokens, batch_size
-        )
+        return evaluate_team({role: model_dir}, name, n, seed, temperature, max_new_tokens, batch_size)
     if role:
         raise ValueError(f"{task!r}: {name} is a single-agent task, it has no roles")
     started = time.monotonic()
@@ -131,6 +125,7 @@ def evaluate_offline(
     return _result(task, successes, rewards, turns, started)
 
 
+@torch.no_grad()
 def evaluate_team(
     models: Mapping[str, str | Path],
     task: str,
@@ -146,21 +141,8 @@ def evaluate_team(
     unknown = set(models) - set(spec.roles)
     if not spec.roles or unknown:
         raise ValueError(f"{task!r} roles are {list(spec.roles)}; got models for {sorted(models)}")
-    dirs = {role: Path(d) for role, d in models.items()}
-    return _evaluate_roles(spec, dirs, n, seed, temperature, max_new_tokens, batch_size)
-
-
-@torch.no_grad()
-def _evaluate_roles(
-    spec: TaskSpec,
-    dirs: dict[str, Path],
-    n: int,
-    seed: int,
-    temperature: float,
-    max_new_tokens: int,
-    batch_size: int,
-) -> EvalResult:
     started = time.monotonic()
+    dirs = {role: Path(d) for role, d in models.items()}
     oracle = spec.role_oracle
     if oracle is None and set(dirs) != set(spec.roles):
         raise ValueError(

@@ -53,11 +53,9 @@ def build_model(
     vocab_size: int = VOCAB_SIZE,
 ) -> Path:
     """Build, warm-start and save a tiny model into `out_dir`; the same seed gives the same weights.
-
     `warm_start_steps` 0 leaves a random init (fast, for tests), None is `presets.default_steps`;
     `dims` and `sources` default to the preset's. Another `vocab_size` gives another vocabulary
-    (a team of models with different tokenizers, as users bring).
-    """
+    (a team of models with different tokenizers, as users bring)."""
     started = time.monotonic()
     spec = get_preset(preset)
     resolved = resolve_sources(preset, sources)

@@ -101,10 +101,9 @@ def parse_source(source: str) -> tuple[str, str | None]:
 
 def get_preset(name: str) -> Preset:
     """The preset called `name`; the error lists the valid ones."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
 def resolve_sources(preset: str, sources: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -141,27 +140,21 @@ def sft_weight(source: str) -> int:
     return spec.role_sft_weights.get(role, spec.sft_weight) if role else spec.sft_weight
 
 
-def batches_per_round(sources: Sequence[str]) -> int:
-    """SFT batches in one round over `sources`: `sft_weight` per source, twice for a source with
-    tools (shown with and without the tool specs)."""
-    from swarmrl.agents.tasks import TASKS
-
-    total = 0
-    for source in sources:
-        task, role = parse_source(source)
-        spec = TASKS[task]
-        tools = spec.role_tools.get(role) if role else spec.tools
-        total += sft_weight(source) * (2 if tools else 1)
-    return total
-
-
 def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
     """SFT steps when none are asked for: the preset's own for its own sources, else `SFT_ROUNDS`
-    rounds over the sources."""
+    rounds of `sft_weight` batches per source, twice for a source with tools (shown with and
+    without the tool specs)."""
+    from swarmrl.agents.tasks import TASKS
+
     resolved = resolve_sources(preset, sources)
     if resolved == get_preset(preset).sources:
         return get_preset(preset).steps
-    return SFT_ROUNDS * batches_per_round(resolved)
+    batches = 0
+    for source in resolved:
+        task, role = parse_source(source)
+        tools = TASKS[task].role_tools.get(role) if role else TASKS[task].tools
+        batches += sft_weight(source) * (2 if tools else 1)
+    return SFT_ROUNDS * batches
 
 
 def source_digest() -> str:
@@ -201,11 +194,8 @@ def ensure_model(
     force: bool = False,
 ) -> Path:
     """The model directory of `preset` warm-started on `sources` for `steps` (None: `default_steps`,
-    0: random init), built first when missing (or `force`).
-
-    Builds into a temporary sibling and renames it into place, so concurrent callers never see a
-    half-written model and the loser of a race just discards its copy.
-    """
+    0: random init), built first when missing (or `force`): into a temporary sibling renamed into
+    place, so concurrent callers never see a half-written model (the loser of a race drops its copy)."""
     resolved = resolve_sources(preset, sources)
     steps = default_steps(preset, resolved) if steps is None else steps
     if steps < 0:

@@ -75,11 +75,7 @@ def source_demonstration(source: str) -> tuple[Demonstrate, list[dict[str, Any]]
         return spec.demonstration, spec.tools
     role_demonstrations = spec.role_demonstrations
     assert role_demonstrations is not None  # TaskSpec refuses a multi-role task without them
-
-    def demonstrate(instance: Any, rng: random.Random) -> list[Message]:
-        return role_demonstrations(instance, rng)[role]
-
-    return demonstrate, spec.role_tools.get(role)
+    return (lambda instance, rng: role_demonstrations(instance, rng)[role]), spec.role_tools.get(role)
 
 
 def demonstration_batches(
@@ -89,12 +85,9 @@ def demonstration_batches(
     sources: list[str] | None = None,
 ) -> Callable[[], dict[str, torch.Tensor]]:
     """A function returning the next batch: one source (and view of it) per batch, in turn, each
-    source `presets.sft_weight(source)` times per round. `sources` (default: the `tiny` preset's)
-    in their order, with `seed`, fix the stream of batches.
-
-    A batch is `prefix_ids` [1, P], the token prefix all its episodes share (`sft_loss` runs it once
-    per batch), and per-episode `input_ids` / `labels` [B, S] for the rest, right-padded.
-    """
+    source `presets.sft_weight(source)` times per round; `sources` (default: the `tiny` preset's),
+    in their order, and `seed` fix the stream. A batch is `prefix_ids` [1, P], the token prefix all
+    its episodes share (`sft_loss` runs it once), and `input_ids` / `labels` [B, S] for the rest."""
     rng = random.Random(seed)
     names = list(sources or get_preset(DEFAULT_PRESET).sources)
     specs = {name: TASKS[parse_source(name)[0]] for name in names}
@@ -157,7 +150,6 @@ def warm_start(
     steps: int,
     seed: int = 0,
     batch_size: int = 16,
-    lr: float = 1e-3,
     progress: bool = True,
     sources: list[str] | None = None,
 ) -> list[float]:
@@ -166,7 +158,7 @@ def warm_start(
     if steps <= 0:
         return []
     next_batch = demonstration_batches(tokenizer, batch_size, seed, sources)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
 
     def schedule(step: int) -> float:

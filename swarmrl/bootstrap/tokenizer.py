@@ -58,10 +58,8 @@ def _corpus(seed: int = 0, episodes_per_task: int = 400) -> Iterator[str]:
     tools_text = TOOLS_PREAMBLE + TOOLS_POSTAMBLE
     for tag in ADDED_TOKENS:  # trained around the tags, never into them: they are added tokens
         tools_text = tools_text.replace(tag, " ")
-    for _ in range(50):
-        yield tools_text
-    for _ in range(20):
-        yield GENERAL_TEXT
+    yield from [tools_text] * 50
+    yield from [GENERAL_TEXT] * 20
     # Every printable character next to letters and digits, so common pairs exist for any ASCII.
     for _ in range(50):
         yield "".join(rng.choice(string.printable) for _ in range(64))

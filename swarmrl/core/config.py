@@ -96,9 +96,10 @@ def read_config_file(path: Path, service: str) -> dict[str, Any]:
     return dict(data["config"])
 
 
-def password_on_command_line(argv: Sequence[str]) -> str | None:
-    """Why `argv` must be refused, or None: a password in a URL on it is readable by every user."""
-    for arg in argv:
+def password_on_command_line(argv: Sequence[str] | None) -> str | None:
+    """Why `argv` (None: `sys.argv[1:]`) must be refused, or None: a password in a URL on it is readable
+    by every user."""
+    for arg in sys.argv[1:] if argv is None else argv:
         value = arg.partition("=")[2] if arg.startswith("--") else arg
         for url in (urlsplit(part.strip()) for part in value.split(",") if "://" in part):
             if url.password:
@@ -108,6 +109,13 @@ def password_on_command_line(argv: Sequence[str]) -> str | None:
                     "SWARMRL_AGENT_NATS) or a connect file (SWARMRL_CONNECT_FILE, `swarmrl credentials mint`) instead"
                 )
     return None
+
+
+def plain_servers(url: str) -> list[str]:
+    """`scheme://host:port` of each server of a (comma-separated) NATS URL, credentials dropped: for
+    messages, and for clients that log in with their own. No port: NATS's 4222, as nats-py reads it."""
+    parts = [urlsplit(u.strip()) for u in url.split(",")]
+    return [f"{p.scheme}://{p.hostname}:{p.port or 4222}" for p in parts if p.hostname]
 
 
 def parse_config(cls: type[C], argv: Sequence[str] | None, prog: str) -> C:

@@ -10,13 +10,7 @@ import sys
 def setup_logging(service: str, level: str | None = None) -> logging.Logger:
     level = level or os.environ.get("SWARMRL_LOG_LEVEL", "INFO")
     fmt = f"%(asctime)s %(levelname)s service={service} %(name)s: %(message)s"
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(fmt))
-    root.addHandler(handler)
-    root.setLevel(level)
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)  # force: replace handlers
     for noisy in ("nats", "httpx", "httpx2", "openai", "uvicorn.access", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(f"swarmrl.{service}")

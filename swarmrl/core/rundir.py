@@ -13,6 +13,7 @@ Stdlib only: the CLI imports this for `swarmrl down` and `swarmrl query`, which 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -51,23 +52,36 @@ def make_run_dir(arg: Path | None) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir.resolve()
     with contextlib.suppress(OSError):
-        _write_pointer(latest_pointer(), target)
+        write_private(latest_pointer(), f"{target}\n")
     _update_local_link(target)
     return run_dir
 
 
-def _write_pointer(pointer: Path, target: Path) -> None:
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    # Atomic: a reader never sees a half-written path, and two `up`s racing leave one whole answer.
-    fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=f".{pointer.name}.")
+def write_private(path: Path, text: str, mode: int = 0o600, *, fsync: bool = False) -> Path:
+    """Write `text` to `path` atomically with `mode` (default owner-only, from its creation): a reader
+    never sees a half-written file, and two writers racing leave one whole answer. `fsync`: the file
+    and its directory entry are on disk on return, so a crash leaves the old file or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
-            f.write(f"{target}\n")
-        os.replace(tmp, pointer)
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if fsync:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
 
 
 def _update_local_link(target: Path) -> None:
@@ -141,26 +155,13 @@ def pid_candidates(run_dir: Path | None) -> list[Path]:
     and the older `runs/.up.pid`."""
     if run_dir is not None:
         return [pid_file(run_dir)]
-    recorded = _recorded_run()
-    found = [
-        *([pid_file(LATEST_LINK)] if LATEST_LINK.is_dir() else []),
-        *([pid_file(recorded)] if recorded is not None else []),
-        LEGACY_PID_FILE,
-    ]
+    runs = [LATEST_LINK if LATEST_LINK.is_dir() else None, _recorded_run()]
     unique: dict[Path, Path] = {}
-    for path in found:
+    for path in [*(pid_file(run) for run in runs if run is not None), LEGACY_PID_FILE]:
         unique.setdefault(path.resolve(), path)
     return list(unique.values())
 
 
 def write_service_file(run_dir: Path, url: str) -> Path:
-    """Write `<run_dir>/service.json` (mode 0600 from its creation: it holds the service password)."""
-    import json
-
-    path = run_dir / SERVICE_FILE
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"nats": url}, f)
-    return path
+    """Write `<run_dir>/service.json` (owner-only: it holds the service password)."""
+    return write_private(run_dir / SERVICE_FILE, json.dumps({"nats": url}))

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from swarmrl.core.rundir import write_private
 from swarmrl.infra import NATS_CONF_DIR
 from swarmrl.infra.credentials import PID_SUFFIX, AgentRegistry, reload_servers
 from swarmrl.infra.nats_server import RUNS_CONF
-from swarmrl.research.state import write_atomic
 
 log = logging.getLogger("swarmrl.research")
 REGISTRY = "runs.json"
@@ -53,11 +53,6 @@ class RunAccount:
         return ",".join(
             f"nats://{self.user}:{self.password}@{u.hostname}:{u.port}" for u in map(urlsplit, servers)
         )
-
-
-def plain_servers(url: str) -> list[str]:
-    """`nats://host:port` of each server of a (comma-separated) URL, credentials dropped."""
-    return [f"nats://{u.hostname}:{u.port or 4222}" for u in map(urlsplit, url.split(",")) if u.hostname]
 
 
 def _block(text: str, name: str) -> str:
@@ -91,8 +86,7 @@ class RunAccounts:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, dict[str, str]]]:
-        """The registry, for reading and changing; saved and rendered on leaving (studies on the
-        same servers may change it at once)."""
+        """The registry to change, saved and rendered on leaving (studies may share the servers)."""
         with open(self.conf_dir / ".runs.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             path = self.conf_dir / REGISTRY
@@ -100,8 +94,8 @@ class RunAccounts:
             before = json.dumps(runs, sort_keys=True)
             yield runs
             if json.dumps(runs, sort_keys=True) != before:
-                write_atomic(self.conf_dir / RUNS_CONF, self.render(runs), 0o600)
-                write_atomic(path, json.dumps(runs, indent=1, sort_keys=True), 0o600)
+                write_private(self.conf_dir / RUNS_CONF, self.render(runs), fsync=True)
+                write_private(path, json.dumps(runs, indent=1, sort_keys=True), fsync=True)
 
     def render(self, runs: dict[str, dict[str, str]]) -> str:
         """`runs.conf`: a SWARM and an AGENTS account per run, copied from accounts.conf."""

@@ -117,7 +117,6 @@ def _fail(message: str, rc: int = 2) -> int:
 
 
 def _study_dir(args: argparse.Namespace, name: str) -> Path:
-    """`--dir`, else `runs/studies/<name>-<timestamp>`."""
     return (args.dir or Path("runs/studies") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
 
 

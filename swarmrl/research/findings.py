@@ -7,6 +7,7 @@ reported as a hint. With few seeds the smallest p-value the permutation test can
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from swarmrl.research.stats import ArmStats
@@ -95,16 +96,10 @@ def findings(
         n = max(s.n for s in stats if s.arm != baseline)  # the best-placed comparison
         floor = min_permutation_p(n, base.n)
         if floor >= ALPHA:
+            seeds_needed = next(k for k in itertools.count(1) if min_permutation_p(k, k) < ALPHA)
             out.append(
                 f"- With {n} seed(s) per arm no difference can reach p < {ALPHA} in the permutation test (its "
-                f"floor is {floor:.3f}); {_seeds_needed()} seeds per arm can. Bootstrap CIs over so few seeds "
+                f"floor is {floor:.3f}); {seeds_needed} seeds per arm can. Bootstrap CIs over so few seeds "
                 "are narrow by construction (with 2 seeds they span the two values): read them as ranges seen."
             )
     return out
-
-
-def _seeds_needed() -> int:
-    n = 1
-    while min_permutation_p(n, n) >= ALPHA:
-        n += 1
-    return n

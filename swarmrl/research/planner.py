@@ -27,17 +27,13 @@ class PlannerError(RuntimeError):
     """The planner gave no valid study (or could not be reached)."""
 
 
-def knobs() -> str:
-    """The `swarmrl up` flags a study may set, one line each, with their help."""
-    return "\n".join(f"- {flag.replace('_', '-')}: {spec(flag)[2]}" for flag in sorted(KNOBS))
-
-
 def system_prompt() -> str:
     from swarmrl.agents.tasks import TASKS
     from swarmrl.services.ledger.query import VIEW_HELP
 
     metrics = "\n".join(f"- {name}: {what}" for name, (what, _) in PRESETS.items())
     views = "\n".join(f"- {name}: {what}" for name, what in VIEW_HELP.items())
+    knobs = "\n".join(f"- {flag.replace('_', '-')}: {spec(flag)[2]}" for flag in sorted(KNOBS))
     return f"""You design reinforcement-learning studies for swarmrl, which trains the LLMs behind agents.
 A study compares arms (changes to a baseline swarm) over several seeds; each arm x seed is one
 `swarmrl up` run with a time budget, measured by one metric from the run's ledger.
@@ -46,7 +42,7 @@ Reply with the complete study file in one ```toml block, following this commente
 
 {TEMPLATE}
 The knobs: `swarmrl up` flags an arm or the baseline may set (TOML keys without the dashes):
-{knobs()}
+{knobs}
 Never set these, research sets them: {", ".join(sorted(k.replace("_", "-") for k in RESERVED if k != "help"))}.
 
 Built-in tasks: {", ".join(sorted(TASKS))}.

@@ -7,6 +7,7 @@ after Ctrl-C). `up`'s last line, `swarmrl up: stopped (<reason>). Report: <path>
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -16,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from swarmrl.supervisor import die_with_parent
+from swarmrl.core.rundir import pid_file, read_pid
+from swarmrl.supervisor import die_with_parent, log_tail
 
 log = logging.getLogger("swarmrl.research")
 DEFAULT_UP = [sys.executable, "-m", "swarmrl.cli", "up"]
@@ -36,24 +38,13 @@ def spawn(argv: list[str], env: dict[str, str], run_dir: Path) -> subprocess.Pop
         )  # fmt: skip
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), None if there is none."""
+def alive(pid: int | None, started: str | None) -> bool:
+    """Whether `pid` runs, not a zombie, and (given `started`) is the process that started then."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return None
-    return fields if len(fields) > 19 else None
-
-
-def start_time(pid: int) -> str | None:
-    """The process start time (stat field 22): with the pid it names one process for good."""
-    fields = _stat(pid)
-    return None if fields is None else fields[19]
-
-
-def alive(pid: int | None, started: str | None) -> bool:
-    fields = None if pid is None else _stat(pid)
-    return fields is not None and fields[0] != "Z" and started in (None, fields[19])
+        return False
+    return pid is not None and len(fields) > 19 and fields[0] != "Z" and started in (None, fields[19])
 
 
 def up_reason(run_dir: Path) -> str | None:
@@ -75,13 +66,9 @@ def finished(reason: str | None) -> bool:
 
 def progress(run_dir: Path) -> str:
     """The run's last progress line from `up --no-display` (step and eval cells), or ""."""
-    try:
-        with open(run_dir / OUT, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 16_384))
-            tail = f.read().decode(errors="replace")
-    except OSError:
+    if not (run_dir / OUT).is_file():
         return ""
-    lines = _PROGRESS.findall(tail)
+    lines = _PROGRESS.findall(log_tail(run_dir / OUT, 1000, 16_384))
     if not lines:
         return "starting"
     cells = lines[-1].split(" | ")
@@ -90,19 +77,12 @@ def progress(run_dir: Path) -> str:
     return f"step {step}, eval {evals}"
 
 
-def _up_pid(run_dir: Path) -> tuple[int | None, str | None]:
-    """The pid `up` recorded in its run dir (`up.pid`: pid and start time)."""
-    try:
-        fields = (run_dir / "up.pid").read_text().split()
-        return int(fields[0]), (fields[1] if len(fields) > 1 else None)
-    except (OSError, ValueError, IndexError):
-        return None, None
-
-
 def stop_leftover(pid: int | None, started: str | None, run_dir: Path, wait_s: float = 180.0) -> None:
     """Wait for the `up` of a run whose research process died to stop (the parent-death SIGTERM is
     on its way), then ask (SIGTERM) and finally force it (SIGKILL to its session)."""
-    candidates = [(pid, started), _up_pid(run_dir)]
+    candidates = [(pid, started)]
+    with contextlib.suppress(OSError, ValueError, IndexError):  # the pid `up` recorded in its run dir
+        candidates.append(read_pid(pid_file(run_dir)))
     live = [(p, s) for p, s in candidates if p is not None and alive(p, s)]
     if not live:
         return

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swarmrl.report import pyplot, save, section
 from swarmrl.research import findings as F
 from swarmrl.research.flags import up_argv
 from swarmrl.research.ledger import MetricError, curve, metric_value, sql_columns
@@ -79,12 +80,7 @@ def aligned(seeds: dict[int, list[tuple[float, float]]]) -> dict[float, list[flo
 def plot_curves(curves: Curves, out: Path, xlabel: str, ylabel: str) -> None:
     """Mean curve per arm over its seeds, with a bootstrap 95% band where 2+ seeds have a point; each
     seed's own curve faintly behind it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
     for arm, seeds in curves.items():
         at = aligned(seeds)
         if not at:
@@ -101,19 +97,12 @@ def plot_curves(curves: Curves, out: Path, xlabel: str, ylabel: str) -> None:
     ax.set(xlabel=xlabel, ylabel=ylabel, title="curves per arm, 95% CI bands")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def plot_forest(stats: list[ArmStats], out: Path, metric: str) -> None:
     """Left: each arm's mean metric with its CI. Right: the difference to the baseline with its CI."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 1.2 + 0.5 * max(len(stats), 1)), sharey=True)
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 1.2 + 0.5 * max(len(stats), 1)), sharey=True)
     ys = list(range(len(stats)))[::-1]
     for i, (y, s) in enumerate(zip(ys, stats, strict=True)):
         ax1.errorbar(
@@ -128,9 +117,7 @@ def plot_forest(stats: list[ArmStats], out: Path, metric: str) -> None:
     ax2.set(xlabel=f"difference in {metric}", title="vs the baseline, 95% CI")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def write_report(study_dir: Path, state: StudyState) -> Path:
@@ -141,32 +128,24 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
     stats = summarize(values, study.baseline.name)
     plot_curves(curves, study_dir / "curves.png", *curve_labels(study.metric.curve))
     plot_forest(stats, study_dir / "forest.png", study.metric.label)
-    counts = state.counts()
-    progress = "finished" if state.finished else "in progress"
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(state.counts().items()))
+    budget = study.budget
+    design = [
+        f"- Metric: **{study.metric.label}** ({'higher' if study.metric.goal == 'max' else 'lower'} is better), "
+        f"per run from its ledger:\n\n```sql\n{study.metric.query}\n```",
+        f"- Seeds: {study.seeds}. Budget per run: {budget.run_minutes:g} min"
+        + (f" or {budget.run_steps} steps" if budget.run_steps else "")
+        + (f"; in total {budget.total_minutes:g} min." if budget.total_minutes else "."),
+    ]
     lines = [
         f"# Study `{study.name}`",
         "",
         f"**Question.** {study.question}",
         "",
-        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}; the study is {progress}: "
-        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        + f" of {len(state.runs)} runs, {state.elapsed_s / 60:.1f} min of running time. Machine: {describe()}.",
-        "",
-        "## Design",
-        "",
-        f"- Metric: **{study.metric.label}** ({'higher' if study.metric.goal == 'max' else 'lower'} is better), "
-        "per run from its ledger:",
-        "",
-        "```sql",
-        study.metric.query,
-        "```",
-        "",
-        f"- Seeds: {study.seeds}. Budget per run: {study.budget.run_minutes:g} min"
-        + (f" or {study.budget.run_steps} steps" if study.budget.run_steps else "")
-        + (f"; in total {study.budget.total_minutes:g} min." if study.budget.total_minutes else "."),
-        "",
-        "| arm | flags | note |",
-        "| --- | --- | --- |",
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}; the study is "
+        f"{'finished' if state.finished else 'in progress'}: {counts} of {len(state.runs)} runs, "
+        f"{state.elapsed_s / 60:.1f} min of running time. Machine: {describe()}.",
+        *section("Design", "\n\n".join(design), "| arm | flags | note |", "| --- | --- | --- |"),
     ]
     for arm in study.arm_names:
         own, tag = (study.baseline, " (baseline)") if arm == study.baseline.name else (study.arms[arm], "")
@@ -180,13 +159,11 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
         for d in state.decisions:
             ranking = ", ".join(f"{a} {F.fmt(v)}" for a, v in d.ranking)
             lines.append(f"- after {d.after_seeds} seed(s): {ranking}; kept {d.kept}, stopped {d.stopped}")
-    lines += [
-        "",
-        "## Results",
-        "",
+    lines += section(
+        "Results", "",
         f"| arm | seeds | mean {study.metric.label} | 95% CI | difference to baseline | 95% CI | permutation p | Welch p |",
         "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |",
-    ]
+    )  # fmt: skip
     for s in stats:
         lines.append(
             f"| {s.arm} | {s.n} | {F.fmt(s.mean)} | {F.fmt_ci(s.ci)} | {F.fmt(s.diff, True)} | "
@@ -215,8 +192,8 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
         for arm in study.arm_names
     }  # fmt: skip
     lines += F.findings(stats, study.baseline.name, study.metric.label, study.metric.goal, stopped, missing)
-    lines += ["", "## Runs", "", "| run | status | metric | minutes | attempts | run dir | note |",
-              "| --- | --- | ---: | ---: | ---: | --- | --- |"]  # fmt: skip
+    lines += section("Runs", "", "| run | status | metric | minutes | attempts | run dir | note |",
+                     "| --- | --- | ---: | ---: | ---: | --- | --- |")  # fmt: skip
     for r in state.ordered():
         last = Path(r.attempts[-1].run_dir) if r.attempts else None
         where = f"[{last.name}]({last.relative_to(study_dir)}/report.md)" if last else "-"
@@ -224,18 +201,14 @@ def write_report(study_dir: Path, state: StudyState) -> Path:
         lines.append(
             f"| {r.id} | {r.status} | {F.fmt(per_run.get(r.id))} | {minutes} | {len(r.attempts)} | {where} | {r.note} |"
         )
-    lines += [
-        "",
-        "## Reproduce",
-        "",
-        "Each run is one `swarmrl up` (from the directory the study ran in):",
-        "",
-        "```bash",
+    reproduce = [
+        "swarmrl up " + shlex.join(up_argv(study, r.arm, r.seed, study_dir / "runs" / r.id))
+        for r in state.ordered()
+        if r.attempts
     ]
-    for r in state.ordered():
-        if r.attempts:
-            lines.append("swarmrl up " + shlex.join(up_argv(study, r.arm, r.seed, study_dir / "runs" / r.id)))
-    lines += ["```", ""]
+    lines += section("Reproduce", "Each run is one `swarmrl up` (from the directory the study ran in):",
+                     "```bash", "\n".join([*reproduce, "```"]))  # fmt: skip
+    lines.append("")
     if state.nats:
         lines += [
             f"The runs shared the NATS servers {state.nats} (conf dir {state.nats_conf}), each in NATS accounts of its "

@@ -18,8 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarmrl.core.config import plain_servers
+from swarmrl.core.rundir import start_time
 from swarmrl.research import processes, schedule
-from swarmrl.research.accounts import RunAccounts, plain_servers, wait_usable
+from swarmrl.research.accounts import RunAccounts, wait_usable
 from swarmrl.research.flags import arm_swarm, up_argv
 from swarmrl.research.ledger import MetricError, metric_value
 from swarmrl.research.state import Attempt, RunState, StudyState, save
@@ -112,7 +114,7 @@ class Runner:
         run.attempts.append(attempt)
         self.save()  # before the process exists: a kill now leaves a run to restart, never a stray one
         proc = processes.spawn(argv, env, run_dir)
-        attempt.pid, attempt.pid_start = proc.pid, processes.start_time(proc.pid)
+        attempt.pid, attempt.pid_start = proc.pid, start_time(proc.pid)
         self.active[run.id] = proc
         self.save()
         log.info("started %s (attempt %d, pid %d): swarmrl up %s", run.id, n, proc.pid, " ".join(args))
@@ -157,6 +159,14 @@ class Runner:
         if attempt.account and (accounts := self.accounts) is not None:
             accounts.remove(attempt.account, plain_servers(self.state.nats))
 
+    def interrupted(self, run: RunState, why: str) -> Attempt:
+        """The run's attempt ended by research stopping, not by `up`: it restarts on `--resume`."""
+        attempt = run.attempts[-1]
+        attempt.ended, attempt.outcome = time.time(), f"interrupted: {why}"
+        run.status = "pending"
+        self.release(attempt)
+        return attempt
+
     # -- the study -----------------------------------------------------------------------------
 
     def decide(self, c: int) -> None:
@@ -189,13 +199,10 @@ class Runner:
                 log.info("%s had finished while research was down: kept", run.id)
                 self.ended(run, None)
                 continue
-            attempt.ended = time.time()
-            attempt.outcome = f"interrupted: research stopped while it ran ({reason or 'up said nothing'})"
-            run.status = "pending"
+            self.interrupted(run, f"research stopped while it ran ({reason or 'up said nothing'})")
             log.warning("%s was interrupted (attempt %d, %.1f min in); it restarts from the beginning in a fresh "
                         "run dir (%s.attempt%d keeps the partial run): up cannot continue a run within its budget",
-                        run.id, attempt.n, (attempt.ended - attempt.started) / 60, run_dir, attempt.n)  # fmt: skip
-            self.release(attempt)
+                        run.id, attempt.n, (time.time() - attempt.started) / 60, run_dir, attempt.n)  # fmt: skip
             self.save()
 
     def interrupt(self) -> int:
@@ -211,11 +218,7 @@ class Runner:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            run = self.state.runs[rid]
-            attempt = run.attempts[-1]
-            attempt.ended, attempt.outcome = time.time(), "interrupted: research was stopped"
-            run.status = "pending"
-            self.release(attempt)
+            self.interrupted(self.state.runs[rid], "research was stopped")
         self.active.clear()
         self.save()
         log.warning("stopped; go on with `swarmrl research --resume %s`", self.study_dir)

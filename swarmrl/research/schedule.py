@@ -99,12 +99,8 @@ def add_seeds(state: StudyState, n: int) -> list[int]:
 
 def runnable(state: StudyState) -> list[RunState]:
     """Pending runs that may start now, in order (an undecided checkpoint holds back later seeds)."""
-    gone, c = stopped_arms(state), pending_checkpoint(state)
-    return [
-        r
-        for r in state.ordered()
-        if r.status == "pending" and r.arm not in gone and (c is None or r.seed_index < c)
-    ]
+    c = pending_checkpoint(state)
+    return [r for r in remaining(state) if c is None or r.seed_index < c]
 
 
 def remaining(state: StudyState) -> list[RunState]:

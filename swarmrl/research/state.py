@@ -16,6 +16,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel
 
+from swarmrl.core.rundir import write_private
 from swarmrl.research.study import Study
 
 STATE = "state.json"
@@ -24,38 +25,15 @@ RunStatus = Literal["pending", "running", "done", "failed", "halved", "skipped"]
 FINISHED: tuple[RunStatus, ...] = ("done", "failed", "halved", "skipped")
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Replace `path` by `text` so that a reader (or a crash) sees the old file or the new, whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class Attempt(BaseModel):
     n: int
     run_dir: str
     started: float
     pid: int | None = None
-    pid_start: str | None = None
-    """The process start time (/proc), so a pid the kernel has reused is never taken for `up`."""
-    account: str | None = None
-    """The run's NATS account key, when the study shares NATS servers."""
+    pid_start: str | None = None  # /proc's start time: a pid the kernel reused is never taken for `up`
+    account: str | None = None  # the run's NATS account key, when the study shares NATS servers
     ended: float | None = None
-    outcome: str = ""
-    """How it ended: `finished: <up's reason>`, `failed: ...` or `interrupted: ...`."""
+    outcome: str = ""  # `finished: <up's reason>`, `failed: ...` or `interrupted: ...`
 
 
 class RunState(BaseModel):
@@ -65,8 +43,7 @@ class RunState(BaseModel):
     status: RunStatus = "pending"
     attempts: list[Attempt] = []
     metric: float | None = None
-    note: str = ""
-    """Why it was halved, skipped or failed."""
+    note: str = ""  # why it was halved, skipped or failed
 
     @property
     def id(self) -> str:
@@ -93,15 +70,11 @@ class StudyState(BaseModel):
     study: Study
     study_file: str
     created: float
-    elapsed_s: float = 0.0
-    """Running time of the study, summed over its sessions (the total budget counts this)."""
-    nats: str = ""
-    """Shared NATS servers (no credentials) and their conf dir, when runs share them."""
+    elapsed_s: float = 0.0  # running time, summed over sessions (what the total budget counts)
+    nats: str = ""  # shared NATS servers (no credentials) and their conf dir, when runs share them
     nats_conf: str = ""
-    up_command: list[str] = []
-    """The command that runs one swarm; empty: `python -m swarmrl.cli up`."""
-    parallel: int = 1
-    """Runs at once (the last session's `--parallel`)."""
+    up_command: list[str] = []  # empty: `python -m swarmrl.cli up`
+    parallel: int = 1  # the last session's `--parallel`
     runs: dict[str, RunState] = {}
     decisions: list[Decision] = []
     finished: float | None = None
@@ -128,7 +101,7 @@ def run_id(arm: str, seed: int) -> str:
 
 
 def save(study_dir: Path, state: StudyState) -> None:
-    write_atomic(study_dir / STATE, state.model_dump_json(indent=1))
+    write_private(study_dir / STATE, state.model_dump_json(indent=1), 0o644, fsync=True)
 
 
 def load(study_dir: Path) -> StudyState:
@@ -139,8 +112,7 @@ def load(study_dir: Path) -> StudyState:
 
 
 def lock(study_dir: Path) -> IO[str]:
-    """Hold the study's lock for as long as the returned file stays open (RuntimeError if another
-    process runs this study)."""
+    """Hold the study's lock while the returned file stays open (RuntimeError: another process has it)."""
     f = open(Path(study_dir) / LOCK, "a+")  # noqa: SIM115 - held open on purpose
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -157,7 +129,6 @@ def lock(study_dir: Path) -> IO[str]:
 
 
 def is_locked(study_dir: Path) -> bool:
-    """Whether a process runs the study now (holds its lock)."""
     path = Path(study_dir) / LOCK
     if not path.exists():
         return False

@@ -46,7 +46,6 @@ def bootstrap_means(xs: Sequence[float], resamples: int = 20_000, seed: int = 0)
 
 
 def _drawn_means(rng: np.random.Generator, xs: Sequence[float], resamples: int) -> np.ndarray:
-    """The means of `resamples` random resamples of `xs`."""
     return rng.choice(np.asarray(xs, dtype=float), size=(resamples, len(xs))).mean(axis=1)
 
 

@@ -165,8 +165,7 @@ class Study(Strict):
 
 
 def parse_study(data: dict[str, Any], root: Path, source: str = "study") -> Study:
-    """Validate a parsed study (TOML as a dict); `root` resolves relative paths in flags. A StudyError
-    lists every problem found, one per line."""
+    """Validate a parsed study; `root` resolves paths in flags. A StudyError lists every problem found."""
     from swarmrl.swarm import SwarmConfigError
 
     try:

@@ -65,7 +65,7 @@ class Pair:
 
 SWARM = """
 [run]
-minutes = 7
+minutes = 10
 steps = 100000                  # a run ends when its first trainer reaches `steps`: time ends this one
 eval_every = 1000
 

@@ -12,9 +12,10 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from swarmrl.core.config import plain_servers
 from swarmrl.infra.credentials import AgentRegistry
 from swarmrl.infra.nats_server import NatsServer
-from swarmrl.research.accounts import RunAccounts, plain_servers, wait_usable
+from swarmrl.research.accounts import RunAccounts, wait_usable
 from swarmrl.schemas import BeginEvent, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus

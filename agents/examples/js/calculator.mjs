@@ -93,18 +93,11 @@ export class PyRandom {
   uint32() {
     const mt = this.mt;
     if (this.mti >= N) {
-      let kk = 0;
-      let y;
-      for (; kk < N - M; kk++) {
-        y = (mt[kk] & 0x80000000) | (mt[kk + 1] & 0x7fffffff);
-        mt[kk] = mt[kk + M] ^ (y >>> 1) ^ (y & 1 ? 0x9908b0df : 0);
+      // CPython's three loops over the table in one: the indices wrap around it.
+      for (let kk = 0; kk < N; kk++) {
+        const y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % N] & 0x7fffffff);
+        mt[kk] = mt[(kk + M) % N] ^ (y >>> 1) ^ (y & 1 ? 0x9908b0df : 0);
       }
-      for (; kk < N - 1; kk++) {
-        y = (mt[kk] & 0x80000000) | (mt[kk + 1] & 0x7fffffff);
-        mt[kk] = mt[kk + (M - N)] ^ (y >>> 1) ^ (y & 1 ? 0x9908b0df : 0);
-      }
-      y = (mt[N - 1] & 0x80000000) | (mt[0] & 0x7fffffff);
-      mt[N - 1] = mt[M - 1] ^ (y >>> 1) ^ (y & 1 ? 0x9908b0df : 0);
       this.mti = 0;
     }
     let y = mt[this.mti++];
