@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarmrl.up")
 FINAL_EVAL_S = 900.0
 """Longest wait for the final evaluation after the run ended (a whole held-out set, machine idle)."""
+CATCH_UP_S = 10.0
+"""Longest wait, once a trainer exited, for the progress feed to hear its last step."""
 SHUTDOWN: list[tuple[frozenset[str], float]] = [
     (frozenset({"client"}), DRAIN_S + GRACE_S),  # they drain (finish or abort their groups)
     (frozenset({"gateway", "trainer", "merger", "engine", "actions"}), 30.0),
@@ -179,6 +181,7 @@ async def supervise(
                 break
             # The first trainer to finish ends the run: in a team its partner could not go on alone.
             if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
+                await _caught_up(progress, CATCH_UP_S, stop)
                 reason, ended = f"a trainer finished: {progress.steps_line()}", True
                 break
             if time.monotonic() > deadline:
@@ -234,6 +237,15 @@ def prepare_models(swarm: Swarm) -> dict[str, Path]:
         done.set()
     print(f"swarmrl up: model(s) {names} ready in {time.monotonic() - started:.0f}s", flush=True)
     return found
+
+
+async def _caught_up(progress: Progress, seconds: float, stop: asyncio.Event) -> None:
+    """Give the progress feed up to `seconds` to hear the last step of a trainer that exited: after a
+    NATS restart its ordered consumer may still be catching up, and the stop line names that step."""
+    deadline = time.monotonic() + seconds
+    while not progress.done() and time.monotonic() < deadline:
+        if await wait_set(stop, 0.2):  # Ctrl-C
+            return
 
 
 async def _final_eval(
