@@ -6,7 +6,6 @@ A failed reload is retried with backoff, forever while the engine is unreachable
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 
@@ -18,6 +17,7 @@ from swarmrl.schemas import ModelVersion, WireError, decode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.objects import WeightsUnavailable, local_weights
+from swarmrl.services.common.tasks import wait_set
 from swarmrl.services.engine.client import EngineClient, EngineError, parse_weight_version
 
 log = logging.getLogger("swarmrl.engine.weights")
@@ -125,6 +125,5 @@ class WeightWatcher:
                 return await bus.models_kv(self.js)
             except RuntimeError as exc:
                 log.warning("%s; retrying", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=2.0)
+                await wait_set(stop, 2.0)
         return None
