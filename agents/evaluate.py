@@ -115,21 +115,20 @@ async def evaluate(
             play_episode, swarm, spec, instance, role_map, eval=True, temperature=temperature,
             max_tokens=max_tokens, seed=episode_seed,
         )  # fmt: skip
-        async with rewards.episode():
-            try:
-                return await backoff(play, transient=INFRA, tries=attempts, first_s=1.0, max_s=20.0)
-            except INFRA as exc:
-                unscored.append(exc)
-                return None
-            except Exception as exc:  # the episode's own failure counts as a failure, loudly
-                log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
-                return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
+        try:
+            return await backoff(play, transient=INFRA, tries=attempts, first_s=1.0, max_s=20.0)
+        except INFRA as exc:
+            unscored.append(exc)
+            return None
+        except Exception as exc:  # the episode's own failure counts as a failure, loudly
+            log.warning("eval episode failed task=%s: %r", instance.task_id, exc)
+            return Outcome(instance.task_id, reward=0.0, success=False, turns=0)
 
     async def question(i: int, instance: Any) -> list[Outcome | None]:
         """A question's `samples` episodes at once (a dataset task's reward scores them in one call)."""
         async with gate:
             with rewards.group(samples):
-                plays = (one(s * len(instances) + i, instance) for s in range(samples))
+                plays = (rewards.member(one(s * len(instances) + i, instance)) for s in range(samples))
                 return list(await asyncio.gather(*plays))
 
     per_question = await asyncio.gather(*(question(i, inst) for i, inst in enumerate(instances)))
@@ -250,17 +249,13 @@ async def _evaluate_and_publish(
         for role, metric in spec.role_metrics.items()
         if metric in out.metrics
     ]
-    results = [
-        EvalResult(model=model, step=step, task=task, success_rate=rate, n=n,
-                   temperature=kwargs["temperature"], metric=metric)
-        for model, step, metric, (rate, n) in rows
-    ]  # fmt: skip
-    for r in results:
+    for model, step, metric, (rate, n) in rows:
+        r = EvalResult(model=model, step=step, task=task, success_rate=rate, n=n,
+                       temperature=kwargs["temperature"], metric=metric)  # fmt: skip
         await swarm.js.publish(
             S.eval_metrics_subject(r.model),
             encode(r),
             headers={"Nats-Msg-Id": f"eval-{task}-{lead}-{version}-{r.model}-{r.metric}"},
         )
-        log.info("eval task=%s model=%s version=%d %s=%.3f n=%d", task, r.model, r.step, r.metric,
-                 r.success_rate, r.n)  # fmt: skip
+        log.info("eval task=%s model=%s version=%d %s=%.3f n=%d", task, model, step, metric, rate, n)
     return out.success

@@ -4,7 +4,7 @@
     just chaos --minutes 15
     just chaos --replicas 2      # two of each service: a kill is covered by the other replica
 
-1. Starts a local 3-node cluster (`infra/nats_cluster.py`; streams with 3 replicas) and `swarmrl up`
+1. Starts a local 3-node cluster (`tests/support/nats_cluster.py`; streams with 3 replicas) and `swarmrl up`
    on it (`--nats-conf` = the cluster's shared conf dir; the service URL of all three nodes in
    `$SWARMRL_NATS`), with the default swarm (calculator, the `tiny` preset) but 3 clients playing 8
    groups each at once (see below). Arguments after `--` go to `up` as they are.
@@ -55,8 +55,8 @@ from benchutil import RESULTS, machine, write_json
 from chaos_accounting import account, checks_table
 from chaos_faults import SERVICES, FaultConfig, Injector, plan, read_journal
 
-from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.report import restart_counts
+from tests.support.nats_cluster import NatsCluster
 
 KINDS = ("client", *SERVICES, "nats-node")
 

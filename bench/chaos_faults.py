@@ -34,15 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import benchutil  # noqa: F401  # puts the repository on the path, for tests.support
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.launch import client_name
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.kv_watch import live_keys
 from swarmrl.supervisor import RESTARTS_FILE, RestartPolicy
+from tests.support.nats_cluster import NatsCluster
 
 SERVICES = ("merger", "trainer", "ledger", "gateway", "engine")
 BUSY_WINDOW_S = 60.0

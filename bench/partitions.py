@@ -2,7 +2,7 @@
 
     python bench/partitions.py [--cut-hosts c,a,b] [--pair b,c] [--quick] [--out bench/results]
 
-1. Three hosts as network namespaces of this machine (`infra/netns.py`), the pair `--pair` shaped (its
+1. Three hosts as network namespaces of this machine (`tests/support/netns.py`), the pair `--pair` shaped (its
    TCP connections through the delaying relay from the start, delay 0), and the multi-host recipe
    (`infra/multihost.md`) run on them as written (`tests/support/multihost.py`): NATS node, trainer on A;
    node, engine, gateway on B; node, merger, ledger, agents on C.
@@ -41,8 +41,8 @@ from benchutil import RESULTS, machine, write_json
 from chaos_accounting import account_ledger, account_streams, read_streams
 from partitions_report import activity, log_digest, recovery, write_md
 
-from swarmrl.infra.netns import Hosts, unavailable
 from tests.support.multihost import RECIPE, Recipe, operator_url, secrets_env
+from tests.support.netns import Hosts, unavailable
 
 QUICK = {
     "cut_s": 10.0,

@@ -137,9 +137,9 @@ def write_md(r: dict[str, Any], path: Path) -> None:
         f"(load average {m['load_average']} at the end). Command: `{r['command']}` ({r['wall_s']:.0f} s; first "
         f"train step {r['first_step_after_s']:.0f} s after the start).",
         "",
-        f"Three hosts are network namespaces of this machine, each with its own address and directory "
-        f"(`infra/netns.py`); the swarm is `{r['recipe']}` run as written (NATS node and trainer on A; node, engine "
-        "and gateway on B; node, merger, ledger and agents on C; streams with 3 replicas). A cut drops every packet "
+        "Three hosts are network namespaces of this machine, each with its own address and directory "
+        f"(`tests/support/netns.py`); the swarm is `{r['recipe']}` run as written (NATS node and trainer "
+        "on A; node, engine and gateway on B; node, merger, ledger and agents on C; streams with 3 replicas). A cut drops every packet "
         "between a host and the others, both ways (nftables); latency is a relay that holds every byte of the "
         f"pair's TCP connections (they go through it from the start, delay 0 until then; no `netem` on this "
         "kernel); loss is nftables' `numgen random mod 100 < N drop`, each way. Each fault is followed by "

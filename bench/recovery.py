@@ -33,9 +33,9 @@ from benchutil import RESULTS, machine, write_json
 from chaos_faults import read_pids, running
 from nats.aio.msg import Msg
 
-from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
+from tests.support.nats_cluster import NatsCluster
 
 STARTED = "starting at step"
 

@@ -13,7 +13,6 @@ from swarmrl.schemas.codec import (
 from swarmrl.schemas.events import (
     DEFAULT_GROUP_SIZE,
     OUTCOME_REASONS,
-    SCHEMA_VERSION,
     AbortEvent,
     ActionRequest,
     ActionResult,

@@ -81,11 +81,8 @@ LEDGER_QUERY = f"{CONTROL_PREFIX}.query"  # SQL to a ledger, answered from its f
 MICRO_PREFIX = "$SRV"  # nats.micro's discovery and stats subjects (PING, INFO, STATS) of every service
 ACT_PREFIX = "swarm.act"  # swarm.act.<owner>: an agent's actions (ActionRequest -> ActionResult)
 ACT_REQUESTS = f"{ACT_PREFIX}.*"
-GATEWAY_CALLS = (
-    "swarm.gw.calls"  # the gateways' tallies of the calls each served (services/gateway/episodes.py)
-)
-# swarm.lead.trainer.<model>: the leading trainer answers (services/trainer/lead.py)
-LEAD_PREFIX = "swarm.lead"
+GATEWAY_CALLS = "swarm.gw.calls"  # the gateways' tallies of the calls each served (gateway/episodes.py)
+LEAD_PREFIX = "swarm.lead"  # swarm.lead.trainer.<model>: the leading trainer answers (trainer/lead.py)
 
 
 def lead_subject(model: str) -> str:
@@ -111,10 +108,8 @@ WORK_STREAM_SUBJECTS: dict[str, list[str]] = {ACTIONS_STREAM: [f"{ACTION_RUN_PRE
 
 # KV buckets ------------------------------------------------------------------------------------
 MODELS_BUCKET = "swarm-models"  # key: model name, value: ModelVersion (msgpack)
+GROUPS_BUCKET = "swarm-groups"  # the gateways' admitted groups and task activity (gateway/admission.py)
 LEASES_BUCKET = "swarm-leases"
-GROUPS_BUCKET = (
-    "swarm-groups"  # the gateways' admitted groups and task activity (services/gateway/admission.py)
-)
 """Replicas' partition leases and presence (`services/common/leases.py`): `<service>.lease.<p>` and
 `<service>.member.<replica>`, each expiring unless its holder renews it (the bucket's TTL)."""
 WEIGHTS_BUCKET = "swarm-weights"
@@ -344,7 +339,6 @@ def service_permissions(role: str) -> dict[str, object]:
         raise ValueError(f"unknown service role {role!r}; expected one of {SERVICE_ROLES}")
     pub = [f"{JS_API}.INFO", f"{JS_API}.STREAM.INFO.*", dlq_subject(role)]
     sub = [f"{INBOX_PREFIX}.>"]
-    responds = False
     # A consumer name with a part (`trainer-samples-<model>`) cannot be matched by a pattern token, so
     # trainers and action workers may use any consumer of their one stream.
     actions_pull = _consumer_api(ACTIONS_STREAM, "*")
@@ -353,7 +347,6 @@ def service_permissions(role: str) -> dict[str, object]:
         pub += [f"$KV.{GROUPS_BUCKET}.>", *_kv_read(GROUPS_BUCKET), GATEWAY_CALLS]
         sub += [TOKEN_REQUESTS, f"{LLM_PREFIX}.*", episode_filter("*", "end"), episode_filter("*", "abort")]
         sub += [GATEWAY_CALLS]
-        responds = True
     elif role == "engine":
         pub += [*_kv_read(MODELS_BUCKET), *_obj_read(WEIGHTS_BUCKET)]
     elif role == "merger":
@@ -367,7 +360,6 @@ def service_permissions(role: str) -> dict[str, object]:
         # a standby takes the lead (services/trainer/lead.py): its lease, and the leader's answers
         pub += [f"$KV.{LEASES_BUCKET}.trainer.>", *_kv_read(LEASES_BUCKET), f"{LEAD_PREFIX}.trainer.*"]
         sub += [f"{LEAD_PREFIX}.trainer.*"]
-        responds = True
         # a version's files into the object store (chunks, then metadata), and old versions purged
         pub += [f"$O.{WEIGHTS_BUCKET}.>", *_obj_read(WEIGHTS_BUCKET)]
         pub += [f"{JS_API}.STREAM.PURGE.OBJ_{WEIGHTS_BUCKET}"]
@@ -378,17 +370,15 @@ def service_permissions(role: str) -> dict[str, object]:
         pub += [*_consumer_api(LEDGER_PARTS_STREAM, "*"), f"{JS_API}.CONSUMER.LIST.{LEDGER_PARTS_STREAM}"]
         pub += [f"$KV.{LEASES_BUCKET}.ledger.>", *_kv_read(LEASES_BUCKET)]
         sub += [LEDGER_QUERY, f"{MICRO_PREFIX}.>"]  # SQL over NATS, as a nats.micro service
-        responds = True
     elif role == "tracker":
         pub += _consumer_api(METRICS_STREAM, durable_name("tracker", METRICS_STREAM))
     elif role == "actions":
         pub += [f"{ACTION_RUN_PREFIX}.>", f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT]
         pub += [ACTION_METRICS_SUBJECT, *actions_pull]
         sub += [ACT_REQUESTS, f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT]
-        responds = True
     elif role == "action-worker":
         pub += [f"{ACTION_DONE_PREFIX}.*", ACTION_WORKERS_SUBJECT, *actions_pull]
     perms: dict[str, object] = {"publish": {"allow": pub}, "subscribe": {"allow": sub}}
-    if responds:  # answer requests on the subjects it serves, only to whoever asked
+    if role in ("gateway", "trainer", "ledger", "actions"):  # answer requests it serves, to the asker only
         perms["allow_responses"] = True
     return perms

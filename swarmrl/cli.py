@@ -97,10 +97,11 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     import tempfile
     from pathlib import Path
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path)
+    rest = pre.parse_known_args(argv)[1]  # every argument but the --config ones
     pre.add_argument("--model")
-    known, _ = pre.parse_known_args(argv)
+    known = pre.parse_known_args(argv)[0]
     path = known.config
     if path is None or not path.is_file():
         return argv
@@ -135,12 +136,7 @@ def _resolve_description(service: str, argv: list[str]) -> list[str]:
     except SwarmConfigError as exc:
         raise SystemExit(f"swarmrl serve {service}: {exc}") from None
     resolved = write_config_file(Path(tempfile.mkdtemp(prefix="swarmrl-")) / f"{service}.json", service, cfg)
-    out, skip = [], False
-    for arg in argv:  # every --config goes; the resolved one comes first, so flags still override it
-        if not (skip or arg == "--config" or arg.startswith("--config=")):
-            out.append(arg)
-        skip = arg == "--config"
-    return ["--config", str(resolved), *out]
+    return ["--config", str(resolved), *rest]  # the resolved one first, so flags still override it
 
 
 if __name__ == "__main__":

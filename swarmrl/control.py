@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swarmrl.supervisor import Supervisor
+from swarmrl.supervisor import Supervisor, terminate
 
 if TYPE_CHECKING:
     from swarmrl.launch import AgentIds
@@ -151,31 +150,14 @@ class Restarter:
         }  # fmt: skip
 
     async def drain(self, names: list[str]) -> list[str]:
-        """SIGTERM `names`, wait for them to exit (SIGKILL after drain + grace); returns the killed."""
-        procs = self.sup.retire(names)
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        return await _kill_after(procs, self.drain_s + self.grace_s)
+        """Stop `names` (SIGKILL after drain + grace) in a thread, so the event loop keeps supervising
+        the swarm meanwhile; returns the killed."""
+        return await asyncio.to_thread(terminate, self.sup.retire(names), self.drain_s + self.grace_s)
 
     async def close(self, timeout: float = 15.0) -> None:
         """Stop retired clients still draining when the run ends (as `up` stops the current ones)."""
-        await _kill_after({n: p for n, p in self.sup.retired.items() if p.poll() is None}, timeout)
-
-
-async def _kill_after(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> list[str]:
-    """Wait up to `timeout` for `procs` to exit, then kill the rest; returns their names. Polled, so
-    the event loop keeps supervising the swarm meanwhile (a Popen has no awaitable exit)."""
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.1)
-    killed = [n for n, p in procs.items() if p.poll() is None]
-    for n in killed:
-        log.warning("%s did not stop in %.0fs; killing it", n, timeout)
-        procs[n].kill()
-    while any(p.poll() is None for p in procs.values()):  # noqa: ASYNC110
-        await asyncio.sleep(0.1)
-    return killed
+        draining = {n: p for n, p in self.sup.retired.items() if p.poll() is None}
+        await asyncio.to_thread(terminate, draining, timeout)
 
 
 @dataclass
@@ -273,9 +255,7 @@ async def start_control(
     logged and the run goes on without it (its `close` still stops the retired clients)."""
     from swarmrl.launch import spawn_clients
 
-    def default_version(task: str) -> str:
-        return default_client_version(swarm, task)
-
+    default_version = functools.partial(default_client_version, swarm)
     restarter = Restarter(
         sup,
         lambda task, generation, version: spawn_clients(sup, swarm, task, ids, generation, version),

@@ -12,6 +12,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from swarmrl.agents.tasks import get_task
 from swarmrl.agents.tasks.dataset import write_tasks_file
@@ -81,45 +82,42 @@ class Proc:
 def plan_services(swarm: Swarm, model_dirs: dict[str, Path], run_dir: Path) -> list[Proc]:
     """Every service process of `swarm` on this machine, in start order, each configured by
     `service_config` plus where it runs here. Replicas share their work by leases in NATS KV."""
-    n = swarm.replicas.ledger
-    procs = [
-        Proc(name, "ledger", service_config(swarm, "ledger", run_dir=run_dir, replica=name if n > 1 else ""))
-        for name in (_replica("ledger", i, n) for i in range(n))
-    ]
+    n = swarm.replicas
+    procs = _replicas(swarm, "ledger", n.ledger, run_dir=run_dir)
     urls: dict[str, list[str]] = {}
-    k = swarm.replicas.engine
     for name in swarm.models:
         if swarm.engine_owner(name) != name:
             continue
-        for i in range(k):
+        for i in range(n.engine):
             cfg = service_config(swarm, "engine", name, model_path=str(model_dirs[name]), port=free_port(),
                                  adapters=swarm.adapters(name))  # fmt: skip
-            procs.append(Proc(_replica(_proc("engine", name, swarm), i, k), "engine", cfg))
+            procs.append(Proc(_replica(_proc("engine", name, swarm), i, n.engine), "engine", cfg))
             urls.setdefault(name, []).append(f"http://127.0.0.1:{cfg.port}")
     engines = [f"{name}={url}" for name in swarm.models for url in urls[swarm.engine_owner(name)]]
     lora = [name for owner in urls for name in swarm.adapters(owner)]
-    n = swarm.replicas.merger
-    for i in range(n):
-        name = _replica("merger", i, n)
-        procs.append(Proc(name, "merger", service_config(swarm, "merger", replica=name if n > 1 else "")))
-    n = swarm.replicas.trainer
+    procs += _replicas(swarm, "merger", n.merger)
     for name in swarm.models:  # more than one: a lead and its standbys (services/trainer/lead.py)
-        for i in range(n):
-            proc = _replica(_proc("trainer", name, swarm), i, n)
-            cfg = service_config(
-                swarm, "trainer", name, model_path=str(model_dirs[name]), run_dir=str(run_dir),
-                replica=proc if n > 1 else "",
-            )  # fmt: skip
-            procs.append(Proc(proc, "trainer", cfg, swarm.models[name].trainer_processes))
-    n = swarm.replicas.gateway
-    for i in range(n):
+        procs += _replicas(swarm, "trainer", n.trainer, name, model_path=str(model_dirs[name]),
+                           run_dir=str(run_dir))  # fmt: skip
+    for i in range(n.gateway):
         cfg = service_config(swarm, "gateway", engine=engines, lora=lora, port=free_port())
-        procs.append(Proc(_replica("gateway", i, n), "gateway", cfg))
+        procs.append(Proc(_replica("gateway", i, n.gateway), "gateway", cfg))
     if uses_actions(swarm):
         procs.append(Proc("actions", "actions", service_config(swarm, "actions")))
     tracker = service_config(swarm, "tracker", run_dir=run_dir)
     if tracker.track:
         procs.append(Proc("tracker", "tracker", tracker))
+    return procs
+
+
+def _replicas(swarm: Swarm, service: str, n: int, model: str | None = None, **placement: Any) -> list[Proc]:
+    """The `n` processes of `service` (of `model`), each told its name as its `replica` when `n` > 1."""
+    base = service if model is None else _proc(service, model, swarm)
+    procs = []
+    for i in range(n):
+        name = _replica(base, i, n)
+        cfg = service_config(swarm, service, model, replica=name if n > 1 else "", **placement)
+        procs.append(Proc(name, service, cfg, 1 if model is None else swarm.models[model].trainer_processes))
     return procs
 
 

@@ -19,6 +19,7 @@ import importlib.metadata as md
 import json
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ def model_dir(
     """The HF model directory of a shipped model or a GGUF file, converted on first use if `convert`."""
     parts, name = check(base, where)
     out = swarmrl_home() / "models" / f"gguf-{name}-{_digest(parts)[:12]}"
-    if convert and not _complete(out):
+    if convert and not ((out / "config.json").is_file() and any(out.glob("*.safetensors"))):
         with _assembled(parts, out.parent) as gguf:
             write_hf(gguf, out, SHIPPED.get(base), progress or log.info)
     return out
@@ -191,24 +192,17 @@ def _digest_of(files: tuple[tuple[str, int, int], ...]) -> str:
     return h.hexdigest()
 
 
-def _complete(out: Path) -> bool:
-    return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
-
-
 @contextlib.contextmanager
 def _assembled(parts: list[Path], scratch: Path) -> Iterator[Path]:
     """The one GGUF file of `parts`: the file itself, or the chunks joined into a temporary file."""
     if len(parts) == 1:
         yield parts[0]
         return
-    tmp = scratch / f"assembling-{time.time_ns()}"
-    tmp.mkdir(parents=True)
-    try:
-        whole = tmp / parts[0].name.rsplit(".part", 1)[0]
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="assembling-") as tmp:
+        whole = Path(tmp) / parts[0].name.rsplit(".part", 1)[0]
         with whole.open("wb") as out:
             for part in parts:
                 with part.open("rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
         yield whole
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from swarmrl.schemas import AbortEvent, BeginEvent, EvalResult, GroupOutcome, MergeStats, TrainStep, decode
 from swarmrl.schemas import subjects as S
+from swarmrl.schemas.codec import WireError, decode_metric
 from swarmrl.services.common import bus
 
 FIRST_EPISODES = 20
@@ -55,24 +56,20 @@ class Progress:
 
     async def _on_msg(self, msg: Any) -> None:
         try:
-            if msg.subject.startswith(S.METRICS_PREFIX + ".train."):
-                step = decode(msg.data, TrainStep)
-                if step.model in self.step_of:
-                    self.last_of[step.model] = step
-                    self.step_of[step.model] = max(self.step_of[step.model], step.step)
-            elif msg.subject.startswith(S.METRICS_PREFIX + ".eval."):
-                ev = decode(msg.data, EvalResult)
-                key = ev.task if ev.metric == "success" else f"{ev.task} {ev.model}:{ev.metric}"
-                self.evals.setdefault(key, []).append(ev)
-            elif msg.subject.startswith(S.OUTCOME_PREFIX + "."):
-                out = decode(msg.data, GroupOutcome)
-                self.trained.setdefault(out.client_id, Counter())[out.outcome] += 1
-            elif msg.subject == S.MERGE_METRICS_SUBJECT:
-                st = decode(msg.data, MergeStats)
-                self.episodes += st.status == "merged"
-                self.aborted += st.status in ("aborted", "timeout")
-        except Exception:  # a metric we cannot read is not worth stopping the display for
-            pass
+            r = decode_metric(msg.subject, msg.data)
+        except WireError:  # a metric we cannot read is not worth stopping the display for
+            return
+        if isinstance(r, TrainStep) and r.model in self.step_of:
+            self.last_of[r.model] = r
+            self.step_of[r.model] = max(self.step_of[r.model], r.step)
+        elif isinstance(r, EvalResult):
+            key = r.task if r.metric == "success" else f"{r.task} {r.model}:{r.metric}"
+            self.evals.setdefault(key, []).append(r)
+        elif isinstance(r, GroupOutcome):
+            self.trained.setdefault(r.client_id, Counter())[r.outcome] += 1
+        elif isinstance(r, MergeStats):
+            self.episodes += r.status == "merged"
+            self.aborted += r.status in ("aborted", "timeout")
 
     async def _on_episode(self, msg: Any) -> None:
         """A begin, end or abort event. Each kind has its own subscription, whose callbacks run apart:
@@ -81,7 +78,7 @@ class Progress:
         try:
             begin = decode(msg.data, BeginEvent) if kind == "begin" else None
             reason = decode(msg.data, AbortEvent).reason if kind == "abort" else ""
-        except Exception:  # as above
+        except WireError:  # as above
             return
         if kind == "abort":
             self.reasons[reason_kind(reason)] += 1
@@ -146,7 +143,7 @@ class Progress:
             cells[prefix + "step"] = f"{self.step_of[model]}/{self.steps}"
             cells[prefix + "loss"] = f"{last.loss:.4f}" if last else "-"
             cells[prefix + "reward"] = f"{last.reward_mean:.3f}" if last else "-"
-            # distinct task instances among each task's last groups (services/trainer/diversity.py)
+            # distinct task instances among each task's last groups (services/trainer/guard.py)
             extra = last.extra if last else {}
             shares = {k.removeprefix("distinct."): v for k, v in extra.items() if k.startswith("distinct.")}
             cells[prefix + "distinct"] = (

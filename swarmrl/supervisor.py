@@ -169,7 +169,8 @@ class Supervisor:
             if due > now:
                 continue
             del self._due[name]
-            self._mark(name, f"--- swarmrl up: restarting {name} (restart {self.restarts[name] + 1}) ---")
+            note = f"--- swarmrl up: restarting {name} (restart {self.restarts[name] + 1}) ---"
+            _append(self.log_path(name), note)  # in its own log: its tail shows which run a line is of
             try:
                 proc = self.starts[name]()
             except (OSError, RuntimeError) as exc:  # cannot start: counts as one more exit
@@ -202,38 +203,39 @@ class Supervisor:
         self._due[name] = now + delay
         return None
 
-    def _mark(self, name: str, line: str) -> None:
-        """A line in the child's own log, so its tail shows which run each line belongs to."""
-        path = self.log_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
     def _journal(self, record: dict[str, object]) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_dir / RESTARTS_FILE, "a") as f:
-            f.write(json.dumps({"ts": time.time(), **record}) + "\n")
+        _append(self.log_dir / RESTARTS_FILE, json.dumps({"ts": time.time(), **record}))
 
     def stop(self, names: list[str] | None = None, timeout: float = 15.0) -> None:
-        """SIGTERM (newest first), wait up to `timeout`, then SIGKILL what is left."""
+        """Stop `names` (default: every child), newest first (`terminate`)."""
         targets = [n for n in reversed(list(self.procs)) if names is None or n in names]
         for n in targets:
             self._due.pop(n, None)
-            if self.procs[n].poll() is None:
-                self.procs[n].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for n in targets:
+        terminate({n: self.procs[n] for n in targets}, timeout)
+
+
+def _append(path: Path, line: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def terminate(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> list[str]:
+    """SIGTERM `procs`, wait up to `timeout`, then SIGKILL what is left with its session (an
+    `accelerate launch` trainer's processes, an engine's workers); returns the names killed."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline, killed = time.monotonic() + timeout, []
+    for n, proc in procs.items():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %.0fs; killing it", n, timeout)
             try:
-                self.procs[n].wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0fs; killing it", n, timeout)
-                kill_group(self.procs[n])
-                self.procs[n].wait()
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL `proc` and its session (an `accelerate launch` trainer's processes, an engine's workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+            proc.wait()
+            killed.append(n)
+    return killed

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from swarmrl.control import DRAIN_S, GRACE_S
-from swarmrl.core.config import password_on_command_line
+from swarmrl.core import rundir
+from swarmrl.core.config import config_dict, password_on_command_line
+from swarmrl.core.log import setup_logging
 from swarmrl.core.rundir import PARTS_FILE, SWARM_FILE
 from swarmrl.infra.credentials import OPERATOR
 from swarmrl.infra.nats_server import NatsServer, role_urls
@@ -102,8 +104,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Swarm]:
 
 def resume_problem(args: argparse.Namespace) -> str | None:
     """Why `--resume` cannot go with these flags or this directory (None: it can)."""
-    from swarmrl.core.rundir import pid_file, read_pid, start_time
-
     run = args.resume
     clash = [f for f, v in (("--config", args.config), ("--model", args.model), ("--task", args.task),
                             ("--run-dir", args.run_dir)) if v]  # fmt: skip
@@ -111,9 +111,9 @@ def resume_problem(args: argparse.Namespace) -> str | None:
         return f"--resume takes the run's own description and directory; drop {', '.join(clash)}"
     if not (run / SWARM_FILE).is_file():
         return f"--resume {run}: no {SWARM_FILE} there, so it is not a run directory of `swarmrl up`"
-    if pid_file(run).is_file():
-        pid, started = read_pid(pid_file(run))
-        if started is not None and start_time(pid) == started:
+    if rundir.pid_file(run).is_file():
+        pid, started = rundir.read_pid(rundir.pid_file(run))
+        if started is not None and rundir.start_time(pid) == started:
             return f"--resume {run}: that run is still going (pid {pid}); stop it first (`swarmrl down --run-dir {run}`)"
     return None
 
@@ -154,11 +154,6 @@ async def supervise(
         )
     )  # fmt: skip
     trainers = sup.having({"trainer"})
-
-    def finished(name: str, rc: int) -> bool:
-        """A trainer that exits 0 has reached its steps: the run ends, it is not restarted."""
-        return name in trainers and rc == 0
-
     deadline = time.monotonic() + run.minutes * 60
     reason = "interrupted"
     ended = False  # on its own (budget spent, a trainer finished), not by Ctrl-C or a crash loop
@@ -173,7 +168,8 @@ async def supervise(
     control = await start_control(sup, swarm, run_dir, clients, ids, service_url, status, stop.set)
     try:
         while not stop.is_set():
-            if crash_loop := sup.heal(finished):  # other exits are restarted
+            # a trainer that exits 0 has reached its steps: not restarted; other exits are
+            if crash_loop := sup.heal(lambda name, rc: name in trainers and rc == 0):
                 reason = crash_loop
                 break
             if failing := progress.failing():  # a mistake in the task's code: nothing will train
@@ -181,7 +177,10 @@ async def supervise(
                 break
             # The first trainer to finish ends the run: in a team its partner could not go on alone.
             if progress.done() or any(sup.dead().get(t) == 0 for t in trainers):
-                await _caught_up(progress, CATCH_UP_S, stop)
+                # after a NATS restart the progress feed may still be catching up on the last step
+                caught_up = time.monotonic() + CATCH_UP_S
+                while not progress.done() and time.monotonic() < caught_up and not await wait_set(stop, 0.2):
+                    pass
                 reason, ended = f"a trainer finished: {progress.steps_line()}", True
                 break
             if time.monotonic() > deadline:
@@ -239,15 +238,6 @@ def prepare_models(swarm: Swarm) -> dict[str, Path]:
     return found
 
 
-async def _caught_up(progress: Progress, seconds: float, stop: asyncio.Event) -> None:
-    """Give the progress feed up to `seconds` to hear the last step of a trainer that exited: after a
-    NATS restart its ordered consumer may still be catching up, and the stop line names that step."""
-    deadline = time.monotonic() + seconds
-    while not progress.done() and time.monotonic() < deadline:
-        if await wait_set(stop, 0.2):  # Ctrl-C
-            return
-
-
 async def _final_eval(
     sup: Supervisor,
     trainers: list[str],
@@ -281,7 +271,6 @@ async def _final_eval(
 def resolved_configs(swarm: Swarm, run_dir: Path) -> dict[str, Any]:
     """What `--print-config` prints: each service process's resolved configuration (ports are picked
     again at the start) and each client's command line; nothing is built or started."""
-    from swarmrl.core.config import config_dict
     from swarmrl.launch import client_argv, client_names, plan_services
     from swarmrl.swarm import resolve_base
 
@@ -312,15 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(resolved_configs(swarm, args.run_dir or Path("runs/<timestamp>")), indent=2))
         return 0
     from swarmrl.control import default_client_version
-    from swarmrl.core.log import setup_logging
-    from swarmrl.core.rundir import clear_pid, make_run_dir, write_pid, write_service_file
     from swarmrl.infra.credentials import AgentRegistry
     from swarmrl.launch import OUTSIDE, AgentIds, plan_services, spawn_clients, spawn_services
     from swarmrl.setup import setup as setup_streams
 
     setup_logging("up")
-    run_dir = make_run_dir(args.run_dir)
-    write_pid(run_dir)
+    run_dir = rundir.make_run_dir(args.run_dir)
+    rundir.write_pid(run_dir)
     (run_dir / SWARM_FILE).write_text(swarm.model_dump_json(indent=2))
     part = {"started": time.time(), "resumed": args.resume is not None}
     model_dirs = prepare_models(swarm)
@@ -336,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         server = NatsServer(store_dir=run_dir / "nats", log_file=run_dir / "logs" / "nats.log").start()
         service_url, conf_dir, services_urls = server.service_url, server.conf_dir, server.role_urls
-    write_service_file(run_dir, service_url)  # for `swarmrl clients/status/down` on this machine
+    rundir.write_service_file(run_dir, service_url)  # for `swarmrl clients/status/down` on this machine
     ids = AgentIds(AgentRegistry(conf_dir), service_url, swarm, run_dir)
     connect_file = ids.mint([OUTSIDE])[OUTSIDE]
     sup = Supervisor(run_dir / "logs", pids_file=run_dir / "pids.json")
@@ -363,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             sup.stop(sup.having(roles), timeout)
         if server is not None:
             server.stop()
-        clear_pid(run_dir)
+        rundir.clear_pid(run_dir)
         with (run_dir / PARTS_FILE).open("a") as f:
             f.write(json.dumps({**part, "ended": time.time(), "reason": reason}) + "\n")
     from swarmrl.report import write_report

@@ -10,7 +10,7 @@ process that plays them.
 """
 
 from swarmrl.agents.tasks import calculator, guess_number, team_calculator
-from swarmrl.agents.tasks.base import Env, Message, MultiRoleEnv, StepResult, TaskSpec, Turn
+from swarmrl.agents.tasks.base import TaskSpec
 
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec for spec in (guess_number.SPEC, calculator.SPEC, team_calculator.SPEC)
@@ -33,20 +33,3 @@ def get_task(name: str) -> TaskSpec:
         return TASKS[name]
     except KeyError:
         raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
-
-
-__all__ = [
-    "BUILTIN",
-    "TASKS",
-    "Env",
-    "Message",
-    "MultiRoleEnv",
-    "StepResult",
-    "TaskSpec",
-    "Turn",
-    "calculator",
-    "get_task",
-    "guess_number",
-    "register",
-    "team_calculator",
-]

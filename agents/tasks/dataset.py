@@ -142,14 +142,11 @@ def load_rows(name: str, conf: TaskConf) -> tuple[list[DataRow], list[DataRow]]:
     splits = _load_files(name, conf.data)
     rows = splits.get("train") or next(iter(splits.values()))
     train = [DataRow(f"{name}-{i}", row) for i, row in enumerate(rows)]
-    held: list[dict[str, Any]] | None = None
-    if conf.eval_data:
-        eval_splits = _load_files(name, conf.eval_data)
-        held = eval_splits.get("test") or eval_splits.get("validation") or next(iter(eval_splits.values()))
-    elif split := next((s for s in EVAL_SPLITS if s in splits), None):
-        held = splits[split]
-    if held is not None:
-        return train, [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held)]
+    held = _load_files(name, conf.eval_data) if conf.eval_data else splits
+    # `eval_data`'s test / validation split, else its first; `data`'s, else a carve of its rows
+    split = next((s for s in EVAL_SPLITS if s in held), next(iter(held)) if conf.eval_data else None)
+    if split is not None:
+        return train, [DataRow(f"{name}-eval{i}", row) for i, row in enumerate(held[split])]
     order = list(range(len(train)))
     random.Random(conf.split_seed).shuffle(order)
     n_eval = max(1, round(conf.heldout * len(train)))

@@ -70,7 +70,7 @@ _SLOT: contextvars.ContextVar[dict[str, bool]] = contextvars.ContextVar("reward_
 
 @contextlib.contextmanager
 def group(size: int) -> Iterator[RewardBatch]:
-    """Episodes started (as tasks) inside this block share one reward call; wrap each in `episode()`."""
+    """Episodes started (as tasks) inside this block share one reward call; wrap each in `member()`."""
     batch = RewardBatch(size)
     token = _GROUP.set(batch)
     try:
@@ -79,23 +79,16 @@ def group(size: int) -> Iterator[RewardBatch]:
         _GROUP.reset(token)
 
 
-@contextlib.asynccontextmanager
-async def episode() -> Any:
-    """One episode of the current `group`: ending without asking for its reward, it `leave`s."""
+async def member(play: Awaitable[T]) -> T:
+    """`play`, one episode of the current `group`: ending without asking for its reward, it `leave`s."""
     batch, slot = _GROUP.get(), {"scored": False}
     token = _SLOT.set(slot)
     try:
-        yield
+        return await play
     finally:
         _SLOT.reset(token)
         if batch is not None and not slot["scored"]:
             await batch.leave()
-
-
-async def member(play: Awaitable[T]) -> T:
-    """`play`, one episode of the current `group` (`episode()` around it)."""
-    async with episode():
-        return await play
 
 
 async def call_reward(

@@ -8,8 +8,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from swarmrl.services.actions.model import RESOURCES, Action, Demand
-from swarmrl.services.actions.pools import BACKFILL_DEPTH, PRED_SCALE_S, Units, cover, queue_of
+from swarmrl.services.actions import model
+from swarmrl.services.actions.model import RESOURCES, Action, Demand, Units
 
 if TYPE_CHECKING:
     from swarmrl.services.actions.scheduler import Scheduler
@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 class Policy:
     """How waiting actions are ordered and how many units are held. Each policy keeps its own queues
-    and units, and calls `Scheduler.start` for every action it starts."""
+    and units, calls `Scheduler.start` for every action it starts, and has `submit`, `dispatch`,
+    `finish` (a part ended), `end_trajectory`, `advance` (apply the timed changes due by `now`),
+    `next_event` and `allocated` (units held of a resource)."""
 
     name: ClassVar[str]
 
@@ -26,27 +28,6 @@ class Policy:
 
     def check(self, action: Action) -> None:
         """Raise ValueError if the policy could never run `action` (after the common checks)."""
-
-    def submit(self, action: Action, now: float) -> None:
-        raise NotImplementedError
-
-    def dispatch(self, now: float) -> list[Action]:
-        raise NotImplementedError
-
-    def finish(self, action: Action, now: float) -> None:
-        raise NotImplementedError
-
-    def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
-        """Dropped actions are skipped lazily by the queues."""
-
-    def advance(self, now: float) -> None:
-        """Apply the timed changes due by `now`."""
-
-    def next_event(self) -> float | None:
-        return None
-
-    def allocated(self, resource: str) -> int:
-        raise NotImplementedError
 
 
 NO_RESERVATION = {"mem": 0, **{r: 0 for r in RESOURCES}}
@@ -83,11 +64,11 @@ class SharedUnits(Policy):
             self.started = True
             for u in self.units.values():
                 u.grow(u.spec.floor if self.shrinks else u.spec.ceiling, now)
-        heapq.heappush(self.queues[queue_of(action.demand)], (self.key(action), next(self.seq), action))
+        heapq.heappush(self.queues[model.queue_of(action.demand)], (self.key(action), next(self.seq), action))
         self.want(action, +1)
 
     def end_trajectory(self, trajectory: str, dropped: list[Action], now: float) -> None:
-        for action in dropped:
+        for action in dropped:  # the queues skip them lazily
             self.want(action, -1)
 
     def fits(self, d: Demand, reserved: dict[str, int]) -> bool:
@@ -171,11 +152,11 @@ class Elastic(SharedUnits):
 
     name = "elastic"
     shrinks = True
-    backfill = BACKFILL_DEPTH
+    backfill = model.BACKFILL_DEPTH
 
     def key(self, action: Action) -> float:
         p = self.s.predictor.predict(action.shape, action.hint_s)
-        return action.submitted + self.s.aging_s * p / (p + PRED_SCALE_S)
+        return action.submitted + self.s.aging_s * p / (p + model.PRED_SCALE_S)
 
     def grow(self, now: float) -> None:
         unstarted = self.s.unstarted_units
@@ -205,7 +186,7 @@ class Elastic(SharedUnits):
         for r, u in self.units.items():
             if u.free - reserved[r] <= 0:
                 continue
-            wanting = [a for a in self.s.unstarted.values() if queue_of(a.demand) == r]
+            wanting = [a for a in self.s.unstarted.values() if model.queue_of(a.demand) == r]
             for action in sorted(wanting, key=remaining):
                 while action.parts_left and self.fits(action.demand, reserved):
                     self.run(action, now, extra=True)
@@ -270,13 +251,10 @@ class Static(Policy):
         tr = self.trajectories.get(action.trajectory)
         if tr is None:
             tr = self.trajectories[action.trajectory] = Trajectory(action.trajectory, deque())
-            self.ask(tr, self.first_bundle(action))
+            tr.want = self.first_bundle(action)
+            self.bundle_queue.append(tr)
         tr.actions.append(action)
         self.runnable[tr] = None
-
-    def ask(self, tr: Trajectory, bundle: Demand) -> None:
-        tr.want = bundle
-        self.bundle_queue.append(tr)
 
     def add(self, counts: dict[str, int], demand: Demand, sign: int, now: float) -> None:
         """Add (or take away) `demand`'s units to `held` or `busy`, and meter the change."""
@@ -325,8 +303,8 @@ class Static(Policy):
         action = tr.actions[0]
         if any(action.demand.units(r) > tr.bundle.units(r) for r in RESOURCES):
             self.add(self.held, tr.bundle, -1, now)
-            self.ask(tr, cover(tr.bundle, action.demand))
-            tr.bundle = None
+            tr.bundle, tr.want = None, model.cover(tr.bundle, action.demand)
+            self.bundle_queue.append(tr)
             return True
         if action.demand.mem_mb > self.s.mem_free():
             self.mem_blocked[tr] = None
@@ -382,4 +360,5 @@ class Static(Policy):
         return self.held[resource]
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Static, Fifo, Elastic)}
+AnyPolicy = Static | Fifo | Elastic
+POLICIES: dict[str, type[AnyPolicy]] = {p.name: p for p in (Static, Fifo, Elastic)}

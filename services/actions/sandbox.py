@@ -24,11 +24,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from swarmrl.services.actions import sandbox_host as host
-from swarmrl.services.actions.model import Outcome
+from swarmrl.services.actions.model import Outcome, Status
 from swarmrl.services.actions.sandbox_host import SandboxError, detect_mode, launch_prefix
 from swarmrl.services.common.tasks import Background
-
-__all__ = ["MODES", "PythonSandbox", "SandboxError", "SandboxLimits", "detect_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +92,15 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
-    async def execute(self, job: dict[str, Any], backstop_s: float) -> dict[str, Any] | None:
-        """The zygote's answer, or None when it died or went silent (then it is killed)."""
+    async def ask(self, job: dict[str, Any] | None, timeout_s: float) -> dict[str, Any] | None:
+        """Send `job` (if any) and read the zygote's one-line answer; None when it died, went silent
+        or answered garbage (then it is killed)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(json.dumps(job).encode() + b"\n")
-            await self.proc.stdin.drain()
-            line = await asyncio.wait_for(self.proc.stdout.readline(), backstop_s)
+            if job is not None:
+                self.proc.stdin.write(json.dumps(job).encode() + b"\n")
+                await self.proc.stdin.drain()
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
             answer = json.loads(line) if line else None
         except (OSError, ValueError, TimeoutError):
             answer = None
@@ -131,7 +131,8 @@ class PythonSandbox:
         self._target = 0
         self._workers: set[_Worker] = set()
         self._idle: list[_Worker] = []
-        self._waiters: list[asyncio.Future[_Worker]] = []
+        self._changed = asyncio.Event()
+        """Set when a worker becomes idle or the pool can no longer give one: wakes `_acquire`."""
         self._starting = 0
         self._tasks = Background()
         self._closed = False
@@ -141,21 +142,17 @@ class PythonSandbox:
         """What this sandbox achieved on this machine (see README for what each line means)."""
         pid_ns = self.mode == "bwrap" or "--pid" in self._prefix
         net_ns = self.mode == "bwrap" or "--net" in self._prefix
+        # A dropped uid that cannot traverse the interpreter's directories, with no mount namespace
+        # to re-bind them, imports only what was preloaded.
+        own_mounts = not self._root or self.mode == "bwrap" or "--mount-proc" in self._prefix
         return {
             "mode": self.mode,
             "filesystem": "read-only root, private /tmp" if self.mode == "bwrap" else "uid + audit hook",
             "network": "network namespace" if net_ns else "audit hook",
             "pid_namespace": pid_ns,
             "uid_per_unit": self._root,
-            "imports": "any" if self._imports_reach() else "preloaded only",
+            "imports": "any" if own_mounts or not host.rebinds(self.python, tmp=False) else "preloaded only",
         }
-
-    def _imports_reach(self) -> bool:
-        """Can the code import modules not preloaded? Not as a dropped uid that cannot traverse the
-        interpreter's directories, with no mount namespace to re-bind them."""
-        if not self._root or self.mode == "bwrap" or "--mount-proc" in self._prefix:
-            return True
-        return not host.rebinds(self.python, tmp=False)
 
     @property
     def units(self) -> int:
@@ -207,7 +204,7 @@ class PythonSandbox:
         began = time.monotonic()
         answer = None
         try:
-            answer = await worker.execute(job, limits.wall_s + BACKSTOP_GRACE_S)
+            answer = await worker.ask(job, limits.wall_s + BACKSTOP_GRACE_S)
         finally:
             if answer is None:
                 worker.kill()  # cancelled or silent mid-action: its state is unknown
@@ -228,7 +225,7 @@ class PythonSandbox:
         """Kill every worker and every process of their actions; wait until they are gone."""
         self._closed = True
         self._target = 0
-        self._fail_waiters(SandboxError("the sandbox is closed"))
+        self._changed.set()
         workers = list(self._workers)
         for w in workers:
             w.retiring = True
@@ -240,11 +237,6 @@ class PythonSandbox:
         self._workers.clear()
         self._idle.clear()
 
-    def _fail_waiters(self, error: SandboxError) -> None:
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_exception(error)
-
     def _count(self, outcome: Outcome) -> Outcome:
         self.counts[outcome.status] += 1
         cause = outcome.result.get("cause")
@@ -254,23 +246,16 @@ class PythonSandbox:
         return outcome
 
     async def _acquire(self) -> _Worker:
-        while self._idle:
-            worker = self._idle.pop()
-            if not worker.dead:
-                return worker
-        if self._closed or (not self._workers and not self._starting):
-            raise SandboxError(f"no sandbox worker to run on ({self.units} units, target {self._target})")
-        fut: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._release(fut.result())  # handed over just as we were cancelled
-            raise
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(fut)
+        while True:
+            while self._idle:
+                worker = self._idle.pop()
+                if not worker.dead:
+                    return worker
+            if self._closed or not self.units:
+                why = "the sandbox is closed" if self._closed else "no sandbox worker to run on"
+                raise SandboxError(f"{why} ({self.units} units, target {self._target})")
+            self._changed.clear()
+            await self._changed.wait()
 
     def _release(self, worker: _Worker) -> None:
         if worker.dead or worker.retiring or worker not in self._workers:
@@ -278,24 +263,19 @@ class PythonSandbox:
         if self.units > self._target:
             self._tasks.spawn(self._retire(worker))
             return
-        while self._waiters:
-            fut = self._waiters.pop(0)
-            if not fut.done():
-                fut.set_result(worker)
-                return
         self._idle.append(worker)
+        self._changed.set()
 
     async def _spawn(self, replacing: bool = False) -> None:
         self._starting += 1
         try:
             worker = await self._start_worker()
-        except BaseException:  # cancelled too: the count and the waiters are put right, then it propagates
+        except BaseException:  # cancelled too: waiters re-check whether a worker is left, then it propagates
             self.counts["worker_start_failed"] += 1
-            self._starting -= 1
-            if not self._workers and not self._starting:
-                self._fail_waiters(SandboxError("sandbox workers fail to start"))
+            self._changed.set()
             raise
-        self._starting -= 1
+        finally:
+            self._starting -= 1
         self._workers.add(worker)
         self.counts["worker_started"] += 1
         if replacing:
@@ -305,11 +285,10 @@ class PythonSandbox:
 
     async def _start_worker(self) -> _Worker:
         uid, lock = host.claim_uid() if self._root else (None, None)
-        base = None
-        if self.mode == "rlimit":
-            base = tempfile.mkdtemp(prefix="swarmrl-sandbox-")
-            os.chmod(base, 0o711)  # the dropped uid must reach its job dir inside
         rlimit = self.mode == "rlimit"
+        base = tempfile.mkdtemp(prefix="swarmrl-sandbox-") if rlimit else None
+        if base:
+            os.chmod(base, 0o711)  # the dropped uid must reach its job dir inside
         # rlimit mode, root, own mount namespace: the zygote hides dirs the dropped uid cannot
         # traverse (e.g. /root holding a pyenv) under a tmpfs with the interpreter bound back.
         mount_ns = rlimit and self._root and "--mount-proc" in self._prefix
@@ -332,26 +311,19 @@ class PythonSandbox:
             raise
         worker = _Worker(proc, uid, lock, base, reap_tree=rlimit and "--pid" not in self._prefix)
         try:
-            await self._wait_ready(worker)
+            info = await worker.ask(None, START_TIMEOUT_S)
+            if info is None or info.get("ready") is not True:  # it exits, or `ask` killed it
+                assert proc.stderr is not None
+                err = b""
+                with contextlib.suppress(TimeoutError):
+                    err = await asyncio.wait_for(proc.stderr.read(4000), 5)
+                raise SandboxError(f"sandbox worker did not start ({info or 'no answer'}): {err.decode()!r}")
         except BaseException:  # cancelled too: the half-started worker is killed, then it propagates
             worker.kill()
             await proc.wait()
             self._cleanup(worker)
             raise
         return worker
-
-    async def _wait_ready(self, worker: _Worker) -> None:
-        proc = worker.proc
-        assert proc.stdout is not None and proc.stderr is not None
-        info: Any = {}
-        with contextlib.suppress(TimeoutError, ValueError):
-            info = json.loads(await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S) or "{}")
-        if not isinstance(info, dict) or info.get("ready") is not True:
-            worker.kill()
-            err = b""
-            with contextlib.suppress(TimeoutError):
-                err = await asyncio.wait_for(proc.stderr.read(4000), 5)
-            raise SandboxError(f"sandbox worker did not start ({info or 'no answer'}): {err.decode()!r}")
 
     async def _watch(self, worker: _Worker) -> None:
         assert worker.proc.stderr is not None
@@ -394,20 +366,15 @@ class PythonSandbox:
 
 
 def _outcome(answer: dict[str, Any], limits: SandboxLimits) -> Outcome:
-    result = {k: answer.get(k) for k in ("stdout", "stderr", "exit_code", "signal", "cpu_s", "truncated")}
-    result["leftover_processes"] = answer.get("leftovers", 0)
-    cause = result["cause"] = answer.get("cause")
-    limit = {
-        "cpu": f"CPU time limit of {math.ceil(limits.cpu_s)} s",
-        "memory": f"memory limit of {limits.mem_mb} MB",
-        "nproc": f"process limit of {limits.nproc} processes",
+    keys = ("stdout", "stderr", "exit_code", "signal", "cpu_s", "truncated", "leftover_processes", "cause")
+    result = {k: answer.get(k) for k in keys}
+    ends: dict[str | None, tuple[Status, str]] = {
+        "timeout": ("timeout", f"wall-clock limit of {limits.wall_s:g} s"),
+        "cpu": ("killed", f"killed: CPU time limit of {math.ceil(limits.cpu_s)} s"),
+        "memory": ("killed", f"killed: memory limit of {limits.mem_mb} MB"),
+        "nproc": ("killed", f"killed: process limit of {limits.nproc} processes"),
+        "signal": ("killed", f"killed by {answer.get('signal')}"),
+        "setup": ("error", f"sandbox setup failed: {answer.get('detail')}"),
     }
-    if cause == "timeout":
-        return Outcome("timeout", result, f"wall-clock limit of {limits.wall_s:g} s")
-    if cause in limit:
-        return Outcome("killed", result, f"killed: {limit[cause]}")
-    if cause == "signal":
-        return Outcome("killed", result, f"killed by {answer.get('signal')}")
-    if cause == "setup":
-        return Outcome("error", result, f"sandbox setup failed: {answer.get('detail')}")
-    return Outcome("ok", result)
+    status, error = ends.get(result["cause"], ("ok", ""))
+    return Outcome(status, result, error)

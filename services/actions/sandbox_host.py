@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 UID_BASE = 62000
-"""As root, each unit's actions run as a uid of their own from here (not one /etc/passwd names),
+"""As root, each unit's actions run as a uid of their own from here (one /etc/passwd does not name),
 locked host-wide while the unit lives: RLIMIT_NPROC and the cleanup by uid never mix two units."""
 UID_COUNT = 4096
 UID_LOCK_DIRS = ("/run/swarmrl-sandbox", os.path.join(tempfile.gettempdir(), "swarmrl-sandbox-uids"))
@@ -41,12 +41,10 @@ class SandboxError(RuntimeError):
     """The sandbox cannot start or run workers (bad mode, broken isolation, no worker left)."""
 
 
-PROBE_CODE = ("-c", "print('ok')")
-
-
 @functools.cache
-def probe(argv: tuple[str, ...]) -> bool:
-    """Does `argv` (an isolation, `python` and `PROBE_CODE`) run here?"""
+def probe(prefix: tuple[str, ...], python: str) -> bool:
+    """Does `python` run here under the isolation `prefix`?"""
+    argv = [*prefix, python, "-c", "print('ok')"]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=20, check=False, env=worker_env())
     except (OSError, subprocess.SubprocessError):
@@ -126,7 +124,7 @@ def launch_prefix(mode: str, python: str) -> list[str]:
         return []
     net = [unshare, "--net"] if os.geteuid() == 0 else [unshare, "--user", "--net"]
     for prefix in ([*net, "--pid", "--fork", "--kill-child", "--mount-proc"], net):
-        if probe((*prefix, python, *PROBE_CODE)):
+        if probe(tuple(prefix), python):
             return prefix
     return []
 
@@ -135,7 +133,7 @@ def launch_prefix(mode: str, python: str) -> list[str]:
 def detect_mode(python: str = sys.executable) -> str:
     """`bwrap` when bubblewrap is installed and a probe run inside it works, else `rlimit`."""
     bwrap = shutil.which("bwrap")
-    if bwrap and probe((*bwrap_argv(bwrap, python), python, *PROBE_CODE)):
+    if bwrap and probe(tuple(bwrap_argv(bwrap, python)), python):
         return "bwrap"
     return "rlimit"
 
@@ -147,17 +145,12 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-@functools.cache
-def free_uids(count: int) -> tuple[int, ...]:
-    uids: list[int] = []
-    uid = UID_BASE
-    while len(uids) < count:
-        try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            uids.append(uid)
-        uid += 1
-    return tuple(uids)
+def has_name(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
 
 def lock_dir() -> str:
@@ -173,7 +166,7 @@ def lock_dir() -> str:
 def claim_uid() -> tuple[int, int]:
     """A sandbox uid no other unit on this host holds, and the fd of its lock (close to free it)."""
     locks = lock_dir()
-    for uid in free_uids(UID_COUNT):
+    for uid in (u for u in range(UID_BASE, UID_BASE + UID_COUNT) if not has_name(u)):
         fd = os.open(os.path.join(locks, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -182,7 +175,7 @@ def claim_uid() -> tuple[int, int]:
             continue
         kill_uid(uid)  # strays of a unit whose manager died without cleaning up
         return uid, fd
-    raise SandboxError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
+    raise SandboxError(f"all sandbox uids from {UID_BASE} to {UID_BASE + UID_COUNT - 1} are in use")
 
 
 def kill_all(find: Callable[[], Collection[int]], rounds: int = 50, pause_s: float = 0.0) -> int:

@@ -116,44 +116,45 @@ def _run_job(job: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     stdin = tempfile.TemporaryFile(dir=config["base"])
     stdin.write(job["stdin"].encode())
     stdin.seek(0)
-    (out_r, out_w), (err_r, err_w), (info_r, info_w) = (os.pipe() for _ in range(3))
+    pipes = {name: os.pipe() for name in ("stdout", "stderr", "info")}
     began = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(job, workdir, config, (stdin.fileno(), out_w, err_w, info_w))
+        _child(job, workdir, config, (stdin.fileno(), *(w for _, w in pipes.values())))
     stdin.close()
-    for w in (out_w, err_w, info_w):
+    for _, w in pipes.values():
         os.close(w)
     try:
-        answer = _watch(pid, job["limits"], began, {out_r: "stdout", err_r: "stderr", info_r: "info"})
+        return _watch(pid, job["limits"], began, {name: r for name, (r, _) in pipes.items()})
     finally:
-        for r in (out_r, err_r, info_r):
+        for r, _ in pipes.values():
             os.close(r)
         shutil.rmtree(workdir, ignore_errors=True)
-    return answer
 
 
-def _watch(pid: int, limits: dict[str, Any], began: float, streams: dict[int, str]) -> dict[str, Any]:
+def _watch(pid: int, limits: dict[str, Any], began: float, streams: dict[str, int]) -> dict[str, Any]:
+    """Collect the child's output (at most `output_bytes` a stream) until it exits or its wall clock
+    is up, kill what it left, and say how it ended."""
     cap = int(limits["output_bytes"])
-    data = {name: bytearray() for name in streams.values()}
+    data = {name: bytearray() for name in streams}
     truncated = False
     sel = selectors.DefaultSelector()
-    for fd in streams:
+    for name, fd in streams.items():
         os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ, name)
     pidfd = os.pidfd_open(pid)
     sel.register(pidfd, selectors.EVENT_READ)
 
-    def read(fd: int) -> None:
+    def read(key: selectors.SelectorKey) -> None:
         nonlocal truncated
         try:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(key.fd, 1 << 16)
         except BlockingIOError:
             return
         if not chunk:
-            sel.unregister(fd)
+            sel.unregister(key.fd)
             return
-        buf = data[streams[fd]]
+        buf = data[key.data]
         room = cap - len(buf)
         truncated |= len(chunk) > room
         buf += chunk[: max(room, 0)]
@@ -165,28 +166,26 @@ def _watch(pid: int, limits: dict[str, Any], began: float, streams: dict[int, st
             if key.fd == pidfd:
                 exited = True
             else:
-                read(int(key.fd))
-    timed_out = not exited
-    if timed_out:
+                read(key)
+    if not exited:
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(ProcessLookupError):
                 kill(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)
     sel.unregister(pidfd)
     os.close(pidfd)
-    leftovers = _kill_tree(pid)
+    leftover_processes = _kill_tree(pid)
     # Every writer is dead now: drain to EOF (bounded, in case something still holds a pipe).
     drain_until = time.monotonic() + 2.0
-    while len(sel.get_map()) and time.monotonic() < drain_until:
+    while sel.get_map() and time.monotonic() < drain_until:
         for key, _ in sel.select(0.1):
-            read(int(key.fd))
+            read(key)
     sel.close()
     cpu_s = usage.ru_utime + usage.ru_stime
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     info = data["info"].decode(errors="replace")
-    cause = None
-    detail = ""
-    if timed_out:
+    cause, detail = None, ""
+    if not exited:
         cause = "timeout"
     elif info.startswith("setup:"):
         cause, detail = "setup", info[len("setup:") :]
@@ -205,7 +204,7 @@ def _watch(pid: int, limits: dict[str, Any], began: float, streams: dict[int, st
         "truncated": truncated,
         "cause": cause,
         "detail": detail,
-        "leftovers": leftovers,
+        "leftover_processes": leftover_processes,
     }
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import math
 
-from swarmrl.services.actions.model import RESOURCES, Action, Demand
-from swarmrl.services.actions.policies import POLICIES, Policy
-from swarmrl.services.actions.pools import PoolSpec, Predictor, Usage
+from swarmrl.services.actions.model import RESOURCES, Action, Demand, PoolSpec, Predictor, Usage
+from swarmrl.services.actions.policies import POLICIES, AnyPolicy
 
 
 class Scheduler:
@@ -57,7 +56,7 @@ class Scheduler:
         self.usage = {r: Usage() for r in RESOURCES}
         self.predictor = Predictor()
         self.finished = self.failed = 0
-        self.policy: Policy = POLICIES[policy](self)
+        self.policy: AnyPolicy = POLICIES[policy](self)
         if static_bundle is not None:
             self.check_fits(static_bundle, "static_bundle")
 

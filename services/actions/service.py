@@ -31,7 +31,7 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.config import KIND_RESOURCE, ActionsConfig
 from swarmrl.services.actions.model import Action, Demand, Outcome
 from swarmrl.services.actions.scheduler import PoolSpec, Scheduler
-from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
+from swarmrl.services.actions.workers import WorkerLoop
 from swarmrl.services.common import bus
 from swarmrl.services.common.tasks import Background, on_signals, wait_set
 
@@ -63,13 +63,14 @@ def cases_of(req: ActionRequest) -> list[str] | None:
 
 
 def _ids(data: bytes) -> dict[str, str]:
-    """The string ids of a rejected request, where it has them."""
+    """The string ids of a rejected request, "?" where it has none."""
     raw: Any = None
     with contextlib.suppress(Exception):
         raw = msgpack.unpackb(data, raw=False)
-    if not isinstance(raw, dict):
-        return {}
-    return {k: v[:128] for k in ("action_id", "episode_id", "kind") if isinstance(v := raw.get(k), str)}
+    raw = raw if isinstance(raw, dict) else {}
+    return {
+        k: v[:128] if isinstance(v := raw.get(k), str) else "?" for k in ("action_id", "episode_id", "kind")
+    }
 
 
 @dataclass
@@ -130,10 +131,8 @@ class ActionsService:
             for kind, resource in KIND_RESOURCE.items():
                 if kind == "judge" and not self.cfg.judge_engine:
                     continue
-                runner = Runner(kind, build_manager(kind, self.cfg), self.cfg)
-                loop = WorkerLoop(
-                    self.js, self.nc, runner, self.scheduler.pool_size(resource), f"local-{kind}"
-                )
+                units = self.scheduler.pool_size(resource)
+                loop = WorkerLoop(self.js, self.nc, kind, self.cfg, units, f"local-{kind}")
                 await loop.start()
                 self.workers[kind] = loop
         subs = [
@@ -169,12 +168,8 @@ class ActionsService:
         except WireError as exc:
             self.counts.rejected[exc.code] += 1
             await self.dead_letters.send(msg, str(exc))
-            ids = _ids(msg.data)
-            await self._reply(msg, ActionResult(
-                action_id=ids.get("action_id", "?"), episode_id=ids.get("episode_id", "?"),
-                kind=ids.get("kind", "?"), status="rejected", error=str(exc), policy=self.cfg.policy,
-                owner=owner,
-            ))  # fmt: skip
+            answer = {"status": "rejected", "error": str(exc), "policy": self.cfg.policy, "owner": owner}
+            await self._reply(msg, ActionResult.model_validate(_ids(msg.data) | answer))
             return
         if req.op == "end":
             self._end_trajectory(req.episode_id, time.monotonic())

@@ -15,7 +15,6 @@ import os
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -38,50 +37,29 @@ MAX_DELIVER = 3
 """A released action is handed out at most this often (a worker died running it each time)."""
 
 
-@dataclass
-class Runner:
-    """Runs work messages (`ActionRequest`s whose `action_id` is the dispatch id) of one kind on its
-    resource manager (`PythonSandbox` or `JudgeManager`: `start`, `resize`, `run`, `close`)."""
-
-    kind: str
-    manager: Any
-    limits: WorkerLimits
-
-    async def run(self, req: ActionRequest) -> Outcome:
-        if req.kind != self.kind:
-            return Outcome("rejected", error=f"worker runs {self.kind!r} actions, not {req.kind!r}")
-        wall = min(req.timeout_s or self.limits.wall_s, self.limits.max_wall_s)
-        if self.kind == "python":
-            from swarmrl.services.actions.sandbox import SandboxLimits
-
-            code, stdin = req.payload.get("code"), req.payload.get("stdin", "")
-            if not isinstance(code, str) or not isinstance(stdin, str):
-                return Outcome("rejected", error="python payload needs 'code' (and optional 'stdin') strings")
-            limits = SandboxLimits(cpu_s=self.limits.cpu_s * max(req.cpu, 1), mem_mb=req.mem_mb, wall_s=wall)
-            return await self.manager.run(code, limits=limits, stdin=stdin)
-        return await asyncio.wait_for(self.manager.run(req.payload), wall)
-
-
 def build_manager(kind: str, limits: WorkerLimits) -> Any:
-    """The resource manager for `kind` (not started)."""
+    """The resource manager for `kind` (`python` or `judge`), not started: `PythonSandbox` or
+    `JudgeManager`, both with `start`, `resize`, `run` and `close`."""
     if kind == "python":
         from swarmrl.services.actions.sandbox import PythonSandbox
 
         return PythonSandbox(mode=limits.sandbox)
-    if kind == "judge":
-        if not limits.judge_engine:
-            raise ValueError("a judge worker needs --judge-engine URL (the engine that scores text)")
-        from swarmrl.services.actions.judge import JudgeManager
+    if not limits.judge_engine:
+        raise ValueError("a judge worker needs --judge-engine URL (the engine that scores text)")
+    from swarmrl.services.actions.judge import JudgeManager
 
-        return JudgeManager(limits.judge_engine, limits.judge_tokenizer or None)
-    raise ValueError(f"unknown action kind {kind!r}; known: python, judge")
+    return JudgeManager(limits.judge_engine, limits.judge_tokenizer)
 
 
 class WorkerLoop:
-    """Pulls `kind` actions while it has free units; `set_units` follows the scheduler's pool size."""
+    """Pulls `kind` work messages (`ActionRequest`s whose `action_id` is the dispatch id) while it has
+    free units and runs them on its resource manager; `set_units` follows the scheduler's pool size."""
 
-    def __init__(self, js: JetStreamContext, nc: Any, runner: Runner, units: int, name: str) -> None:
-        self.js, self.nc, self.runner, self.name = js, nc, runner, name
+    def __init__(
+        self, js: JetStreamContext, nc: Any, kind: str, limits: WorkerLimits, units: int, name: str
+    ) -> None:
+        self.js, self.nc, self.kind, self.limits, self.name = js, nc, kind, limits, name
+        self.manager = build_manager(kind, limits)
         self.units = units
         self.running = Background()
         self.counts: Counter[str] = Counter()
@@ -89,18 +67,17 @@ class WorkerLoop:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.runner.manager.start(self.units)
-        kind = self.runner.kind
+        await self.manager.start(self.units)
         self.sub = await bus.durable_pull(
-            self.js, S.ACTIONS_STREAM, S.durable_name("actions", S.ACTIONS_STREAM, kind),
-            S.action_run_subject(kind), ack_wait_s=ACK_WAIT_S, max_deliver=MAX_DELIVER,
+            self.js, S.ACTIONS_STREAM, S.durable_name("actions", S.ACTIONS_STREAM, self.kind),
+            S.action_run_subject(self.kind), ack_wait_s=ACK_WAIT_S, max_deliver=MAX_DELIVER,
         )  # fmt: skip
         self._task = asyncio.create_task(self._pull())
 
     async def set_units(self, units: int) -> None:
         if units != self.units:
             self.units = units
-            await self.runner.manager.resize(max(units, 0))
+            await self.manager.resize(max(units, 0))
             self._freed.set()
 
     async def _pull(self) -> None:
@@ -134,11 +111,9 @@ class WorkerLoop:
         started = time.monotonic()
         keep = asyncio.create_task(_keep_alive(msg))
         try:
-            outcome = await self.runner.run(req)
+            outcome = await self._execute(req)
         except TimeoutError:
-            outcome = Outcome(
-                "timeout", error=f"no result within {req.timeout_s or self.runner.limits.wall_s} s"
-            )
+            outcome = Outcome("timeout", error=f"no result within {req.timeout_s or self.limits.wall_s} s")
         except Exception as exc:  # a manager bug must not take the worker down
             log.exception("worker %s: action %s failed", self.name, req.action_id)
             outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
@@ -156,12 +131,24 @@ class WorkerLoop:
         except Exception as exc:  # unacked: it runs again elsewhere; the service keeps the first result
             log.warning("worker %s: could not report action %s: %s", self.name, req.action_id, exc)
 
+    async def _execute(self, req: ActionRequest) -> Outcome:
+        if req.kind != self.kind:
+            return Outcome("rejected", error=f"worker runs {self.kind!r} actions, not {req.kind!r}")
+        wall = min(req.timeout_s or self.limits.wall_s, self.limits.max_wall_s)
+        if self.kind == "python":
+            from swarmrl.services.actions.sandbox import SandboxLimits
+
+            limits = SandboxLimits(cpu_s=self.limits.cpu_s * max(req.cpu, 1), mem_mb=req.mem_mb, wall_s=wall)
+            code, stdin = req.payload.get("code"), req.payload.get("stdin", "")
+            return await self.manager.run(code, limits=limits, stdin=stdin)  # rejects non-str ones
+        return await asyncio.wait_for(self.manager.run(req.payload), wall)
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self.running.close()
-        await self.runner.manager.close()
+        await self.manager.close()
 
 
 async def _keep_alive(msg: Msg) -> None:
@@ -176,9 +163,7 @@ async def run_worker(cfg: WorkerConfig) -> None:
     `swarm.actions.workers` every `heartbeat_s` (0 units once it stops), until SIGTERM or SIGINT."""
     name = cfg.name or f"{socket.gethostname()}-{os.getpid()}"
     nc = await bus.connect(cfg.nats, f"action-worker-{name}")
-    worker = WorkerLoop(
-        nc.jetstream(), nc, Runner(cfg.kind, build_manager(cfg.kind, cfg), cfg), cfg.units, name
-    )
+    worker = WorkerLoop(nc.jetstream(), nc, cfg.kind, cfg, cfg.units, name)
     await worker.start()
     stop = asyncio.Event()
     on_signals(stop.set)

@@ -63,17 +63,14 @@ ORIGINAL_SHA256_HEADER = "Swarm-Original-Sha256"
 
 PING_INTERVAL_S = 5.0
 MAX_OUTSTANDING_PINGS = 3
-"""A connection with this many pings unanswered (each `PING_INTERVAL_S` apart) is dead and replaced
-(nats-py's defaults: 2 minutes, 2). A network cut leaves TCP connections open but silent: with the
-defaults a service cut off for 30 s took 25-30 s after the heal to be heard again, as TCP
-retransmissions back off (`bench/results/partitions.md`); one found dead during the cut is remade
-at once."""
+"""A connection with this many pings unanswered (each `PING_INTERVAL_S` apart) is dead and replaced at
+once: a network cut leaves TCP open but silent, and with nats-py's defaults (2 minutes, 2) a service
+was heard again only 25-30 s after a 30 s cut healed (`bench/results/partitions.md`)."""
 
 
 async def connect(url: str, name: str) -> NATS:
-    """Connect with reconnects forever: a broker restart pauses a service, it never kills it; a
-    connection silent for `MAX_OUTSTANDING_PINGS` pings is replaced. The user and password of `url`
-    go as options, for every server (`split_credentials`)."""
+    """Connect with reconnects forever (a broker restart pauses a service, never kills it); the user
+    and password of `url` go as options, for every server (`split_credentials`)."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
@@ -96,10 +93,9 @@ async def connect(url: str, name: str) -> NATS:
 
 def split_credentials(url: str) -> tuple[list[str], tuple[str | None, str | None]]:
     """The servers of `url` (comma-separated) without credentials, and the one user and password they
-    carry (None, None: none, or not the same in all). A cluster's servers tell a client of each other
-    (INFO `connect_urls`) and nats-py pools each unless the same `user:pw@host:port` is there: with the
-    credentials in the URLs every node got a second, credential-less entry, whose reconnects failed
-    with `Authorization Violation`."""
+    carry (None, None: none, or not the same in all). A cluster's servers announce each other without
+    credentials: left in the URLs, nats-py pooled each node twice, and the bare entry's reconnects
+    failed with `Authorization Violation`."""
     urls = [u.strip() for u in url.split(",") if u.strip()]
     parts = [urlsplit(u) for u in urls]
     users = {(p.username, p.password) for p in parts}
@@ -111,11 +107,10 @@ def split_credentials(url: str) -> tuple[list[str], tuple[str | None, str | None
 
 
 async def close(nc: NATS, drain: bool = False, flush_s: int | None = None) -> None:
-    """Close a connection on the way out (`drain`: let its subscriptions finish what they hold first;
-    `flush_s`: first flush what it has buffered, the last acks or naks, for up to that long, where a
-    drain would wait on expired fetch requests for its whole timeout); a broker already gone is logged,
-    not raised, so the rest of a service's shutdown still runs (uvloop reports a write to a closed
-    transport as a RuntimeError). What a failed flush loses comes back as redeliveries."""
+    """Close a connection on the way out (`drain`: let its subscriptions finish what they hold;
+    `flush_s`: first flush the last acks or naks for up to that long, where a drain would wait on
+    expired fetches). A broker already gone is logged, not raised, so the rest of the shutdown runs;
+    what a failed flush loses comes back as redeliveries."""
     if flush_s is not None and not nc.is_closed:
         try:
             await nc.flush(timeout=flush_s)
@@ -132,14 +127,12 @@ def stream_replicas() -> int:
 
 
 async def ensure_streams(js: JetStreamContext, *, ledger_parts: bool = False) -> None:
-    """Create (or update to the current config) every swarmrl stream and KV bucket. Idempotent.
+    """Create (or update to the current config) every swarmrl stream and KV bucket, idempotently;
     `ledger_parts`: also LEDGER_PARTS, for ledger replicas (a work queue nobody reads would grow).
-
-    Writes only what is missing or differs: a service role may not manage streams (`schemas/subjects.py`),
-    so it finds them as the operator (`swarmrl up`) set them up and reads their info only. Retried
-    whole through 503s for up to ENSURE_STREAMS_S: a config reload of nats-server (a study adding an
-    account, `up` minting an agent) makes other accounts' JetStream calls answer 503 for a moment (in
-    3 to 7 of 10 reloads on nats-server 2.15: `tests/integration/test_research_accounts.py`)."""
+    Writes only what is missing or differs: a service role may only read what the operator (`swarmrl
+    up`) set up. Retried through 503s for up to ENSURE_STREAMS_S: a nats-server config reload (an
+    account added, an agent minted) makes JetStream answer 503 for a moment
+    (`tests/integration/test_research_accounts.py`)."""
     await backoff(functools.partial(_ensure_streams, js, ledger_parts), seconds=ENSURE_STREAMS_S)
 
 
@@ -157,7 +150,7 @@ async def _ensure_streams(js: JetStreamContext, ledger_parts: bool) -> None:
     await _ensure_parts(js, S.EPISODE_PARTS_STREAM, S.EPISODE_PARTITION_TRANSFORM, replicas)
     if ledger_parts:
         await _ensure_parts(js, S.LEDGER_PARTS_STREAM, S.LEDGER_PARTITION_TRANSFORM, replicas)
-    await models_kv(js, create=True)
+    await _ensure_bucket(js, S.MODELS_BUCKET, history=16, replicas=replicas)
     # direct gets: an agent reads its own key through $JS.API.DIRECT.GET.<...>.<key>
     await _ensure_bucket(js, S.CLIENTS_BUCKET, history=1, replicas=replicas, direct=True)
     await _ensure_bucket(js, S.LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, replicas=replicas)
@@ -188,10 +181,8 @@ dead replica's partitions wait for a new owner. Fixed when the bucket is created
 
 async def _ensure_parts(js: JetStreamContext, name: str, transform: tuple[str, str], replicas: int) -> None:
     """EPISODE_PARTS (LEDGER_PARTS): every EPISODES message again, under its partition's subject, as a
-    work queue for the mergers (ledgers). Its size limit is the services' (EPISODES refused what an
-    agent may not send; a source refused here would stall every later event). Created beside an
-    EPISODES stream that holds events (a run recorded before partitions, resumed), it starts after
-    them: episodes open then are not merged (start such a run afresh instead)."""
+    work queue for the mergers (ledgers), with the services' size limit (a source refused here would
+    stall every later event). Created beside an EPISODES stream that holds events, it starts after them."""
     try:
         await js.stream_info(name)
         return
@@ -258,13 +249,11 @@ async def _add_or_update(js: JetStreamContext, cfg: api.StreamConfig) -> None:
         raise _not_allowed(cfg.name, "is missing" if have is None else "differs from this version's") from exc
 
 
-async def models_kv(js: JetStreamContext, create: bool = False) -> KeyValue:
+async def models_kv(js: JetStreamContext) -> KeyValue:
     try:
         return await js.key_value(S.MODELS_BUCKET)
     except NotFoundError as exc:  # nats.py raises BucketNotFoundError (a NotFoundError)
-        if not create:
-            raise RuntimeError(f"KV bucket {S.MODELS_BUCKET!r} missing; is the swarm set up?") from exc
-        return await js.create_key_value(bucket=S.MODELS_BUCKET, history=16, replicas=stream_replicas())
+        raise RuntimeError(f"KV bucket {S.MODELS_BUCKET!r} missing; is the swarm set up?") from exc
 
 
 @dataclass
@@ -394,12 +383,9 @@ async def batches(
 ) -> AsyncIterator[list[Msg]]:
     """Yield fetched batches until `stop` is set; an empty fetch yields [] so callers can flush on time.
 
-    A message delivered more than `MAX_DELIVERIES` times is dead-lettered as `poison` and acked
-    instead of yielded (`drop_poison`): a message that crashes its service cannot crash-loop it.
-    `dead_letters=None`: no such check, for a consumer whose one ack acks every earlier message
-    (`AckPolicy.ALL`), where acking a poison message would ack the batch before it. `drain_s`: once
-    `stop` is set, go on for up to this long until a batch comes back short, so what the stream held
-    at the stop is still taken.
+    Poison messages are dead-lettered instead of yielded (`drop_poison`), unless `dead_letters` is
+    None: for a cumulative-ack consumer (`AckPolicy.ALL`), where acking one would ack the batch before
+    it. `drain_s`: once `stop` is set, go on for up to this long until a batch comes back short.
     """
     loop = asyncio.get_running_loop()
     deadline: float | None = None

@@ -64,15 +64,13 @@ async def live_keys(js: JetStreamContext, kv: KeyValue, pattern: str = ">") -> l
     consumer of the bucket), and its end of the keys is `watch_kv`'s, not the early one of `keys()`."""
     keys = []
     entries = watch_kv(js, kv, pattern, meta_only=True, inactive_threshold=KEYS_INACTIVE_S)
-    try:
-        async with asyncio.timeout(LIVE_KEYS_TIMEOUT_S):  # a watch's replay cut off never ends by itself
-            async for entry in entries:
-                if entry is None:  # every key stored at the start is delivered
-                    break
-                if entry.operation is None:  # a value, not a delete or purge marker
-                    keys.append(entry.key)
-    finally:
-        await entries.aclose()
+    # a watch's replay cut off never ends by itself: hence the timeout
+    async with contextlib.aclosing(entries), asyncio.timeout(LIVE_KEYS_TIMEOUT_S):
+        async for entry in entries:
+            if entry is None:  # every key stored at the start is delivered
+                break
+            if entry.operation is None:  # a value, not a delete or purge marker
+                keys.append(entry.key)
     return keys
 
 
@@ -101,16 +99,14 @@ async def follow_kv(
     set: `watch_kv` says when), until cancelled. A watch that fails is started again a second
     later: the stored keys come again, so `apply` must take an entry it has seen before."""
     while True:
-        entries = watch_kv(js, kv, pattern)
         try:
-            async for entry in entries:
-                if entry is None:
-                    ready.set()
-                else:
-                    apply(entry)
+            async with contextlib.aclosing(watch_kv(js, kv, pattern)) as entries:
+                async for entry in entries:
+                    if entry is None:
+                        ready.set()
+                    else:
+                        apply(entry)
             return
         except Exception as exc:  # any error: the caller's view of the bucket must go on being followed
             log.error("%s: watch of %s failed (%r); watching again", what, pattern, exc)
-        finally:
-            await entries.aclose()
         await asyncio.sleep(1.0)

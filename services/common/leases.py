@@ -9,12 +9,9 @@ Each replica keeps two kinds of key in KV `swarm-leases` alive by renewing them 
   revision the holder last wrote, which fails once the key expired or someone else holds it.
 
 Every `tick` a replica renews what it holds, reads the live keys, and aims at its fair share,
-ceil(partitions / live members): it takes free partitions up to it and gives back (the caller stops
-the partition's work first, then `release`s it) what it holds beyond it. A replica that joins makes
-the others give back; one that dies stops renewing, and its partitions are free `LEASE_TTL_S` later.
-
-`plan` is the pure core, `Leases` does the KV calls, `LeasedWork` runs one task per leased partition
-and `take_consumer` gives a partition's new owner its own consumer (merger and ledger replicas).
+ceil(partitions / live members): it takes free partitions up to it and gives back what it holds
+beyond it; a dead replica's partitions are free `LEASE_TTL_S` later. `plan` is the pure core, `Leases`
+does the KV calls, `LeasedWork` runs one task per leased partition.
 """
 
 from __future__ import annotations

@@ -11,22 +11,17 @@ a second (bench/results/swarm-uvloop.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop constructor, or None (asyncio's default loop) where uvloop is not installed."""
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on uvloop's loop where uvloop is installed, else on asyncio's own."""
     try:
         import uvloop
     except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)` on the loop `loop_factory` gives."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main)

@@ -1,19 +1,13 @@
 """Weights across hosts: a version's served files travel by NATS's object store (bucket `swarm-weights`).
 
-A trainer with `share_weights` puts each version it points engines at (`WeightStore.put`, before the
-KV version names it) as one object per file, `<model>/<version>/<file>`, then the version's
-manifest `<model>/<version>` (file -> size and SHA-256): a version whose manifest is there is
-whole. It keeps the newest `KEEP_VERSIONS` versions and purges the older ones. Files an earlier
-life of the trainer already put (same name, same digest) are not sent again.
-
-An engine gets a version's directory with `local_weights`: the path the KV version names when this
-host has it (the trainer's host, or a shared file system), else the version fetched from the bucket
-into `$SWARMRL_HOME/weights/<model>/v<version>/` (written to a temporary sibling and renamed, so a
-half-fetched version is never loaded; the newest `KEEP_VERSIONS` are kept). A version it cannot have
-raises `WeightsUnavailable`: `status` 404 when the bucket lacks it (its trainer shares no weights, or
-it was purged), 503 when NATS did not answer in time (a partition: worth retrying).
-
-Optimizer state and the trainer's own state stay with the trainer (`SKIP`).
+A trainer with `share_weights` puts each version (`WeightStore.put`, before the KV version names it)
+as one object per file, `<model>/<version>/<file>`, then its manifest `<model>/<version>` (file ->
+size and SHA-256), so a version with a manifest is whole; files already there with the same digest
+are not sent again, and only the newest `KEEP_VERSIONS` are kept. An engine gets a version with
+`local_weights`: the KV version's path when this host has it, else fetched into
+`$SWARMRL_HOME/weights/<model>/v<version>/` (via a temporary sibling, renamed once whole), or
+`WeightsUnavailable`: 404 when the bucket lacks it, 503 when NATS did not answer (worth retrying).
+Optimizer and trainer state stay with the trainer (`SKIP`).
 """
 
 from __future__ import annotations
@@ -70,11 +64,8 @@ def served_files(path: Path) -> list[Path]:
 
 def digest(path: Path) -> str:
     """The object store's digest of a file: `SHA-256=<base64url of the SHA-256>`."""
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return "SHA-256=" + base64.urlsafe_b64encode(h.digest()).decode()
+        return "SHA-256=" + base64.urlsafe_b64encode(hashlib.file_digest(f, "sha256").digest()).decode()
 
 
 def version_prefix(model: str, version: int) -> str:
@@ -129,14 +120,11 @@ class WeightStore:
         for info in infos:
             if info.name and (m := mine.match(info.name)):
                 versions.setdefault(int(m.group(1)), []).append(info.name)
-        keep = set(sorted(v for v in versions if v <= newest)[-KEEP_VERSIONS:]) | {
-            v for v in versions if v > newest
-        }
-        for version, names in versions.items():
-            if version not in keep:
-                for name in sorted(names, key=len, reverse=True):  # the manifest last: whole until it goes
-                    with contextlib.suppress(nats.js.errors.NotFoundError):
-                        await self.obs.delete(name)
+        for version in sorted(v for v in versions if v <= newest)[:-KEEP_VERSIONS]:  # newer ones stay too
+            # the manifest (the shortest name) last: the version is whole until it goes
+            for name in sorted(versions[version], key=len, reverse=True):
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    await self.obs.delete(name)
 
 
 def fetched_root(model: str) -> Path:

@@ -262,10 +262,6 @@ class EngineClient:
         directory); EngineError if the engine refused them."""
         if self.adapter is not None:
             return await self.load_lora_adapter(self.adapter, path, version)
-        return await self._load_weights(path, version)
-
-    async def _load_weights(self, path: str, version: int | str | None) -> str:
-        """Full weights from an HF directory (SGLang's `/update_weights_from_disk`)."""
         return await self._reload("/update_weights_from_disk", {"model_path": str(path)}, version)
 
     async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
@@ -301,16 +297,18 @@ class EngineClient:
 
     async def health(self) -> bool:
         """True if the server answers /health now (no retries)."""
-        return await self._answers("/health")
-
-    async def health_generate(self) -> bool:
-        return await self._answers("/health_generate")
-
-    async def _answers(self, path: str) -> bool:
         try:
-            return (await self._http.get(path)).status_code == 200
+            return (await self._http.get("/health")).status_code == 200
         except httpx.TransportError:
             return False
+
+    async def health_generate(self) -> bool:
+        """True if the engine generates one token now (what SGLang's `/health_generate` does)."""
+        try:
+            await self.generate([0], {"max_new_tokens": 1}, return_logprob=False)
+        except EngineError:
+            return False
+        return True
 
     async def wait_ready(self, timeout: float = 120.0, interval: float = 0.2) -> None:
         """Poll /health until it answers 200; TimeoutError naming the URL after `timeout` seconds."""

@@ -221,36 +221,33 @@ class EngineCore(Reloads):
         # cuDNN's attention plans every new shape, and a decode step meets a new KV length each time:
         # left out (`bench/gpu_attention.py`)
         with sdpa_kernel(_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext():
-            self._schedule()
-
-    def _schedule(self) -> None:
-        while True:
-            new: list[Row] = []
-            if not self._batch and self._swap is None:
-                if not self._take(self._queue.get(), new):
-                    return
-            # admit whatever else is pending; a queued reload closes the door behind it
-            while self._swap is None and len(self._batch) + len(new) < self.max_batch:
+            while True:
+                new: list[Row] = []
+                if not self._batch and self._swap is None:
+                    if not self._take(self._queue.get(), new):
+                        return
+                # admit whatever else is pending; a queued reload closes the door behind it
+                while self._swap is None and len(self._batch) + len(new) < self.max_batch:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if not self._take(item, new):
+                        return
+                new = self._drop_aborted(new)
                 try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if not self._take(item, new):
-                    return
-            new = self._drop_aborted(new)
-            try:
-                if new:
-                    self._prefill(new)
-                if self._batch:
-                    self._decode()
-            except Exception as exc:  # a failed forward fails its requests, never the engine
-                log.exception("forward failed; failing %d requests", len(self._batch) + len(new))
-                for row in self._batch.rows + new:
-                    settle(row.future, exc=RuntimeError(f"engine forward failed: {exc}"))
-                self._batch.clear()
-            if not self._batch and self._swap is not None:
-                self._apply_swap(self._swap)
-                self._swap = None
+                    if new:
+                        self._prefill(new)
+                    if self._batch:
+                        self._decode()
+                except Exception as exc:  # a failed forward fails its requests, never the engine
+                    log.exception("forward failed; failing %d requests", len(self._batch) + len(new))
+                    for row in self._batch.rows + new:
+                        settle(row.future, exc=RuntimeError(f"engine forward failed: {exc}"))
+                    self._batch.clear()
+                if not self._batch and self._swap is not None:
+                    self._apply_swap(self._swap)
+                    self._swap = None
 
     def _drop_aborted(self, new: list[Row]) -> list[Row]:
         """Retire running rows whose caller cancelled them; return the new rows that were not."""

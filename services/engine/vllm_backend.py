@@ -189,8 +189,7 @@ class VLLMClient(EngineClient):
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
     ) -> GenerateResult:
-        body = await self._body(input_ids, sampling_params, return_logprob)
-        return _result(await self._call("POST", "/inference/v1/generate", body), len(input_ids))
+        return await self._one(input_ids, sampling_params or {}, None, return_logprob)
 
     async def generate_stream(
         self, input_ids: list[int], sampling_params: dict[str, Any] | None = None, return_logprob: bool = True
@@ -206,13 +205,11 @@ class VLLMClient(EngineClient):
             ids.extend(choice.get("token_ids") or [])
             text.append(choice.get("text") or "")
             lps.extend(_logprobs(choice))
+            whole = {**choice, "token_ids": ids, "text": "".join(text)}
+            result = _result({**item, "choices": [whole], "_logprobs": list(lps)}, len(input_ids))
             if choice.get("finish_reason") is not None:
-                whole = {**choice, "token_ids": ids, "text": "".join(text)}
-                return _result({**item, "choices": [whole], "_logprobs": lps}, len(input_ids))
-            return GenerateResult(
-                output_ids=list(ids), output_logprobs=list(lps), text="".join(text), finish_reason="",
-                prompt_tokens=len(input_ids), weight_version=None, finished=False,
-            )  # fmt: skip
+                return result
+            return replace(result, finish_reason="", matched=None, weight_version=None, finished=False)
 
         async for result in self._stream("/inference/v1/generate", body, fold):
             yield result
@@ -254,21 +251,14 @@ class VLLMClient(EngineClient):
             result = replace(result, output_ids=[], output_logprobs=[], text="", finish_reason="length")
         return result
 
-    async def _load_weights(self, path: str, version: int | str | None) -> str:
-        """Reload in place from an HF directory, with no request running across the swap."""
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        return await self._paused_reload(path, "/collective_rpc", rpc, version)
-
-    async def load_lora_adapter(self, name: str, path: str, version: int | str | None = None) -> str:
-        """Load (or replace in place) LoRA adapter `name`, with no request running across the swap
-        (one weight version per server, so one adapter: `EngineService` checks)."""
-        body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
-        return await self._paused_reload(path, "/v1/load_lora_adapter", body, version)
-
-    async def _paused_reload(
-        self, path: str, endpoint: str, body: dict[str, Any], version: int | str | None
-    ) -> str:
-        """POST `body` to `endpoint` between `/pause` and `/resume`, then stamp `version`."""
+    async def _reload(self, endpoint: str, body: dict[str, Any], version: int | str | None) -> str:
+        """SGLang's reload as vLLM's (`reload_weights` over `/collective_rpc`, or
+        `/v1/load_lora_adapter` in place) between `/pause` and `/resume`, then stamp `version`."""
+        path = body.get("model_path") or body["lora_path"]
+        if endpoint == "/update_weights_from_disk":
+            endpoint, body = "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        else:  # one weight version per server, so one adapter (`EngineService` checks)
+            endpoint, body = "/v1/load_lora_adapter", {**body, "load_inplace": True}
         if not await asyncio.to_thread(Path(path).is_dir):  # a launched server shares this machine's files
             raise EngineError(400, f"reload from {path} failed: no such directory")
         await self._call("POST", "/pause?mode=wait")
@@ -300,13 +290,6 @@ class VLLMClient(EngineClient):
 
     async def flush_cache(self) -> None:
         await self._call("POST", "/reset_prefix_cache")
-
-    async def health_generate(self) -> bool:
-        try:
-            await self.generate([0], {"max_new_tokens": 1}, return_logprob=False)
-        except EngineError:
-            return False
-        return True
 
 
 def _result(data: dict[str, Any], prompt_tokens: int) -> GenerateResult:

@@ -162,7 +162,7 @@ class GroupBook:
             await self.kv.get(key)
         except KeyNotFoundError:
             return False
-        self._remember_key(key)
+        _bounded_add(self._known, key, self._remember)
         return True
 
     async def claim(self, group: str, task: str) -> bool:
@@ -172,9 +172,9 @@ class GroupBook:
         try:
             await self.kv.create(key, json.dumps({"task": task, "by": self.gateway}).encode())
         except KeyValueError:  # the key exists: another gateway admitted the group first
-            self._remember_key(key)
+            _bounded_add(self._known, key, self._remember)
             return False
-        self._remember_key(key)
+        _bounded_add(self._known, key, self._remember)
         self.claimed += 1
         self._charge(key, task)
         return True
@@ -190,9 +190,6 @@ class GroupBook:
             self._announced.pop(task, None)
             log.warning("groups: task activity not shared (%r)", exc)
 
-    def _remember_key(self, key: str) -> None:
-        _bounded_add(self._known, key, self._remember)
-
     def _charge(self, key: str, task: str) -> None:
         """Count admitted group `key` in this gateway's mix, once (a re-watch delivers it again)."""
         if self.mixer is None or key in self._charged:
@@ -206,7 +203,7 @@ class GroupBook:
         key, value = entry.key, entry.value
         try:
             if key.startswith("g."):
-                self._remember_key(key)
+                _bounded_add(self._known, key, self._remember)
                 self._charge(key, json.loads(value)["task"])
             elif key.startswith("a.") and self.mixer is not None and value.decode() != self.gateway:
                 self.mixer.seen(key.removeprefix("a."), written_at(entry))  # when it asked

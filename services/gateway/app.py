@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from swarmrl.services.gateway.config import MAX_REQUEST_BYTES
 from swarmrl.services.gateway.core import Completion, Gateway
-from swarmrl.services.gateway.errors import ApiError, bad_request, server_error, too_large
+from swarmrl.services.gateway.errors import ApiError, bad_request, check_size, server_error
 from swarmrl.services.gateway.streaming import ChatStream
 
 log = logging.getLogger("swarmrl.gateway.http")
@@ -38,13 +38,11 @@ def _api_key(request: Request) -> str | None:
 async def read_json(request: Request, limit: int) -> Any:
     """The request's JSON body; 413 by its Content-Length, or as soon as a chunked body passes `limit`."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(f"request body of {int(declared)} bytes exceeds the gateway's limit of {limit}")
+    check_size(int(declared) if declared.isdigit() else 0, limit)
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > limit:
-            raise too_large(f"request body exceeds the gateway's limit of {limit} bytes")
+        check_size(len(raw), limit)
     try:
         return await asyncio.to_thread(json.loads, raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:

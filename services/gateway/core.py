@@ -12,17 +12,15 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarmrl.schemas import LlmEvent
 from swarmrl.schemas import subjects as S
-from swarmrl.services.engine.client import EngineError, GenerateResult
+from swarmrl.services.engine.client import GenerateResult
 from swarmrl.services.gateway import errors as E
 from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.prompts import CallRecord, PromptBuilder, stop_token_ids
@@ -135,41 +133,11 @@ class Completion:
     reused_call: str | None
 
 
-class EpisodeMemory:
-    """Per-(episode, model) call records and per-episode llm event counters, least recently used first out."""
-
-    def __init__(self, max_episodes: int) -> None:
-        self.max_episodes = max_episodes
-        self.calls: OrderedDict[tuple[str, str], list[CallRecord]] = OrderedDict()
-        self.seqs: OrderedDict[str, int] = OrderedDict()
-
-    def history(self, episode_id: str, model: str) -> list[CallRecord]:
-        records = self.calls.setdefault((episode_id, model), [])
-        _keep_recent(self.calls, (episode_id, model), self.max_episodes)
-        return records
-
-    def next_seq(self, episode_id: str) -> int:
-        seq = self.seqs[episode_id] = self.seqs.get(episode_id, -1) + 1
-        _keep_recent(self.seqs, episode_id, 4 * self.max_episodes)
-        return seq
-
-
 def _keep_recent(entries: OrderedDict[Any, Any], key: Any, most: int) -> None:
     """Mark `key` the most recently used, and forget the least recently used past `most`."""
     entries.move_to_end(key)
     while len(entries) > most:
         entries.popitem(last=False)
-
-
-@contextmanager
-def engine_errors(model: str) -> Iterator[None]:
-    """An engine's failure as the agent's `ApiError`."""
-    try:
-        yield
-    except EngineError as exc:
-        raise E.engine_failed(model, exc.status, exc.message) from exc
-    except httpx.HTTPError as exc:  # e.g. a read timeout, which the client does not retry
-        raise E.engine_failed(model, 0, repr(exc)) from exc
 
 
 class Gateway:
@@ -185,9 +153,17 @@ class Gateway:
         self.models, self.secret, self.publish = models, secret, publish
         self.limits = limits or AgentLimits()
         self.default_max_tokens = default_max_tokens
-        self.memory = EpisodeMemory(history_episodes)
+        self.history_episodes = history_episodes
+        # per (episode, model) call records and per episode llm event counters, least recently used out
+        self.calls: OrderedDict[tuple[str, str], list[CallRecord]] = OrderedDict()
+        self.seqs: OrderedDict[str, int] = OrderedDict()
         # a fresh id per process keeps llm event seqs unique across restarts
         self.client_id = f"gateway-{uuid.uuid4().hex[:12]}"
+
+    def _next_seq(self, episode_id: str) -> int:
+        seq = self.seqs[episode_id] = self.seqs.get(episode_id, -1) + 1
+        _keep_recent(self.seqs, episode_id, 4 * self.history_episodes)
+        return seq
 
     def authorize(self, api_key: str | None) -> Claims:
         if not api_key:
@@ -210,12 +186,9 @@ class Gateway:
             raise E.bad_request("top_k=0 is not supported: use -1 (whole vocabulary) or >= 1", param="top_k")
         return req
 
-    async def complete(self, body: Any, api_key: str | None) -> Completion:
-        return await self.generate(await self.prepare(body, api_key))
-
     async def generate(self, call: PreparedCall) -> Completion:
         """Generate a prepared call in one piece (not streamed) and record it."""
-        with engine_errors(call.req.model):
+        with E.engine_errors(call.req.model):
             result = await call.handle.engine.generate(
                 call.prompt_ids, call.sampling, key=call.claims.episode_id
             )
@@ -241,7 +214,8 @@ class Gateway:
             )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [] if req.tool_choice == "none" else list(req.tools or [])
-        history = self.memory.history(claims.episode_id, req.model)
+        history = self.calls.setdefault((claims.episode_id, req.model), [])
+        _keep_recent(self.calls, (claims.episode_id, req.model), self.history_episodes)
         # off the event loop (a long prompt takes a while), on a copy of history (the loop may append)
         prompt_ids, reused = await asyncio.to_thread(handle.builder.build, messages, tools, list(history))
         room = handle.context_len - len(prompt_ids)
@@ -291,7 +265,7 @@ class Gateway:
         call.history.append(CallRecord(call_id, call.messages, call.tools, prompt_ids, out_ids, message))
         event = LlmEvent(
             episode_id=claims.episode_id,
-            seq=self.memory.next_seq(claims.episode_id),
+            seq=self._next_seq(claims.episode_id),
             client_id=self.client_id,
             client_version=claims.client_version,
             call_id=call_id,

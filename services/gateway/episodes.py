@@ -90,7 +90,7 @@ class SharedCalls:
             log.warning("calls: ignored a tally on %s (%r)", msg.subject, exc)
 
 
-KV_ERRORS = (KeyValueError, nats.errors.Error, TimeoutError)
+KV_ERRORS = (nats.errors.Error, TimeoutError)  # KeyValueError is a nats.errors.Error
 
 
 def slot_key(identity: str, slot: int) -> str:
@@ -147,7 +147,7 @@ class SharedEpisodes:
                 revision = await self.kv.create(key, value)
             except KeyValueError:  # another gateway took the slot first (or wrote the stale one again)
                 continue
-            except (nats.errors.Error, TimeoutError) as exc:
+            except KV_ERRORS as exc:
                 log.warning("episodes: slot not taken (%r)", exc)
                 break
             self._keys[key] = (identity, episode_id)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
+
+import httpx
+
+from swarmrl.services.engine.client import EngineError
 
 
 class ApiError(Exception):
@@ -30,16 +36,31 @@ bad_request = partial(ApiError, 400)
 unauthorized = partial(ApiError, 401, code="invalid_api_key")
 forbidden = partial(ApiError, 403, type_="permission_error", code="model_not_allowed")
 not_found = partial(ApiError, 404, code="model_not_found", param="model")
-too_large = partial(ApiError, 413, code="request_too_large")
 rate_limited = partial(ApiError, 429, type_="rate_limit_error", code="rate_limit_exceeded")
+
+
+def check_size(size: int, limit: int) -> None:
+    """A 413 for a request of `size` bytes (or more, still arriving) over the gateway's `limit`."""
+    if size > limit:
+        message = f"request of {size} bytes exceeds the gateway's limit of {limit}"
+        raise ApiError(413, message, code="request_too_large")
 
 
 def server_error(exc: Exception) -> ApiError:
     return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
 
 
-def engine_failed(model: str, status: int, message: str) -> ApiError:
-    """The engine refused the request (its 4xx: 400 here) or failed or was unreachable (502)."""
-    if 400 <= status < 500:
-        return ApiError(400, f"engine of model {model!r} refused the request: {message}", code="engine_error")
-    return ApiError(502, f"engine of model {model!r} failed: {message}", "server_error", "engine_error")
+@contextmanager
+def engine_errors(model: str) -> Iterator[None]:
+    """An engine's failure as the agent's `ApiError`: its refusal (a 4xx) a 400, else a 502."""
+    try:
+        yield
+    except (EngineError, httpx.HTTPError) as exc:  # e.g. a read timeout, which the client does not retry
+        status, message = (exc.status, exc.message) if isinstance(exc, EngineError) else (0, repr(exc))
+        if 400 <= status < 500:
+            raise bad_request(
+                f"engine of model {model!r} refused the request: {message}", code="engine_error"
+            ) from exc
+        raise ApiError(
+            502, f"engine of model {model!r} failed: {message}", "server_error", "engine_error"
+        ) from exc

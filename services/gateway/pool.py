@@ -15,8 +15,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 from typing import Any
 
 import httpx
@@ -74,67 +73,55 @@ class EnginePool:
             log.warning("engine %s left the pool for %.0f s: %r", url, self.down_s, exc)
         self.down_until[url] = time.monotonic() + self.down_s
 
-    @contextmanager
-    def _busy(self, url: str) -> Any:
-        self.loads[url] += 1
-        try:
-            yield self.members[url]
-        finally:
-            self.loads[url] -= 1
-
-    def _failed_over(self, url: str, exc: BaseException, tried: set[str]) -> None:
-        """`url` could not be reached: out of the pool for a while, and not tried again by this call."""
-        self.mark_down(url, exc)
-        tried.add(url)
-        self.failovers += 1
-
-    async def _next(self, key: str, tried: set[str], deadline: float) -> str:
-        """An untried engine that is up, else any that is up, else the first back before `deadline`."""
-        while True:
-            now = time.monotonic()
-            url = self.pick(key, now, tried) or self.pick(key, now)
-            if url is not None:
-                return url
-            if now >= deadline:
-                raise EngineError(
-                    0, f"no engine of the pool reachable for {self.retry_s:g} s: {list(self.members)}"
-                )
-            await asyncio.sleep(min(0.5, max(0.0, min(self.down_until.values()) - now)))
-
     async def generate(
         self, prompt_ids: list[int], sampling: dict[str, Any], *, key: str = ""
     ) -> GenerateResult:
-        deadline, tried = time.monotonic() + self.retry_s, set[str]()
-        while True:
-            url = await self._next(key, tried, deadline)
-            try:
-                with self._busy(url) as engine:
-                    result: GenerateResult = await engine.generate(prompt_ids, sampling, return_logprob=True)
-                    return result
-            except (EngineError, httpx.HTTPError) as exc:
-                if not _unreachable(exc):
-                    raise
-                self._failed_over(url, exc, tried)
+        async def once(engine: Any) -> AsyncGenerator[GenerateResult, None]:
+            yield await engine.generate(prompt_ids, sampling, return_logprob=True)
 
-    async def generate_stream(
+        async with contextlib.aclosing(self._failover(key, once)) as results:
+            return await anext(results)
+
+    def generate_stream(
         self, prompt_ids: list[int], sampling: dict[str, Any], *, key: str = ""
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
+        return self._failover(
+            key, lambda engine: engine.generate_stream(prompt_ids, sampling, return_logprob=True)
+        )
+
+    async def _failover(
+        self, key: str, call: Callable[[Any], AsyncGenerator[Any, None]]
+    ) -> AsyncGenerator[Any, None]:
+        """What `call(engine)` yields, from the engine of `key`, or the next if it cannot be reached
+        before its first item."""
         deadline, tried = time.monotonic() + self.retry_s, set[str]()
         while True:
-            url = await self._next(key, tried, deadline)
+            now = time.monotonic()
+            url = self.pick(key, now, tried) or self.pick(key, now)  # an untried engine, else any up
+            if url is None:
+                if now >= deadline:
+                    raise EngineError(
+                        0, f"no engine of the pool reachable for {self.retry_s:g} s: {list(self.members)}"
+                    )
+                await asyncio.sleep(min(0.5, max(0.0, min(self.down_until.values()) - now)))
+                continue
             started = False
+            self.loads[url] += 1
             try:
-                with self._busy(url) as engine:
-                    stream = engine.generate_stream(prompt_ids, sampling, return_logprob=True)
-                    async with contextlib.aclosing(stream):  # closed at once: the engine aborts the call
-                        async for item in stream:
-                            started = True
-                            yield item
+                # closed at once when the caller stops: the engine aborts the call
+                async with contextlib.aclosing(call(self.members[url])) as items:
+                    async for item in items:
+                        started = True
+                        yield item
                 return
             except (EngineError, httpx.HTTPError) as exc:
                 if started or not _unreachable(exc):
                     raise
-                self._failed_over(url, exc, tried)
+                self.mark_down(url, exc)  # out of the pool for a while, and not tried again by this call
+                tried.add(url)
+                self.failovers += 1
+            finally:
+                self.loads[url] -= 1
 
     async def aclose(self) -> None:
         for member in self.members.values():

@@ -69,12 +69,12 @@ class ReplyFormat:
     reasoning: str = "none"
 
     def __post_init__(self) -> None:
-        if self.tools not in TOOL_FORMATS:
-            raise ValueError(f"tool format {self.tools!r} is not one of {', '.join(TOOL_FORMATS)} (or auto)")
-        if self.reasoning not in REASONING_FORMATS:
-            raise ValueError(
-                f"reasoning format {self.reasoning!r} is not one of {', '.join(REASONING_FORMATS)} (or auto)"
-            )
+        for what, value, known in (
+            ("tool", self.tools, TOOL_FORMATS),
+            ("reasoning", self.reasoning, REASONING_FORMATS),
+        ):
+            if value not in known:
+                raise ValueError(f"{what} format {value!r} is not one of {', '.join(known)} (or auto)")
 
     @classmethod
     def for_template(

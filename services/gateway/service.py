@@ -31,7 +31,7 @@ from swarmrl.services.gateway.app import create_app
 from swarmrl.services.gateway.config import GatewayConfig
 from swarmrl.services.gateway.core import Gateway, ModelHandle
 from swarmrl.services.gateway.episodes import SharedCalls, SharedEpisodes
-from swarmrl.services.gateway.errors import ApiError, too_large
+from swarmrl.services.gateway.errors import ApiError, check_size, server_error
 from swarmrl.services.gateway.grants import check_task, check_token_request
 from swarmrl.services.gateway.limits import AgentLimits
 from swarmrl.services.gateway.mixing import TaskMixer, parse_weights
@@ -41,13 +41,13 @@ from swarmrl.services.gateway.tokens import Claims, check_ttl, mint
 log = logging.getLogger("swarmrl.gateway")
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
-    out = {}
+def _pairs(items: list[str], what: str) -> list[tuple[str, str]]:
+    out = []
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name or not value:
             raise SystemExit(f"--{what} expects MODEL=VALUE, got {item!r}")
-        out[S.check_token(name, "model name")] = value
+        out.append((S.check_token(name, "model name"), value))
     return out
 
 
@@ -81,14 +81,13 @@ async def load_models(cfg: GatewayConfig) -> dict[str, ModelHandle]:
     from transformers import AutoConfig, AutoTokenizer
 
     engines: dict[str, list[str]] = {}
-    for item in cfg.engine:
-        name, url = next(iter(_pairs([item], "engine").items()))
+    for name, url in _pairs(cfg.engine, "engine"):
         engines.setdefault(name, []).append(url)
-    tokenizers = _pairs(cfg.tokenizer, "tokenizer")
+    tokenizers = dict(_pairs(cfg.tokenizer, "tokenizer"))
     if not engines:
         raise SystemExit("the gateway needs at least one --engine MODEL=URL")
     options = ("tool-parser", "reasoning-parser", "tool-prompt")  # ModelHandle's fields, in order
-    named = {what: _pairs(getattr(cfg, what.replace("-", "_")), what) for what in options}
+    named = {what: dict(_pairs(getattr(cfg, what.replace("-", "_")), what)) for what in options}
     for what, models in {**named, "lora": cfg.lora}.items():
         if unknown := sorted(set(models) - set(engines)):
             raise SystemExit(f"--{what} names {unknown}, which have no --engine; models: {sorted(engines)}")
@@ -197,20 +196,17 @@ class GatewayService:
 
     async def on_llm(self, msg: Msg) -> None:
         try:
-            if len(msg.data) > self.cfg.max_request_bytes:
-                raise too_large(
-                    f"request of {len(msg.data)} bytes exceeds the gateway's limit of {self.cfg.max_request_bytes}"
-                )
+            check_size(len(msg.data), self.cfg.max_request_bytes)
             req = await asyncio.to_thread(json.loads, msg.data)  # up to max_request_bytes: off the loop
-            done = await self.gateway.complete(req.get("request"), req.get("api_key"))
-            answer: dict[str, Any] = {"response": done.response}
-        except ApiError as exc:
-            answer = {**exc.body(), "status": exc.status}
-            if exc.retry_after_s is not None:
-                answer["retry_after_s"] = exc.retry_after_s
+            call = await self.gateway.prepare(req.get("request"), req.get("api_key"))
+            answer: dict[str, Any] = {"response": (await self.gateway.generate(call)).response}
         except Exception as exc:  # any failure becomes an error reply; the requester is never left hanging
-            log.exception("nats completion failed")
-            answer = {"error": {"message": str(exc), "type": "server_error"}, "status": 500}
+            err = exc if isinstance(exc, ApiError) else server_error(exc)
+            if err is not exc:
+                log.exception("nats completion failed")
+            answer = {**err.body(), "status": err.status}
+            if err.retry_after_s is not None:
+                answer["retry_after_s"] = err.retry_after_s
         await msg.respond(json.dumps(answer).encode())
 
     async def start_nats(self) -> None:

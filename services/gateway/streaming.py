@@ -16,9 +16,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from swarmrl.services.engine.client import GenerateResult
-from swarmrl.services.gateway.core import Completion, Gateway, PreparedCall, engine_errors
-from swarmrl.services.gateway.errors import ApiError
+from swarmrl.services.engine.client import EngineError, GenerateResult
+from swarmrl.services.gateway.core import Completion, Gateway, PreparedCall
+from swarmrl.services.gateway.errors import engine_errors
 from swarmrl.services.gateway.prompts import text_of
 
 log = logging.getLogger("swarmrl.gateway.stream")
@@ -109,14 +109,11 @@ class ChatStream:
             yield {**self._base(), "choices": [], "usage": done.response["usage"]}
 
     async def _next(self) -> GenerateResult:
-        model = self.call.req.model
-        with engine_errors(model):
+        with engine_errors(self.call.req.model):
             try:
                 return await anext(self._results)
             except StopAsyncIteration:  # generate_stream raises rather than end unfinished; be sure
-                raise ApiError(
-                    502, f"engine of model {model!r} ended the stream early", "server_error"
-                ) from None
+                raise EngineError(0, "it ended the stream early") from None
 
     def _visible(self, output_ids: list[int]) -> tuple[str, str]:
         # the engine ends at the first stop token, so only the last id can be one

@@ -1,10 +1,14 @@
-"""One message of EPISODES, SAMPLES or METRICS -> `(table, row)`, or a dead-letter reason (pure logic).
+"""One message of EPISODES, SAMPLES, METRICS or DLQ -> `(table, row)`, or a dead-letter reason (pure logic).
 
 Failures raise `Rejected` or the wire codec's `WireError`, whose text is `<code>: <detail>` (codes in
 `lifecycle.DEAD_LETTER_CODES`). DLQ messages are recorded as they are (`tables.dead_letter_row`).
 """
 
 from __future__ import annotations
+
+import time
+
+from nats.aio.msg import Msg
 
 from swarmrl.schemas import (
     MAX_EVENT_BYTES,
@@ -16,8 +20,9 @@ from swarmrl.schemas import (
     decode_metric,
 )
 from swarmrl.schemas import subjects as S
+from swarmrl.services.common import bus
 from swarmrl.services.common.lifecycle import EpisodeTracker, episode_of
-from swarmrl.services.ledger.tables import Row, event_row, lost_row, metric_row, sample_row
+from swarmrl.services.ledger.tables import Row, dead_letter_row, event_row, metric_row, record_row, sample_row
 
 
 class Rejected(ValueError):
@@ -30,6 +35,21 @@ class Ingest:
     def __init__(self, tracker: EpisodeTracker | None = None, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.tracker = tracker or EpisodeTracker()
         self.max_event_bytes = max_event_bytes
+
+    def row(self, stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
+        """One message of `stream` -> its (table, row), or raises why not."""
+        if stream == S.EPISODES_STREAM:  # from LEDGER_PARTS too, under its partition's subject
+            return self.episode(S.unpartitioned(msg.subject), msg.data, stream, seq, time.time())
+        if stream == S.SAMPLES_STREAM:
+            return self.sample(msg.subject, msg.data, stream, seq)
+        if stream == S.METRICS_STREAM:
+            return self.metric(msg.subject, msg.data, stream, seq)
+        h = msg.headers or {}
+        return "dead_letters", dead_letter_row(
+            subject=msg.subject, data=msg.data, service=h.get(bus.SERVICE_HEADER) or msg.subject.split(".")[-1],
+            original_subject=h.get(bus.SUBJECT_HEADER, ""), reason=h.get(bus.REASON_HEADER, ""),
+            ts=msg.metadata.timestamp.timestamp(), stream=stream, seq=seq,
+        )  # fmt: skip
 
     def episode(self, subject: str, data: bytes, stream: str, seq: int, received: float) -> tuple[str, Row]:
         """An episode event -> a row of `events` or `llm_calls`; updates the ordering state."""
@@ -48,18 +68,17 @@ class Ingest:
 
     def sample(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:
         """A sample -> `samples`; a lost-episode record (`swarm.samples.<model>.lost`) -> `lost_episodes`."""
-        if subject.endswith(".lost"):
-            lost = decode(data, LostEpisode)
-            if subject != S.lost_subject(lost.model):
-                raise WireError("subject", f"lost episode of model {lost.model} on subject {subject!r}")
-            return "lost_episodes", lost_row(lost, stream, seq)
-        record = decode(data, Sample)
+        lost = subject.endswith(".lost")
+        record = decode(data, LostEpisode if lost else Sample)
         try:
-            expected = S.samples_subject(record.model)
+            expected = (S.lost_subject if lost else S.samples_subject)(record.model)
         except ValueError as exc:
             raise WireError("subject", str(exc)) from exc
         if subject != expected:
-            raise WireError("subject", f"sample of model {record.model} on subject {subject!r}")
+            what = "lost episode" if lost else "sample"
+            raise WireError("subject", f"{what} of model {record.model} on subject {subject!r}")
+        if isinstance(record, LostEpisode):
+            return "lost_episodes", record_row("lost_episodes", record, stream, seq)
         return "samples", sample_row(record, stream, seq)
 
     def metric(self, subject: str, data: bytes, stream: str, seq: int) -> tuple[str, Row]:

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 
 from swarmrl.core.rundir import LATEST_LINK, latest_pointer, latest_run_dir
-from swarmrl.services.ledger.remote import jsonable
+from swarmrl.services.ledger.remote import execute, jsonable
 from swarmrl.services.ledger.views import register_views
 
 VIEW_HELP = {
@@ -173,15 +173,11 @@ def _local(sql: str, run_dir: Path | None) -> dict[str, Any]:
     except FileNotFoundError as exc:
         return {"ok": False, "error": str(exc)}
     try:
-        result = con.execute(sql)
-        columns = [d[0] for d in result.description] if result.description else []
-        rows = result.fetchall() if columns else []
-    except duckdb.Error as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        reply = execute(con, sql)
     finally:
         con.close()
     # name the run in the caption when it was found rather than given: which "latest" it was
-    return {"ok": True, "columns": columns, "rows": rows, "run_dir": "" if run_dir is not None else str(path)}
+    return reply | {"run_dir": "" if run_dir is not None else str(path)}
 
 
 def _remote(sql: str) -> dict[str, Any]:

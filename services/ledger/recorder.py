@@ -14,6 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -27,10 +28,10 @@ from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.retry import backoff
 from swarmrl.services.ledger.columns import TableBuffer
+from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest, Rejected
-from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
-from swarmrl.services.ledger.tables import Row, dead_letter_row
+from swarmrl.services.ledger.tables import Row
 
 if TYPE_CHECKING:
     from swarmrl.services.ledger.service import Ledger
@@ -42,6 +43,77 @@ CONSUMER_CHECK_S = 5.0
 
 class LeaseLost(Fenced):
     """A replica's partition lease may have passed to another replica: its work stops at once."""
+
+
+@dataclass
+class StreamSink:
+    """Rows of one stream waiting for their flush, and the message whose ack will cover them (acks
+    are cumulative, `AckPolicy.ALL`, and messages are handled strictly in stream order)."""
+
+    stream: str
+    sourced: bool = False
+    """A partition of LEDGER_PARTS (ledger replicas): sequences are EPISODES' (`bus.source_seq`), and
+    each message is acked once its row is durable (a work queue takes no cumulative acks)."""
+    owned: Callable[[], bool] | None = None
+    """Replicas: whether the partition's lease is still ours (a flush is dropped unwritten if not)."""
+    covered: list[Msg] = field(default_factory=list)
+    """Sourced: the buffered messages, acked after their flush."""
+    durable_seq: int = 0
+    """Every message of the stream up to this sequence is on disk or dead-lettered."""
+    last_seq: int = 0
+    """Every message up to this sequence is handled: buffered, on disk or dead-lettered."""
+    last: Msg | None = None
+    """The message at `last_seq` if not yet acked (its ack acks everything before it)."""
+    early: dict[int, Msg] = field(default_factory=dict)
+    """Not sourced: messages that came before one they follow (a fetch's reply late or lost in the
+    network), held by sequence until the gap is filled (by the late reply, or its redelivery)."""
+    writing: asyncio.Task[None] | None = None
+    """The write of the previous buffers, while in progress."""
+    buffers: dict[str, TableBuffer] = field(default_factory=dict)
+    rows: int = 0
+    nbytes: int = 0
+    first_at: float = 0.0
+    large_at: float = float("-inf")
+    """When the last large write was taken (`flush_idle_rows` rows or `flush_bytes`): a burst."""
+
+    def add(self, table: str, row: Row, msg: Msg, seq: int) -> None:
+        if not self.rows:
+            self.first_at = time.monotonic()
+        if table not in self.buffers:
+            self.buffers[table] = TableBuffer(table)
+        self.buffers[table].append(row)
+        self.rows += 1
+        self.nbytes += len(msg.data)
+        self.last, self.last_seq = msg, seq
+        if self.sourced:
+            self.covered.append(msg)
+
+    def take_acks(self) -> list[Msg]:
+        """The messages whose acks the next flush owns: each buffered one (sourced), else the latest."""
+        acks = self.covered if self.sourced else [m for m in (self.last,) if m is not None]
+        self.covered, self.last = [], None
+        return acks
+
+    def due(self, cfg: LedgerConfig, idle: bool = False) -> bool:
+        """Time to write: `flush_rows` or `flush_bytes` waiting, or rows `flush_interval_s` old; or,
+        `idle` (a poll found nothing new), `flush_idle_rows` waiting or the tail of a burst."""
+        if not self.rows:
+            return False
+        if self.rows >= cfg.flush_rows or self.nbytes >= cfg.flush_bytes:
+            return True
+        now = time.monotonic()
+        if now - self.first_at >= cfg.flush_interval_s:
+            return True
+        burst = now - self.large_at < cfg.flush_interval_s
+        return idle and (burst or self.rows >= cfg.flush_idle_rows)
+
+    def take(self, cfg: LedgerConfig) -> tuple[dict[str, TableBuffer], int]:
+        """Hand over the buffers and their row count; start afresh."""
+        taken = self.buffers, self.rows
+        if self.rows >= min(cfg.flush_idle_rows, cfg.flush_rows) or self.nbytes >= cfg.flush_bytes:
+            self.large_at = time.monotonic()
+        self.buffers, self.rows, self.nbytes = {}, 0, 0
+        return taken
 
 
 class Recorder:
@@ -59,7 +131,7 @@ class Recorder:
         assert ledger.dlq is not None, "the ledger connects first"
         self.cfg, self.dlq, self.counts, self.fetched = ledger.cfg, ledger.dlq, ledger.counts, ledger.fetched
         self.sink, self.sub, self.stop, self.writer = sink, sub, stop, writer
-        self.to_row = row_maker(sink.stream, ingest)
+        self.ingest = ingest
 
     async def run(self) -> None:
         cfg, sink = self.cfg, self.sink
@@ -127,7 +199,7 @@ class Recorder:
                 sink.early[seq] = msg
                 continue
             try:
-                table, row = self.to_row(msg, seq)
+                table, row = self.ingest.row(sink.stream, msg, seq)
             except Exception as exc:  # the loop survives any message: a failure to make a row dead-letters it
                 if sink.stream == S.DLQ_STREAM:  # never dead-letter a dead letter (it would loop)
                     log.error("unrecordable dead letter subject=%s seq=%d: %r", msg.subject, seq, exc)
@@ -210,25 +282,3 @@ def write_files(
     """In a worker thread (Arrow, compression and fsync release the GIL); a replica's files land only
     if `owned()` still holds once they are written."""
     return writer.write_group({table: buffer.to_arrow() for table, buffer in buffers.items()}, owned)
-
-
-def row_maker(stream: str, ingest: Ingest) -> Callable[[Msg, int], tuple[str, Row]]:
-    """The function that turns one message of `stream` into its (table, row), or raises why not."""
-    if stream == S.EPISODES_STREAM:  # from LEDGER_PARTS too, under its partition's subject
-        return lambda msg, seq: ingest.episode(
-            S.unpartitioned(msg.subject), msg.data, stream, seq, time.time()
-        )
-    if stream == S.SAMPLES_STREAM:
-        return lambda msg, seq: ingest.sample(msg.subject, msg.data, stream, seq)
-    if stream == S.METRICS_STREAM:
-        return lambda msg, seq: ingest.metric(msg.subject, msg.data, stream, seq)
-    return lambda msg, seq: dead_letter_record(stream, msg, seq)
-
-
-def dead_letter_record(stream: str, msg: Msg, seq: int) -> tuple[str, Row]:
-    h = msg.headers or {}
-    return "dead_letters", dead_letter_row(
-        subject=msg.subject, data=msg.data, service=h.get(bus.SERVICE_HEADER) or msg.subject.split(".")[-1],
-        original_subject=h.get(bus.SUBJECT_HEADER, ""), reason=h.get(bus.REASON_HEADER, ""),
-        ts=msg.metadata.timestamp.timestamp(), stream=stream, seq=seq,
-    )  # fmt: skip

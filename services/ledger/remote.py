@@ -61,16 +61,24 @@ def run_query(run_dir: Path, sql: str, timeout_s: float = QUERY_TIMEOUT_S) -> di
         timer = threading.Timer(timeout_s, con.interrupt)
         timer.start()
         try:
-            result = con.execute(sql)
-            columns = [d[0] for d in result.description] if result.description else []
-            rows = result.fetchall() if columns else []
+            return execute(con, sql) | {"run_dir": str(run_dir)}
         finally:
             timer.cancel()
     except duckdb.Error as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     finally:
         con.close()
-    return {"ok": True, "columns": columns, "rows": [list(r) for r in rows], "run_dir": str(run_dir)}
+
+
+def execute(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
+    """The reply to `sql` on `con`, a DuckDB error included."""
+    try:
+        result = con.execute(sql)
+        columns = [d[0] for d in result.description] if result.description else []
+        rows = [list(r) for r in result.fetchall()] if columns else []
+    except duckdb.Error as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "columns": columns, "rows": rows}
 
 
 def encode_reply(reply: dict[str, Any]) -> bytes:

@@ -41,9 +41,8 @@ from swarmrl.services.common.retry import TRANSIENT
 from swarmrl.services.common.tasks import Loops, on_signals, wait_set
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest
-from swarmrl.services.ledger.recorder import Recorder
+from swarmrl.services.ledger.recorder import Recorder, StreamSink
 from swarmrl.services.ledger.remote import serve_queries
-from swarmrl.services.ledger.sink import StreamSink
 from swarmrl.services.ledger.store import Fenced, PartWriter
 from swarmrl.services.ledger.tables import STREAM_TABLES
 from swarmrl.services.ledger.views import high_water_marks, register_views, restore_tracker

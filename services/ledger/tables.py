@@ -18,7 +18,6 @@ from swarmrl.schemas import (
     EvalResult,
     Event,
     GroupOutcome,
-    LostEpisode,
     MergeStats,
     MetricRecord,
     Sample,
@@ -160,7 +159,8 @@ def check_ints(table: str, row: Row) -> Row:
     return row
 
 
-def _record_row(table: str, record: Any, stream: str, seq: int) -> Row:
+def record_row(table: str, record: Any, stream: str, seq: int) -> Row:
+    """The row of a pydantic `record` in `table`: its fields, free-form ones as JSON, and its position."""
     row: Row = dict(record.__dict__)  # the fields' values: much cheaper than model_dump
     for key in _JSON_FIELDS.get(table, ()):
         if key in row:
@@ -172,18 +172,14 @@ def _record_row(table: str, record: Any, stream: str, seq: int) -> Row:
 def event_row(ev: Event, stream: str, seq: int) -> tuple[str, Row]:
     """The (table, row) of one episode event: `llm_calls` for llm events, `events` for the rest."""
     if ev.kind == "llm":
-        row = _record_row("llm_calls", ev, stream, seq)
+        row = record_row("llm_calls", ev, stream, seq)
         row["n_prompt"], row["n_output"] = len(ev.prompt_ids), len(ev.output_ids)
         return "llm_calls", row
-    return "events", _record_row("events", ev, stream, seq)
-
-
-def lost_row(lost: LostEpisode, stream: str, seq: int) -> Row:
-    return _record_row("lost_episodes", lost, stream, seq)
+    return "events", record_row("events", ev, stream, seq)
 
 
 def sample_row(sample: Sample, stream: str, seq: int) -> Row:
-    row = _record_row("samples", sample, stream, seq)
+    row = record_row("samples", sample, stream, seq)
     row["n_tokens"], row["n_trained"] = len(sample.token_ids), sum(row["loss_mask"])
     if not _I64_MIN <= row["n_trained"] <= _I64_MAX:  # a mask is 0/1 by contract; this one is not
         raise WireError("schema", f"samples.loss_mask sums to {row['n_trained']}, beyond 64 bits")
@@ -198,7 +194,7 @@ METRIC_TABLES: dict[type, str] = {
 
 def metric_row(record: MetricRecord, stream: str, seq: int) -> tuple[str, Row]:
     table = METRIC_TABLES[type(record)]
-    return table, _record_row(table, record, stream, seq)
+    return table, record_row(table, record, stream, seq)
 
 
 def dead_letter_row(

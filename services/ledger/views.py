@@ -74,11 +74,6 @@ def quote(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def empty_select(table: str) -> str:
-    cols = ", ".join(f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in TABLES[table])
-    return f"SELECT * FROM (SELECT {cols}) WHERE false"
-
-
 def register_views(con: duckdb.DuckDBPyConnection, run_dir: Path | str, sub: str = "") -> None:
     """(Re)create every ledger view on `con` over `<run_dir>/ledger/`; `sub`: one partition folder only."""
     root = ledger_dir(run_dir)
@@ -87,8 +82,9 @@ def register_views(con: duckdb.DuckDBPyConnection, run_dir: Path | str, sub: str
         if folder.is_dir() and any(folder.rglob("*.parquet")):
             files = quote(str(folder / "**" / "*.parquet"))
             source = f"SELECT * FROM read_parquet({files}, union_by_name=true)"
-        else:
-            source = empty_select(table)
+        else:  # typed, without rows
+            cols = ", ".join(f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in TABLES[table])
+            source = f"SELECT * FROM (SELECT {cols}) WHERE false"
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {source}")
     con.execute(EPISODES_VIEW)
     con.execute(GROUPS_VIEW)

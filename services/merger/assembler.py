@@ -19,23 +19,16 @@ from swarmrl.schemas import BeginEvent, LlmEvent, LostEpisode, MergeStats, Rewar
 from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
 
 
-def agent_rewards(rewards: list[RewardEvent], agents: set[str]) -> dict[str, float]:
-    team = sum(r.value for r in rewards if not r.agent)
-    return {a: team + sum(r.value for r in rewards if r.agent == a) for a in agents}
-
-
-def sample_id(episode_id: str, agent: str, model: str, index: int) -> str:
-    return f"{episode_id}.{agent}.{model}.{index}"
-
-
-def task_name(begin: BeginEvent) -> str:
-    name = begin.task.get("name")
-    return name if isinstance(name, str) else ""
-
-
-def _stats(episode_id: str, begin: BeginEvent | None, calls: list[LlmEvent], **fields: Any) -> MergeStats:
-    """MergeStats with what every episode carries: its group, models and eval flag (when begin is
-    known), and what its calls cost."""
+def episode_stats(
+    episode_id: str,
+    calls: list[LlmEvent],
+    status: Literal["merged", "empty", "aborted", "timeout"],
+    reason: str,
+    begin: BeginEvent | None = None,
+    **fields: Any,
+) -> MergeStats:
+    """An episode's MergeStats: its group, models and eval flag (when begin is known), what its calls
+    cost, its status and why (a dropped one's reason); `fields`: what a merged one became."""
     identity = {"group_key": begin.group, "models": list(begin.models), "eval": begin.eval} if begin else {}
     return MergeStats(
         episode_id=episode_id,
@@ -44,19 +37,10 @@ def _stats(episode_id: str, begin: BeginEvent | None, calls: list[LlmEvent], **f
         calls=len(calls),
         tokens_before=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
         trained_tokens_before=sum(len(c.output_ids) for c in calls),
+        status=status,
+        reason=reason,
         **fields,
     )
-
-
-def dropped_stats(
-    episode_id: str,
-    calls: list[LlmEvent],
-    status: Literal["aborted", "timeout"],
-    reason: str,
-    begin: BeginEvent | None = None,
-) -> MergeStats:
-    """Stats of an episode dropped without samples: what it cost, and why it was dropped."""
-    return _stats(episode_id, begin, calls, status=status, reason=reason)
 
 
 def assemble(
@@ -68,42 +52,42 @@ def assemble(
     by_role: dict[tuple[str, str], list[Timeline]] = defaultdict(list)
     for t in kept:  # already in call order
         by_role[t.agent, t.model].append(t)
-    reward = agent_rewards(rewards, {agent for agent, _ in by_role})
-    task = task_name(begin)
+    team = sum(r.value for r in rewards if not r.agent)
+    task = begin.task.get("name")
     samples = []
     for (agent, model), timelines in by_role.items():
         for index, t in enumerate(timelines):
             samples.append(
                 Sample(
-                    sample_id=sample_id(begin.episode_id, agent, model, index),
+                    sample_id=f"{begin.episode_id}.{agent}.{model}.{index}",
                     model=model,
                     episode_id=begin.episode_id,
                     agent=agent,
                     task_id=begin.task_id,
                     group_key=begin.group,
                     group_size=begin.group_size,
-                    task=task,
+                    task=task if isinstance(task, str) else "",
                     client_id=begin.client_id,
                     client_version=begin.client_version,
                     token_ids=t.tokens,
                     loss_mask=t.loss_mask,
                     logprobs=t.logprobs,
                     policy_versions=t.policy_versions,
-                    reward=reward[agent],
+                    reward=team + sum(r.value for r in rewards if r.agent == agent),
                     index=index,
                     n_samples=len(timelines),
                     n_calls=t.n_calls,
                 )
             )
-    stats = _stats(
+    stats = episode_stats(
         begin.episode_id,
-        begin,
         calls,
-        status="merged" if calls else "empty",
+        "merged" if calls else "empty",
+        "eval" if begin.eval else "",
+        begin,
         timelines_kept=len(samples),
         tokens_after=sum(len(s.token_ids) for s in samples),
         trained_tokens_after=sum(sum(s.loss_mask) for s in samples),
-        reason="eval" if begin.eval else "",
         sample_models=sorted({s.model for s in samples}),
     )
     return samples, stats

@@ -27,7 +27,7 @@ from swarmrl.services.common import bus
 from swarmrl.services.common.leases import take_consumer
 from swarmrl.services.common.lifecycle import EpisodeTracker, check_subject
 from swarmrl.services.common.retry import Stopping, retry
-from swarmrl.services.merger.assembler import assemble, dropped_stats, lost_episodes
+from swarmrl.services.merger.assembler import assemble, episode_stats, lost_episodes
 from swarmrl.services.merger.inflight import Inflight, OpenEpisode
 
 if TYPE_CHECKING:
@@ -42,14 +42,9 @@ class Partition:
     """One partition's consumer and open episodes: the merger of one slice of the episode space."""
 
     def __init__(
-        self,
-        merger: Merger,
-        partition: int,
-        js: JetStreamContext,
-        dlq: bus.DeadLetters,
-        stop: asyncio.Event,
-        owned: Callable[[], bool],
+        self, merger: Merger, partition: int, stop: asyncio.Event, owned: Callable[[], bool]
     ) -> None:
+        assert merger.js is not None and merger.dlq is not None, "the merger connects first"
         self.merger = merger
         self.cfg = cfg = merger.cfg
         self.partition = partition
@@ -58,8 +53,8 @@ class Partition:
         self.episodes: dict[str, OpenEpisode] = {}
         self.counts = merger.counts
         self.inflight = Inflight(cfg.ack_wait_s, self.counts)
-        self.dlq = dlq
-        self._js = js
+        self.dlq = merger.dlq
+        self._js = merger.js
         self._due: list[Callable[[], Awaitable[None]]] = []
         """Closings (publish, then ack) of episodes that ended in the current batch."""
         self._stop = stop
@@ -114,48 +109,42 @@ class Partition:
             raise
         except Exception as exc:  # the loop survives a bug on one message: it is dead-lettered
             log.exception("subject=%s failed: %s", msg.subject, exc)
-            await retry(self._stop, self.dlq.send, msg, f"internal: {type(exc).__name__}: {exc}")
             held = self.inflight.held.get(seq)
+            await self._dead_letter(msg, f"internal: {type(exc).__name__}: {exc}", ack=held is None)
             if held is not None:  # it joined an episode we can no longer trust: release the episode
                 self.tracker.close(held.episode_id, "abort")
                 await self._ack_episode(held.episode_id)
-            else:
-                await self.inflight.ack(msg, seq)
 
     async def _accept(self, msg: Msg, seq: int, delivered: int) -> None:
         try:
             ev = decode_event(msg.data)
             check_subject(S.unpartitioned(msg.subject), ev)
         except WireError as exc:
-            return await retry(self._stop, self._dead_letter, msg, str(exc))
+            return await self._dead_letter(msg, str(exc))
         eid = ev.episode_id
         if delivered > 1 and seq in self.inflight.acked:  # handled already; only our ack got lost
-            self.counts["redelivered_acked"] += 1
-            return await self.inflight.ack(msg, seq)
+            return await self._skip(msg, seq, "redelivered_acked")
         if seq <= self.replay_upto and eid not in self.episodes and eid in self.merger.closed:
             # closed by this process under an earlier consumer, whose acks were lost: handled already
-            self.counts["replayed_closed"] += 1
-            return await self.inflight.ack(msg, seq)
+            return await self._skip(msg, seq, "replayed_closed")
         if self.tracker.late_call(ev):  # finished after its client aborted: dropped with the episode
-            self.counts["late_calls"] += 1
-            return await self.inflight.ack(msg, seq)
+            return await self._skip(msg, seq, "late_calls")
         reason = self.tracker.check(ev, received=time.monotonic())
         unknown = reason is not None and reason.startswith("unknown_episode")
         if unknown and seq <= self.leftovers_upto:
             # An earlier owner closed this episode and acked its begin, but not this event (an open
             # episode's replay would have brought its begin first).
-            self.counts["replayed_leftovers"] += 1
             log.info(
                 "subject=%s seq=%d: left over from an episode closed before the takeover", msg.subject, seq
             )
-            return await self.inflight.ack(msg, seq)
+            return await self._skip(msg, seq, "replayed_leftovers")
         if unknown:
             return self.inflight.park(seq, msg, eid, reason)
         if reason is not None:
             held = self.episodes[eid].seqs if eid in self.episodes else None
             log.warning("partition %d: stream seq %d (delivery %d) refused; its episode holds seqs %s",
                         self.partition, seq, delivered, held)  # fmt: skip
-            return await retry(self._stop, self._dead_letter, msg, reason)
+            return await self._dead_letter(msg, reason)
         if isinstance(ev, BeginEvent):
             self.episodes[eid] = OpenEpisode(begin=ev)
         ep = self.episodes[eid]
@@ -168,7 +157,7 @@ class Partition:
         elif ev.kind == "end":
             self._due.append(partial(self._finish, ep, msg))
         elif ev.kind == "abort":
-            stats = dropped_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client", ep.begin)
+            stats = episode_stats(eid, self._calls(ep), "aborted", ev.reason or "aborted by client", ep.begin)
             self._due.append(partial(self._close, stats))
         if isinstance(ev, BeginEvent) and eid in self.inflight.park_until:
             for later, parked in self.inflight.unpark(eid):  # in stream order, after their begin
@@ -179,9 +168,20 @@ class Partition:
         """The episode's LLM calls, decoded again from the held bytes (validated when they came)."""
         return [cast(LlmEvent, decode_event(self.inflight.held[seq].msg.data)) for seq in ep.call_seqs]
 
-    async def _dead_letter(self, msg: Msg, reason: str) -> None:
-        await self.dlq.send(msg, reason)
-        await self.inflight.ack(msg, msg.metadata.sequence.stream)
+    async def _skip(self, msg: Msg, seq: int, counter: str) -> None:
+        """Ack an event that needs no handling (`counter` says why)."""
+        self.counts[counter] += 1
+        await self.inflight.ack(msg, seq)
+
+    async def _dead_letter(self, msg: Msg, reason: str, ack: bool = True) -> None:
+        """Dead-letter `msg` and, unless told not to, ack it (both retried through broker hiccups)."""
+
+        async def send() -> None:
+            await self.dlq.send(msg, reason)
+            if ack:
+                await self.inflight.ack(msg, msg.metadata.sequence.stream)
+
+        await retry(self._stop, send)
 
     async def settle(self) -> None:
         """Publish and ack the episodes closed by the last batch, all at once (a merger is bound by
@@ -207,8 +207,8 @@ class Partition:
                 )
         except Exception as exc:  # the loop survives an episode it cannot merge: recorded as dropped
             log.exception("subject=%s episode=%s merge failed", end.subject, eid)
-            await retry(self._stop, self.dlq.send, end, f"merge: {type(exc).__name__}: {exc}")
-            return await self._close(dropped_stats(eid, calls, "aborted", f"merge failed: {exc}", ep.begin))
+            await self._dead_letter(end, f"merge: {type(exc).__name__}: {exc}", ack=False)
+            return await self._close(episode_stats(eid, calls, "aborted", f"merge failed: {exc}", ep.begin))
         try:
             await self._close(stats, out)
         except (nats.errors.Error, TimeoutError):  # logged with its episode, then a crash (unacked)
@@ -254,11 +254,11 @@ class Partition:
             ep = self.episodes.get(eid)
             calls = self._calls(ep) if ep else []
             reason = f"no event for {self.cfg.episode_timeout_s:g}s"
-            stats = dropped_stats(eid, calls, "timeout", reason, ep.begin if ep else None)
+            stats = episode_stats(eid, calls, "timeout", reason, ep.begin if ep else None)
             self._due.append(partial(self._close, stats))
         await self.settle()
         for parked in self.inflight.expired(now):
-            await retry(self._stop, self._dead_letter, parked.msg, parked.reason)
+            await self._dead_letter(parked.msg, parked.reason)
         if await self.inflight.keep_alive(now) and len(self.inflight.held) > 0.9 * self.cfg.max_ack_pending:
             log.warning("partition %d holds %d unacked events, near max_ack_pending=%d", self.partition,
                         len(self.inflight.held), self.cfg.max_ack_pending)  # fmt: skip

@@ -113,8 +113,7 @@ class Merger:
 
     async def _partition(self, p: int, stop: asyncio.Event, owned: Callable[[], bool]) -> None:
         """The work of partition `p` while it is ours (`LeasedWork`)."""
-        assert self.js is not None and self.dlq is not None, "run() connects first"
-        part = self.partitions[p] = Partition(self, p, self.js, self.dlq, stop, owned)
+        part = self.partitions[p] = Partition(self, p, stop, owned)
         try:
             await part.run()
         finally:
@@ -133,13 +132,11 @@ class Merger:
 
     def log_stats(self) -> None:
         dead = dict(self.dlq.counts) if self.dlq else {}
-        log.info(
-            "counters: merged=%d empty=%d eval=%d aborted=%d timeout=%d samples=%d dead_letters=%d %s "
-            "partitions=%d open=%d held=%d",
-            self.counts["merged"], self.counts["empty"], self.counts["eval"], self.counts["aborted"],
-            self.counts["timeout"], self.counts["samples"], sum(dead.values()), dead, len(self.partitions),
-            len(self.episodes), len(self.held),
-        )  # fmt: skip
+        counts = " ".join(
+            f"{k}={self.counts[k]}" for k in ("merged", "empty", "eval", "aborted", "timeout", "samples")
+        )
+        log.info("counters: %s dead_letters=%d %s partitions=%d open=%d held=%d", counts, sum(dead.values()), dead,
+                 len(self.partitions), len(self.episodes), len(self.held))  # fmt: skip
 
     async def publish(self, subject: str, data: bytes, msg_id: str) -> None:
         """Publish with a msg id, through broker hiccups (returns once JetStream confirmed it)."""

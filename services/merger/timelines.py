@@ -85,24 +85,18 @@ class Timeline:
         )  # fmt: skip
 
 
-def token_prefix(a: Timeline, b: Timeline) -> bool:
-    """Is A's token sequence a strict prefix of B's?"""
+def extends(a: Timeline, b: Timeline, opts: MergeOptions) -> bool:
+    """May B absorb A? Same agent and model, A's tokens a strict prefix of B's, and in `text` mode
+    B's request repeating A's."""
     n = len(a.tokens)
-    if n >= len(b.tokens):
+    if (a.agent, a.model) != (b.agent, b.model) or n >= len(b.tokens):
         return False
     # cheap rejections before the full comparison (C-speed, but it copies n ids)
-    if n and (b.tokens[n - 1] != a.tokens[n - 1] or b.tokens[0] != a.tokens[0]):
+    if n and (b.tokens[n - 1] != a.tokens[n - 1] or b.tokens[0] != a.tokens[0]) or b.tokens[:n] != a.tokens:
         return False
-    return b.tokens[:n] == a.tokens
-
-
-def extends(a: Timeline, b: Timeline, opts: MergeOptions) -> bool:
-    """May B absorb A? (same agent and model, and a prefix in the configured mode)"""
-    if (a.agent, a.model) != (b.agent, b.model) or not token_prefix(a, b):
-        return False
-    if opts.mode == "text":
-        return is_text_prefix(a.request, a.output_text, a.tools, b.request, b.tools, opts.ignore_tools)
-    return True
+    return opts.mode != "text" or is_text_prefix(
+        a.request, a.output_text, a.tools, b.request, b.tools, opts.ignore_tools
+    )
 
 
 def absorb(a: Timeline, b: Timeline) -> bool:

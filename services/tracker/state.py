@@ -5,10 +5,11 @@ runs. A batch written but not saved when the process died is written again, at t
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from swarmrl.core.rundir import write_private
 
 
 @dataclass
@@ -29,6 +30,5 @@ class TrackState:
         return cls(seq=int(data["seq"]), counts=Counter(data["counts"]), run_ids=dict(data["run_ids"]))
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"seq": self.seq, "counts": self.counts, "run_ids": self.run_ids}))
-        os.replace(tmp, path)
+        state = {"seq": self.seq, "counts": self.counts, "run_ids": self.run_ids}
+        write_private(path, json.dumps(state), mode=0o644)

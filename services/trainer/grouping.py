@@ -65,14 +65,14 @@ class Episode:
     agents: dict[str, dict[int, Held]] = field(default_factory=dict)  # agent -> index -> sample
 
     def complete(self) -> bool:
-        return all(len(by_index) >= _expected(by_index) for by_index in self.agents.values())
+        """Every agent seen has all its samples: as many as the most any of them declares."""
+        return all(
+            len(by_index) >= max(h.sample.n_samples for h in by_index.values())
+            for by_index in self.agents.values()
+        )
 
     def items(self) -> list[Held]:
         return [h for agent in sorted(self.agents) for _, h in sorted(self.agents[agent].items())]
-
-
-def _expected(by_index: dict[int, Held]) -> int:
-    return max(h.sample.n_samples for h in by_index.values())
 
 
 @dataclass

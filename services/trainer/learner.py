@@ -117,9 +117,7 @@ class Learner:
 
     def _all_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            t = self.accelerator.reduce(t, reduction="sum")
-        return t.tolist()
+        return self.accelerator.reduce(t, reduction="sum").tolist()  # a copy on one process
 
     # Training ------------------------------------------------------------------------------------
     def train_step(self, items: list[Scored], version: int) -> StepResult:
@@ -128,7 +126,8 @@ class Learner:
         started = time.perf_counter()
         cfg, acc = self.cfg, self.accelerator
         mbs = (pack_shared if cfg.prefix_sharing else pack)(items, cfg.max_tokens_per_micro_batch)
-        n_mb = int(max(self._all_max(len(mbs)), 1))
+        # Every process runs as many micro-batches as the one with most (one process: gather is a no-op).
+        n_mb = max(int(acc.gather(torch.tensor([len(mbs)], device=acc.device)).max()), 1)
         mbs += [empty_micro_batch() for _ in range(n_mb - len(mbs))]
         per_update = cfg.grad_accum or n_mb
         updates = [list(range(i, min(i + per_update, n_mb))) for i in range(0, n_mb, per_update)]
@@ -149,8 +148,8 @@ class Learner:
             sums = {name: sums[name] + part[name] for name in _SUMS}
         if grad_norms:  # the schedule counts trainer steps that changed the weights
             self.scheduler.step()
-        if acc.num_processes > 1:  # each process knows only its own shard's samples
-            skipped = {sid: why for d in gather_object([skipped]) for sid, why in d.items()}
+        # each process knows only its own shard's samples
+        skipped = {sid: why for d in gather_object([skipped]) for sid, why in d.items()}
         total = dict(zip(_SUMS, self._all_sum([sums[k] for k in _SUMS]), strict=True))
         trained = max(total["trained_tokens"], 1.0)
         stats = {
@@ -202,12 +201,6 @@ class Learner:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm, reason
-
-    def _all_max(self, value: int) -> int:
-        if self.accelerator.num_processes == 1:
-            return value
-        t = torch.tensor([value], device=self.accelerator.device)
-        return int(self.accelerator.gather(t).max())
 
     def _micro_loss(
         self, mb: MicroBatch, version: int, prox: torch.Tensor | None, sums: dict[str, float]

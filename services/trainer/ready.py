@@ -5,22 +5,30 @@ A group is scored when it forms and again when a step takes it: its samples too 
 by a version a rollback threw away, leave it, and a group left without a learning signal or too small
 is dropped whole. A step takes up to `batch_groups` groups, and waits while fewer than
 `min_batch_groups` (0: `batch_groups`) are trainable, or fewer than `batch_groups` for `batch_wait_s`.
+
+What became of each group: one `GroupOutcome` per formed or dropped group and owner (`Outcomes`),
+published on `swarm.metrics.outcome.<owner>.<model>` with a msg id of the group's episode ids (so a
+replayed decision is stored once), and a warning, once per client, when most of its groups are dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import statistics
 from collections import Counter, deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from swarmrl.schemas import Sample, TrainStep
+from swarmrl.schemas import OUTCOME_REASONS, GroupOutcome, Sample, TrainStep
+from swarmrl.schemas import subjects as S
 from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState
 from swarmrl.services.trainer.config import TrainerConfig
 from swarmrl.services.trainer.grouping import Group, Held
 from swarmrl.services.trainer.grpo import GroupScore, score_group, staleness
+from swarmrl.services.trainer.intake import Unacked
 
 
 @dataclass
@@ -95,14 +103,10 @@ class ReadyGroups:
         self,
         cfg: TrainerConfig,
         counts: Counter[str],
-        drop: Callable[[list[Held], str], None],
-        spend: Callable[[list[Any]], None],
-        dropped_group: Callable[[Group, list[Held], str], None] = lambda group, items, reason: None,
+        unacked: Unacked,
+        dropped_group: Callable[[Group, list[Held], str], None],
     ) -> None:
-        self.cfg = cfg
-        self.counts = counts
-        self.drop = drop  # takes samples that will not be trained, with the reason
-        self.spend = spend  # takes the handles of lost-episode records no group will use
+        self.cfg, self.counts, self.unacked = cfg, counts, unacked  # `unacked` takes what is not trained
         self.dropped_group = dropped_group  # told of each group dropped whole: its samples as formed, and why
         self.groups: deque[Group] = deque()
         self.thrown_away: list[tuple[int, int]] = []
@@ -159,14 +163,14 @@ class ReadyGroups:
         self.counts[f"{score.status}_groups"] += 1
         reason = "stale" if stale_left and score.status == "too_small" else score.status
         self.dropped_group(group, formed, "rolled_back" if any(gone) and not group.items else reason)
-        self.drop(group.items, score.status)
-        self.spend(group.lost)
+        self.unacked.drop(group.items, score.status)
+        self.unacked.spend(group.lost)
         return None
 
     def _remove(self, group: Group, which: list[bool], reason: str) -> None:
         """Drop the samples of `group` marked in `which`, counted as `dropped_<reason>`."""
         self.counts[f"dropped_{reason}"] += sum(which)
-        self.drop([h for h, out in zip(group.items, which, strict=True) if out], reason)
+        self.unacked.drop([h for h, out in zip(group.items, which, strict=True) if out], reason)
         group.items = [h for h, out in zip(group.items, which, strict=True) if not out]
 
     def _thrown_away(self, sample: Sample) -> bool:
@@ -179,3 +183,74 @@ class ReadyGroups:
             min_group_size=cfg.min_group_size, per_episode_norm=cfg.per_episode_norm,
             skip_zero_adv=cfg.skip_zero_adv_groups,
         )  # fmt: skip
+
+
+def msg_id(prefix: str, ids: Iterable[str]) -> str:
+    """`<prefix>-<digest of the sorted ids>`: the same record published again is stored once."""
+    digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:16]
+    return f"{prefix}-{digest}"
+
+
+WARN_AFTER_GROUPS = 8
+"""A client's outcomes counted before the trainer judges whether most of its groups are dropped."""
+
+
+class Outcomes:
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.pending: list[tuple[str, GroupOutcome, str]] = []  # (subject, record, msg id) not yet published
+        self.by_client: dict[str, Counter[str]] = {}
+        """client id -> how many of its groups were trained, and dropped per reason."""
+        self.warned: set[str] = set()
+
+    def trained(self, key: str, items: list[Held], step: int) -> None:
+        self._add(key, items, "trained", "", step)
+
+    def dropped(self, key: str, items: list[Held], reason: str, step: int) -> None:
+        if items:
+            self._add(key, items, "dropped", reason, step)
+
+    def take(self) -> list[tuple[str, GroupOutcome, str]]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def warnings(self) -> list[str]:
+        """For each client not warned yet with `WARN_AFTER_GROUPS` outcomes, most of them drops: why."""
+        out = []
+        for client, counts in self.by_client.items():
+            total = sum(counts.values())
+            dropped = total - counts["trained"]
+            if client in self.warned or total < WARN_AFTER_GROUPS or dropped * 2 <= total:
+                continue
+            self.warned.add(client)
+            reason, n = Counter({r: c for r, c in counts.items() if r != "trained"}).most_common(1)[0]
+            out.append(
+                f"{dropped} of the {total} groups of client {client!r} were dropped untrained, {n} of them "
+                f"{reason}: {OUTCOME_REASONS.get(reason, reason)} "
+                "(`SwarmClient.outcome`, the ledger's `groups`)"
+            )
+        return out
+
+    def _add(self, key: str, items: list[Held], outcome: str, reason: str, step: int) -> None:
+        by_owner: dict[str, list[Held]] = {}
+        for h in items:
+            try:
+                by_owner.setdefault(S.episode_owner(h.sample.episode_id), []).append(h)
+            except ValueError:  # an episode id of no owner (a service's): nobody to tell
+                continue
+        for owner, held in by_owner.items():
+            samples = [h.sample for h in held]
+            try:
+                std = statistics.pstdev([s.reward for s in samples])
+            except OverflowError:
+                std = math.inf
+            episodes = sorted({s.episode_id for s in samples})
+            record = GroupOutcome(
+                model=self.model, owner=owner, group_key=key, task=samples[0].task,
+                client_id=samples[0].client_id, outcome=outcome, reason=reason,  # type: ignore[arg-type]
+                step=step, reward_std=std if math.isfinite(std) else 0.0, episodes=len(episodes),
+            )  # fmt: skip
+            self.pending.append(
+                (S.outcome_subject(owner, self.model), record, msg_id(f"outcome-{self.model}", episodes))
+            )
+            self.by_client.setdefault(record.client_id, Counter())[reason or "trained"] += 1

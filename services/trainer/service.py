@@ -3,7 +3,7 @@
 Consumes `swarm.samples.<model>` and `swarm.samples.<model>.lost` (durable pull consumer, in stream
 order). Publishes KV `swarm-models[<model>]` = ModelVersion after every checkpoint,
 `swarm.metrics.train.<model>` TrainStep, `swarm.metrics.drops.<model>` SampleDrops, group outcomes
-(`outcomes.py`) and dead letters (`intake.py`).
+(`ready.py`) and dead letters (`intake.py`).
 
 `Trainer.run` serves the resumed version, then runs two loops over one state: `consume` (fetch, take
 in, form and queue groups, settle) and `train` (take a batch, update and checkpoint in a worker
@@ -15,7 +15,6 @@ trained. Under `accelerate launch` process 0 runs the loops and the other proces
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import statistics
@@ -36,15 +35,13 @@ from swarmrl.services.common.retry import retry
 from swarmrl.services.trainer.batching import Scored
 from swarmrl.services.trainer.checkpoint import TrainerState, checkpoint_root, latest, prune, step_dir
 from swarmrl.services.trainer.config import TrainerConfig
-from swarmrl.services.trainer.diversity import Diversity
 from swarmrl.services.trainer.grouping import Group, GroupBuffer, Stall
 from swarmrl.services.trainer.grpo import generated_versions
-from swarmrl.services.trainer.guard import RewardGuard
+from swarmrl.services.trainer.guard import Diversity, RewardGuard
 from swarmrl.services.trainer.intake import SampleIntake, Unacked, reasons
 from swarmrl.services.trainer.lead import Lead
 from swarmrl.services.trainer.learner import Learner, NonFiniteWeights, StepResult
-from swarmrl.services.trainer.outcomes import Outcomes
-from swarmrl.services.trainer.ready import Batch, ReadyGroups, train_step
+from swarmrl.services.trainer.ready import Batch, Outcomes, ReadyGroups, msg_id, train_step
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -125,7 +122,7 @@ class Trainer:
         self.buffer = GroupBuffer(cfg.num_repeat, cfg.group_timeout_s, cfg.min_group_size, self.counts)
         self.outcomes = Outcomes(cfg.model)
         self.ready = ReadyGroups(
-            cfg, self.counts, self.unacked.drop, self.unacked.spend,
+            cfg, self.counts, self.unacked,
             lambda group, items, reason: self.outcomes.dropped(group.key, items, reason, self.state.step),
         )  # fmt: skip
         self.intake = SampleIntake(
@@ -239,9 +236,8 @@ class Trainer:
         if self.unacked.report_due(now):
             dropped, keys = self.unacked.take_report()
             msg = SampleDrops(model=self.cfg.model, step=self.state.step, dropped=reasons(dropped))
-            digest = hashlib.sha1("\n".join(sorted(msg.dropped)).encode()).hexdigest()[:16]
             subject = S.drops_metrics_subject(self.cfg.model)
-            await self.publish(subject, msg, f"drops-{self.cfg.model}-{digest}")
+            await self.publish(subject, msg, msg_id(f"drops-{self.cfg.model}", msg.dropped))
             await self.unacked.ack(keys)
             log.info("model=%s reported %d dropped samples between steps", self.cfg.model, len(msg.dropped))
         elif not self.unacked.dropped:
@@ -384,8 +380,8 @@ class Trainer:
         """Warn of clients most of whose groups are dropped, then publish each outcome to its owner."""
         for warning in self.outcomes.warnings():  # first: an agent that hears the outcome finds it logged
             log.warning("model=%s %s", self.cfg.model, warning)
-        for subject, record, msg_id in self.outcomes.take():
-            await self.publish(subject, record, msg_id)
+        for subject_record_id in self.outcomes.take():
+            await self.publish(*subject_record_id)
 
     async def publish(self, subject: str, record: BaseModel, msg_id: str) -> None:
         await retry(self.stopping, self.js.publish, subject, encode(record), headers={"Nats-Msg-Id": msg_id})

@@ -10,21 +10,19 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "chat_template": ("CHAT_TEMPLATE",),
     "presets": (
-        "BUILDER_VERSION",
-        "DEFAULT_STEPS",
         "PRESETS",
-        "Preset",
         "TinyDims",
+        "default_model_dir",
         "default_steps",
+        "ensure_default_model",
         "ensure_model",
         "model_dir",
         "source_names",
         "validate_base",
     ),
-    "evaluate": ("EvalResult", "evaluate_offline", "evaluate_team", "parse_assistant_text"),
-    "model": ("build_model", "default_model_dir", "ensure_default_model"),
+    "evaluate": ("evaluate_offline", "evaluate_team", "parse_assistant_text"),
+    "model": ("build_model",),
     "tokenizer": ("build_tokenizer",),
 }
 _LAZY = {name: f"swarmrl.bootstrap.{module}" for module, names in _MODULES.items() for name in names}

@@ -97,9 +97,7 @@ def evaluate_offline(
     started = time.monotonic()
     tokenizer, model = _load(model_dir)
     torch.manual_seed(seed)
-    rewards: list[float] = []
-    successes: list[bool] = []
-    turns: list[int] = []
+    played: list[Any] = []
     for batch in _batches(spec, n, batch_size):
         envs = [spec.make_env(instance) for instance in batch]
         histories = [env.reset() for env in envs]
@@ -119,10 +117,9 @@ def evaluate_offline(
         for env in envs:
             if hasattr(env, "settle"):  # a dataset task's reward function (sync or async)
                 asyncio.run(env.settle())
-            rewards.append(env.reward)
-            successes.append(env.success)
-            turns.append(getattr(env, "turns", 0))
-    return _result(task, successes, rewards, turns, started)
+        played += envs
+    return _result(task, [e.success for e in played], [e.reward for e in played],
+                   [getattr(e, "turns", 0) for e in played], started)  # fmt: skip
 
 
 @torch.no_grad()

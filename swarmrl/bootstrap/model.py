@@ -27,12 +27,9 @@ from transformers import (
 from swarmrl.bootstrap.presets import (
     BUILDER_VERSION,
     DEFAULT_PRESET,
-    DEFAULT_STEPS,
     TinyDims,
     default_steps,
-    ensure_model,
     get_preset,
-    model_dir,
     resolve_sources,
 )
 from swarmrl.bootstrap.sft import warm_start
@@ -99,15 +96,3 @@ def build_model(
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
-
-
-def default_model_dir(seed: int = 0, steps: int = DEFAULT_STEPS) -> Path:
-    """Where the default model (preset `tiny`, its own sources) lives."""
-    return model_dir(DEFAULT_PRESET, None, steps, seed)
-
-
-def ensure_default_model(
-    seed: int = 0, steps: int = DEFAULT_STEPS, progress: bool = True, force: bool = False
-) -> Path:
-    """The default model directory (preset `tiny`), built first when missing."""
-    return ensure_model(DEFAULT_PRESET, None, steps, seed, progress=progress, force=force)

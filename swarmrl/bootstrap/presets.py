@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import swarmrl.agents.tasks as tasks_pkg
+from swarmrl.agents.tasks import TASKS
 from swarmrl.core.rundir import swarmrl_home
 
 # Bump when the tokenizer, architecture, tasks or warm start change: it names the cache directory.
@@ -77,8 +79,6 @@ PRESETS: dict[str, Preset] = {
 
 def source_names() -> list[str]:
     """Every valid SFT source: single-agent task names and `<task>.<role>` for multi-role tasks."""
-    from swarmrl.agents.tasks import TASKS
-
     names: list[str] = []
     for name, spec in sorted(TASKS.items()):
         names += [f"{name}.{role}" for role in spec.roles] if spec.roles else [name]
@@ -88,8 +88,6 @@ def source_names() -> list[str]:
 def parse_source(source: str) -> tuple[str, str | None]:
     """`calculator` -> ("calculator", None); `team_calculator.caller` -> ("team_calculator", "caller").
     A ValueError lists the valid sources."""
-    from swarmrl.agents.tasks import TASKS
-
     if source not in source_names():
         spec = TASKS.get(source)
         multi_role = spec is not None and spec.roles
@@ -133,8 +131,6 @@ def validate_base(preset: str, sources: Sequence[str] | None = None) -> None:
 
 def sft_weight(source: str) -> int:
     """Batches per SFT round of one view of `source`: its task's `sft_weight` or its role's."""
-    from swarmrl.agents.tasks import TASKS
-
     task, role = parse_source(source)
     spec = TASKS[task]
     return spec.role_sft_weights.get(role, spec.sft_weight) if role else spec.sft_weight
@@ -144,8 +140,6 @@ def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
     """SFT steps when none are asked for: the preset's own for its own sources, else `SFT_ROUNDS`
     rounds of `sft_weight` batches per source, twice for a source with tools (shown with and
     without the tool specs)."""
-    from swarmrl.agents.tasks import TASKS
-
     resolved = resolve_sources(preset, sources)
     if resolved == get_preset(preset).sources:
         return get_preset(preset).steps
@@ -160,8 +154,6 @@ def default_steps(preset: str, sources: Sequence[str] | None = None) -> int:
 def source_digest() -> str:
     """Hash of the code a model is built from (this package and the tasks), so a cache hit never
     serves a model built from other prompts or demonstrations."""
-    import swarmrl.agents.tasks as tasks_pkg
-
     h = hashlib.sha256()
     for folder in (Path(__file__).parent, Path(tasks_pkg.__file__).parent):
         for f in sorted(folder.glob("*.py")):
@@ -176,8 +168,6 @@ def model_dir(
     also covering the builder version and source code."""
     resolved = resolve_sources(preset, sources)
     steps = default_steps(preset, resolved) if steps is None else steps
-    from swarmrl.agents.tasks import TASKS
-
     data = ",".join(TASKS[parse_source(s)[0]].fingerprint for s in resolved)  # a dataset task's rows
     key = f"{BUILDER_VERSION}:{preset}:{','.join(resolved)}:{seed}:{steps}:{source_digest()}"
     key += f":{data}" if data.strip(",") else ""  # models warm-started on built-in tasks keep their keys
@@ -215,3 +205,15 @@ def ensure_model(
     except OSError:  # another process finished first: its copy is equivalent (same inputs)
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def default_model_dir(seed: int = 0, steps: int = DEFAULT_STEPS) -> Path:
+    """Where the default model (preset `tiny`, its own sources) lives."""
+    return model_dir(DEFAULT_PRESET, None, steps, seed)
+
+
+def ensure_default_model(
+    seed: int = 0, steps: int = DEFAULT_STEPS, progress: bool = True, force: bool = False
+) -> Path:
+    """The default model directory (preset `tiny`), built first when missing."""
+    return ensure_model(DEFAULT_PRESET, None, steps, seed, progress=progress, force=force)

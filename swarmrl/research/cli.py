@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 
 from swarmrl.research import state as S
-from swarmrl.research.schedule import add_seeds
-from swarmrl.research.study import Budget, Study, StudyError, load_study
-from swarmrl.research.template import TEMPLATE
+from swarmrl.research.study import TEMPLATE, Budget, Study, StudyError, load_study
 
 log = logging.getLogger("swarmrl.research")
 TEMPLATE_HINT = "write the study yourself: `swarmrl research --template > my-study.toml` (example: studies/)"
@@ -72,9 +70,7 @@ def setup_logging(study_dir: Path | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("status", "report"):
-        from swarmrl.research.status import main as sub
-
-        return sub(argv)
+        return status(argv)
     p = parser()
     args = p.parse_args(argv)
     from swarmrl.core.config import password_on_command_line
@@ -86,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if bool(args.nats) != (args.nats_conf is not None):
         p.error("--nats and --nats-conf go together")
-    if args.nats_conf is not None and 'include "runs.conf"' not in _read(args.nats_conf / "accounts.conf"):
+    conf = args.nats_conf and args.nats_conf / "accounts.conf"
+    if conf and not (conf.is_file() and 'include "runs.conf"' in conf.read_text()):
         p.error(f"{args.nats_conf}/accounts.conf does not include runs.conf: copy infra/nats/accounts.conf and "
                 "infra/nats/runs.conf there (the servers then take one account pair per run)")  # fmt: skip
     if args.more_seeds is not None and (args.resume is None or args.more_seeds < 1):
@@ -120,22 +117,15 @@ def _study_dir(args: argparse.Namespace, name: str) -> Path:
     return (args.dir or Path("runs/studies") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 def overridden(study: Study, args: argparse.Namespace) -> Study:
     """The study with `--minutes` / `--steps` over its budget."""
     budget = study.budget.model_dump()
     if args.minutes is not None:
         budget["run_minutes"] = args.minutes
+        if budget["total_minutes"] is not None:
+            budget["total_minutes"] = max(budget["total_minutes"], args.minutes)
     if args.steps is not None:
         budget["run_steps"] = args.steps
-    if args.minutes is not None and budget["total_minutes"] is not None:
-        budget["total_minutes"] = max(budget["total_minutes"], budget["run_minutes"])
     try:
         study.budget = Budget.model_validate(budget)
     except ValueError as exc:
@@ -171,7 +161,7 @@ def resume(args: argparse.Namespace) -> int:
     if args.more_seeds:
         if S.is_locked(study_dir):
             return _fail(f"{study_dir} is being run by another process; add seeds once it stops")
-        added = add_seeds(state, args.more_seeds)
+        added = state.add_seeds(args.more_seeds)
         S.save(study_dir, state)
         print(f"swarmrl research: seeds {added} added; the study has {len(state.study.seeds)} seeds",
               flush=True)  # fmt: skip
@@ -188,16 +178,13 @@ def execute(study_dir: Path, state: S.StudyState, args: argparse.Namespace) -> i
         return _fail(str(exc))
     setup_logging(study_dir)
     log.info("study %s (%s) in %s, pid %d", state.study.name, state.study.question, study_dir, os.getpid())
-    try:
+    with lock:  # held until the report is written
         state.parallel = args.parallel or state.parallel
-        runner = Runner(study_dir, state, parallel=state.parallel, prepare_models=not state.up_command)
-        rc = runner.run()
+        rc = Runner(study_dir, state, prepare_models=not state.up_command).run()
         report = write_report(study_dir, state)
-        log.info("report: %s", report)
-        print(f"swarmrl research: {'finished' if rc != 130 else 'stopped'}. Report: {report}", flush=True)
-        return rc
-    finally:
-        lock.close()
+    log.info("report: %s", report)
+    print(f"swarmrl research: {'finished' if rc != 130 else 'stopped'}. Report: {report}", flush=True)
+    return rc
 
 
 def planned(args: argparse.Namespace) -> int:
@@ -223,6 +210,65 @@ def planned(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     args.dir = study_dir
     return start(study, path, args)
+
+
+def render(study_dir: Path, state: S.StudyState, now: float | None = None) -> str:
+    """`swarmrl research status DIR`: the progress, the decisions and an estimate of the time left."""
+    from swarmrl.research.report import fmt
+    from swarmrl.research.runner import progress
+
+    now = time.time() if now is None else now
+    live, study = S.is_locked(study_dir), state.study
+    phase = "running" if live else f"stopped (go on: swarmrl research --resume {study_dir})"
+    head = [
+        f"study {study.name} in {study_dir}: {study.question}",
+        f"state: {'finished' if state.finished else phase}; {state.tally()}",
+    ]
+    if not state.finished:
+        head.append(
+            f"time left: about {state.eta_s(now) / 60:.0f} min ({len(state.remaining())} run(s) to start, "
+            f"{state.parallel} at once, ~{state.run_estimate_s() / 60:.1f} min a run)"
+            + ("" if live else " once resumed")
+        )
+    for d in state.decisions:
+        head.append(f"early stopping after {d.after_seeds} seed(s): kept {d.kept}, stopped {d.stopped}")
+    rows = [f"{'run':<28} {'status':<8} {study.metric.label:>14} {'min':>6} {'tries':>5}  note / progress"]
+    for r in state.ordered():
+        last = r.attempts[-1] if r.attempts else None
+        minutes = (r.duration_s or (now - last.started if last and r.status == "running" else 0)) / 60
+        extra = r.note
+        if last and r.status == "running":
+            extra = progress(Path(last.run_dir)) if live else "interrupted: restarts on --resume"
+        rows.append(
+            f"{r.id:<28} {r.status:<8} {fmt(r.metric):>14} {minutes:>6.1f} {len(r.attempts):>5}  {extra}"
+        )
+    return "\n".join([*head, "", *rows])
+
+
+def status(argv: list[str]) -> int:
+    """`status DIR [--watch S]` prints `render` (again every S seconds until the study ends); `report
+    DIR` writes `report.md` and the plots, also while the study runs."""
+    p = argparse.ArgumentParser(prog=f"swarmrl research {argv[0]}", description=status.__doc__)
+    p.add_argument("dir", type=Path, help="the study directory")
+    if argv[0] == "status":
+        p.add_argument("--watch", type=float, default=0, help="print again every WATCH seconds until it ends")
+    args = p.parse_args(argv[1:])
+    try:
+        state = S.load(args.dir)
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    if argv[0] == "report":
+        from swarmrl.research.report import write_report
+
+        print(write_report(args.dir, state))
+        return 0
+    while True:
+        print(render(args.dir, state), flush=True)
+        if not args.watch or state.finished or not S.is_locked(args.dir):
+            return 0
+        time.sleep(args.watch)
+        print()
+        state = S.load(args.dir)
 
 
 if __name__ == "__main__":

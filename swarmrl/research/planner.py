@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmrl.overrides import spec
-from swarmrl.research.flags import KNOBS, RESERVED
-from swarmrl.research.study import PRESETS, Study, StudyError, load_study_text
-from swarmrl.research.template import TEMPLATE
+from swarmrl.research.study import KNOBS, PRESETS, RESERVED, TEMPLATE, Study, StudyError, load_study_text
 
 log = logging.getLogger("swarmrl.research")
 _FENCE = re.compile(r"```(?:toml)?\s*\n(.*?)```", re.S)

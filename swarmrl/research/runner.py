@@ -5,37 +5,110 @@ is due, start runs while slots are free and the total budget allows, log progres
 written to `state.json` first, so `kill -9` at any moment loses at most the runs in flight:
 `--resume` keeps a run that had finished and restarts one that had not in a fresh run directory (the
 partial one is kept as `<run>.attempt<N>`; `up` cannot continue a run within the same budget).
+
+Each run is `swarmrl up ... --run-dir DIR --no-display` in a session of its own, its output in
+`DIR/up.out`, with a parent-death signal (when research dies, even by `kill -9`, every `up` stops as
+after Ctrl-C). `up`'s last line, `swarmrl up: stopped (<reason>). Report: <path>`, says why it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarmrl.core.config import plain_servers
-from swarmrl.core.rundir import start_time
-from swarmrl.research import processes, schedule
+from swarmrl.core.rundir import pid_file, read_pid, start_time
 from swarmrl.research.accounts import RunAccounts, wait_usable
-from swarmrl.research.flags import arm_swarm, up_argv
-from swarmrl.research.ledger import MetricError, metric_value
 from swarmrl.research.state import Attempt, RunState, StudyState, save
+from swarmrl.research.study import MetricError, metric_value
+from swarmrl.supervisor import die_with_parent, log_tail, terminate
 
 log = logging.getLogger("swarmrl.research")
 POLL_S = 0.25
 PROGRESS_S = 30.0
+DEFAULT_UP = [sys.executable, "-m", "swarmrl.cli", "up"]
+OUT = "up.out"
+FINISHED_REASONS = ("a trainer finished", "time budget")
+"""The start of `up`'s reason when a run used its budget (steps or minutes) as planned."""
+_STOPPED = "swarmrl up: stopped ("
+_PROGRESS = re.compile(r"^\[\d+s\] (.*)$", re.M)
+
+
+def alive(pid: int | None, started: str | None) -> bool:
+    """Whether `pid` runs, not a zombie, and (given `started`) is the process that started then."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return pid is not None and len(fields) > 19 and fields[0] != "Z" and started in (None, fields[19])
+
+
+def up_reason(run_dir: Path) -> str | None:
+    """Why the `up` of `run_dir` stopped (its last line), or None if it never said."""
+    try:
+        text = (run_dir / OUT).read_text(errors="replace")
+    except OSError:
+        return None
+    i = text.rfind(_STOPPED)
+    if i < 0:
+        return None
+    reason, sep, _ = text[i + len(_STOPPED) :].rpartition("). Report: ")
+    return reason if sep else None
+
+
+def finished(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(FINISHED_REASONS)
+
+
+def progress(run_dir: Path) -> str:
+    """The run's last progress line from `up --no-display` (step and eval cells), or ""."""
+    if not (run_dir / OUT).is_file():
+        return ""
+    lines = _PROGRESS.findall(log_tail(run_dir / OUT, 1000, 16_384))
+    if not lines:
+        return "starting"
+    cells = lines[-1].split(" | ")
+    step = next((c.rsplit(" ", 1)[1] for c in cells if c.startswith("step ") or " step " in c), "?")
+    evals = next((c.removeprefix("eval success ") for c in cells if c.startswith("eval success ")), "-")
+    return f"step {step}, eval {evals}"
+
+
+def stop_leftover(pid: int | None, started: str | None, run_dir: Path, wait_s: float = 180.0) -> None:
+    """Wait for the `up` of a run whose research process died to stop (the parent-death SIGTERM is
+    on its way), then ask (SIGTERM) and finally force it (SIGKILL to its session)."""
+    candidates = [(pid, started)]
+    with contextlib.suppress(OSError, ValueError, IndexError):  # the pid `up` recorded in its run dir
+        candidates.append(read_pid(pid_file(run_dir)))
+    live = [(p, s) for p, s in candidates if p is not None and alive(p, s)]
+    if not live:
+        return
+    log.info("waiting for the leftover swarmrl up of %s (pid %s) to stop", run_dir.name, live[0][0])
+    deadline = time.monotonic() + wait_s
+    for sig, until in ((None, deadline - 30), (signal.SIGTERM, deadline), (signal.SIGKILL, deadline + 10)):
+        for p, s in live:
+            if sig is not None and alive(p, s):
+                log.warning("sending %s to the leftover swarmrl up (pid %d) of %s", sig.name, p, run_dir.name)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p, sig) if sig == signal.SIGKILL else os.kill(p, sig)
+        while time.monotonic() < until and any(alive(p, s) for p, s in live):
+            time.sleep(0.5)
+        if not any(alive(p, s) for p, s in live):
+            return
 
 
 @dataclass
 class Runner:
     study_dir: Path
     state: StudyState
-    parallel: int = 1
     prepare_models: bool = True
     """Build each arm's preset models once before the first run (parallel `up`s would race to)."""
     active: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -61,13 +134,13 @@ class Runner:
             self.state.elapsed_s += now - last
             last = now
             changed = self.reap()
-            while (c := schedule.due_checkpoint(self.state)) is not None:
+            while (c := self.state.due_checkpoint()) is not None:
                 self.decide(c)
                 changed = True
             if self._stop:
                 return self.interrupt()
             changed |= self.launch()
-            if not self.active and not schedule.runnable(self.state):
+            if not self.active and not self.state.runnable():
                 break
             if changed or now - last_line > PROGRESS_S:
                 self.save()
@@ -83,8 +156,8 @@ class Runner:
 
     def launch(self) -> bool:
         started = False
-        for run in schedule.runnable(self.state)[: max(0, self.parallel - len(self.active))]:
-            if schedule.over_budget(self.state):
+        for run in self.state.runnable()[: max(0, self.state.parallel - len(self.active))]:
+            if self.state.over_budget():
                 if not self.active:
                     self.skip_rest()
                 return started
@@ -100,8 +173,8 @@ class Runner:
             run_dir.rename(kept)
             if run.attempts:
                 run.attempts[-1].run_dir = str(kept)
-        args = up_argv(self.state.study, run.arm, run.seed, run_dir)
-        argv = [*(self.state.up_command or processes.DEFAULT_UP), *args]
+        args = self.state.study.up_argv(run.arm, run.seed, run_dir)
+        argv = [*(self.state.up_command or DEFAULT_UP), *args]
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         attempt = Attempt(n=n, run_dir=str(run_dir), started=time.time())
         if (accounts := self.accounts) is not None:
@@ -113,28 +186,30 @@ class Runner:
         run.status, run.note = "running", ""
         run.attempts.append(attempt)
         self.save()  # before the process exists: a kill now leaves a run to restart, never a stray one
-        proc = processes.spawn(argv, env, run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / OUT, "ab") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
         attempt.pid, attempt.pid_start = proc.pid, start_time(proc.pid)
         self.active[run.id] = proc
         self.save()
         log.info("started %s (attempt %d, pid %d): swarmrl up %s", run.id, n, proc.pid, " ".join(args))
 
     def reap(self) -> bool:
-        changed = False
-        for rid, proc in list(self.active.items()):
-            if proc.poll() is None:
-                continue
+        ended = [(rid, proc) for rid, proc in self.active.items() if proc.poll() is not None]
+        for rid, proc in ended:
             del self.active[rid]
             self.ended(self.state.runs[rid], proc.returncode)
-            changed = True
-        return changed
+        return bool(ended)
 
     def ended(self, run: RunState, rc: int | None) -> None:
         """Record how a run's `up` ended: a finished run gets its metric, a failed one another try."""
         attempt = run.attempts[-1]
         attempt.ended = time.time()
-        reason = processes.up_reason(Path(attempt.run_dir))
-        if rc in (0, None) and processes.finished(reason):
+        reason = up_reason(Path(attempt.run_dir))
+        if rc in (0, None) and finished(reason):
             attempt.outcome = f"finished: {reason}"
             run.status = "done"
             try:
@@ -159,19 +234,17 @@ class Runner:
         if attempt.account and (accounts := self.accounts) is not None:
             accounts.remove(attempt.account, plain_servers(self.state.nats))
 
-    def interrupted(self, run: RunState, why: str) -> Attempt:
+    def interrupted(self, run: RunState, why: str) -> None:
         """The run's attempt ended by research stopping, not by `up`: it restarts on `--resume`."""
         attempt = run.attempts[-1]
         attempt.ended, attempt.outcome = time.time(), f"interrupted: {why}"
         run.status = "pending"
         self.release(attempt)
-        return attempt
 
     # -- the study -----------------------------------------------------------------------------
 
     def decide(self, c: int) -> None:
-        decision = schedule.decide(self.state, c)
-        halved = schedule.apply(self.state, decision)
+        decision, halved = self.state.decide(c)
         self.save()
         ranking = ", ".join(f"{a} {'-' if v is None else f'{v:.4g}'}" for a, v in decision.ranking)
         log.info("early stopping after %d seed(s): ranking %s; kept %s, stopped %s (%d runs not started)",
@@ -179,7 +252,7 @@ class Runner:
 
     def skip_rest(self) -> None:
         total = self.state.study.budget.total_minutes
-        for run in schedule.remaining(self.state):
+        for run in self.state.remaining():
             run.status = "skipped"
             run.note = f"total budget of {total:g} min: {self.state.elapsed_s / 60:.1f} min spent"
         log.warning("total budget of %s min reached: the remaining runs are skipped", total)
@@ -188,14 +261,12 @@ class Runner:
     def recover(self) -> None:
         """Runs a killed session left `running`: wait for their `up` to stop, keep a finished one,
         restart the others (said plainly)."""
-        for run in self.state.runs.values():
-            if run.status != "running":
-                continue
+        for run in [r for r in self.state.runs.values() if r.status == "running"]:
             attempt = run.attempts[-1]
             run_dir = Path(attempt.run_dir)
-            processes.stop_leftover(attempt.pid, attempt.pid_start, run_dir)
-            reason = processes.up_reason(run_dir)
-            if processes.finished(reason):
+            stop_leftover(attempt.pid, attempt.pid_start, run_dir)
+            reason = up_reason(run_dir)
+            if finished(reason):
                 log.info("%s had finished while research was down: kept", run.id)
                 self.ended(run, None)
                 continue
@@ -210,14 +281,8 @@ class Runner:
         log.warning(
             "stopping: %d run(s) in flight are interrupted (they restart on --resume)", len(self.active)
         )
-        for proc in self.active.values():
-            proc.send_signal(signal.SIGTERM)
-        for rid, proc in self.active.items():
-            try:
-                proc.wait(timeout=180)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(self.active, timeout=180)
+        for rid in self.active:
             self.interrupted(self.state.runs[rid], "research was stopped")
         self.active.clear()
         self.save()
@@ -229,25 +294,17 @@ class Runner:
 
         study, seen = self.state.study, set()
         for arm in study.arm_names:
-            swarm = arm_swarm(study, arm, study.seeds[0])
-            for model in swarm.models.values():
+            for model in study.swarm(arm, study.seeds[0]).models.values():
                 key = (model.base, str(model.warm_start), model.warm_start_steps)
                 if key not in seen:
                     seen.add(key)
                     log.info("model %s ready at %s", model.base, resolve_base(model))
 
     def progress_line(self) -> str:
-        counts = self.state.counts()
-        finished = sum(counts.get(s, 0) for s in ("done", "failed", "halved", "skipped"))
         running = "; ".join(
-            f"{rid}: {processes.progress(Path(self.state.runs[rid].attempts[-1].run_dir))}"
-            for rid in self.active
+            f"{rid}: {progress(Path(self.state.runs[rid].attempts[-1].run_dir))}" for rid in self.active
         )
-        eta = schedule.eta_s(self.state, self.parallel)
         return (
-            f"{finished}/{len(self.state.runs)} runs over ({counts.get('done', 0)} done"
-            + "".join(f", {counts[s]} {s}" for s in ("failed", "halved", "skipped") if counts.get(s))
-            + f"), {len(self.active)} running{f' ({running})' if running else ''}, "
-            f"{len(schedule.remaining(self.state))} to start; {self.state.elapsed_s / 60:.1f} min so far, "
-            f"about {eta / 60:.0f} min left"
+            f"{self.state.tally()}; {len(self.active)} running{f' ({running})' if running else ''}, "
+            f"{len(self.state.remaining())} to start, about {self.state.eta_s() / 60:.0f} min left"
         )

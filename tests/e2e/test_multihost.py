@@ -1,8 +1,9 @@
-"""The multi-host recipe, `infra/multihost.md`, run as written on three hosts that are network namespaces
-of this machine (`infra/netns.py`, `tests/support/multihost.py`), each with its own address and its own
-directory, the other hosts' directories hidden from its processes: the trainer on A trains, the
-engine on B serves the versions A trained (fetched through NATS's object store: A's checkpoint
-paths do not exist on B), and a query asked on A is answered by the ledger on C from C's files.
+"""The multi-host recipe, `infra/multihost.md`, run as written on three hosts that are network
+namespaces of this machine (`tests/support/netns.py`, `tests/support/multihost.py`), each with its own
+address and its own directory, the other hosts' directories hidden from its processes: the trainer
+on A trains, the engine on B serves the versions A trained (fetched through NATS's object store: A's
+checkpoint paths do not exist on B), and a query asked on A is answered by the ledger on C from C's
+files.
 Skipped with the reason where network namespaces cannot be made (not root, no `ip netns`)."""
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.infra.netns import Hosts, unavailable
 from swarmrl.schemas import ModelVersion, decode
 from swarmrl.services.common import bus
 from tests.support.multihost import RECIPE, Recipe, listeners, operator_url, secrets_env
+from tests.support.netns import Hosts, unavailable
 
 STEPS = 2
 """Versions the trainer must have made before the engine is checked for one of them."""

@@ -17,7 +17,7 @@ from swarmrl.schemas import ActionRequest, ActionResult, decode, encode
 from swarmrl.schemas import subjects as S
 from swarmrl.services.actions.config import ActionsConfig, WorkerConfig
 from swarmrl.services.actions.service import ActionsService
-from swarmrl.services.actions.workers import Runner, WorkerLoop, build_manager
+from swarmrl.services.actions.workers import WorkerLoop
 from swarmrl.services.common import bus
 from tests.conftest import wait_for
 
@@ -210,9 +210,7 @@ async def test_a_remote_worker_runs_actions_for_a_service_without_local_units(
     service = await start_actions(local_workers=False)
     nc = await bus.connect(swarm_nats.service_url, "worker")
     limits = WorkerConfig(nats=swarm_nats.service_url)
-    worker = WorkerLoop(
-        nc.jetstream(), nc, Runner("python", build_manager("python", limits), limits), 2, "far-1"
-    )
+    worker = WorkerLoop(nc.jetstream(), nc, "python", limits, 2, "far-1")
     await worker.start()
     beat = {"name": "far-1", "kind": "python", "units": 2, "period_s": 1.0}
     await nc.publish(S.ACTION_WORKERS_SUBJECT, msgpack.packb(beat))

@@ -22,7 +22,7 @@ from swarmrl.services.ledger.query import connect
 from swarmrl.services.ledger.service import Ledger
 from swarmrl.services.merger.service import Merger
 from swarmrl.services.trainer.config import TrainerConfig
-from swarmrl.services.trainer.outcomes import WARN_AFTER_GROUPS
+from swarmrl.services.trainer.ready import WARN_AFTER_GROUPS
 from swarmrl.services.trainer.service import Trainer
 from tests.conftest import wait_for
 from tests.support.localstack import Stack

@@ -1,4 +1,4 @@
-"""The local 3-node JetStream cluster (`infra/nats_cluster.py`): replicated streams survive a killed
+"""The local 3-node JetStream cluster (`tests/support/nats_cluster.py`): replicated streams survive a killed
 node, the node comes back current on its store, and one agent registry reaches every node."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import nats
 import pytest
 
 from swarmrl.infra.credentials import AgentRegistry
-from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.schemas import subjects as S
 from swarmrl.services.common import bus
 from swarmrl.services.common.retry import retry
 from tests.conftest import wait_for
+from tests.support.nats_cluster import NatsCluster
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Hosts as network namespaces (`infra/netns.py`): their own addresses, their own directories, and the
-faults between them (a cut, loss, the delaying relay). Skipped where namespaces cannot be made."""
+"""Hosts as network namespaces (`tests/support/netns.py`): their own addresses, their own directories,
+and the faults between them (a cut, loss, the delaying relay). Skipped where namespaces cannot be made."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.infra.netns import Hosts, unavailable
+from tests.support.netns import Hosts, unavailable
 
 ECHO = """
 import socket, sys

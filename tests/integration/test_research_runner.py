@@ -15,8 +15,8 @@ import pytest
 
 from swarmrl.infra.nats_server import NatsServer
 from swarmrl.research.accounts import RunAccounts
+from swarmrl.research.cli import render
 from swarmrl.research.state import load
-from swarmrl.research.status import render
 
 FAKE = Path(__file__).with_name("research_fake_up.py")
 STUDY = """

@@ -1,4 +1,5 @@
-"""The multi-host recipe (`infra/multihost.md`) run as written on network-namespace hosts (`infra/netns.py`).
+"""The multi-host recipe (`infra/multihost.md`) run as written on network-namespace hosts
+(`tests/support/netns.py`).
 
 Used by `tests/e2e/test_multihost.py` and `bench/partitions.py`:
 
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmrl.infra.netns import Hosts
+from tests.support.netns import Hosts
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "infra" / "multihost.md"

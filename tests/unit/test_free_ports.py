@@ -4,8 +4,8 @@ import socket
 
 import pytest
 
-from swarmrl.infra.nats_cluster import NatsCluster
 from swarmrl.infra.nats_server import free_ports
+from tests.support.nats_cluster import NatsCluster
 
 
 def test_ports_picked_together_are_distinct_and_free() -> None:

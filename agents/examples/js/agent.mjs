@@ -25,21 +25,24 @@ const USAGE = `usage: node agent.mjs [flags]
 Connection (environment only, never flags): the JSON connect file named by SWARMRL_CONNECT_FILE
 ({"nats_url", "name", "seed", "inbox_prefix", "models", "tasks"}: this client's own NATS identity,
 from \`swarmrl up\` or \`swarmrl credentials mint NAME\`); SWARMRL_NATS_URL overrides its servers.
-
-  --model NAME          model to call (default: $SWARMRL_ROLES' model, the file's first model, or policy)
-  --episodes N          stop after N episodes, rounded up to whole groups (default 0: until SIGTERM)
-  --num-repeat N        episodes per question = GRPO group size, as the trainer's (default:
-                        $SWARMRL_NUM_REPEAT, the file's tasks.<task>.num_repeat, or 8)
-  --concurrency N       groups played at once (default 2)
-  --temperature T       sampling temperature (default 1.0)
-  --max-tokens N        max tokens per reply (default 48)
-  --seed N              seed of the question stream (default $SWARMRL_CLIENT_SEED or 0)
-  --task NAME           task name recorded on episodes (default $SWARMRL_TASK or calculator)
-  --client-id ID        stable id of this process (default: the identity's name)
-  --timeout-s S         per model call (default 120)
-  --drain-s S           on SIGTERM: seconds the groups in flight get to finish before they are
-                        aborted (default 30)
 `;
+
+/** The flags: `help` is what `--help` prints after the flag and its default. */
+const FLAGS = {
+  model: { help: "model to call (default: $SWARMRL_ROLES' model, the file's first model, or policy)" },
+  episodes: { default: "0", help: "stop after N episodes, rounded up to whole groups (0: until SIGTERM)" },
+  "num-repeat": {
+    help: "episodes per question = GRPO group size, as the trainer's (default: $SWARMRL_NUM_REPEAT, the file's tasks.<task>.num_repeat, or 8)",
+  },
+  concurrency: { default: "2", help: "groups played at once" },
+  temperature: { default: "1.0", help: "sampling temperature" },
+  "max-tokens": { default: "48", help: "max tokens per reply" },
+  seed: { default: env.SWARMRL_CLIENT_SEED ?? "0", help: "seed of the question stream ($SWARMRL_CLIENT_SEED)" },
+  task: { default: env.SWARMRL_TASK || "calculator", help: "task name recorded on episodes ($SWARMRL_TASK)" },
+  "client-id": { help: "stable id of this process (default: the identity's name)" },
+  "timeout-s": { default: "120", help: "per model call" },
+  "drain-s": { default: "30", help: "on SIGTERM: seconds the groups in flight get to finish before they are aborted" },
+};
 
 function log(level, message) {
   process.stderr.write(`${new Date().toISOString()} ${level} js-agent ${message}\n`);
@@ -72,22 +75,8 @@ function wholeNumber(name, value) {
 }
 
 function options(conn) {
-  const { values } = parseArgs({
-    options: {
-      model: { type: "string" },
-      episodes: { type: "string", default: "0" },
-      "num-repeat": { type: "string" },
-      concurrency: { type: "string", default: "2" },
-      temperature: { type: "string", default: "1.0" },
-      "max-tokens": { type: "string", default: "48" },
-      seed: { type: "string", default: env.SWARMRL_CLIENT_SEED ?? "0" },
-      task: { type: "string", default: env.SWARMRL_TASK || "calculator" },
-      "client-id": { type: "string", default: conn.name },
-      "timeout-s": { type: "string", default: "120" },
-      "drain-s": { type: "string", default: "30" },
-      help: { type: "boolean", short: "h" },
-    },
-  });
+  const flags = Object.fromEntries(Object.entries(FLAGS).map(([name, flag]) => [name, { type: "string", ...flag }]));
+  const { values } = parseArgs({ options: { ...flags, help: { type: "boolean", short: "h" } } });
   const roles = env.SWARMRL_ROLES ? Object.values(JSON.parse(env.SWARMRL_ROLES)) : [];
   const numRepeat =
     values["num-repeat"] ?? env.SWARMRL_NUM_REPEAT ?? conn.tasks[values.task]?.num_repeat ?? "8";
@@ -100,7 +89,7 @@ function options(conn) {
     maxTokens: wholeNumber("max-tokens", values["max-tokens"]),
     seed: wholeNumber("seed", values.seed),
     task: values.task,
-    clientId: values["client-id"],
+    clientId: values["client-id"] ?? conn.name,
     timeoutMs: Number(values["timeout-s"]) * 1000,
     drainMs: Number(values["drain-s"]) * 1000,
   };
@@ -122,16 +111,9 @@ async function chat(ep, o, messages, signal) {
   if (!resp.ok) {
     throw new Error(`chat completion failed: HTTP ${resp.status}: ${(await resp.text()).slice(0, 500)}`);
   }
-  const msg = (await resp.json()).choices[0].message;
-  const reply = { role: "assistant", content: msg.content ?? null };
-  if (msg.tool_calls?.length) {
-    reply.tool_calls = msg.tool_calls.map((tc) => ({
-      id: tc.id,
-      type: tc.type ?? "function",
-      function: { name: tc.function?.name, arguments: tc.function?.arguments },
-    }));
-  }
-  return reply;
+  // The gateway's message is in OpenAI's format already: passed on as it is, as the Python runner does.
+  const { content = null, tool_calls: calls } = (await resp.json()).choices[0].message;
+  return calls?.length ? { role: "assistant", content, tool_calls: calls } : { role: "assistant", content };
 }
 
 /** Play one whole episode (begin ... end, or abort on any error) of `expression`. */
@@ -161,7 +143,8 @@ async function playEpisode(swarm, o, expression, groupKey, signal) {
 
 async function main() {
   if (process.argv.includes("--help") || process.argv.includes("-h")) {
-    process.stdout.write(USAGE);
+    const lines = Object.entries(FLAGS).map(([name, f]) => `  --${name}  ${f.help}${f.default ? ` (default ${f.default})` : ""}`);
+    process.stdout.write(`${USAGE}\n${lines.join("\n")}\n`);
     process.exit(0);
   }
   const conn = connection();

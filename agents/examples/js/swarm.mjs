@@ -3,6 +3,7 @@
 // `swarm.ep.<client>.<episode_id>.<kind>`. `<client>` is this client's NATS identity (an nkey user).
 
 import { randomUUID } from "node:crypto";
+import { EventEmitter, once } from "node:events";
 import { setTimeout as delay } from "node:timers/promises";
 import { decode, encode } from "@msgpack/msgpack";
 import { ErrorCode, connect, nkeyAuthenticator } from "nats";
@@ -52,7 +53,7 @@ export class SwarmClient {
     Object.assign(this, { nc, name, clientId, clientVersion, retryS });
     this.js = nc.jetstream(); // publishing only: agents may not touch the JetStream API
     this.outcomes = new Map(); // group key -> model -> GroupOutcome map (the newest 10,000 groups)
-    this.outcomeWaiters = new Set();
+    this.outcomeEvents = new EventEmitter().setMaxListeners(0); // "outcome": one came in
   }
 
   /** Keep the `GroupOutcome`s trainers publish for this client's groups (subscribed at connect). */
@@ -66,32 +67,24 @@ export class SwarmClient {
         this.outcomes.delete(outcome.group_key); // re-insert: the map keeps insertion order, newest last
         this.outcomes.set(outcome.group_key, byModel);
         if (this.outcomes.size > 10_000) this.outcomes.delete(this.outcomes.keys().next().value);
-        for (const wake of this.outcomeWaiters) wake();
+        this.outcomeEvents.emit("outcome");
       }
     })();
   }
 
   /** The outcome of group `groupKey` (for `model`, else the first to decide); rejects after `timeoutMs`. */
-  outcome(groupKey, { model = null, timeoutMs = 120_000 } = {}) {
-    return new Promise((resolve, reject) => {
-      const look = () => {
-        const byModel = this.outcomes.get(groupKey);
-        const found = byModel && (model ? byModel.get(model) : byModel.values().next().value);
-        if (!found) return false;
-        done();
-        resolve(found);
-        return true;
-      };
-      const timer = setTimeout(() => {
-        done();
-        reject(new SwarmError(`no outcome of group ${groupKey} within ${timeoutMs / 1000}s`));
-      }, timeoutMs);
-      const done = () => {
-        clearTimeout(timer);
-        this.outcomeWaiters.delete(look);
-      };
-      if (!look()) this.outcomeWaiters.add(look);
-    });
+  async outcome(groupKey, { model = null, timeoutMs = 120_000 } = {}) {
+    const timeout = AbortSignal.timeout(timeoutMs);
+    for (;;) {
+      const byModel = this.outcomes.get(groupKey);
+      const found = byModel && (model ? byModel.get(model) : byModel.values().next().value);
+      if (found) return found;
+      try {
+        await once(this.outcomeEvents, "outcome", { signal: timeout });
+      } catch {
+        throw new SwarmError(`no outcome of group ${groupKey} within ${timeoutMs / 1000}s`);
+      }
+    }
   }
 
   /** Publish one event map idempotently; resolves once JetStream stored it. */

@@ -13,8 +13,7 @@ import pytest
 
 from swarmrl.services.ledger.config import LedgerConfig
 from swarmrl.services.ledger.ingest import Ingest
-from swarmrl.services.ledger.recorder import Recorder
-from swarmrl.services.ledger.sink import StreamSink
+from swarmrl.services.ledger.recorder import Recorder, StreamSink
 from swarmrl.services.ledger.tables import dead_letter_row
 
 

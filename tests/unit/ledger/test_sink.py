@@ -1,9 +1,9 @@
 import pytest
 from nats.aio.msg import Msg
 
-from swarmrl.services.ledger import sink as sink_module
+from swarmrl.services.ledger import recorder as sink_module
 from swarmrl.services.ledger.config import LedgerConfig
-from swarmrl.services.ledger.sink import StreamSink
+from swarmrl.services.ledger.recorder import StreamSink
 from swarmrl.services.ledger.tables import dead_letter_row
 
 

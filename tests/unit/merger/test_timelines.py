@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from swarmrl.services.merger.assembler import assemble, dropped_stats, lost_episodes
+from swarmrl.services.merger.assembler import assemble, episode_stats, lost_episodes
 from swarmrl.services.merger.timelines import MergeOptions, Timeline, merge_timelines
 from tests.unit.merger.factories import begin, chain, llm, logprobs, reward
 
@@ -148,7 +148,7 @@ def test_stats_name_only_the_models_that_got_samples() -> None:
 
 
 def test_a_dropped_training_episode_is_lost_to_every_model_and_an_eval_one_to_none() -> None:
-    dropped = dropped_stats("ep1", chain(1), "aborted", "client killed", begin(models=["alpha", "beta"]))
+    dropped = episode_stats("ep1", chain(1), "aborted", "client killed", begin(models=["alpha", "beta"]))
     assert [(r.episode_id, r.model, r.group_key, r.reason) for r in lost_episodes(dropped)] == [
         ("ep1", m, dropped.group_key, "client killed") for m in ("alpha", "beta")
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmrl.research.findings import findings, min_permutation_p, verdict
+from swarmrl.research.report import findings, min_permutation_p, verdict
 from swarmrl.research.stats import ArmStats, summarize
 
 

@@ -8,8 +8,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swarmrl.research.ledger import MetricError, curve, metric_value, referenced_views, run_sql
-from swarmrl.research.study import DEFAULT_CURVE, PRESETS
+from swarmrl.research.study import (
+    DEFAULT_CURVE,
+    PRESETS,
+    MetricError,
+    curve,
+    metric_value,
+    referenced_views,
+    run_sql,
+)
 
 
 def write_evals(run_dir: Path, points: list[tuple[int, str, float]]) -> None:

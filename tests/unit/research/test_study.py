@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.research.flags import up_argv
-from swarmrl.research.study import StudyError, load_study, load_study_text
-from swarmrl.research.template import TEMPLATE
+from swarmrl.research.study import TEMPLATE, StudyError, load_study, load_study_text
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDY = """
@@ -47,7 +45,7 @@ def test_flags_become_up_arguments(tmp_path: Path) -> None:
         "lr": 3e-4,
         "trainer_arg": ["--kl-coef=0.1"],
     }
-    argv = up_argv(study, "fast", 2, tmp_path / "r")
+    argv = study.up_argv("fast", 2, tmp_path / "r")
     assert argv == [
         "--task", "calculator", "--eval-limit", "8", "--lr", "0.0003", "--trainer-arg=--kl-coef=0.1",
         "--minutes", "2", "--seed", "2", "--run-dir", str(tmp_path / "r"), "--no-display",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarmrl.services.trainer.diversity import Diversity
+from swarmrl.services.trainer.guard import Diversity
 
 
 def test_shares_count_distinct_instances_among_each_tasks_last_groups() -> None:

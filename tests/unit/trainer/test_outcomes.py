@@ -1,4 +1,4 @@
-"""What the trainer tells a group's owner (`services/trainer/outcomes.py`, pure): one outcome per
+"""What the trainer tells a group's owner (`services/trainer/ready.py`, pure): one outcome per
 group and owner, the same message id for the same group (a replay is stored once), and one warning
 per client once most of its groups are dropped."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from swarmrl.schemas import subjects as S
 from swarmrl.services.trainer.grouping import Held
-from swarmrl.services.trainer.outcomes import WARN_AFTER_GROUPS, Outcomes
+from swarmrl.services.trainer.ready import WARN_AFTER_GROUPS, Outcomes
 from tests.unit.trainer.samples import make_sample
 
 

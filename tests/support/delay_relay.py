@@ -1,6 +1,6 @@
-"""A delaying TCP relay: latency between two hosts where the kernel has no `netem` (`infra/netns.py`).
+"""A delaying TCP relay: latency between two hosts where the kernel has no `netem` (`tests/support/netns.py`).
 
-    python -m swarmrl.infra.delay_relay --port 15999 --config relay.json   # in a host's namespace
+    python tests/support/delay_relay.py --port 15999 --config relay.json   # in a host's namespace
 
 The host's nftables `redirect` every new TCP connection to a shaped peer here; the relay reads
 where each was going (`SO_ORIGINAL_DST`), connects there itself with the mark `RELAY_MARK` (which
@@ -147,7 +147,7 @@ async def serve(port: int, config: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m swarmrl.infra.delay_relay", description=__doc__,
+    p = argparse.ArgumentParser(prog="delay_relay.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--port", type=int, required=True, help="port on this namespace's loopback")
     p.add_argument("--config", type=Path, required=True, help="JSON: peer address -> [mean_ms, jitter_ms]")

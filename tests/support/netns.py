@@ -1,6 +1,6 @@
 """Hosts on one machine: network namespaces with their own addresses on one bridge, and the network
 faults `bench/partitions.py` injects between them (cuts and packet loss with nftables, latency with
-the delaying TCP relay of `infra/delay_relay.py`). Linux, as root (`ip netns`, `nft`).
+the delaying TCP relay of `tests/support/delay_relay.py`). Linux, as root (`ip netns`, `nft`).
 
     with Hosts(["a", "b", "c"], tmp / "hosts", shaped=[("b", "c")]) as hosts:
         proc = hosts.popen("a", ["swarmrl", "nats", ...])   # in host a's namespace, a's directory only
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmrl.core.rundir import write_private
-from swarmrl.infra.delay_relay import RELAY_MARK, applied_path
+from tests.support.delay_relay import RELAY_MARK, applied_path
 
 RELAY_PORT = 15999
 """Port of a shaped host's relay, on that host's own loopback."""
@@ -176,8 +176,9 @@ class Hosts:
     def _start_relay(self, name: str) -> None:
         config = self._write_delays(name)
         with open(self.root / f"relay-{name}.log", "ab") as log:  # the child keeps its copy
-            cmd = [sys.executable, "-m", "swarmrl.infra.delay_relay", "--port", str(RELAY_PORT),
-                   "--config", str(config)]  # fmt: skip
+            # run as a script: it imports only the standard library, so needs no import path there
+            relay = Path(__file__).with_name("delay_relay.py")
+            cmd = [sys.executable, str(relay), "--port", str(RELAY_PORT), "--config", str(config)]
             proc = subprocess.Popen(self.argv(name, cmd, hide=False), stdout=log, stderr=log)
         self._relays[name] = proc
         deadline = time.monotonic() + 30
