@@ -41,15 +41,13 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 def create_app(engine: EngineCore) -> FastAPI:
     """The FastAPI app over `engine`; the engine's scheduler thread does the work, not the event loop."""
     app = FastAPI(title="swarmrl embedded engine")
-    # a request the engine cannot serve (malformed JSON included) is a 400 with the reason
-    app.add_exception_handler(ValueError, lambda _, exc: _error(str(exc)))
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        body = await request.json()
-        requests, want_logprob, single = _parse_generate(engine, body)
-        text_in_lp = bool(body.get("return_text_in_logprobs"))
         try:
+            body = await request.json()
+            requests, want_logprob, single = _parse_generate(engine, body)
+            text_in_lp = bool(body.get("return_text_in_logprobs"))
             if body.get("stream"):
                 stream = engine.stream(**requests[0])
                 skip_special = requests[0]["params"].skip_special_tokens
@@ -59,6 +57,8 @@ def create_app(engine: EngineCore) -> FastAPI:
                     events, media_type="text/event-stream", background=BackgroundTask(stream.abort)
                 )
             futures = [engine.submit(**r) for r in requests]
+        except ValueError as exc:  # includes malformed JSON
+            return _error(str(exc))
         except RuntimeError as exc:  # the engine is shutting down
             return _error(str(exc), 503)
         try:
@@ -70,7 +70,10 @@ def create_app(engine: EngineCore) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> Response:
-        (path,), version = await _reload_body(request, "update_weights_from_disk", "model_path")
+        parsed = await _reload_body(request, "update_weights_from_disk", "model_path")
+        if isinstance(parsed, Response):
+            return parsed
+        (path,), version = parsed
         ok, message = await asyncio.to_thread(engine.update_weights_from_disk, path, version)
         content = {"success": ok, "message": message, "num_paused_requests": 0}
         return JSONResponse(content, status_code=200 if ok else 400)
@@ -78,7 +81,10 @@ def create_app(engine: EngineCore) -> FastAPI:
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
         # SGLang's body plus `weight_version`; a loaded name is replaced in place (SGLang wants an unload)
-        (name, path), version = await _reload_body(request, "load_lora_adapter", "lora_name", "lora_path")
+        parsed = await _reload_body(request, "load_lora_adapter", "lora_name", "lora_path")
+        if isinstance(parsed, Response):
+            return parsed
+        (name, path), version = parsed
         ok, message = await asyncio.to_thread(engine.load_lora_adapter, name, path, version)
         content = {"success": ok, "error_message": "" if ok else message, "message": message,
                    "loaded_adapters": dict(engine.adapter_versions)}  # fmt: skip
@@ -122,18 +128,20 @@ def create_app(engine: EngineCore) -> FastAPI:
     return app
 
 
-async def _reload_body(request: Request, endpoint: str, *keys: str) -> tuple[list[str], str | None]:
+async def _reload_body(
+    request: Request, endpoint: str, *keys: str
+) -> tuple[list[str], str | None] | Response:
     """A reload request's non-empty string fields `keys` and its optional `weight_version` (as a
-    string); ValueError saying what is wrong with the body."""
+    string), or the 400 saying what is wrong with the body."""
     try:
         body = await request.json()
     except ValueError as exc:
-        raise ValueError(f"request body is not JSON: {exc}") from None
+        return _error(f"request body is not JSON: {exc}")
     found = [body.get(k) if isinstance(body, dict) else None for k in keys]
     values = [v for v in found if isinstance(v, str) and v]
     if len(values) < len(keys):
         names = " and ".join(f"`{k}`" for k in keys)
-        raise ValueError(
+        return _error(
             f"{endpoint} needs {'a non-empty string' if len(keys) == 1 else 'non-empty strings'} {names}"
         )
     version = body.get("weight_version")
